@@ -1,0 +1,39 @@
+# Two commands set up a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: run test install install-test bench clean demo
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(STAMP)
+install-test: $(TEST_STAMP)
+
+# Start the server with the embedded default configuration (topic Work, queue WorkToDo,
+# journal under ./data, clients on port 9007).
+run: $(STAMP)
+	$(BIN)/conveyor serve
+
+# Run the whole test suite.
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+bench: $(TEST_STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) data build *.egg-info src/*.egg-info

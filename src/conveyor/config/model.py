@@ -1,0 +1,212 @@
+"""Typed, frozen configuration. Built by :mod:`conveyor.config.loader` from XML.
+
+Everything here is plain data: expressions stay as text (the engine compiles them at
+startup and reports errors with the element path kept in ``*_path`` fields), durations
+are float seconds and sizes are int bytes. ``None`` means "not set / unlimited".
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Characters that make a topic name a regular expression (AMPS treats such topics as
+# patterns). A plain name like "orders.eu" stays literal: '.' alone is not enough.
+_REGEX_CHARS = re.compile(r"[\^$*+?()\[\]{}|\\]")
+
+
+def is_regex_topic(topic: str) -> bool:
+    return bool(_REGEX_CHARS.search(topic))
+
+
+def topic_matcher(pattern: str):
+    """A predicate over topic names: exact match, or a regex search for patterns."""
+    if is_regex_topic(pattern):
+        rx = re.compile(pattern)
+        return lambda name: rx.search(name) is not None
+    return lambda name: name == pattern
+
+
+class QueueKind(enum.Enum):
+    QUEUE = "Queue"
+    LOCAL = "LocalQueue"
+    GROUP_LOCAL = "GroupLocalQueue"
+
+
+class Semantics(enum.Enum):
+    AT_LEAST_ONCE = "at-least-once"
+    AT_MOST_ONCE = "at-most-once"
+
+
+class Fairness(enum.Enum):
+    FAST = "fast"
+    ROUND_ROBIN = "round-robin"
+    PROPORTIONAL = "proportional"
+
+
+class Leasing(enum.Enum):
+    # strict: a message leased to one subscription cannot be acknowledged by another
+    # client (the ack is refused for that message). sloppy: any client may ack it.
+    STRICT = "strict"
+    SLOPPY = "sloppy"
+
+
+#: Defaults where the reference marks them unconfirmed (docs/queues.md says why).
+LEASE_PERIOD_DEFAULT_S = 60.0
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # one frame, incl. a batch of publishes
+OUTPUT_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # unsent output before a slow consumer is cut
+JOURNAL_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024  # JournalSize default of the reference
+JOURNAL_SEGMENT_BYTES_MIN = 1024 * 1024  # below this, segments churn for no gain
+
+
+@dataclass(frozen=True)
+class Transport:
+    name: str
+    type: str = "tcp"  # "tcp" (client connections)
+    host: str = "0.0.0.0"
+    port: int = 9007
+    protocol: str = "conveyor"  # "amps" is accepted as a synonym
+    message_type: str | None = None
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT  # <MaxFrameSize>
+    output_bytes_max: int = OUTPUT_BYTES_MAX_DEFAULT  # <SlowClientDisconnectThreshold>
+    idle_timeout_s: float | None = None  # <IdleTimeout>: close connections silent this long
+
+
+@dataclass(frozen=True)
+class Admin:
+    host: str = "127.0.0.1"
+    port: int = 8085
+    file_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedTopic:
+    """A ``TransactionLog/Topic``: messages on matching topics are journaled."""
+
+    name: str  # literal or regex (see is_regex_topic)
+    message_type: str = "json"
+
+    def matches(self, topic: str) -> bool:
+        return topic_matcher(self.name)(topic)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which sealed segments may be removed once no queue or consumer needs them."""
+
+    max_age_s: float | None = None
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class TransactionLog:
+    journal_directory: Path
+    topics: tuple[RecordedTopic, ...] = ()
+    # FlushInterval: how long the writer may wait to gather a group before fsync.
+    # 0 means "commit as soon as the previous commit finishes" (natural batching).
+    flush_interval_s: float = 0.0
+    segment_bytes: int = JOURNAL_SEGMENT_BYTES_DEFAULT  # <JournalSize> / <MinJournalSize>
+    preallocated_journal_files: int = 2  # accepted for compatibility
+    archive_directory: Path | None = None
+    retention: Retention = field(default_factory=Retention)
+
+    def records(self, topic: str) -> bool:
+        return any(t.matches(topic) for t in self.topics)
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    name: str
+    message_type: str
+    kind: QueueKind = QueueKind.QUEUE
+    underlying_topic: str | None = None  # None: the queue's own name
+    default_publish_target: str | None = None
+    semantics: Semantics = Semantics.AT_LEAST_ONCE
+    lease_period_s: float = LEASE_PERIOD_DEFAULT_S
+    expiration_s: float | None = None
+    max_backlog: int | None = None
+    max_per_subscription_backlog: int | None = None
+    fairness: Fairness = Fairness.PROPORTIONAL
+    max_cancels: int | None = None
+    max_deliveries: int | None = None
+    priority: str | None = None  # expression text
+    barrier_expression: str | None = None  # filter text
+    target_queue_depth: int | None = None
+    leasing: Leasing = Leasing.STRICT
+    recovery_point: str | None = None
+    file_backed_metadata: bool = False
+    filter: str | None = None  # queue-level filter: which messages enter the queue
+    initial_owner: str | None = None  # GroupLocalQueue
+    group_local_queue_domain: str | None = None
+    path: str = ""  # element path in the XML, for error messages
+
+    @property
+    def underlying(self) -> str:
+        return self.underlying_topic or self.name
+
+    def takes_from(self, topic: str) -> bool:
+        """Whether a message recorded on ``topic`` enters this queue."""
+        return topic_matcher(self.underlying)(topic)
+
+
+@dataclass(frozen=True)
+class OnSowExpire:
+    """``amps-action-on-sow-expire-message``."""
+
+    topic: str
+    message_type: str
+    reasons: frozenset[str] | None = None  # None: every reason
+
+
+@dataclass(frozen=True)
+class DoPublish:
+    """``amps-action-do-publish-message``."""
+
+    topic: str
+    message_type: str
+    data: str  # template with {{AMPS_DATA}}, {{AMPS_REASON}}, ...
+    delta: bool = False
+    update_only: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    on: OnSowExpire
+    do: tuple[DoPublish, ...]
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicationDestination:
+    name: str
+    group: str | None
+    sync_type: str  # "sync" | "async"
+    addresses: tuple[str, ...] = ()
+    topics: tuple[RecordedTopic, ...] = ()
+    pass_through: str | None = None
+
+
+@dataclass(frozen=True)
+class Replication:
+    destinations: tuple[ReplicationDestination, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str = "conveyor"
+    group: str | None = None
+    transports: tuple[Transport, ...] = ()
+    admin: Admin | None = None
+    transaction_log: TransactionLog | None = None
+    queues: tuple[QueueConfig, ...] = ()
+    actions: tuple[Action, ...] = ()
+    replication: Replication | None = None
+    source: str = "<config>"  # file name or "<embedded default>"
+
+    def queue(self, name: str) -> QueueConfig | None:
+        for q in self.queues:
+            if q.name == name:
+                return q
+        return None

@@ -1,0 +1,191 @@
+"""One error hierarchy for the whole of conveyor, split by who is at fault.
+
+Every error has a stable ``code`` (a short snake_case string). The server sends the
+code in a failed ack; the client maps it back to the same class with
+:func:`error_for_code`. A code never changes meaning; new codes are only added.
+
+- :class:`ClientError`: the request was wrong (bad frame, unknown option, bad filter...).
+  The connection stays usable unless the framing itself is broken.
+- :class:`ServerError`: the server could not do something it should have been able to.
+- :class:`ConfigError`: the configuration is invalid; the server refuses to start.
+- :class:`JournalError`: the transaction log is damaged or cannot be written.
+- :class:`ConnectionLost`: client side only: the connection closed or timed out.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Root of every conveyor error."""
+
+    code = "error"
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message or self.code
+
+
+# --- the request was wrong ---------------------------------------------------------
+
+
+class ClientError(ConveyorError):
+    """The client sent something the server cannot accept."""
+
+    code = "bad_request"
+
+
+class ProtocolError(ClientError):
+    """A frame or command could not be decoded (malformed bytes, missing header)."""
+
+    code = "protocol_error"
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's declared length is over the configured limit; it was not buffered."""
+
+    code = "frame_too_large"
+
+
+class UnknownCommand(ClientError):
+    code = "unknown_command"
+
+
+class UnknownOption(ClientError):
+    code = "unknown_option"
+
+
+class InvalidOption(ClientError):
+    """An option was recognised but its value is wrong."""
+
+    code = "invalid_option"
+
+
+class NotLoggedOn(ClientError):
+    code = "not_logged_on"
+
+
+class AlreadyLoggedOn(ClientError):
+    code = "already_logged_on"
+
+
+class NameInUse(ClientError):
+    """Another user holds this client name (spec 002, "name in use")."""
+
+    code = "name_in_use"
+
+
+class UnknownTopic(ClientError):
+    code = "unknown_topic"
+
+
+class NotATransactionLogTopic(ClientError):
+    """The command needs a topic recorded in the transaction log."""
+
+    code = "not_recorded"
+
+
+class BadFilter(ClientError):
+    """A content filter could not be parsed; ``details`` carry position and token."""
+
+    code = "bad_filter"
+
+
+class BadBookmark(ClientError):
+    code = "bad_bookmark"
+
+
+class UnknownSubscription(ClientError):
+    code = "unknown_subscription"
+
+
+class DuplicateSubscription(ClientError):
+    code = "duplicate_subscription"
+
+
+class NotLeaseHolder(ClientError):
+    """An acknowledgement for a message leased to someone else, refused by ``Leasing``."""
+
+    code = "not_lease_holder"
+
+
+class MessageTooLarge(ClientError):
+    code = "message_too_large"
+
+
+class SlowConsumer(ClientError):
+    """The connection's unsent output passed the configured cap."""
+
+    code = "slow_consumer"
+
+
+# --- the server could not do it ------------------------------------------------------
+
+
+class ServerError(ConveyorError):
+    code = "server_error"
+
+
+class ShuttingDown(ServerError):
+    code = "shutting_down"
+
+
+# --- configuration and storage ------------------------------------------------------
+
+
+class ConfigError(ConveyorError):
+    """Invalid configuration. ``path`` is the element path, ``hint`` how to fix it."""
+
+    code = "config_error"
+
+    def __init__(self, message: str, *, path: str = "", hint: str = "") -> None:
+        text = f"{path}: {message}" if path else message
+        if hint:
+            text = f"{text} (hint: {hint})"
+        super().__init__(text, path=path, hint=hint)
+        self.path = path
+        self.hint = hint
+
+
+class JournalError(ConveyorError):
+    code = "journal_error"
+
+
+class JournalCorrupt(JournalError):
+    """Corruption before the tail of the log: refuse to start (repair may truncate)."""
+
+    code = "journal_corrupt"
+
+
+# --- client side ---------------------------------------------------------------------
+
+
+class ConnectionLost(ConveyorError):
+    code = "connection_lost"
+
+
+class TimedOut(ConveyorError):
+    code = "timed_out"
+
+
+def _all_subclasses(cls: type[ConveyorError]) -> list[type[ConveyorError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+#: code -> class, one table for both sides of the wire.
+ERROR_CLASSES: dict[str, type[ConveyorError]] = {c.code: c for c in _all_subclasses(ConveyorError)}
+
+
+def error_for_code(code: str, message: str = "", **details: object) -> ConveyorError:
+    """Rebuild the error the server reported; unknown codes become ServerError."""
+    cls = ERROR_CLASSES.get(code, ServerError)
+    if issubclass(cls, ConfigError):
+        return ConfigError(message)
+    err = cls(message, **details)
+    return err
