@@ -1,0 +1,69 @@
+"""conveyor's configuration: an ``AMPSConfig`` XML file loaded into frozen dataclasses.
+
+``load_file``/``load_text`` read and validate a configuration (every mistake is a
+:class:`~conveyor.errors.ConfigError` naming the element path); ``default_config``
+loads the embedded default. ``docs/configuration.md`` describes every element.
+"""
+
+from conveyor.config.env import expand_env
+from conveyor.config.loader import default_config, load_file, load_text
+from conveyor.config.model import (
+    EXPIRE_REASONS,
+    FRAME_BYTES_MAX_DEFAULT,
+    JOURNAL_SEGMENT_BYTES_DEFAULT,
+    JOURNAL_SEGMENT_BYTES_MIN,
+    LEASE_PERIOD_DEFAULT_S,
+    OUTPUT_BYTES_MAX_DEFAULT,
+    Action,
+    Admin,
+    Config,
+    DoPublish,
+    Fairness,
+    Leasing,
+    OnSowExpire,
+    QueueConfig,
+    QueueKind,
+    RecordedTopic,
+    Replication,
+    ReplicationDestination,
+    Retention,
+    Semantics,
+    TransactionLog,
+    Transport,
+    is_regex_topic,
+    topic_matcher,
+)
+from conveyor.config.units import parse_duration, parse_size
+
+__all__ = [
+    "EXPIRE_REASONS",
+    "FRAME_BYTES_MAX_DEFAULT",
+    "JOURNAL_SEGMENT_BYTES_DEFAULT",
+    "JOURNAL_SEGMENT_BYTES_MIN",
+    "LEASE_PERIOD_DEFAULT_S",
+    "OUTPUT_BYTES_MAX_DEFAULT",
+    "Action",
+    "Admin",
+    "Config",
+    "DoPublish",
+    "Fairness",
+    "Leasing",
+    "OnSowExpire",
+    "QueueConfig",
+    "QueueKind",
+    "RecordedTopic",
+    "Replication",
+    "ReplicationDestination",
+    "Retention",
+    "Semantics",
+    "TransactionLog",
+    "Transport",
+    "default_config",
+    "expand_env",
+    "is_regex_topic",
+    "load_file",
+    "load_text",
+    "parse_duration",
+    "parse_size",
+    "topic_matcher",
+]

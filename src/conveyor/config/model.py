@@ -151,6 +151,12 @@ class QueueConfig:
         return topic_matcher(self.underlying)(topic)
 
 
+#: Expiry reasons (``AMPS_REASON`` values) an ``amps-action-on-sow-expire-message`` may
+#: filter on with ``Reason``. The reference lists the first three (C.1, the list is cut
+#: off there); ``max_deliveries`` is ours, for the ``MaxDeliveries`` limit.
+EXPIRE_REASONS = frozenset({"time_limit", "forced_expire", "max_cancels", "max_deliveries"})
+
+
 @dataclass(frozen=True)
 class OnSowExpire:
     """``amps-action-on-sow-expire-message``."""

@@ -1,0 +1,12 @@
+"""conveyor: durable message queues over a transaction log."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy, so importing conveyor.engine does not import the client (layering rule).
+    if name in ("Client", "AsyncClient", "Message"):
+        from conveyor import client
+
+        return getattr(client, name)
+    raise AttributeError(name)

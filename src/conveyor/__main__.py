@@ -1,0 +1,5 @@
+import sys
+
+from conveyor.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,280 @@
+"""The ``conveyor`` command: serve, publish, subscribe, sow, ack, and journal tools.
+
+Exit codes: 0 success, 1 a runtime failure (connection, server error), 2 bad usage or
+bad configuration, 3 a damaged journal (verify found problems / open refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from conveyor import errors
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_JOURNAL = 3
+DEFAULT_URI = "tcp://127.0.0.1:9007"
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from conveyor.config import default_config, load_file
+
+    config = load_file(args.config) if args.config else default_config()
+    if args.port is not None:
+        from dataclasses import replace
+
+        transports = config.transports or ()
+        if not transports:
+            from conveyor.config.model import Transport
+
+            transports = (Transport(name="default"),)
+        config = replace(config, transports=tuple(replace(t, port=args.port) for t in transports[:1]) + transports[1:])
+    if args.journal is not None and config.transaction_log is not None:
+        from dataclasses import replace
+
+        config = replace(config, transaction_log=replace(config.transaction_log, journal_directory=Path(args.journal)))
+    return _run_server(config)
+
+
+def _run_server(config) -> int:
+    import uvloop
+
+    from conveyor.server.server import Server
+
+    log = logging.getLogger("conveyor")
+
+    async def main() -> None:
+        server = Server(config)
+        await server.start()
+        for port in server.ports:
+            # Machine-readable readiness line: tests and scripts wait for it.
+            print(f"conveyor listening on port {port}", flush=True)
+        if config.transaction_log is not None:
+            print(f"journal: {config.transaction_log.journal_directory}", flush=True)
+        if config.queues:
+            print("queues: " + ", ".join(q.name for q in config.queues), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        await server.stop()
+
+    uvloop.run(main())
+    return EXIT_OK
+
+
+# --- client commands -----------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace):
+    from conveyor.client import Client
+
+    return Client(args.name).connect(args.server)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    if args.data is not None:
+        lines = [args.data]
+    elif args.file:
+        lines = Path(args.file).read_text().splitlines()
+    else:
+        lines = sys.stdin.read().splitlines()
+    lines = [line for line in lines if line.strip()]
+    with _client(args) as client:
+        for line in tqdm(lines, disable=len(lines) < 1000 or not sys.stderr.isatty(), unit="msg"):
+            client.publish(args.topic, line.encode())
+        client.flush()
+    print(f"published {len(lines)} message(s) to {args.topic}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    count = 0
+    with _client(args) as client:
+        sub = client.subscribe(args.topic, filter=args.filter, bookmark=args.bookmark, max_backlog=args.max_backlog)
+        try:
+            while args.count is None or count < args.count:
+                msg = sub.get(timeout=args.timeout)
+                if msg is None:
+                    break
+                count += 1
+                line = msg.data.decode(errors="replace")
+                print(f"{msg.bookmark}\t{line}" if args.show_bookmarks else line, flush=True)
+                if args.ack:
+                    msg.ack()
+        except KeyboardInterrupt:
+            pass
+        client.flush()
+    return EXIT_OK
+
+
+def cmd_sow(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for msg in client.sow(args.topic, filter=args.filter, top_n=args.top_n):
+            line = msg.data.decode(errors="replace")
+            print(f"{msg.bookmark}\t{line}" if args.show_bookmarks else line)
+    return EXIT_OK
+
+
+def cmd_ack(args: argparse.Namespace) -> int:
+    if not args.bookmark and not args.filter:
+        print("conveyor ack: give bookmarks or --filter", file=sys.stderr)
+        return EXIT_USAGE
+    with _client(args) as client:
+        removed = client.sow_delete(args.queue, bookmarks=args.bookmark or None, filter=args.filter, options=args.option)
+    print(f"{removed} message(s) acknowledged", file=sys.stderr)
+    return EXIT_OK
+
+
+# --- journal tools -------------------------------------------------------------------------
+
+
+def cmd_journal_verify(args: argparse.Namespace) -> int:
+    from conveyor.journal import verify
+
+    report = verify(args.directory)
+    print(report)
+    return EXIT_OK if not getattr(report, "problems", None) else EXIT_JOURNAL
+
+
+def cmd_journal_repair(args: argparse.Namespace) -> int:
+    from conveyor.journal import repair
+
+    report = repair(args.directory, logger=logging.getLogger("conveyor.journal"))
+    print(report)
+    return EXIT_OK
+
+
+def cmd_journal_dump(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from conveyor.engine import records
+    from conveyor.journal import dump
+
+    enc = msgspec.json.Encoder()
+    for position, payload in dump(args.directory, start=args.start):
+        rec = records.decode(payload)
+        fields = msgspec.structs.asdict(rec)
+        if isinstance(rec, records.PublishRec):
+            try:
+                fields["data"] = msgspec.json.decode(rec.data)
+            except msgspec.DecodeError:
+                fields["data"] = rec.data.decode(errors="replace")
+        line = {"position": position, "type": type(rec).__name__.removesuffix("Rec").lower(), **fields}
+        sys.stdout.write(enc.encode(line).decode() + "\n")
+    return EXIT_OK
+
+
+# --- parser --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description="conveyor: durable message queues over a transaction log")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the server (embedded default configuration unless --config)")
+    p.add_argument("--config", "-c", help="XML configuration file (AMPSConfig)")
+    p.add_argument("--port", type=int, help="override the first transport's port (0: any free port)")
+    p.add_argument("--journal", help="override the journal directory")
+    p.set_defaults(func=cmd_serve)
+
+    def client_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--server", "-s", default=DEFAULT_URI, help=f"server URI (default {DEFAULT_URI})")
+        p.add_argument("--name", help="client name (default: generated)")
+
+    p = sub.add_parser("publish", help="publish messages (one per line from DATA, --file or stdin)")
+    p.add_argument("topic")
+    p.add_argument("data", nargs="?", help="message body (default: read lines from stdin)")
+    p.add_argument("--file", "-f", help="read messages from this file, one per line")
+    client_args(p)
+    p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("subscribe", help="print messages of a topic or queue")
+    p.add_argument("topic")
+    p.add_argument("--filter", help="content filter")
+    p.add_argument("--bookmark", help="replay from: 0 (beginning), a bookmark, a timestamp, NOW")
+    p.add_argument("--max-backlog", type=int, help="queue backlog (messages held unacknowledged)")
+    p.add_argument("--count", "-n", type=int, help="stop after this many messages")
+    p.add_argument("--timeout", type=float, help="stop after this many seconds without a message")
+    p.add_argument("--ack", action="store_true", help="acknowledge queue messages once printed")
+    p.add_argument("--show-bookmarks", action="store_true", help="print each message's bookmark before it")
+    client_args(p)
+    p.set_defaults(func=cmd_subscribe)
+
+    p = sub.add_parser("sow", help="query a queue: the messages currently available")
+    p.add_argument("topic")
+    p.add_argument("--filter")
+    p.add_argument("--top-n", type=int)
+    p.add_argument("--show-bookmarks", action="store_true")
+    client_args(p)
+    p.set_defaults(func=cmd_sow)
+
+    p = sub.add_parser("ack", help="acknowledge queue messages by bookmark or filter")
+    p.add_argument("queue")
+    p.add_argument("bookmark", nargs="*")
+    p.add_argument("--filter")
+    p.add_argument("--option", choices=["cancel", "expire"])
+    client_args(p)
+    p.set_defaults(func=cmd_ack)
+
+    p = sub.add_parser("journal", help="transaction log tools")
+    jsub = p.add_subparsers(dest="journal_command", required=True)
+    j = jsub.add_parser("verify", help="check every record (read-only); exit 3 on damage")
+    j.add_argument("directory")
+    j.set_defaults(func=cmd_journal_verify)
+    j = jsub.add_parser("repair", help="truncate the log at the first damaged record")
+    j.add_argument("directory")
+    j.set_defaults(func=cmd_journal_repair)
+    j = jsub.add_parser("dump", help="print records as JSON lines")
+    j.add_argument("directory")
+    j.add_argument("--start", type=int, help="first position")
+    j.set_defaults(func=cmd_journal_dump)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except errors.ConfigError as exc:
+        print(f"conveyor: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except errors.JournalCorrupt as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return EXIT_JOURNAL
+    except errors.ClientError as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except errors.ConveyorError as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""``<SOW>``: queue declarations (reference.md A.1-A.3).
+
+Rules kept here (those that need other sections live in :mod:`conveyor.config.rules`):
+
+- ``Queue`` (synonym ``QueueDefinition``), ``LocalQueue`` and ``GroupLocalQueue`` are
+  accepted; SOW topics, views and conflated topics are refused with a hint.
+- A queue has ``Name`` (or ``Topic`` instead, not both) and ``MessageType``. The name
+  is a literal topic name; queue names are unique across all three tags.
+- ``Semantics`` defaults to ``at-least-once``. ``FairnessModel`` defaults to
+  ``proportional`` for at-least-once and ``round-robin`` for at-most-once, which
+  supports nothing else. ``LeasePeriod`` defaults to ``LEASE_PERIOD_DEFAULT_S``;
+  ``Leasing`` to ``strict``; ``FileBackedMetadata`` to disabled; the limits to none.
+- ``MaxBacklog``, ``MaxPerSubscriptionBacklog``, ``MaxCancels``, ``MaxDeliveries`` and
+  ``TargetQueueDepth`` are positive integers. ``TargetQueueDepth`` cannot be combined
+  with ``Priority`` or ``BarrierExpression``.
+- ``UnderlyingTopic`` is a name or a regex (which must compile); a
+  ``DefaultPublishTarget`` is a literal name that must match it (reference: inferred).
+- ``InitialOwner`` is required on ``GroupLocalQueue``; it and
+  ``GroupLocalQueueDomain`` are refused on the other tags.
+- ``Priority``, ``BarrierExpression`` and ``Filter`` stay text: the engine compiles them
+  and reports errors with ``QueueConfig.path``.
+"""
+
+from __future__ import annotations
+
+from conveyor.config.model import (
+    LEASE_PERIOD_DEFAULT_S,
+    Fairness,
+    Leasing,
+    QueueConfig,
+    QueueKind,
+    Semantics,
+    topic_matcher,
+)
+from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
+from conveyor.config.txlog import topic_name
+
+_KINDS = {
+    "Queue": QueueKind.QUEUE,
+    "QueueDefinition": QueueKind.QUEUE,
+    "LocalQueue": QueueKind.LOCAL,
+    "GroupLocalQueue": QueueKind.GROUP_LOCAL,
+}
+_NOT_A_QUEUE = (
+    "conveyor implements message queues only, not a State-of-the-World database; "
+    "declare a <Queue>, <LocalQueue> or <GroupLocalQueue>, or just record the topic "
+    "in <TransactionLog>"
+)
+_REFUSED = {
+    "Topic": "SOW topics are not supported: " + _NOT_A_QUEUE,
+    "TopicDefinition": "SOW topics are not supported: " + _NOT_A_QUEUE,
+    "View": "views are not supported: " + _NOT_A_QUEUE,
+    "ConflatedTopic": "conflated topics are not supported: " + _NOT_A_QUEUE,
+}
+
+_QUEUE = {
+    "Name": OPTIONAL,
+    "Topic": OPTIONAL,
+    "MessageType": REQUIRED,
+    "UnderlyingTopic": OPTIONAL,
+    "DefaultPublishTarget": OPTIONAL,
+    "Semantics": OPTIONAL,
+    "LeasePeriod": OPTIONAL,
+    "Expiration": OPTIONAL,
+    "MaxBacklog": OPTIONAL,
+    "MaxPerSubscriptionBacklog": OPTIONAL,
+    "FairnessModel": OPTIONAL,
+    "MaxCancels": OPTIONAL,
+    "MaxDeliveries": OPTIONAL,
+    "Priority": OPTIONAL,
+    "BarrierExpression": OPTIONAL,
+    "TargetQueueDepth": OPTIONAL,
+    "Leasing": OPTIONAL,
+    "RecoveryPoint": OPTIONAL,
+    "FileBackedMetadata": OPTIONAL,
+    "Filter": OPTIONAL,
+    "InitialOwner": OPTIONAL,
+    "GroupLocalQueueDomain": OPTIONAL,
+}
+_POSITIVE_INTS = {
+    "MaxBacklog": "max_backlog",
+    "MaxPerSubscriptionBacklog": "max_per_subscription_backlog",
+    "MaxCancels": "max_cancels",
+    "MaxDeliveries": "max_deliveries",
+    "TargetQueueDepth": "target_queue_depth",
+}
+_TEXTS = {
+    "Priority": "priority",
+    "BarrierExpression": "barrier_expression",
+    "RecoveryPoint": "recovery_point",
+    "Filter": "filter",
+    "InitialOwner": "initial_owner",
+    "GroupLocalQueueDomain": "group_local_queue_domain",
+}
+_FILE_BACKED = {"enabled": True, "disabled": False, "true": True, "false": False}
+
+
+def read_sow(doc: Document, node: Node) -> tuple[QueueConfig, ...]:
+    kids = doc.children(node, {tag: MANY for tag in _KINDS}, refused=_REFUSED)
+    queues: list[QueueConfig] = []
+    seen: dict[str, str] = {}
+    for child in kids.all():
+        queue = read_queue(doc, child, _KINDS[child.tag])
+        if queue.name in seen:
+            raise doc.error(
+                child.path,
+                f"queue {queue.name!r} is already declared at {seen[queue.name]}",
+                "give every queue its own name",
+            )
+        seen[queue.name] = child.path
+        queues.append(queue)
+    return tuple(queues)
+
+
+def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
+    kids = doc.children(node, _QUEUE)
+    values: dict[str, object] = {"kind": kind, "path": node.path}
+    values["name"] = _queue_name(doc, node, kids.one("Name"), kids.one("Topic"))
+    message_type = kids.one("MessageType")
+    assert message_type is not None  # REQUIRED
+    values["message_type"] = doc.text(message_type)
+
+    semantics_node = kids.one("Semantics")
+    semantics = Semantics.AT_LEAST_ONCE
+    if semantics_node is not None:
+        semantics = doc.enum(semantics_node, Semantics)
+    values["semantics"] = semantics
+    values["fairness"] = _fairness(doc, kids.one("FairnessModel"), semantics)
+
+    if (n := kids.one("UnderlyingTopic")) is not None:
+        values["underlying_topic"] = topic_name(doc, n, regex_allowed=True)
+    if (n := kids.one("DefaultPublishTarget")) is not None:
+        target = topic_name(doc, n, regex_allowed=False)
+        underlying = values.get("underlying_topic") or values["name"]
+        if not topic_matcher(underlying)(target):  # type: ignore[arg-type]
+            raise doc.error(
+                n.path,
+                f"DefaultPublishTarget {target!r} does not match the UnderlyingTopic "
+                f"{underlying!r}, so publishes to the queue would never enter it",
+                "choose a target that the UnderlyingTopic matches, e.g. "
+                "<UnderlyingTopic>^ORDERS$|^ORDERS_DIRECT$</UnderlyingTopic> with "
+                "<DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>",
+            )
+        values["default_publish_target"] = target
+
+    values["lease_period_s"] = LEASE_PERIOD_DEFAULT_S
+    if (n := kids.one("LeasePeriod")) is not None:
+        values["lease_period_s"] = doc.duration(n)
+    if (n := kids.one("Expiration")) is not None:
+        values["expiration_s"] = doc.duration(n)
+    for tag, attr in _POSITIVE_INTS.items():
+        if (n := kids.one(tag)) is not None:
+            values[attr] = doc.positive_int(n)
+    for tag, attr in _TEXTS.items():
+        if (n := kids.one(tag)) is not None:
+            values[attr] = doc.text(n)
+    if (n := kids.one("Leasing")) is not None:
+        values["leasing"] = doc.enum(n, Leasing)
+    if (n := kids.one("FileBackedMetadata")) is not None:
+        values["file_backed_metadata"] = doc.choice(n, _FILE_BACKED)
+
+    _check_target_queue_depth(doc, node, kids.one("TargetQueueDepth"), kids)
+    _check_group_local(doc, node, kind, kids)
+    return QueueConfig(**values)  # type: ignore[arg-type]
+
+
+def _queue_name(doc: Document, queue: Node, name: Node | None, topic: Node | None) -> str:
+    if name is not None and topic is not None:
+        raise doc.error(
+            topic.path,
+            f"<{queue.tag}> has both <Name> and <Topic>",
+            "<Topic> is accepted instead of <Name>; keep one of them",
+        )
+    chosen = name or topic
+    if chosen is None:
+        raise doc.error(
+            queue.path,
+            f"<{queue.tag}> is missing the required element <Name>",
+            f"add <Name>...</Name> inside <{queue.tag}> (the topic consumers subscribe to)",
+        )
+    return topic_name(doc, chosen, regex_allowed=False)
+
+
+def _fairness(doc: Document, node: Node | None, semantics: Semantics) -> Fairness:
+    if node is None:
+        if semantics is Semantics.AT_MOST_ONCE:
+            return Fairness.ROUND_ROBIN
+        return Fairness.PROPORTIONAL
+    fairness = doc.enum(node, Fairness)
+    if semantics is Semantics.AT_MOST_ONCE and fairness is not Fairness.ROUND_ROBIN:
+        raise doc.error(
+            node.path,
+            f"FairnessModel {fairness.value!r} is not available for an at-most-once queue",
+            "at-most-once queues support only round-robin: remove <FairnessModel> or "
+            "write round-robin",
+        )
+    return fairness
+
+
+def _check_target_queue_depth(doc: Document, queue: Node, depth: Node | None, kids) -> None:
+    if depth is None:
+        return
+    for tag in ("Priority", "BarrierExpression"):
+        if tag in kids:
+            raise doc.error(
+                depth.path,
+                f"<TargetQueueDepth> cannot be combined with <{tag}>",
+                f"remove <TargetQueueDepth> or <{tag}> from this queue",
+            )
+
+
+def _check_group_local(doc: Document, queue: Node, kind: QueueKind, kids) -> None:
+    if kind is QueueKind.GROUP_LOCAL:
+        if "InitialOwner" not in kids:
+            raise doc.error(
+                queue.path,
+                "<GroupLocalQueue> is missing the required element <InitialOwner>",
+                "add <InitialOwner>instance name</InitialOwner>: the instance that owns "
+                "each message when it enters the queue (the same on every host)",
+            )
+        return
+    for tag in ("InitialOwner", "GroupLocalQueueDomain"):
+        if (n := kids.one(tag)) is not None:
+            raise doc.error(
+                n.path,
+                f"<{tag}> is only allowed on a <GroupLocalQueue>, not on <{queue.tag}>",
+                f"declare the queue with <GroupLocalQueue>, or remove <{tag}>",
+            )

@@ -1,0 +1,108 @@
+"""``<Replication>``: outgoing replication destinations (reference.md E.1).
+
+conveyor does not replicate yet: the section is read and checked so that replicated
+AMPS configurations load, and so that the rules that involve queues are enforced.
+
+Rules:
+
+- A ``Destination`` has a unique ``Name``, an optional ``Group``, a ``SyncType`` of
+  ``sync`` or ``async``, one or more ``Transport`` (each with an optional ``Type``,
+  ``amps-replication`` or ``amps-replication-secure``, and one or more
+  ``InetAddr`` of the form ``HOST:PORT``), one or more ``Topic`` (``Name`` literal or
+  regex, ``MessageType``), and an optional ``PassThrough`` regex of group names.
+- Addresses are kept in priority order, transports first, then addresses within one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from conveyor.config._invalid import Invalid
+from conveyor.config.model import Replication, ReplicationDestination
+from conveyor.config.transports import inet_addr
+from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, REQUIRED_MANY, Document, Node
+from conveyor.config.txlog import read_recorded_topic
+
+_DESTINATION = {
+    "Name": REQUIRED,
+    "Group": OPTIONAL,
+    "SyncType": REQUIRED,
+    "Transport": REQUIRED_MANY,
+    "Topic": REQUIRED_MANY,
+    "PassThrough": OPTIONAL,
+}
+_TRANSPORT = {"Name": OPTIONAL, "Type": OPTIONAL, "InetAddr": REQUIRED_MANY}
+_SYNC_TYPES = {"sync": "sync", "async": "async"}
+_TRANSPORT_TYPES = {"amps-replication": True, "amps-replication-secure": True}
+
+
+def read_replication(doc: Document, node: Node) -> Replication:
+    kids = doc.children(node, {"Destination": MANY})
+    destinations: list[ReplicationDestination] = []
+    seen: dict[str, str] = {}
+    for child in kids.many("Destination"):
+        dest = _read_destination(doc, child)
+        if dest.name in seen:
+            raise doc.error(
+                child.path,
+                f"destination name {dest.name!r} is already used by {seen[dest.name]}",
+                "give every <Destination> its own <Name>",
+            )
+        seen[dest.name] = child.path
+        destinations.append(dest)
+    return Replication(destinations=tuple(destinations))
+
+
+def _read_destination(doc: Document, node: Node) -> ReplicationDestination:
+    kids = doc.children(node, _DESTINATION)
+    name = kids.one("Name")
+    sync_type = kids.one("SyncType")
+    assert name is not None and sync_type is not None  # REQUIRED
+    group = kids.one("Group")
+    pass_through = kids.one("PassThrough")
+    addresses: list[str] = []
+    for transport in kids.many("Transport"):
+        addresses.extend(_read_transport(doc, transport))
+    return ReplicationDestination(
+        name=doc.text(name),
+        group=doc.text(group) if group is not None else None,
+        sync_type=doc.choice(sync_type, _SYNC_TYPES),  # type: ignore[arg-type]
+        addresses=tuple(addresses),
+        topics=tuple(read_recorded_topic(doc, t) for t in kids.many("Topic")),
+        pass_through=_regex(doc, pass_through) if pass_through is not None else None,
+    )
+
+
+def _read_transport(doc: Document, node: Node) -> list[str]:
+    kids = doc.children(node, _TRANSPORT)
+    if (n := kids.one("Type")) is not None:
+        doc.choice(n, _TRANSPORT_TYPES)
+    addresses = []
+    for addr in kids.many("InetAddr"):
+        text = doc.text(addr)
+        try:
+            host, _ = inet_addr(text)
+        except Invalid as e:
+            raise doc.error(addr.path, e.message, e.hint) from None
+        if host is None:
+            raise doc.error(
+                addr.path,
+                f"replication address {text!r} has no host",
+                "conveyor connects to a destination: write HOST:PORT or [IPV6]:PORT, "
+                "e.g. replica.example.com:10005",
+            )
+        addresses.append(text)
+    return addresses
+
+
+def _regex(doc: Document, node: Node) -> str:
+    text = doc.text(node)
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise doc.error(
+            node.path,
+            f"{text!r} is not a valid regular expression: {e}",
+            "PassThrough is a regex of group names, e.g. .* for every group",
+        ) from None
+    return text

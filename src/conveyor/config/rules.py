@@ -1,0 +1,155 @@
+"""Rules that tie sections together: queues and actions against the transaction log.
+
+Each section reader has already checked its own elements; these rules run last, on the
+typed values, and name the element that has to change:
+
+1. Queues and actions need a ``TransactionLog``.
+2. A literal underlying topic (the queue's ``UnderlyingTopic``, or its ``Name`` when
+   there is none) must be recorded by a ``TransactionLog/Topic`` (literal or regex)
+   with the queue's ``MessageType``: the queue is a view over the recorded messages.
+3. For a regex underlying topic the set of matching topics is open, so only its
+   ``DefaultPublishTarget`` (if any) is checked: it must be recorded likewise.
+   (That it matches the ``UnderlyingTopic`` was checked when the queue was read.)
+4. An action's On ``Topic`` must be a configured queue with the same ``MessageType``,
+   or a recorded topic; its Do ``Topic`` must be recorded with the Do's
+   ``MessageType``, so the dead-letter publish is journaled like any other.
+5. A ``LocalQueue`` topic must not be replicated (reference A.1: AMPS reports an error).
+"""
+
+from __future__ import annotations
+
+from conveyor.config.model import (
+    Action,
+    QueueConfig,
+    QueueKind,
+    Replication,
+    TransactionLog,
+    is_regex_topic,
+)
+from conveyor.config.tree import Document
+
+
+def check(
+    doc: Document,
+    txlog: TransactionLog | None,
+    queues: tuple[QueueConfig, ...],
+    actions: tuple[Action, ...],
+    replication: Replication | None,
+) -> None:
+    if txlog is None:
+        _require_transaction_log(doc, queues, actions)
+        return  # nothing else to check: with no queues and no actions, rules 2-4 are void
+    for queue in queues:
+        _check_queue(doc, txlog, queue)
+    by_name = {q.name: q for q in queues}
+    for action in actions:
+        _check_action(doc, txlog, by_name, action)
+    if replication is not None:
+        _check_local_queues_not_replicated(doc, queues, replication)
+
+
+def _require_transaction_log(
+    doc: Document, queues: tuple[QueueConfig, ...], actions: tuple[Action, ...]
+) -> None:
+    if queues:
+        q = queues[0]
+        raise doc.error(
+            q.path,
+            f"queue {q.name!r} needs a <TransactionLog>: queues are views over recorded "
+            "messages",
+            f"add <TransactionLog> with a <JournalDirectory> and a <Topic> recording "
+            f"{q.underlying!r} (message type {q.message_type})",
+        )
+    if actions:
+        a = actions[0]
+        raise doc.error(
+            f"{a.path}/Do[1]/Options/Topic",
+            "an action publish needs a <TransactionLog> to be journaled",
+            f"add <TransactionLog> with a <JournalDirectory> and a <Topic> recording "
+            f"{a.do[0].topic!r}",
+        )
+
+
+def _check_queue(doc: Document, txlog: TransactionLog, queue: QueueConfig) -> None:
+    underlying_path = f"{queue.path}/UnderlyingTopic" if queue.underlying_topic else queue.path
+    if not is_regex_topic(queue.underlying):
+        _require_recorded(
+            doc, txlog, queue.underlying, queue.message_type, underlying_path,
+            f"the underlying topic of queue {queue.name!r}",
+        )
+    elif queue.default_publish_target is not None:
+        _require_recorded(
+            doc, txlog, queue.default_publish_target, queue.message_type,
+            f"{queue.path}/DefaultPublishTarget",
+            f"the DefaultPublishTarget of queue {queue.name!r}",
+        )
+
+
+def _check_action(
+    doc: Document, txlog: TransactionLog, queues: dict[str, QueueConfig], action: Action
+) -> None:
+    on = action.on
+    on_path = f"{action.path}/On/Options/Topic"
+    queue = queues.get(on.topic)
+    if queue is not None:
+        if queue.message_type != on.message_type:
+            raise doc.error(
+                f"{action.path}/On/Options/MessageType",
+                f"the action watches queue {on.topic!r} as {on.message_type!r}, but the "
+                f"queue's MessageType is {queue.message_type!r}",
+                f"write <MessageType>{queue.message_type}</MessageType>",
+            )
+    elif not _recorded_types(txlog, on.topic):
+        known = ", ".join(sorted(queues)) or "none configured"
+        raise doc.error(
+            on_path,
+            f"the action watches {on.topic!r}, which is neither a queue nor a recorded topic",
+            f"name a configured queue (queues: {known})",
+        )
+    for i, do in enumerate(action.do, start=1):
+        _require_recorded(
+            doc, txlog, do.topic, do.message_type, f"{action.path}/Do[{i}]/Options/Topic",
+            "the topic an action publishes to",
+        )
+
+
+def _check_local_queues_not_replicated(
+    doc: Document, queues: tuple[QueueConfig, ...], replication: Replication
+) -> None:
+    local = [q for q in queues if q.kind is QueueKind.LOCAL]
+    for d, dest in enumerate(replication.destinations, start=1):
+        for t, topic in enumerate(dest.topics, start=1):
+            for queue in local:
+                if topic.message_type == queue.message_type and topic.matches(queue.name):
+                    raise doc.error(
+                        f"AMPSConfig/Replication/Destination[{d}]/Topic[{t}]/Name",
+                        f"destination {dest.name!r} replicates LocalQueue {queue.name!r}, "
+                        "which exists on this instance only",
+                        "replicate the queue's underlying topics instead, or declare the "
+                        "queue as <Queue> or <GroupLocalQueue>",
+                    )
+
+
+def _require_recorded(
+    doc: Document, txlog: TransactionLog, topic: str, message_type: str, path: str, what: str
+) -> None:
+    types = _recorded_types(txlog, topic)
+    if message_type in types:
+        return
+    if not types:
+        raise doc.error(
+            path,
+            f"{what}, {topic!r}, is not recorded in the transaction log",
+            f"add <Topic><Name>{topic}</Name><MessageType>{message_type}</MessageType>"
+            "</Topic> to <TransactionLog>",
+        )
+    raise doc.error(
+        path,
+        f"{what}, {topic!r}, is recorded as {', '.join(sorted(types))}, not {message_type!r}",
+        f"record {topic!r} with <MessageType>{message_type}</MessageType>, or use the "
+        "same message type here",
+    )
+
+
+def _recorded_types(txlog: TransactionLog, topic: str) -> set[str]:
+    return {t.message_type for t in txlog.topics if t.matches(topic)}

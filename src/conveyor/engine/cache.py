@@ -1,0 +1,79 @@
+"""A bounded cache of recorded messages, so queue deliveries rarely read the journal.
+
+The payload lives in the journal (the queue keeps only positions); this cache holds the
+most recently recorded messages up to a byte budget, least recently used first out.
+A miss reads the record back from the journal through the injected ``read``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import msgspec
+
+from conveyor.engine import records
+
+CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory stays flat
+_ENTRY_OVERHEAD_BYTES = 200  # rough cost of the entry itself, counted against the budget
+
+_json = msgspec.json.Decoder()
+
+
+class Entry:
+    __slots__ = ("topic", "data", "timestamp", "publisher", "seq", "correlation_id", "_decoded")
+
+    def __init__(self, topic, data, timestamp, publisher, seq, correlation_id) -> None:
+        self.topic = topic
+        self.data = data
+        self.timestamp = timestamp
+        self.publisher = publisher
+        self.seq = seq
+        self.correlation_id = correlation_id
+        self._decoded = self
+
+    def decoded(self):
+        """The JSON body, decoded once; an undecodable body is None (filters see NULL)."""
+        if self._decoded is self:
+            try:
+                self._decoded = _json.decode(self.data)
+            except msgspec.DecodeError:
+                self._decoded = None
+        return self._decoded
+
+
+class MessageCache:
+    def __init__(self, read: Callable[[int], bytes], *, bytes_max: int = CACHE_BYTES_MAX_DEFAULT) -> None:
+        self._read = read
+        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        self._bytes = 0
+        self.bytes_max = bytes_max
+        self.misses = 0
+
+    def put(self, position: int, entry: Entry) -> None:
+        self._entries[position] = entry
+        self._bytes += len(entry.data) + _ENTRY_OVERHEAD_BYTES
+        while self._bytes > self.bytes_max and self._entries:
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= len(old.data) + _ENTRY_OVERHEAD_BYTES
+
+    def get(self, position: int) -> Entry:
+        entry = self._entries.get(position)
+        if entry is not None:
+            return entry
+        self.misses += 1
+        rec = records.decode(self._read(position))
+        if not isinstance(rec, records.PublishRec):
+            raise LookupError(f"position {position} is not a published message")
+        entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
+        self.put(position, entry)
+        return entry
+
+    def data(self, position: int):
+        """Decoded body of the message at ``position`` (the queue's ``load``)."""
+        return self.get(position).decoded()
+
+    def discard(self, position: int) -> None:
+        entry = self._entries.pop(position, None)
+        if entry is not None:
+            self._bytes -= len(entry.data) + _ENTRY_OVERHEAD_BYTES

@@ -1,0 +1,62 @@
+"""What the engine knows of a connection and of each of its subscriptions.
+
+A session is created when a connection opens and ends when it closes; it is never
+journaled (leases die with it, spec 000 "Delivery Semantics"). A subscription is one of
+three kinds, fixed when it is made:
+
+- ``PUBSUB``: live messages on matching topics, no acknowledgement;
+- ``QUEUE``: a queue consumer (leases, backlog, fairness) over one or more queues;
+- ``REPLAY``: a bookmark subscription: replays the journal, then continues live with no
+  gap and no duplicate at the seam (see ``Engine.pump_replays``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class SubKind(enum.Enum):
+    PUBSUB = "pubsub"
+    QUEUE = "queue"
+    REPLAY = "replay"
+
+
+@dataclass(slots=True, eq=False)
+class Subscription:
+    sub_id: str
+    conn_id: int
+    topic: str
+    matches_topic: Callable[[str], bool]
+    kind: SubKind
+    filter: Any = None  # conveyor.expr.Expression or None
+    cid: str | None = None
+    ack_types: frozenset[str] = frozenset()
+    consumer: Any = None  # engine.queue.Consumer for QUEUE subscriptions
+    queues: tuple[str, ...] = ()
+    # REPLAY: next journal position to read, and whether the replay has caught up.
+    cursor: int = 0
+    live: bool = True
+    start_time: float | None = None  # replay from a timestamp: skip older records
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    conn_id: int
+    client_name: str | None = None
+    user_id: str | None = None
+    logged_on: bool = False
+    publisher: int | None = None  # id for publishes carrying the client's own sequence
+    server_publisher: int | None = None  # id for publishes the server numbers
+    subs: dict[str, Subscription] = field(default_factory=dict)
+    # (position, seq) checkpoints awaiting a persisted ack, one per command batch
+    persist_marks: deque = field(default_factory=deque)
+    persist_cid: str | None = None
+    next_sub_number: int = 1
+
+    def new_sub_id(self) -> str:
+        sub_id = f"s{self.next_sub_number}"
+        self.next_sub_number += 1
+        return sub_id

@@ -1,0 +1,157 @@
+"""Sans-I/O framing shared by the server and the client (in the manner of h11).
+
+A frame is a 4-byte big-endian length N followed by N bytes of MessagePack: an array
+of messages (see :mod:`conveyor.protocol.messages`). A batch of publishes or acks is one
+frame. Rules:
+
+- A frame whose declared length is over ``frame_bytes_max`` is refused *before* its
+  body is buffered: the decoder skips its bytes as they arrive and reports
+  :class:`~conveyor.errors.FrameTooLarge` once, so the connection stays usable.
+- A frame that is not valid MessagePack, or an entry that is not a known message,
+  yields a :class:`Rejected` entry naming the error; the other entries of the batch
+  are still decoded, so one bad command does not cost the good ones.
+- ``receive_data`` only buffers; ``next_items`` decodes. Nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Generic, Iterable, TypeVar
+
+import msgspec
+
+from conveyor.errors import ClientError, FrameTooLarge, ProtocolError, UnknownCommand
+from conveyor.protocol.messages import COMMAND_NAMES, Command, ServerMessage
+
+FRAME_HEADER = struct.Struct(">I")
+FRAME_HEADER_LEN = FRAME_HEADER.size
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # large enough for a batch of 1,000 x 16 KiB
+
+T = TypeVar("T")
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An entry of a frame that could not be decoded; ``error`` says why."""
+
+    error: ClientError
+    cid: str | None = None
+
+
+def encode_frame(messages: Iterable[msgspec.Struct]) -> bytes:
+    """One frame holding ``messages`` (a list is encoded as one MessagePack array)."""
+    body = _encoder.encode(list(messages))
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+def encode_frames(messages: list[msgspec.Struct], frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> list[bytes]:
+    """Split ``messages`` into frames of at most ``frame_bytes_max`` bytes each."""
+    body = _encoder.encode(messages)
+    if len(body) <= frame_bytes_max or len(messages) <= 1:
+        return [FRAME_HEADER.pack(len(body)) + body]
+    half = len(messages) // 2
+    return encode_frames(messages[:half], frame_bytes_max) + encode_frames(messages[half:], frame_bytes_max)
+
+
+class _Decoder(Generic[T]):
+    def __init__(self, item_type: type, frame_bytes_max: int) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buf = bytearray()
+        self._skip = 0  # bytes of an oversized frame still to discard
+        self._batch = msgspec.msgpack.Decoder(list[item_type])
+        self._one = msgspec.msgpack.Decoder(item_type)
+        self._raw = msgspec.msgpack.Decoder(list[msgspec.Raw])
+        self._errors: list[Rejected] = []
+
+    def receive_data(self, data: bytes) -> None:
+        if self._skip:
+            dropped = min(self._skip, len(data))
+            self._skip -= dropped
+            data = data[dropped:]
+            if not data:
+                return
+        self._buf += data
+
+    def next_items(self) -> list[T | Rejected]:
+        """Every complete entry buffered so far, in order (possibly from several frames)."""
+        out: list[T | Rejected] = []
+        buf = self._buf
+        offset = 0
+        while True:
+            if self._skip:
+                break
+            if len(buf) - offset < FRAME_HEADER_LEN:
+                break
+            (length,) = FRAME_HEADER.unpack_from(buf, offset)
+            if length > self.frame_bytes_max:
+                available = len(buf) - offset - FRAME_HEADER_LEN
+                dropped = min(length, available)
+                self._skip = length - dropped
+                offset += FRAME_HEADER_LEN + dropped
+                out.append(
+                    Rejected(
+                        FrameTooLarge(
+                            f"frame of {length} bytes is over the limit of {self.frame_bytes_max} bytes",
+                            length=length,
+                            limit=self.frame_bytes_max,
+                        )
+                    )
+                )
+                continue
+            end = offset + FRAME_HEADER_LEN + length
+            if len(buf) < end:
+                break
+            body = memoryview(buf)[offset + FRAME_HEADER_LEN : end]
+            try:
+                out.extend(self._batch.decode(body))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                out.extend(self._decode_slowly(body))
+            body.release()
+            offset = end
+        if offset:
+            del buf[:offset]
+        return out
+
+    def _decode_slowly(self, body: memoryview) -> list[T | Rejected]:
+        """Decode entry by entry so a bad entry is reported alone."""
+        try:
+            raws = self._raw.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return [Rejected(ProtocolError(f"malformed frame: {exc}"))]
+        out: list[T | Rejected] = []
+        for raw in raws:
+            try:
+                out.append(self._one.decode(raw))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                out.append(self._explain(raw, exc))
+        return out
+
+    def _explain(self, raw: msgspec.Raw, exc: Exception) -> Rejected:
+        try:
+            entry = msgspec.msgpack.decode(raw)
+        except msgspec.DecodeError:
+            entry = None
+        cid = None
+        if isinstance(entry, dict):
+            cid = entry.get("cid") if isinstance(entry.get("cid"), str) else None
+            name = entry.get("c")
+            if isinstance(name, str) and name not in COMMAND_NAMES and self._one.type is Command:
+                return Rejected(UnknownCommand(f"unknown command {name!r}", command=name), cid)
+        return Rejected(ProtocolError(f"invalid command: {exc}"), cid)
+
+
+class CommandDecoder(_Decoder[Command]):
+    """Server side: decodes client commands."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        super().__init__(Command, frame_bytes_max)
+
+
+class MessageDecoder(_Decoder[ServerMessage]):
+    """Client side: decodes what the server sends."""
+
+    def __init__(self, frame_bytes_max: int = 1 << 31) -> None:
+        super().__init__(ServerMessage, frame_bytes_max)

@@ -1,0 +1,113 @@
+"""Start the real server as a subprocess on loopback, for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+STARTUP_SECONDS_MAX = 60.0
+
+BASE_CONFIG = """\
+<AMPSConfig>
+    <Name>test-instance</Name>
+    <Transports>
+        <Transport>
+            <Name>tcp</Name>
+            <Type>tcp</Type>
+            <InetAddr>127.0.0.1:0</InetAddr>
+            <Protocol>amps</Protocol>
+            {transport_extra}
+        </Transport>
+    </Transports>
+    <TransactionLog>
+        <JournalDirectory>{journal}</JournalDirectory>
+        {txlog_extra}
+        <Topic><Name>{recorded}</Name><MessageType>json</MessageType></Topic>
+    </TransactionLog>
+    <SOW>
+        {queues}
+    </SOW>
+</AMPSConfig>
+"""
+
+
+def write_config(directory: Path, *, queues: str = "", recorded: str = ".*", transport_extra: str = "", txlog_extra: str = "") -> Path:
+    journal = directory / "journal"
+    path = directory / "config.xml"
+    path.write_text(
+        BASE_CONFIG.format(
+            journal=journal, queues=textwrap.dedent(queues), recorded=recorded, transport_extra=transport_extra, txlog_extra=txlog_extra
+        )
+    )
+    return path
+
+
+class ServerProcess:
+    """A `conveyor serve` subprocess; `uri` once it is listening."""
+
+    def __init__(self, config: Path, *, env: dict | None = None) -> None:
+        self.config = config
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.stderr_lines: list[str] = []
+
+    @property
+    def uri(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def start(self, port: int = 0) -> "ServerProcess":
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "serve", "--config", str(self.config), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        deadline = time.monotonic() + STARTUP_SECONDS_MAX
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("conveyor listening on port "):
+                self.port = int(line.rsplit(" ", 1)[1])
+                threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+                return self
+        self.proc.kill()
+        raise RuntimeError("server did not start:\n" + "".join(self.stderr_lines[-40:]))
+
+    def _drain_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line)
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        """SIGTERM: graceful shutdown."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout=30)
+        return self.proc.returncode if self.proc else 0
+
+    def restart(self) -> "ServerProcess":
+        """Start again on the same port (clients can reconnect to the same URI)."""
+        port = self.port or 0
+        return self.start(port)
+
+    @property
+    def log(self) -> str:
+        return "".join(self.stderr_lines)
