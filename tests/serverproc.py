@@ -111,3 +111,12 @@ class ServerProcess:
     @property
     def log(self) -> str:
         return "".join(self.stderr_lines)
+
+    def wait_log(self, text: str, timeout: float = 10.0) -> str:
+        """The server's log once it contains ``text`` (stderr is read by a thread)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log:
+                return self.log
+            time.sleep(0.02)
+        raise AssertionError(f"{text!r} not in the server log:\n{self.log[-3000:]}")

@@ -533,6 +533,11 @@ class Engine:
             return
         dirty, self._dirty_queues = self._dirty_queues, set()
         for queue in dirty:
+            deadline = queue.next_deadline()
+            if deadline is not None and deadline <= now:
+                # dispatch assumes expiry already ran at this `now` (a lagging timer
+                # must not let an expired message out).
+                self._journal_queue_events(queue, queue.expire(now))
             deliveries = queue.dispatch(now)
             if deliveries:
                 self._deliver_queue_messages(queue, deliveries, now)
@@ -622,6 +627,12 @@ class Engine:
             raise errors.ClientError("sow_delete on a queue needs bookmarks or a filter")
         self._journal_queue_events(queue, result.events)
         self._dirty_queues.add(queue)
+        # One backlog across queues: a freed consumer may now take from its other queues.
+        for conn_id, sub_id in result.freed:
+            owner = self.sessions.get(conn_id)
+            sub = owner.subs.get(sub_id) if owner is not None else None
+            if sub is not None:
+                self._dirty_queues.update(self.queues[name] for name in sub.queues)
         acks = ack_types(cmd.ack_type)
         for kind in acks & {"processed", "stats"}:
             self._send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted))
@@ -708,6 +719,8 @@ class Engine:
                 progress(count)
         self.applied_end = self.journal.durable_end
         for queue in self.queues.values():
+            # Messages already at MaxCancels / MaxDeliveries expire now, journaled.
+            self._journal_queue_events(queue, queue.end_replay(now))
             self._dirty_queues.add(queue)
         return count
 
@@ -723,8 +736,8 @@ class Engine:
     def _replay_queue_record(self, queue, rec, now: float) -> None:
         match rec:
             case records.LeasedRec():
-                for position in rec.positions:
-                    queue.replay_delivered(position, now)
+                for position, count in zip(rec.positions, rec.counts):
+                    queue.replay_delivered(position, now, count=count)
             case records.DeliveredRec():
                 for position in rec.positions:
                     queue.replay_delivered(position, now)
@@ -737,7 +750,8 @@ class Engine:
             case records.ExpiredRec():
                 queue.replay_expired(rec.position)
             case records.ReturnedRec():
-                pass  # a lease that ended: after a restart every lease has ended anyway
+                for position in rec.positions:
+                    queue.replay_returned(position)
 
     # --- statistics ----------------------------------------------------------------------
 

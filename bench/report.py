@@ -1,0 +1,53 @@
+"""Shared helpers for benchmarks: timing, medians, machine facts, docs/benchmarks.md sections."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+from pathlib import Path
+
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{os.cpu_count()} cores ({cpu}){mem}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def write_section(title: str, body: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the section ``## title`` of docs/benchmarks.md."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nFigures measured with the suites in `bench/`; see each section for the command.\n"
+    section = f"## {title}\n\n{body.strip()}\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip() + "\n\n" + section
+    path.write_text(text.rstrip() + "\n")

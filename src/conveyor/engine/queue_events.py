@@ -1,0 +1,191 @@
+"""What a queue says back: events to journal, deliveries, ack results, statistics.
+
+Every record is frozen and typed (STYLE item 6). Events are ``msgspec.Struct`` so the
+engine can encode them as journal records without a copy; each event is exactly one
+transition of :mod:`conveyor.engine.queue_state`, and replaying the journaled events in
+order (interleaved with the enqueues) through :meth:`Queue.replay` rebuilds the queue.
+
+Fields are only ever appended, with defaults (STYLE item 7).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Hashable, Union
+
+import msgspec
+
+from conveyor.errors import NotLeaseHolder
+
+
+class ExpiryReason(enum.StrEnum):
+    """Values of ``AMPS_REASON`` (reference.md C.1); several may apply to one expiry."""
+
+    TIME_LIMIT = "time_limit"  # in the queue longer than Expiration
+    MAX_CANCELS = "max_cancels"  # cancelled MaxCancels times
+    MAX_DELIVERIES = "max_deliveries"  # delivered MaxDeliveries times without an ack
+    FORCED_EXPIRE = "forced_expire"  # acknowledged with the expire option
+
+
+#: The order reasons are listed in, whatever order they were found in.
+REASON_ORDER = (
+    ExpiryReason.TIME_LIMIT,
+    ExpiryReason.MAX_CANCELS,
+    ExpiryReason.MAX_DELIVERIES,
+    ExpiryReason.FORCED_EXPIRE,
+)
+
+
+class AckOption(enum.Enum):
+    """The ``opts`` of a queue ``sow_delete`` (spec 000, "Acknowledging Messages")."""
+
+    NONE = "none"  # processed: removed
+    CANCEL = "cancel"  # returned to the queue, cancel count + 1
+    EXPIRE = "expire"  # removed at once, reason forced_expire
+
+
+# --- events (journal records) ---------------------------------------------------------
+
+
+class Leased(msgspec.Struct, frozen=True, tag=True):
+    """At-least-once delivery; ``count`` is the delivery count including this one."""
+
+    position: int
+    consumer_key: Any  # the engine's Hashable key, e.g. (connection_id, sub_id)
+    count: int
+
+
+class DeliveredAtMostOnce(msgspec.Struct, frozen=True, tag=True):
+    """At-most-once delivery: the message left the queue for good."""
+
+    position: int
+
+
+class Acknowledged(msgspec.Struct, frozen=True, tag=True):
+    position: int
+
+
+class Cancelled(msgspec.Struct, frozen=True, tag=True):
+    """The lease was cancelled and the message returned; ``cancels`` is the new count."""
+
+    position: int
+    cancels: int
+
+
+class LeaseExpired(msgspec.Struct, frozen=True, tag=True):
+    """The lease period ran out and the message returned to the queue."""
+
+    position: int
+
+
+class Returned(msgspec.Struct, frozen=True, tag=True):
+    """The lease was broken (unsubscribe, disconnect, restart) and the message returned."""
+
+    position: int
+
+
+class Expired(msgspec.Struct, frozen=True, tag=True):
+    position: int
+    reasons: tuple[str, ...]
+
+
+Event = Union[Leased, DeliveredAtMostOnce, Acknowledged, Cancelled, LeaseExpired, Returned, Expired]
+
+
+# --- results --------------------------------------------------------------------------
+
+
+class Delivery(msgspec.Struct, frozen=True):
+    """Send message ``position`` to ``consumer`` (a :class:`Consumer`).
+
+    ``lease_deadline`` is None for at-most-once. The engine journals :attr:`event`.
+    """
+
+    consumer: Any
+    position: int
+    lease_deadline: float | None
+    delivery_count: int
+
+    @property
+    def event(self) -> Leased | DeliveredAtMostOnce:
+        if self.lease_deadline is None:
+            return DeliveredAtMostOnce(self.position)
+        return Leased(self.position, self.consumer.key, self.delivery_count)
+
+
+class AckResult(msgspec.Struct, frozen=True):
+    """What one ``sow_delete`` did to one queue, message by message."""
+
+    acknowledged: int = 0  # removed as processed
+    cancelled: int = 0  # returned to the queue by a cancel (some may then expire)
+    expired: int = 0  # removed as expired (forced_expire, or a cancel over a limit)
+    released: int = 0  # at-most-once deliveries whose backlog slot was freed
+    refused: int = 0  # leased to another owner under Leasing=strict
+    ignored: int = 0  # unknown, already done, or nothing to do (cancel of an unleased one)
+    events: tuple[Event, ...] = ()  # to journal, in order
+    freed: tuple[Hashable, ...] = ()  # consumer keys with backlog freed: dispatch for them
+    refused_positions: tuple[int, ...] = ()
+
+    @property
+    def deleted(self) -> int:
+        """Messages this ack took off the consumer's hands: ``records_deleted``."""
+        return self.acknowledged + self.expired + self.released
+
+    def error(self) -> NotLeaseHolder | None:
+        """The error to report for refused messages, if any."""
+        if not self.refused:
+            return None
+        return NotLeaseHolder(
+            f"{self.refused} message(s) are leased to another subscriber",
+            positions=self.refused_positions,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """``/amps/instance/queues`` metrics (reference.md D.1) plus a few of our own.
+
+    Counters are cumulative since this Queue object was built (they reset at restart, as
+    ``expired_leases`` does in the reference). Ages need ``now`` and are None without it.
+    """
+
+    name: str
+    semantics: str
+    queue_depth: int  # unacknowledged messages: available + leased
+    available: int
+    backlog: int  # leased messages awaiting an ack
+    awaiting_ack: int  # at-most-once deliveries whose ack has not arrived (backlog only)
+    consumers: int
+    max_backlog: int | None  # the configured MaxBacklog (reported, not enforced)
+    target_queue_depth: int | None
+    enqueued: int
+    delivered: int
+    acknowledged: int
+    expired: int
+    expired_leases: int
+    returned: int  # leases broken (unsubscribe, disconnect, restart)
+    cancelled: int
+    filter_errors: int  # filter or load calls that raised (treated as "no match")
+    age_of_oldest_lease: float | None  # seconds
+    seconds_behind: float | None  # age of the oldest unacknowledged message, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDetail:
+    position: int
+    state: str  # "available" or "leased"
+    published_at: float
+    deliveries: int
+    cancels: int
+    holder: Hashable | None  # consumer key of the lease holder (None: pre-restart lease)
+    lease_deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDetails:
+    """The live state (``/amps/instance/queues/<id>/details``); O(queue) to build."""
+
+    messages: tuple[MessageDetail, ...]  # position order
+    awaiting_ack: tuple[tuple[int, Hashable], ...]  # at-most-once (position, consumer key)
+    consumers: tuple[tuple[Hashable, int, int], ...]  # (key, outstanding, max_backlog)

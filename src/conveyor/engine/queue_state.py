@@ -1,0 +1,155 @@
+"""The life of one message in a queue: its states, the verbs that move it, and the table.
+
+Rule 1: every change to the state of a queued message in :mod:`conveyor.engine.queue`
+goes through :func:`advance` with the state the message is in and the verb (named after
+the spec's words) that moves it. A pair that is not in the table raises
+:class:`IllegalTransition` *before* anything changes, so a refused move leaves the queue
+exactly as it was (STYLE item 3).
+
+Rule 2: each verb is one journal event (:mod:`conveyor.engine.queue_events`), so
+replaying the journal replays the same transitions through the same table:
+
+=============  ===================  =======================  ==========================
+verb           from                 to                       event
+=============  ===================  =======================  ==========================
+ENQUEUE        ABSENT               AVAILABLE                (the publish itself)
+LEASE          AVAILABLE            LEASED                   Leased (at-least-once)
+DELIVER        AVAILABLE            CONSUMED                 DeliveredAtMostOnce
+ACKNOWLEDGE    AVAILABLE, LEASED    ACKNOWLEDGED             Acknowledged
+CANCEL         LEASED               AVAILABLE                Cancelled
+LEASE_EXPIRE   LEASED               AVAILABLE                LeaseExpired
+RETURN         LEASED               AVAILABLE                Returned (lease broken)
+EXPIRE         AVAILABLE, LEASED    EXPIRED                  Expired
+=============  ===================  =======================  ==========================
+
+Rule 3: the semantics choose the table. An at-most-once queue has no LEASED state: a
+delivery moves the message straight to CONSUMED (spec 000, "Delivery Semantics": "AMPS
+removes the message from the queue as soon as the message is sent"). An at-least-once
+queue has no CONSUMED state.
+
+Rule 4: terminal states (CONSUMED, ACKNOWLEDGED, EXPIRED) are not stored. The queue
+forgets a message once it is done and reports it as ABSENT from then on; that is what
+keeps per-message memory small. Acknowledging an ABSENT message is therefore not a
+transition but an idempotent no-op (counted as ``ignored``), and so is every replayed
+event for a message before the recovery point.
+
+Rule 5: a message that comes back to the queue (CANCEL, LEASE_EXPIRE, RETURN) and is over
+a limit (Expiration, MaxCancels, MaxDeliveries) is expired right away by a second
+transition, AVAILABLE --EXPIRE--> EXPIRED, in the same call: spec 000, "Acknowledging
+Messages": the message "is returned to the queue ... Otherwise, the message is expired".
+"""
+
+from __future__ import annotations
+
+import enum
+from types import MappingProxyType
+from typing import Mapping
+
+from conveyor.config.model import Semantics
+from conveyor.errors import ServerError
+
+
+class MessageState(enum.Enum):
+    # Members are singletons: hash by identity, in C (Enum's own __hash__ is Python code
+    # and would dominate the table lookups on the hot path).
+    __hash__ = object.__hash__
+
+    ABSENT = "absent"  # never enqueued, before the recovery point, or done and forgotten
+    AVAILABLE = "available"  # in the queue: deliverable, shown by the view
+    LEASED = "leased"  # at-least-once: delivered, lease running
+    CONSUMED = "consumed"  # at-most-once: delivered and gone (backlog freed by the ack)
+    ACKNOWLEDGED = "acknowledged"  # processed: gone
+    EXPIRED = "expired"  # expired (time limit, cancels, deliveries, forced): gone
+
+
+class Verb(enum.Enum):
+    __hash__ = object.__hash__
+
+    ENQUEUE = "enqueue"
+    LEASE = "lease"
+    DELIVER = "deliver"  # at-most-once delivery
+    ACKNOWLEDGE = "acknowledge"
+    CANCEL = "cancel"
+    LEASE_EXPIRE = "lease_expire"
+    RETURN = "return"  # a broken lease: unsubscribe, disconnect or a restart
+    EXPIRE = "expire"
+
+
+S, V = MessageState, Verb
+
+_COMMON: dict[tuple[MessageState, Verb], MessageState] = {
+    (S.ABSENT, V.ENQUEUE): S.AVAILABLE,
+    (S.AVAILABLE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
+    (S.AVAILABLE, V.EXPIRE): S.EXPIRED,
+}
+
+#: (state, verb) -> next state, per semantics. Anything absent is illegal.
+TRANSITIONS: Mapping[Semantics, Mapping[tuple[MessageState, Verb], MessageState]] = {
+    Semantics.AT_LEAST_ONCE: MappingProxyType(
+        {
+            **_COMMON,
+            (S.AVAILABLE, V.LEASE): S.LEASED,
+            (S.LEASED, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
+            (S.LEASED, V.CANCEL): S.AVAILABLE,
+            (S.LEASED, V.LEASE_EXPIRE): S.AVAILABLE,
+            (S.LEASED, V.RETURN): S.AVAILABLE,
+            (S.LEASED, V.EXPIRE): S.EXPIRED,
+        }
+    ),
+    Semantics.AT_MOST_ONCE: MappingProxyType(
+        {
+            **_COMMON,
+            (S.AVAILABLE, V.DELIVER): S.CONSUMED,
+        }
+    ),
+}
+
+del S, V
+
+
+class QueueStateError(ServerError):
+    """The queue was driven in a way its rules do not allow (an engine bug, not a client's).
+
+    Not in :data:`conveyor.errors.ERROR_CLASSES` (defined outside ``errors.py``); its
+    code never reaches a client except as a generic server error.
+    """
+
+    code = "queue_state_error"
+
+
+class IllegalTransition(QueueStateError):
+    """A verb was applied to a message in a state the table has no entry for."""
+
+    code = "illegal_transition"
+
+    def __init__(self, position: int, state: MessageState, verb: Verb, semantics: Semantics):
+        super().__init__(
+            f"message at position {position}: cannot {verb.value} a message that is "
+            f"{state.value} in an {semantics.value} queue",
+            position=position,
+            state=state.value,
+            verb=verb.value,
+        )
+        self.position = position
+        self.state = state
+        self.verb = verb
+
+
+class PositionOutOfOrder(QueueStateError):
+    """Messages must be enqueued in strictly increasing journal position."""
+
+    code = "position_out_of_order"
+
+
+def advance(
+    table: Mapping[tuple[MessageState, Verb], MessageState],
+    semantics: Semantics,
+    position: int,
+    state: MessageState,
+    verb: Verb,
+) -> MessageState:
+    """The state ``verb`` moves ``state`` to, or :class:`IllegalTransition`. Pure."""
+    try:
+        return table[(state, verb)]
+    except KeyError:
+        raise IllegalTransition(position, state, verb, semantics) from None

@@ -1,0 +1,241 @@
+"""The available messages of one queue, sorted by journal position, in compact arrays.
+
+This is the queue's memory for the common case: a message that is in the queue and not
+leased costs 16 bytes here (an ``int64`` position and a ``float64`` publish time) and no
+Python object. Rules:
+
+- Positions only grow: :meth:`append` takes a position above every position seen, so
+  each chunk is sorted and the chunks are in order; a position is found by two binary
+  searches (the chunk by its first position, then the slot), never by a dict.
+- A removed message leaves a tombstone (its time becomes NaN). A chunk whose tombstones
+  pass half its slots is compacted; an empty chunk is dropped. Removal is O(log n) plus
+  O(1) amortized compaction.
+- A message that comes back (an expired, cancelled or broken lease) is put back in its
+  place by :meth:`restore`: the tombstone is revived, or the slot re-inserted (O(chunk)).
+- ``head`` is the oldest available message and ``head_time`` its publish time. Publish
+  times never decrease along positions (the queue clamps them), so the head is also the
+  next message to reach its Expiration.
+
+The queue delivers in this order (FIFO). A priority order (a later issue) keeps this
+store for bookmark lookups, expiry and the recovery point, and adds a delivery index on
+top; only the ``scan``/``head`` calls of the dispatch loop change.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from typing import Iterator
+
+#: Slots per chunk. An insert moves at most 2 x 4096 x 8 bytes; the chunk's own overhead
+#: (two array headers, one list slot) is under 0.1 byte per message.
+CHUNK_SLOTS = 4096
+#: A chunk is compacted when more than this share of its slots are tombstones.
+_COMPACT_RATIO = 0.5
+#: Chunks smaller than this are not compacted (the copy would cost more than it frees).
+_COMPACT_MIN_SLOTS = 64
+
+_NAN = float("nan")
+
+
+class _Chunk:
+    __slots__ = ("positions", "times", "live", "start")
+
+    def __init__(self, positions: array, times: array) -> None:
+        self.positions = positions  # array('q'), sorted
+        self.times = times  # array('d'); NaN marks a tombstone
+        self.live = len(positions)
+        self.start = 0  # index of the first live slot
+
+
+class MessageStore:
+    __slots__ = ("_chunks", "_firsts", "_live", "_version")
+
+    def __init__(self) -> None:
+        self._chunks: list[_Chunk] = []
+        self._firsts: list[int] = []  # _chunks[i].positions[0], for bisect
+        self._live = 0
+        self._version = 0  # bumped on every change, to catch mutation during iteration
+
+    def __len__(self) -> int:
+        return self._live
+
+    def __bool__(self) -> bool:
+        return self._live > 0
+
+    # --- reading ------------------------------------------------------------------------
+
+    def head(self) -> int | None:
+        """The oldest available position."""
+        if not self._chunks:
+            return None
+        ch = self._chunks[0]
+        return ch.positions[ch.start]
+
+    def head_time(self) -> float | None:
+        if not self._chunks:
+            return None
+        ch = self._chunks[0]
+        return ch.times[ch.start]
+
+    def _find(self, position: int) -> tuple[int, int]:
+        """(chunk index, slot index) of a live ``position``, or (-1, -1)."""
+        i = bisect_right(self._firsts, position) - 1
+        if i < 0:
+            return -1, -1
+        ch = self._chunks[i]
+        j = bisect_left(ch.positions, position)
+        if j < len(ch.positions) and ch.positions[j] == position:
+            t = ch.times[j]
+            if t == t:  # not NaN: live
+                return i, j
+        return -1, -1
+
+    def __contains__(self, position: int) -> bool:
+        return self._find(position)[0] >= 0
+
+    def time_of(self, position: int) -> float | None:
+        i, j = self._find(position)
+        return None if i < 0 else self._chunks[i].times[j]
+
+    def scan(self, position: int) -> Iterator[int]:
+        """Available positions >= ``position``, in order. Do not change the store while
+        iterating (RuntimeError)."""
+        version = self._version
+        chunks = self._chunks
+        i = bisect_right(self._firsts, position) - 1
+        first = True
+        if i < 0:
+            i, first = 0, False
+        while i < len(chunks):
+            ch = chunks[i]
+            positions, times = ch.positions, ch.times
+            j = max(bisect_left(positions, position), ch.start) if first else ch.start
+            first = False
+            for k in range(j, len(positions)):
+                t = times[k]
+                if t == t:
+                    yield positions[k]
+                    if self._version != version:
+                        raise RuntimeError("queue changed during iteration")
+            i += 1
+
+    def items(self) -> Iterator[tuple[int, float]]:
+        """(position, publish time) of every available message, in order."""
+        version = self._version
+        for ch in self._chunks:
+            positions, times = ch.positions, ch.times
+            for k in range(ch.start, len(positions)):
+                t = times[k]
+                if t == t:
+                    yield positions[k], t
+                    if self._version != version:
+                        raise RuntimeError("queue changed during iteration")
+
+    # --- changing -----------------------------------------------------------------------
+
+    def append(self, position: int, t: float) -> None:
+        """Add a new message; ``position`` is above every position ever appended."""
+        self._version += 1
+        chunks = self._chunks
+        if chunks:
+            ch = chunks[-1]
+            if len(ch.positions) < CHUNK_SLOTS:
+                ch.positions.append(position)
+                ch.times.append(t)
+                ch.live += 1
+                self._live += 1
+                return
+        chunks.append(_Chunk(array("q", (position,)), array("d", (t,))))
+        self._firsts.append(position)
+        self._live += 1
+
+    def discard(self, position: int) -> float | None:
+        """Remove ``position``; its publish time, or None if it was not available."""
+        i, j = self._find(position)
+        if i < 0:
+            return None
+        self._version += 1
+        ch = self._chunks[i]
+        t = ch.times[j]
+        ch.times[j] = _NAN
+        ch.live -= 1
+        self._live -= 1
+        if ch.live == 0:
+            del self._chunks[i]
+            del self._firsts[i]
+            return t
+        if j == ch.start:
+            times = ch.times
+            k = j + 1
+            while times[k] != times[k]:
+                k += 1
+            ch.start = k
+        size = len(ch.positions)
+        if size >= _COMPACT_MIN_SLOTS and size - ch.live > size * _COMPACT_RATIO:
+            self._compact(i)
+        return t
+
+    def restore(self, position: int, t: float) -> None:
+        """Put a returned message back in its place."""
+        self._version += 1
+        chunks, firsts = self._chunks, self._firsts
+        i = bisect_right(firsts, position) - 1
+        if i < 0:
+            # Before every chunk: the chunks that held it were dropped.
+            if chunks and len(chunks[0].positions) < CHUNK_SLOTS:
+                ch = chunks[0]
+                ch.positions.insert(0, position)
+                ch.times.insert(0, t)
+                ch.live += 1
+                ch.start = 0
+                firsts[0] = position
+            else:
+                chunks.insert(0, _Chunk(array("q", (position,)), array("d", (t,))))
+                firsts.insert(0, position)
+            self._live += 1
+            return
+        ch = chunks[i]
+        j = bisect_left(ch.positions, position)
+        if j < len(ch.positions) and ch.positions[j] == position:
+            old = ch.times[j]
+            if old == old:
+                raise ValueError(f"position {position} is already available")
+            ch.times[j] = t  # revive the tombstone
+        else:
+            ch.positions.insert(j, position)
+            ch.times.insert(j, t)
+        ch.live += 1
+        self._live += 1
+        if j <= ch.start:
+            ch.start = j
+        if len(ch.positions) > 2 * CHUNK_SLOTS:
+            self._split(i)
+
+    def _compact(self, i: int) -> None:
+        ch = self._chunks[i]
+        if ch.start == len(ch.positions) - ch.live:
+            # Every tombstone is in the prefix (the usual case: the head was consumed).
+            del ch.positions[: ch.start]
+            del ch.times[: ch.start]
+        else:
+            keep = [k for k in range(ch.start, len(ch.positions)) if ch.times[k] == ch.times[k]]
+            ch.positions = array("q", [ch.positions[k] for k in keep])
+            ch.times = array("d", [ch.times[k] for k in keep])
+        ch.start = 0
+        self._firsts[i] = ch.positions[0]
+
+    def _split(self, i: int) -> None:
+        """Cut an over-full chunk in two; recount both halves, drop an empty one."""
+        ch = self._chunks[i]
+        tail = _Chunk(ch.positions[CHUNK_SLOTS:], ch.times[CHUNK_SLOTS:])
+        del ch.positions[CHUNK_SLOTS:]
+        del ch.times[CHUNK_SLOTS:]
+        halves = []
+        for part in (ch, tail):
+            live = [k for k, t in enumerate(part.times) if t == t]
+            if live:
+                part.live, part.start = len(live), live[0]
+                halves.append(part)
+        self._chunks[i : i + 1] = halves
+        self._firsts[i : i + 1] = [part.positions[0] for part in halves]

@@ -1,0 +1,323 @@
+"""A small, obviously-correct reference model of one queue, for the simulation test.
+
+Naive on purpose: every message is an object in a dict (kept in position order), every
+decision walks all of them, and a restart is modelled as what it means ("every lease is
+broken"), not as a journal replay. The real :class:`conveyor.engine.queue.Queue` must
+agree with it call by call. Each rule cites spec 000 (the queue chapter).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable, Hashable
+
+from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
+from conveyor.engine.queue_events import (
+    Acknowledged,
+    AckOption,
+    Cancelled,
+    DeliveredAtMostOnce,
+    Expired,
+    Leased,
+    LeaseExpired,
+    Returned,
+)
+
+
+@dataclass(eq=False)
+class MConsumer:
+    key: Hashable
+    owner: Hashable
+    filter: Callable[[object], bool] | None
+    max_backlog: int
+    outstanding: int = 0  # shared by every model queue the consumer is in
+
+
+@dataclass
+class MMsg:
+    position: int
+    published_at: float
+    holder: MConsumer | None = None  # the lease holder (at-least-once)
+    deadline: float | None = None
+    deliveries: int = 0
+    cancels: int = 0
+
+
+@dataclass
+class MDelivery:
+    consumer_key: Hashable
+    position: int
+    lease_deadline: float | None
+    delivery_count: int
+
+
+@dataclass
+class ModelQueue:
+    config: QueueConfig
+    load: Callable[[int], object]
+    msgs: dict[int, MMsg] = field(default_factory=dict)  # available + leased, by position
+    consumed: dict[int, MConsumer] = field(default_factory=dict)  # at-most-once, unacked
+    consumers: list[MConsumer] = field(default_factory=list)  # subscribed, in order
+    attached: dict[Hashable, MConsumer] = field(default_factory=dict)  # incl. detached
+    rr_next: int = 0
+    last_position: int = -1
+    last_time: float = -math.inf
+
+    @property
+    def alo(self) -> bool:
+        return self.config.semantics is Semantics.AT_LEAST_ONCE
+
+    def matches(self, flt, p: int) -> bool:
+        return flt is None or bool(flt(self.load(p)))
+
+    # --- publish: "The message becomes available in the queue" ---------------------------
+
+    def enqueue(self, p: int, t: float) -> None:
+        assert p > self.last_position
+        t = max(t, self.last_time)
+        self.last_position, self.last_time = p, t
+        self.msgs[p] = MMsg(p, t)
+
+    def available(self) -> list[int]:
+        return [p for p, m in self.msgs.items() if m.holder is None]
+
+    # --- consumers --------------------------------------------------------------------------
+
+    def add(self, c: MConsumer) -> None:
+        self.attached[c.key] = c
+        self.consumers.append(c)
+
+    def detach(self, c: MConsumer) -> None:
+        if c in self.consumers:
+            self._unlist(c)
+
+    def reattach(self, c: MConsumer) -> None:
+        if c not in self.consumers:
+            self.consumers.append(c)
+
+    def _unlist(self, c: MConsumer) -> None:
+        i = self.consumers.index(c)
+        del self.consumers[i]
+        if i < self.rr_next:
+            self.rr_next -= 1
+
+    def remove(self, c: MConsumer, now: float) -> list:
+        """Unsubscribe/disconnect: "Leases are broken and messages are returned"."""
+        self.detach(c)
+        del self.attached[c.key]
+        events: list = []
+        for p in sorted(self.msgs):
+            m = self.msgs.get(p)
+            if m is not None and m.holder is c:
+                self._lease_ends(m, Returned(p), now, events)
+        for p in [p for p, h in self.consumed.items() if h is c]:
+            del self.consumed[p]
+            c.outstanding -= 1
+        return events
+
+    # --- delivery: Message Flow for Queues, step 3 ------------------------------------------
+
+    def _pick(self, eligible: list[int]) -> int:
+        fairness = self.config.fairness
+        if fairness is Fairness.FAST:
+            return eligible[0]  # "the first subscription found"
+        if fairness is Fairness.ROUND_ROBIN:
+            n = len(self.consumers)
+            order = list(range(self.rr_next, n)) + list(range(0, min(self.rr_next, n)))
+            return next(i for i in order if i in eligible)  # "the next available"
+        # proportional: "the highest proportion of backlog capacity unused", first on a tie
+        return min(
+            eligible,
+            key=lambda i: (
+                Fraction(self.consumers[i].outstanding, self.consumers[i].max_backlog),
+                i,
+            ),
+        )
+
+    def dispatch(self, now: float, limit: int | None) -> list[MDelivery]:
+        out: list[MDelivery] = []
+        while limit is None or len(out) < limit:
+            chosen = None
+            for p, m in self.msgs.items():  # oldest first
+                if m.holder is not None:
+                    continue
+                eligible = [
+                    i
+                    for i, c in enumerate(self.consumers)
+                    if c.outstanding < c.max_backlog and self.matches(c.filter, p)
+                ]
+                if eligible:
+                    chosen = (m, eligible)
+                    break
+            if chosen is None:
+                return out
+            m, eligible = chosen
+            i = self._pick(eligible)
+            self.rr_next = i + 1
+            c = self.consumers[i]
+            c.outstanding += 1
+            if self.alo:
+                m.deliveries += 1
+                m.holder, m.deadline = c, now + self.config.lease_period_s
+                out.append(MDelivery(c.key, m.position, m.deadline, m.deliveries))
+            else:
+                del self.msgs[m.position]  # "removes the message ... when published"
+                self.consumed[m.position] = c
+                out.append(MDelivery(c.key, m.position, None, 1))
+        return out
+
+    @staticmethod
+    def delivery_event(d: MDelivery):
+        if d.lease_deadline is None:
+            return DeliveredAtMostOnce(d.position)
+        return Leased(d.position, d.consumer_key, d.delivery_count)
+
+    # --- limits -------------------------------------------------------------------------
+
+    def _reasons(self, m: MMsg, now: float) -> tuple[str, ...]:
+        cfg, r = self.config, []
+        if cfg.expiration_s is not None and now >= m.published_at + cfg.expiration_s:
+            r.append("time_limit")
+        if cfg.max_cancels is not None and m.cancels >= cfg.max_cancels:
+            r.append("max_cancels")  # the 3rd cancel with MaxCancels=3 expires
+        if cfg.max_deliveries is not None and m.deliveries >= cfg.max_deliveries:
+            r.append("max_deliveries")
+        return tuple(r)
+
+    def _lease_ends(self, m: MMsg, event, now: float, events: list) -> bool:
+        """Back to the queue "just as though the lease had expired", or expired."""
+        m.holder.outstanding -= 1
+        m.holder = m.deadline = None
+        events.append(event)
+        reasons = self._reasons(m, now)
+        if reasons:
+            del self.msgs[m.position]
+            events.append(Expired(m.position, reasons))
+            return True
+        return False
+
+    # --- acknowledgement --------------------------------------------------------------------
+
+    def acknowledge(self, positions, by, option: AckOption, now: float) -> dict:
+        strict = self.config.leasing is Leasing.STRICT
+        r = dict(
+            acknowledged=0, cancelled=0, expired=0, released=0, refused=0, ignored=0,
+            events=[], freed=[],
+        )
+        ev = r["events"]
+        for p in positions:
+            m = self.msgs.get(p)
+            if m is not None and m.holder is not None:
+                c = m.holder
+                if strict and by is not None and by != c.owner:
+                    r["refused"] += 1
+                    continue
+                if c.key not in r["freed"]:
+                    r["freed"].append(c.key)
+                if option is AckOption.NONE:
+                    c.outstanding -= 1
+                    del self.msgs[p]
+                    ev.append(Acknowledged(p))
+                    r["acknowledged"] += 1
+                elif option is AckOption.CANCEL:
+                    m.cancels += 1
+                    r["cancelled"] += 1
+                    if self._lease_ends(m, Cancelled(p, m.cancels), now, ev):
+                        r["expired"] += 1
+                else:
+                    c.outstanding -= 1
+                    del self.msgs[p]
+                    ev.append(Expired(p, ("forced_expire",)))
+                    r["expired"] += 1
+            elif p in self.consumed:
+                c = self.consumed[p]
+                if strict and by is not None and by != c.owner:
+                    r["refused"] += 1
+                    continue
+                del self.consumed[p]
+                c.outstanding -= 1
+                r["released"] += 1
+                if c.key not in r["freed"]:
+                    r["freed"].append(c.key)
+            elif m is not None:
+                if option is AckOption.NONE or not self.alo:
+                    del self.msgs[p]
+                    ev.append(Acknowledged(p))
+                    r["acknowledged"] += 1
+                elif option is AckOption.CANCEL:
+                    r["ignored"] += 1
+                else:
+                    del self.msgs[p]
+                    ev.append(Expired(p, ("forced_expire",)))
+                    r["expired"] += 1
+            else:
+                r["ignored"] += 1
+        return r
+
+    def acknowledge_matching(self, predicate, by, option: AckOption, now: float) -> dict:
+        hits = [p for p in self.msgs if predicate(self.load(p))]
+        return self.acknowledge(sorted(hits), by, option, now)
+
+    # --- time -----------------------------------------------------------------------------
+
+    def expire(self, now: float) -> list:
+        events: list = []
+        due = sorted(
+            (m.deadline, p) for p, m in self.msgs.items() if m.holder is not None and m.deadline <= now
+        )
+        for _, p in due:
+            self._lease_ends(self.msgs[p], LeaseExpired(p), now, events)
+        exp = self.config.expiration_s
+        if exp is not None:
+            for p, m in list(self.msgs.items()):
+                if m.holder is None and now >= m.published_at + exp:
+                    del self.msgs[p]
+                    events.append(Expired(p, ("time_limit",)))
+        return events
+
+    def next_deadline(self) -> float | None:
+        d = [m.deadline for m in self.msgs.values() if m.holder is not None]
+        exp = self.config.expiration_s
+        if exp is not None:
+            d += [m.published_at + exp for m in self.msgs.values() if m.holder is None]
+        return min(d) if d else None
+
+    def recovery_point(self) -> int:
+        return min(self.msgs) if self.msgs else self.last_position + 1
+
+    # --- restart: "all leases are gone" ---------------------------------------------------
+
+    def crash(self, now: float) -> list:
+        """Every lease ends with the restart and its message is back in the queue; one
+        whose lease ended at MaxCancels / MaxDeliveries expires (time alone is left to
+        the next expire sweep, as for any available message)."""
+        events: list = []
+        for m in self.msgs.values():
+            m.holder = m.deadline = None
+        for p, m in list(self.msgs.items()):
+            reasons = self._reasons(m, now)
+            if reasons and reasons != ("time_limit",):
+                del self.msgs[p]
+                events.append(Expired(p, reasons))
+        self.consumed.clear()
+        self.consumers.clear()
+        self.attached.clear()
+        self.rr_next = 0
+        return events
+
+    def rows(self) -> list[tuple]:
+        """(position, state, published_at, deliveries, cancels, holder key, deadline)."""
+        return [
+            (
+                p,
+                "available" if m.holder is None else "leased",
+                m.published_at,
+                m.deliveries,
+                m.cancels,
+                None if m.holder is None else m.holder.key,
+                m.deadline,
+            )
+            for p, m in self.msgs.items()
+        ]

@@ -1,0 +1,111 @@
+"""Paths the spec tests and the simulation reach rarely: shared consumers changed through
+another queue, re-attachment, the lease-deadline heap, refused input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conveyor.config.model import QueueConfig
+from conveyor.engine.queue import AckOption, Consumer, Queue, QueueStateError
+from conveyor.errors import InvalidOption
+
+
+def make(name="Q", **kw):
+    data: dict[int, dict] = {}
+    return Queue(QueueConfig(name=name, message_type="json", **kw), load=data.__getitem__), data
+
+
+def test_shared_consumer_filter_replaced_through_another_queue():
+    """The engine may replace a shared consumer on one queue only; the other queue sees
+    the new filter at its next dispatch (its cursor is rebuilt)."""
+    q1, data = make("Q1")
+    q2 = Queue(QueueConfig(name="Q2", message_type="json"), load=data.__getitem__)
+    for p, k in ((1, 1), (2, 2)):
+        data[p] = {"k": k}
+        q2.enqueue(p, 0.0)
+    c = Consumer("A", "A", filter=lambda d: d["k"] == 1, max_backlog=5)
+    q1.add_consumer(c, 0.0)
+    q2.add_consumer(c, 0.0)
+    assert [d.position for d in q2.dispatch(0.0)] == [1]
+    q1.replace_consumer(c, filter=lambda d: d["k"] == 2, max_backlog=5, now=0.0)
+    assert [d.position for d in q2.dispatch(0.0)] == [2]
+
+
+def test_detached_consumer_is_attached_again_by_replace():
+    q, data = make()
+    data[1] = {}
+    q.enqueue(1, 0.0)
+    c = Consumer("A", "A")
+    q.add_consumer(c, 0.0)
+    q.detach_consumer(c, 0.0)
+    assert q.dispatch(0.0) == [] and q.statistics().consumers == 0
+    q.replace_consumer(c, filter=None, max_backlog=1, now=0.0)
+    assert [d.position for d in q.dispatch(0.0)] == [1]
+
+
+def test_lease_deadline_heap_stays_bounded_and_exact():
+    """Acked leases leave stale deadlines behind; they are swept so the heap stays
+    O(leases), and next_deadline is the earliest live lease."""
+    q, data = make(lease_period_s=100.0)
+    c = Consumer("A", "A", max_backlog=1)
+    q.add_consumer(c, 0.0)
+    for i in range(1000):
+        data[i] = {}
+        q.enqueue(i, 0.0)
+        (d,) = q.dispatch(float(i))
+        if i < 999:
+            q.acknowledge([d.position], by="A", option=AckOption.NONE, now=float(i))
+    assert len(q._deadlines) < 200
+    assert q.next_deadline() == 999.0 + 100.0
+    assert [type(e).__name__ for e in q.expire(1099.0)] == ["LeaseExpired"]
+
+
+def test_refused_input():
+    q, data = make()
+    with pytest.raises(QueueStateError):
+        q.enqueue(1, math.nan)
+    with pytest.raises(TypeError):
+        q.replay(object(), 0.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption):
+        Consumer("A", "A", max_backlog=-1)
+    c = Consumer("A", "A")
+    q.add_consumer(c, 0.0)
+    with pytest.raises(InvalidOption):
+        q.replace_consumer(c, filter=None, max_backlog=-2, now=0.0)
+    assert "A" in repr(c) and "Q" in repr(q)
+
+
+def test_dispatch_budget():
+    q, data = make()
+    for p in range(5):
+        data[p] = {}
+        q.enqueue(p, 0.0)
+    q.add_consumer(Consumer("A", "A", max_backlog=5), 0.0)
+    assert len(q.dispatch(0.0, max_deliveries=2)) == 2
+    assert q.dispatch(0.0, max_deliveries=0) == []
+    assert len(q.dispatch(0.0)) == 3
+
+
+def test_candidates_of_a_full_filtered_consumer_stay_bounded():
+    """Messages that keep coming back behind a full filtered consumer's cursor do not grow
+    its candidate heap without bound."""
+    q, data = make(lease_period_s=1.0)
+    for p in range(4):
+        data[p] = {"k": 1}
+        q.enqueue(p, 0.0)
+    fast = Consumer("fast", "f", max_backlog=3)
+    q.add_consumer(fast, 0.0)
+    assert [d.position for d in q.dispatch(0.0)] == [0, 1, 2]
+    slow = Consumer("slow", "s", filter=lambda d: d["k"] == 1, max_backlog=1)
+    q.add_consumer(slow, 0.0)
+    assert [d.position for d in q.dispatch(0.0)] == [3]  # slow's cursor is now past 0..2
+    seat = q._seat_of["slow"]
+    for i in range(500):
+        q.acknowledge([0, 1, 2], by="f", option=AckOption.CANCEL, now=float(i))
+        assert [d.position for d in q.dispatch(float(i))] == [0, 1, 2]  # slow is full
+    assert len(seat.candidates) <= 2 * 3 + 32 + 1
+    q.acknowledge([3], by="s", option=AckOption.NONE, now=500.0)
+    q.acknowledge([0], by="f", option=AckOption.CANCEL, now=500.0)
+    assert [(d.consumer.key, d.position) for d in q.dispatch(500.0)] == [("slow", 0)]

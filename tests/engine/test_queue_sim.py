@@ -1,0 +1,441 @@
+"""Deterministic simulation of queues against the reference model (STYLE item 11).
+
+One seed drives everything: the queue configurations, publishes into one or two queues
+over the same journal, consumers that come, go, are replaced and span both queues (one
+backlog), dispatches, acknowledgements (none / cancel / expire, by bookmark and by
+filter, from the holder, another owner or the server), lease expiries, clock jumps, and
+crash-restarts: the Queue objects are dropped and rebuilt by replaying the journal from
+the last stored recovery point, while the model applies "every lease is broken".
+
+Each call is checked against :mod:`tests.engine.queue_model` (same deliveries, same
+events, same state), and these invariants are checked independently of the model:
+nothing acknowledged or expired reappears; nothing unacknowledged at-least-once is lost
+(it is available, leased, or expired with an Expired event); nothing at-most-once is
+delivered twice; a backlog is never exceeded except after a replace lowered it; every
+delivery is the oldest available message the consumer's filter matches.
+
+A failure names its seed. Replay one: ``CONVEYOR_SIM_SEED=123 pytest tests/engine/test_queue_sim.py``.
+More seeds (nightly): ``CONVEYOR_SIM_SEEDS=200000``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
+from conveyor.engine.queue import AckOption, Consumer, Queue, effective_backlog
+from conveyor.engine.queue_events import (
+    Acknowledged,
+    Cancelled,
+    DeliveredAtMostOnce,
+    Expired,
+    Leased,
+)
+
+from .queue_model import MConsumer, ModelQueue
+
+SEEDS_DEFAULT = 2000
+BATCH = 100  # seeds per test case: a failing case still names the exact seed
+STEPS = 70  # operations per seed
+OWNERS = ("o1", "o2", "o3")
+
+
+def _seeds() -> list[int]:
+    one = os.environ.get("CONVEYOR_SIM_SEED")
+    if one is not None:
+        return [int(one)]
+    return list(range(int(os.environ.get("CONVEYOR_SIM_SEEDS", SEEDS_DEFAULT))))
+
+
+def _batches() -> list[list[int]]:
+    seeds = _seeds()
+    return [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
+
+
+def _random_config(rng: random.Random, name: str) -> QueueConfig:
+    alo = rng.random() < 0.7
+    return QueueConfig(
+        name=name,
+        message_type="json",
+        semantics=Semantics.AT_LEAST_ONCE if alo else Semantics.AT_MOST_ONCE,
+        fairness=rng.choice(list(Fairness)) if alo else Fairness.ROUND_ROBIN,
+        lease_period_s=rng.choice([1.0, 2.0, 5.0]),
+        expiration_s=rng.choice([None, None, 6.0, 20.0]),
+        max_cancels=rng.choice([None, 1, 2, 3]),
+        max_deliveries=rng.choice([None, None, 1, 2, 4]),
+        leasing=rng.choice(list(Leasing)),
+        max_per_subscription_backlog=rng.choice([None, None, 1, 2, 4]),
+    )
+
+
+# Filters are module-level callables so the real and the model consumer share them.
+def _eq(k):
+    return lambda d: d["k"] == k
+
+
+def _ne(k):
+    return lambda d: d["k"] != k
+
+
+FILTERS = [None, None, _eq(0), _eq(1), _ne(2)]
+
+
+@dataclass
+class Sub:
+    real: Consumer
+    model: MConsumer
+    qids: set[int]
+    lowered: bool = False  # a replace lowered max_backlog below outstanding
+
+
+@dataclass
+class World:
+    seed: int
+    rng: random.Random
+    configs: list[QueueConfig]
+    now: float = 0.0
+    journal: list[tuple] = field(default_factory=list)
+    data: dict[int, dict] = field(default_factory=dict)
+    subs: dict[str, Sub] = field(default_factory=dict)
+    next_sub: int = 0
+    batch: int = 0  # which call journaled an event
+    stored_rp: list[int] = field(default_factory=list)
+    # ground truth, from the events seen
+    enqueued: list[set[int]] = field(default_factory=list)
+    done: list[set[int]] = field(default_factory=list)  # acked, expired, delivered a-m-o
+    queues: list[Queue] = field(default_factory=list)
+    models: list[ModelQueue] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.configs)
+        self.queues = [Queue(c, load=self.data.__getitem__) for c in self.configs]
+        self.models = [ModelQueue(c, self.data.__getitem__) for c in self.configs]
+        self.stored_rp = [0] * n
+        self.enqueued = [set() for _ in range(n)]
+        self.done = [set() for _ in range(n)]
+
+    def fail(self, what: str) -> None:
+        pytest.fail(f"seed {self.seed} at t={self.now}: {what}", pytrace=False)
+
+    def expect(self, ok: bool, what: str) -> None:
+        if not ok:
+            self.fail(what)
+
+    # --- journal --------------------------------------------------------------------
+
+    def journal_events(self, qid: int, events) -> None:
+        self.batch += 1
+        for e in events:
+            self.journal.append(("ev", qid, e, self.batch))
+            match e:
+                case Acknowledged(position=p) | Expired(position=p) | DeliveredAtMostOnce(
+                    position=p
+                ):
+                    self.expect(p not in self.done[qid], f"q{qid}: {p} done twice ({e})")
+                    self.done[qid].add(p)
+
+    # --- operations -------------------------------------------------------------------
+
+    def publish(self) -> None:
+        qids = self.rng.choice([[0], [1], [0, 1]]) if len(self.queues) == 2 else [0]
+        p = len(self.journal)
+        self.data[p] = {"k": self.rng.randrange(3)}
+        self.journal.append(("pub", tuple(qids), p, self.now))
+        for qid in qids:
+            self.queues[qid].enqueue(p, self.now)
+            self.models[qid].enqueue(p, self.now)
+            self.enqueued[qid].add(p)
+
+    def add_consumer(self) -> None:
+        qids = self.rng.choice([{0}, {1}, {0, 1}]) if len(self.queues) == 2 else {0}
+        requested = self.rng.choice([None, 0, 1, 2, 3, 5])
+        backlog = effective_backlog(requested, [self.configs[i] for i in qids])
+        key = f"c{self.next_sub}"
+        self.next_sub += 1
+        owner = self.rng.choice(OWNERS)
+        flt = self.rng.choice(FILTERS)
+        sub = Sub(Consumer(key, owner, filter=flt, max_backlog=backlog),
+                  MConsumer(key, owner, flt, backlog), set(qids))
+        self.subs[key] = sub
+        for qid in sorted(qids):
+            self.queues[qid].add_consumer(sub.real, self.now)
+            self.models[qid].add(sub.model)
+
+    def remove_consumer(self) -> None:
+        key = self.rng.choice(sorted(self.subs))
+        sub = self.subs.pop(key)
+        for qid in range(len(self.queues)):
+            if key not in self.models[qid].attached:
+                continue
+            events = self.queues[qid].remove_consumer(sub.real, self.now)
+            expected = self.models[qid].remove(sub.model, self.now)
+            self.expect(events == expected, f"q{qid} remove {key}: {events} != {expected}")
+            self.journal_events(qid, events)
+
+    def replace_consumer(self) -> None:
+        key = self.rng.choice(sorted(self.subs))
+        sub = self.subs[key]
+        flt = self.rng.choice(FILTERS)
+        qids = set(sub.qids)
+        if len(self.queues) == 2 and self.rng.random() < 0.3:
+            qids = self.rng.choice([{0}, {1}, {0, 1}])  # the topic changed
+        requested = self.rng.choice([None, 0, 1, 2, 3, 5])
+        backlog = effective_backlog(requested, [self.configs[i] for i in qids])
+        for qid in range(len(self.queues)):
+            q, m = self.queues[qid], self.models[qid]
+            if qid in qids:
+                if key in m.attached:
+                    q.replace_consumer(sub.real, filter=flt, max_backlog=backlog, now=self.now)
+                    m.reattach(sub.model)
+                else:
+                    sub.real.filter, sub.real.max_backlog = flt, backlog
+                    q.add_consumer(sub.real, self.now)
+                    m.add(sub.model)
+            elif key in m.attached:
+                q.detach_consumer(sub.real, self.now)
+                m.detach(sub.model)
+        sub.real.filter = sub.model.filter = flt
+        sub.real.max_backlog = sub.model.max_backlog = backlog
+        sub.qids = qids
+        sub.lowered = sub.real.outstanding > backlog
+
+    def dispatch(self) -> None:
+        qids = range(len(self.queues))
+        if self.rng.random() < 0.5:
+            qids = [self.rng.randrange(len(self.queues))]
+        limit = self.rng.choice([None, None, None, 1, 2])
+        for qid in qids:
+            q, m = self.queues[qid], self.models[qid]
+            before = m.available()
+            got = q.dispatch(self.now, limit)
+            want = m.dispatch(self.now, limit)
+            got_t = [(d.consumer.key, d.position, d.lease_deadline, d.delivery_count) for d in got]
+            want_t = [(d.consumer_key, d.position, d.lease_deadline, d.delivery_count) for d in want]
+            self.expect(got_t == want_t, f"q{qid} dispatch: {got_t} != {want_t}")
+            self.check_fifo(qid, before, got)
+            self.journal_events(qid, [d.event for d in got])
+            self.expect(
+                [d.event for d in got] == [m.delivery_event(d) for d in want],
+                f"q{qid} delivery events differ",
+            )
+
+    def check_fifo(self, qid: int, before: list[int], deliveries) -> None:
+        """Message Flow step 3: the oldest available message the consumer matches."""
+        avail = list(before)
+        for d in deliveries:
+            self.expect(d.position in avail, f"q{qid}: delivered {d.position}, not available")
+            flt = d.consumer.filter
+            older = [p for p in avail if p < d.position and (flt is None or flt(self.data[p]))]
+            self.expect(not older, f"q{qid}: {d.position} to {d.consumer.key} before {older}")
+            self.expect(d.position not in self.done[qid], f"q{qid}: {d.position} came back")
+            avail.remove(d.position)
+
+    def _by(self):
+        r = self.rng.random()
+        if r < 0.15:
+            return None
+        if r < 0.7 and self.subs:
+            return self.subs[self.rng.choice(sorted(self.subs))].real.owner
+        return self.rng.choice(OWNERS)
+
+    def _option(self) -> AckOption:
+        return self.rng.choices(list(AckOption), weights=[6, 3, 1])[0]
+
+    def ack_bookmarks(self) -> None:
+        qid = self.rng.randrange(len(self.queues))
+        m = self.models[qid]
+        pool = [p for p, x in m.msgs.items() if x.holder is not None] + list(m.consumed)
+        pool = pool * 3 + list(m.msgs) + sorted(self.enqueued[qid])[-5:] + [-7, 10**9]
+        positions = [self.rng.choice(pool) for _ in range(self.rng.randint(1, 4))]
+        by, option = self._by(), self._option()
+        got = self.queues[qid].acknowledge(positions, by=by, option=option, now=self.now)
+        want = m.acknowledge(positions, by, option, self.now)
+        self.compare_ack(qid, got, want, f"ack {positions} by {by} {option}")
+
+    def ack_filter(self) -> None:
+        qid = self.rng.randrange(len(self.queues))
+        k = self.rng.randrange(3)
+        pred = lambda d: d["k"] == k  # noqa: E731
+        by, option = self._by(), self._option()
+        got = self.queues[qid].acknowledge_matching(pred, by=by, option=option, now=self.now)
+        want = self.models[qid].acknowledge_matching(pred, by, option, self.now)
+        self.compare_ack(qid, got, want, f"ack k=={k} by {by} {option}")
+
+    def compare_ack(self, qid: int, got, want: dict, what: str) -> None:
+        got_d = dict(
+            acknowledged=got.acknowledged, cancelled=got.cancelled, expired=got.expired,
+            released=got.released, refused=got.refused, ignored=got.ignored,
+            events=list(got.events), freed=list(got.freed),
+        )
+        self.expect(got_d == want, f"q{qid} {what}: {got_d} != {want}")
+        self.journal_events(qid, got.events)
+
+    def expire(self) -> None:
+        for qid, (q, m) in enumerate(zip(self.queues, self.models)):
+            got, want = q.expire(self.now), m.expire(self.now)
+            self.expect(got == want, f"q{qid} expire: {got} != {want}")
+            self.journal_events(qid, got)
+
+    def tick(self) -> None:
+        if self.rng.random() < 0.15:
+            self.now += self.rng.uniform(5, 40)  # a clock jump past leases and expirations
+        else:
+            self.now += self.rng.choice([0.0, 0.25, 0.5, 1.0, 1.5])
+
+    def store_recovery_point(self) -> None:
+        for qid, q in enumerate(self.queues):
+            rp = q.recovery_point()
+            self.expect(rp >= self.stored_rp[qid], f"q{qid}: recovery point went back")
+            self.stored_rp[qid] = rp
+
+    def crash(self) -> None:
+        """Drop every Queue and consumer; rebuild from the journal and recovery points.
+
+        Half the time the journal is replayed as written; otherwise as a lossy engine
+        might write it: no Returned / LeaseExpired records, no counts, and each call's
+        events regrouped with Expired first. Both must rebuild the same queue.
+        """
+        self.subs.clear()
+        lossy = self.rng.random() < 0.5
+        for qid, cfg in enumerate(self.configs):
+            start = self.stored_rp[qid]
+            q = Queue(cfg, load=self.data.__getitem__, start=start)
+            records = self.journal[start:]
+            if lossy:
+                records = _lossy(records)
+            for rec in records:
+                if rec[0] == "pub":
+                    if qid in rec[1]:
+                        q.enqueue(rec[2], rec[3])
+                elif rec[1] == qid:
+                    if lossy:
+                        _replay_lossy(q, rec[2], self.now)
+                    else:
+                        q.replay(rec[2], self.now)
+            got = q.end_replay(self.now)
+            want = self.models[qid].crash(self.now)
+            self.expect(got == want, f"q{qid} restart (lossy={lossy}): {got} != {want}")
+            self.queues[qid] = q
+            self.journal_events(qid, got)
+
+    # --- checks after every step ---------------------------------------------------------
+
+    def check(self) -> None:
+        for qid, (q, m) in enumerate(zip(self.queues, self.models)):
+            avail = list(q.available())
+            self.expect(avail == m.available(), f"q{qid} view: {avail} != {m.available()}")
+            rows = [
+                (r.position, r.state, r.published_at, r.deliveries, r.cancels, r.holder,
+                 r.lease_deadline)
+                for r in q.details().messages
+            ]
+            self.expect(rows == m.rows(), f"q{qid} state: {rows} != {m.rows()}")
+            waiting = [p for p, _ in q.details().awaiting_ack]
+            self.expect(waiting == sorted(m.consumed), f"q{qid} awaiting ack differs")
+            self.expect(
+                q.next_deadline() == m.next_deadline(),
+                f"q{qid} next_deadline {q.next_deadline()} != {m.next_deadline()}",
+            )
+            self.expect(q.recovery_point() == m.recovery_point(), f"q{qid} recovery point")
+            stats = q.statistics(self.now)
+            self.expect(stats.queue_depth == len(m.msgs), f"q{qid} queue_depth")
+            # nothing lost, nothing back: every message is exactly one of tracked or done
+            tracked = {r[0] for r in rows}
+            self.expect(not (tracked & self.done[qid]), f"q{qid}: done message back")
+            lost = self.enqueued[qid] - tracked - self.done[qid]
+            self.expect(not lost, f"q{qid}: lost {sorted(lost)}")
+        for key, sub in self.subs.items():
+            c = sub.real
+            self.expect(c.outstanding == sub.model.outstanding, f"{key} outstanding differs")
+            if c.outstanding <= c.max_backlog:
+                sub.lowered = False
+            self.expect(sub.lowered or c.outstanding <= c.max_backlog, f"{key} over backlog")
+
+
+_LOSSY_ORDER = {"Expired": 0, "Acknowledged": 1, "Cancelled": 2}
+
+
+def _lossy(records: list[tuple]) -> list[tuple]:
+    """Regroup each call's events by kind, Expired first, and drop the returns."""
+    out: list[tuple] = []
+    i = 0
+    while i < len(records):
+        rec = records[i]
+        if rec[0] == "pub" or isinstance(rec[2], (Leased, DeliveredAtMostOnce)):
+            out.append(rec)
+            i += 1
+            continue
+        j = i
+        while j < len(records) and records[j][0] == "ev" and records[j][3] == rec[3]:
+            j += 1
+        group = [r for r in records[i:j] if type(r[2]).__name__ in _LOSSY_ORDER]
+        group.sort(key=lambda r: _LOSSY_ORDER[type(r[2]).__name__])
+        out += group
+        i = j
+    return out
+
+
+def _replay_lossy(q: Queue, event, now: float) -> None:
+    match event:
+        case Leased(position=p) | DeliveredAtMostOnce(position=p):
+            q.replay_delivered(p, now)
+        case Acknowledged(position=p):
+            q.replay_acknowledged(p)
+        case Cancelled(position=p):
+            q.replay_cancelled(p)
+        case Expired(position=p):
+            q.replay_expired(p)
+
+
+OPS = [
+    ("publish", 7),
+    ("add_consumer", 2),
+    ("remove_consumer", 1),
+    ("replace_consumer", 1),
+    ("dispatch", 6),
+    ("ack_bookmarks", 5),
+    ("ack_filter", 1),
+    ("expire", 3),
+    ("tick", 4),
+    ("store_recovery_point", 1),
+    ("crash", 0.4),
+]
+
+
+def run_seed(seed: int, steps: int = STEPS) -> World:
+    rng = random.Random(seed)
+    n = 2 if rng.random() < 0.4 else 1
+    world = World(seed, rng, [_random_config(rng, f"Q{i}") for i in range(n)])
+    names = [o for o, _ in OPS]
+    weights = [w for _, w in OPS]
+    for _ in range(steps):
+        op = rng.choices(names, weights)[0]
+        if op in ("remove_consumer", "replace_consumer") and not world.subs:
+            op = "add_consumer"
+        getattr(world, op)()
+        world.check()
+    return world
+
+
+@pytest.mark.parametrize("seeds", _batches(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+def test_simulation(seeds: list[int]) -> None:
+    for seed in seeds:
+        run_seed(seed)
+
+
+def test_simulation_exercises_every_path() -> None:
+    """The workload is not vacuous: over a few seeds every kind of event happens."""
+    kinds: set[str] = set()
+    for seed in range(60):
+        w = run_seed(seed)
+        kinds |= {type(rec[2]).__name__ for rec in w.journal if rec[0] == "ev"}
+        kinds |= {r for rec in w.journal if rec[0] == "ev" and isinstance(rec[2], Expired)
+                  for r in rec[2].reasons}
+    assert {
+        "Leased", "DeliveredAtMostOnce", "Acknowledged", "Cancelled", "LeaseExpired",
+        "Returned", "Expired", "time_limit", "max_cancels", "max_deliveries", "forced_expire",
+    } <= kinds, kinds

@@ -1,0 +1,85 @@
+"""The message state machine: the table is the only way a message changes state."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from conveyor.config.model import Semantics
+from conveyor.engine.queue_events import (
+    Acknowledged,
+    Cancelled,
+    DeliveredAtMostOnce,
+    Expired,
+    Leased,
+    LeaseExpired,
+    Returned,
+)
+from conveyor.engine.queue_state import (
+    TRANSITIONS,
+    IllegalTransition,
+    MessageState,
+    Verb,
+    advance,
+)
+from conveyor.errors import ServerError
+
+S, V = MessageState, Verb
+
+
+def test_at_least_once_table():
+    t = TRANSITIONS[Semantics.AT_LEAST_ONCE]
+    assert t[(S.ABSENT, V.ENQUEUE)] is S.AVAILABLE
+    assert t[(S.AVAILABLE, V.LEASE)] is S.LEASED
+    for verb in (V.CANCEL, V.LEASE_EXPIRE, V.RETURN):
+        assert t[(S.LEASED, verb)] is S.AVAILABLE
+    assert t[(S.LEASED, V.ACKNOWLEDGE)] is t[(S.AVAILABLE, V.ACKNOWLEDGE)] is S.ACKNOWLEDGED
+    assert t[(S.LEASED, V.EXPIRE)] is t[(S.AVAILABLE, V.EXPIRE)] is S.EXPIRED
+    assert not any(state is S.CONSUMED for pair in t.items() for state in (pair[0][0], pair[1]))
+
+
+def test_at_most_once_table_has_no_lease():
+    """Delivery Semantics: at-most-once removes the message as soon as it is sent."""
+    t = TRANSITIONS[Semantics.AT_MOST_ONCE]
+    assert t[(S.AVAILABLE, V.DELIVER)] is S.CONSUMED
+    assert all(S.LEASED not in (frm, to) for (frm, _), to in t.items())
+
+
+@pytest.mark.parametrize("semantics", list(Semantics))
+def test_terminal_states_have_no_way_out(semantics):
+    t = TRANSITIONS[semantics]
+    for state in (S.CONSUMED, S.ACKNOWLEDGED, S.EXPIRED):
+        assert not [v for (frm, v) in t if frm is state]
+
+
+@pytest.mark.parametrize("semantics", list(Semantics))
+def test_every_pair_outside_the_table_is_illegal(semantics):
+    t = TRANSITIONS[semantics]
+    for state, verb in itertools.product(MessageState, Verb):
+        if (state, verb) in t:
+            assert advance(t, semantics, 1, state, verb) is t[(state, verb)]
+        else:
+            with pytest.raises(IllegalTransition) as info:
+                advance(t, semantics, 7, state, verb)
+            assert isinstance(info.value, ServerError)
+            assert (info.value.position, info.value.state, info.value.verb) == (7, state, verb)
+
+
+def test_each_event_is_one_verb():
+    """Rule 2 of queue_state: events and verbs correspond one to one."""
+    verbs = {
+        Leased: V.LEASE, DeliveredAtMostOnce: V.DELIVER, Acknowledged: V.ACKNOWLEDGE,
+        Cancelled: V.CANCEL, LeaseExpired: V.LEASE_EXPIRE, Returned: V.RETURN, Expired: V.EXPIRE,
+    }
+    assert set(verbs.values()) == set(Verb) - {V.ENQUEUE}
+
+
+def test_events_are_frozen_and_encodable():
+    import msgspec
+
+    e = Expired(5, ("time_limit", "max_cancels"))
+    with pytest.raises(AttributeError):
+        e.position = 6  # type: ignore[misc]
+    raw = msgspec.msgpack.encode(e)
+    assert msgspec.msgpack.decode(raw, type=Expired) == e
