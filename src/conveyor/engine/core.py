@@ -274,7 +274,7 @@ class Engine:
         self._pending.append((pos, journal.end, topic, publisher, seq, now, cmd.data, cmd.correlation_id))
         if acks:
             if "persisted" in acks:
-                session.persist_marks.append((pos, seq, format_bookmark(publisher, seq, pos)))
+                session.persist_marks.append((pos, seq, publisher))
                 session.persist_cid = cmd.cid
             if "processed" in acks:
                 self._send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
@@ -309,7 +309,12 @@ class Engine:
                 # Conflated (reference B.3): one ack for the highest persisted sequence.
                 self._send(
                     session.conn_id,
-                    m.Ack(ack_type="persisted", cid=session.persist_cid, seq=last[1], bookmark=last[2]),
+                    m.Ack(
+                        ack_type="persisted",
+                        cid=session.persist_cid,
+                        seq=last[1],
+                        bookmark=format_bookmark(last[2], last[1], last[0]),
+                    ),
                 )
         self._dispatch(now)
 
@@ -317,7 +322,7 @@ class Engine:
         entry = Entry(topic, data, ts, publisher, seq, corr)
         self.cache.put(pos, entry)
         self.applied_end = rec_end
-        self._fan_out(pos, entry, format_bookmark(publisher, seq, pos))
+        self._fan_out(pos, entry, None)
         for queue in self._queues_for(topic):
             qfilter = self._queue_filters.get(queue.config.name)
             if qfilter is not None and not qfilter.matches(entry.decoded(), self._meta(entry, None)):
@@ -330,6 +335,10 @@ class Engine:
         if subs is None:
             subs = tuple(s for s in self._topic_subs if s.matches_topic(entry.topic))
             self._subs_by_topic[entry.topic] = subs
+        if not subs:
+            return
+        if pos is not None and bookmark is None:
+            bookmark = format_bookmark(entry.publisher, entry.seq, pos)
         for sub in subs:
             if not sub.live:
                 continue  # a replay not yet caught up reads this record from the journal

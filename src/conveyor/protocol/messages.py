@@ -164,8 +164,16 @@ ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat]
 ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})
 
 
+_ACK_TYPES_CACHE: dict[str, frozenset[str]] = {}
+
+
 def ack_types(value: str | None) -> frozenset[str]:
-    """Parse an ``ack_type`` header (comma list)."""
+    """Parse an ``ack_type`` header (comma list); cached, as a few values recur."""
     if not value:
         return frozenset()
-    return frozenset(part.strip() for part in value.split(",") if part.strip() and part.strip() != "none")
+    hit = _ACK_TYPES_CACHE.get(value)
+    if hit is None:
+        hit = frozenset(part.strip() for part in value.split(",") if part.strip() and part.strip() != "none")
+        if len(_ACK_TYPES_CACHE) < 256:
+            _ACK_TYPES_CACHE[value] = hit
+    return hit
