@@ -268,6 +268,11 @@ class Queue(QueueRecovery):
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def last_position(self) -> int:
+        """Position of the last message enqueued (start - 1 before the first)."""
+        return self._last_position
+
     def __repr__(self) -> str:
         return (
             f"<Queue {self.name!r} {self._semantics.value}: {len(self._store)} available, "

@@ -32,12 +32,14 @@ from conveyor.journal import Journal, MemoryJournal
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import CommandDecoder, Rejected, encode_frames
 from conveyor.protocol.options import parse_options
+from conveyor.server.checkpoints import read_checkpoint, write_checkpoint
 
 log = logging.getLogger("conveyor.server")
 
 JOURNAL_BACKLOG_BYTES_MAX = 64 * 1024 * 1024  # unwritten journal bytes before reads pause
 TIMER_PERIOD_S_MAX = 1.0  # housekeeping (heartbeats, idle) runs at least this often
 HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dead
+CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
 
 
 @dataclass
@@ -134,6 +136,8 @@ class Server:
         self._reading_paused = False
         self._pump_scheduled = False
         self._timer_at = 0.0
+        self._last_checkpoint = 0.0
+        self._checkpointed_end = -1
         self._stopping = False
         self.frames_in = 0
         self.commits = 0
@@ -143,7 +147,13 @@ class Server:
 
     async def start(self) -> None:
         started = time.monotonic()
-        count = self.engine.recover(self.clock())
+        checkpoint = None
+        tlog = self.config.transaction_log
+        if tlog is not None and isinstance(self.journal, Journal):
+            checkpoint = read_checkpoint(
+                tlog.journal_directory, first_position=self.journal.first_position, durable_end=self.journal.durable_end
+            )
+        count = self.engine.recover(self.clock(), checkpoint=checkpoint)
         log.info("recovered %d journal records in %.3f s", count, time.monotonic() - started)
         loop = asyncio.get_running_loop()
         transports = self.config.transports or (Transport(name="default"),)
@@ -172,7 +182,12 @@ class Server:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-        await asyncio.get_running_loop().run_in_executor(self._io, self.journal.close)
+        loop = asyncio.get_running_loop()
+        batch = self.journal.take_batch()
+        if batch is not None:
+            self.journal.mark_durable(await loop.run_in_executor(self._io, self.journal.write_batch, batch))
+        await self._checkpoint(force=True)
+        await loop.run_in_executor(self._io, self.journal.close)
         self._io.shutdown(wait=True)
         log.info("stopped; journal closed at position %d", self.journal.durable_end)
 
@@ -302,6 +317,9 @@ class Server:
                 if now - last_housekeeping >= TIMER_PERIOD_S_MAX:
                     last_housekeeping = now
                     self._housekeeping(now)
+                    if now - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
+                        self._last_checkpoint = now
+                        await self._checkpoint()
                 self._after_engine()
                 deadline = self.engine.next_deadline()
             wait = TIMER_PERIOD_S_MAX if deadline is None else max(0.0, min(TIMER_PERIOD_S_MAX, deadline - now))
@@ -311,6 +329,39 @@ class Server:
                 await asyncio.wait_for(self._wake_timer.wait(), timeout=wait)
             except asyncio.TimeoutError:
                 pass
+
+    async def _checkpoint(self, force: bool = False) -> None:
+        """Write queues.ack / publishers.seq once durable, then apply retention."""
+        tlog = self.config.transaction_log
+        if tlog is None or not isinstance(self.journal, Journal):
+            return
+        if not force and self.journal.end == self._checkpointed_end:
+            return
+        cp = self.engine.checkpoint()
+        loop = asyncio.get_running_loop()
+        while self.journal.durable_end < cp.position:
+            if force:
+                batch = self.journal.take_batch()
+                if batch is not None:
+                    self.journal.mark_durable(await loop.run_in_executor(self._io, self.journal.write_batch, batch))
+                    continue
+            await asyncio.sleep(0.01)
+        try:
+            await loop.run_in_executor(self._io, write_checkpoint, tlog.journal_directory, cp)
+        except OSError as exc:
+            log.error("could not write the checkpoint in %s: %s", tlog.journal_directory, exc)
+            return
+        self._checkpointed_end = cp.position
+        retention = tlog.retention
+        if retention.max_age_s is not None or retention.max_bytes is not None:
+            removed = self.journal.apply_retention(
+                keep_from=self.engine.retention_floor(cp),
+                max_age_s=retention.max_age_s,
+                max_bytes=retention.max_bytes,
+                now=self.clock(),
+            )
+            for seg in removed:
+                log.info("retention removed journal segment %s", seg.path)
 
     def _housekeeping(self, now: float) -> None:
         beats = []
