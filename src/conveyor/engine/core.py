@@ -61,6 +61,9 @@ class Checkpoint:
     publishers: dict[int, int]
 
 VERSION = "conveyor-0.1"
+_NO_ACKS: frozenset[str] = frozenset()
+_PUBLISH_ACKS = frozenset({"processed", "persisted"})
+_encode_publish = records.encode_publish
 REPLAY_RECORDS_PER_PUMP = 2000  # bounded work per turn, so replays never stall live traffic
 
 
@@ -175,18 +178,22 @@ class Engine:
     def handle(self, conn_id: int, commands: Iterable, now: float) -> None:
         """Apply a batch of decoded commands (one frame) from one connection."""
         session = self.sessions[conn_id]
+        publish = self._publish
         for cmd in commands:
             try:
                 if type(cmd) is m.Publish:  # the hot path first
                     if not session.logged_on:
                         self._implicit_logon(session)
-                    self._publish(session, cmd, now)
+                    publish(session, cmd, now)
                     continue
                 if isinstance(cmd, errors.ConveyorError):  # a Rejected entry's error
                     raise cmd
                 self._dispatch_command(session, cmd, now)
             except errors.ConveyorError as exc:
                 self._fail(conn_id, getattr(cmd, "cid", None), exc)
+        if session.persist_mark is not None:
+            session.persist_marks.append(session.persist_mark)
+            session.persist_mark = None
         self._dispatch(now)
 
     def reject(self, conn_id: int, error: errors.ConveyorError, cid: str | None = None) -> None:
@@ -268,30 +275,39 @@ class Engine:
     # --- publish ---------------------------------------------------------------------
 
     def _publish(self, session: Session, cmd: m.Publish, now: float) -> None:
+        # The hot path: a few dict lookups, one encode, one buffered append.
         topic = self._publish_target.get(cmd.topic, cmd.topic)
-        acks = ack_types(cmd.ack_type) if cmd.ack_type else frozenset()
-        if not self._recorded(topic):
+        ack_type = cmd.ack_type
+        acks = ack_types(ack_type) if ack_type else _NO_ACKS
+        recorded = self._recorded_cache.get(topic)
+        if recorded is None:
+            recorded = self._recorded(topic)
+        if not recorded:
             entry = Entry(topic, cmd.data, now, session.server_publisher, 0, cmd.correlation_id)
             self._fan_out(None, entry, None)
-            for kind in acks & {"processed", "persisted"}:
+            for kind in acks & _PUBLISH_ACKS:
                 self._send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, seq=cmd.seq))
             return
-        if cmd.seq is not None:
+        highest = self._highest_seq
+        seq = cmd.seq
+        if seq is not None:
             publisher = session.publisher
-            seq = cmd.seq
-            if seq <= self._highest_seq.get(publisher, 0):
+            if seq <= highest.get(publisher, 0):
                 self._duplicate(session, cmd, acks)
                 return
         else:
             publisher = session.server_publisher
-            seq = self._highest_seq.get(publisher, 0) + 1
-        self._highest_seq[publisher] = seq
+            seq = highest.get(publisher, 0) + 1
+        highest[publisher] = seq
+        data = cmd.data
+        corr = cmd.correlation_id
         journal = self.journal
-        pos = journal.append(records.encode_publish(topic, publisher, seq, now, cmd.data, cmd.correlation_id))
-        self._pending.append((pos, journal.end, topic, publisher, seq, now, cmd.data, cmd.correlation_id))
+        pos = journal.append(_encode_publish(topic, publisher, seq, now, data, corr))
+        self._pending.append((pos, journal.end, topic, publisher, seq, now, data, corr))
         if acks:
             if "persisted" in acks:
-                session.persist_marks.append((pos, seq, publisher))
+                # One mark per frame (handle() files it): the ack is conflated anyway.
+                session.persist_mark = (pos, seq, publisher)
                 session.persist_cid = cmd.cid
             if "processed" in acks:
                 self._send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
@@ -336,11 +352,16 @@ class Engine:
         self._dispatch(now)
 
     def _apply_publish(self, pos, rec_end, topic, publisher, seq, ts, data, corr) -> None:
-        entry = Entry(topic, data, ts, publisher, seq, corr)
-        self.cache.put(pos, entry)
         self.applied_end = rec_end
+        queues = self._queues_for(topic)
+        subs = self._subs_by_topic.get(topic)
+        if not queues and subs is not None and not subs:
+            return  # nobody listens: the journal has it, replays read it from there
+        entry = Entry(topic, data, ts, publisher, seq, corr)
+        if queues:
+            self.cache.put(pos, entry)  # queues deliver from the cache, not the journal
         self._fan_out(pos, entry, None)
-        for queue in self._queues_for(topic):
+        for queue in queues:
             qfilter = self._queue_filters.get(queue.config.name)
             if qfilter is not None and not qfilter.matches(entry.decoded(), self._meta(entry, None)):
                 continue

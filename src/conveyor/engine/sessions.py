@@ -53,6 +53,7 @@ class Session:
     subs: dict[str, Subscription] = field(default_factory=dict)
     # (position, seq) checkpoints awaiting a persisted ack, one per command batch
     persist_marks: deque = field(default_factory=deque)
+    persist_mark: tuple | None = None  # the last persisted-ack publish of the current frame
     persist_cid: str | None = None
     next_sub_number: int = 1
 
