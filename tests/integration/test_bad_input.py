@@ -155,3 +155,31 @@ def test_bad_config_refuses_to_start_with_path(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "LeasePeriod" in proc.stderr and "configuration error" in proc.stderr
+
+
+def test_heartbeat_silence_closes_the_connection(server):
+    """reference B.8: with a heartbeat started, a client that stops answering is cut."""
+    raw = Raw(server.port)
+    raw.send(encode_frame([m.Logon(client_name="hb"), m.Heartbeat(options="start,1")]))
+    raw.sock.settimeout(10)
+    received = b""
+    while True:
+        chunk = raw.sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    raw.decoder.receive_data(received)
+    kinds = [type(x).__name__ for x in raw.decoder.next_items()]
+    assert "ServerHeartbeat" in kinds
+    server.wait_log("no heartbeat")
+    assert_still_serving(server)
+
+
+def test_idle_timeout_closes_silent_connections(server_factory):
+    server = server_factory(recorded="t", transport_extra="<IdleTimeout>1s</IdleTimeout>")
+    raw = Raw(server.port)
+    raw.send(encode_frame([m.Logon(client_name="idle")]))
+    raw.sock.settimeout(10)
+    while raw.sock.recv(65536):
+        pass
+    server.wait_log("idle for")

@@ -137,3 +137,25 @@ def test_graceful_shutdown_flushes_and_restarts_cleanly(server_factory):
     with Client("r").connect(server.uri) as reader:
         assert len(replay_all(reader, "t", idle=0.5)) == 100
     assert "dropped" not in server.log
+
+
+def test_replay_from_a_timestamp(server_factory):
+    from conveyor.engine.bookmarks import format_timestamp
+
+    server = server_factory(recorded="t")
+    with Client("p").connect(server.uri) as client:
+        for i in range(5):
+            client.publish("t", {"n": i})
+        client.flush()
+        time.sleep(0.05)
+        since = format_timestamp(time.time())
+        time.sleep(0.05)
+        for i in range(5, 8):
+            client.publish("t", {"n": i})
+        client.flush()
+        sub = client.subscribe("t", bookmark=since)
+        assert [sub.get(timeout=5).json()["n"] for _ in range(3)] == [5, 6, 7]
+        assert sub.get(timeout=0.3) is None
+        live = client.subscribe("t", bookmark="NOW")
+        client.publish("t", {"n": 8})
+        assert live.get(timeout=5).json()["n"] == 8
