@@ -111,9 +111,25 @@ class Engine:
                 self._queue_filters[qc.name] = _compile_filter(qc.filter)
             except errors.BadFilter as exc:
                 raise errors.ConfigError(f"invalid Filter: {exc}", path=f"{qc.path}/Filter") from None
-            self.queues[qc.name] = Queue(qc, load=self.cache.data)
+            self.queues[qc.name] = Queue(qc, load=self._filter_view)
             if qc.default_publish_target and qc.default_publish_target != qc.name:
                 self._publish_target[qc.name] = qc.default_publish_target
+
+    def _filter_view(self, position: int) -> tuple[Entry, int]:
+        """What a queue hands to consumer filters: the message and its position."""
+        return self.cache.get(position), position
+
+    def _queue_predicate(self, flt):
+        """A queue-side filter: the body plus the message functions' metadata."""
+        if flt is None:
+            return None
+        meta = self._meta
+
+        def predicate(view: tuple[Entry, int]) -> bool:
+            entry, position = view
+            return flt.matches(entry.decoded(), meta(entry, format_bookmark(entry.publisher, entry.seq, position)))
+
+        return predicate
 
     def _recorded(self, topic: str) -> bool:
         hit = self._recorded_cache.get(topic)
@@ -445,7 +461,7 @@ class Engine:
         consumer = Consumer(
             key=(session.conn_id, sub_id),
             owner=session.conn_id,
-            filter=(lambda data, _f=flt: _f.matches(data)) if flt is not None else None,
+            filter=self._queue_predicate(flt),
             max_backlog=effective_backlog(requested, configs),
         )
         sub = Subscription(
@@ -527,17 +543,30 @@ class Engine:
             from conveyor.engine.queue import effective_backlog
 
             queue_names = self._queue_names_matching(cmd.topic)
-            if tuple(queue_names) != sub.queues:
-                raise errors.InvalidOption(
-                    "replace cannot move a queue subscription to another set of queues; unsubscribe and subscribe"
-                )
+            if not queue_names:
+                raise errors.InvalidOption(f"replace: {cmd.topic!r} matches no queue; unsubscribe instead")
             configs = [self.queues[n].config for n in queue_names]
             backlog = effective_backlog(opts.get("max_backlog"), configs)
-            qfilter = (lambda data, _f=flt: _f.matches(data)) if flt is not None else None
+            qfilter = self._queue_predicate(flt)
+            consumer = sub.consumer
+            consumer.filter = qfilter
+            consumer.max_backlog = backlog
+            known = set(sub.queues) | set(sub.detached)
+            # Atomic (spec 000, "Replacing Queue Subscriptions"): leases and the
+            # outstanding count stay; queues left behind deliver nothing more but still
+            # take the acknowledgements of what they leased.
+            for name in sub.queues:
+                if name not in queue_names:
+                    self.queues[name].detach_consumer(consumer, now)
             for name in queue_names:
                 queue = self.queues[name]
-                queue.replace_consumer(sub.consumer, filter=qfilter, max_backlog=backlog, now=now)
+                if name in known:
+                    queue.replace_consumer(consumer, filter=qfilter, max_backlog=backlog, now=now)
+                else:
+                    queue.add_consumer(consumer, now)
                 self._dirty_queues.add(queue)
+            sub.detached = tuple(n for n in known if n not in queue_names)
+            sub.queues = tuple(queue_names)
             sub.filter = flt
             sub.topic = cmd.topic
         else:
@@ -562,7 +591,7 @@ class Engine:
         if session is not None:
             session.subs.pop(sub.sub_id, None)
         if sub.kind is SubKind.QUEUE:
-            for name in sub.queues:
+            for name in (*sub.queues, *sub.detached):
                 queue = self.queues[name]
                 self._journal_queue_events(queue, queue.remove_consumer(sub.consumer, now))
                 self._dirty_queues.add(queue)
@@ -669,17 +698,25 @@ class Engine:
             result = queue.acknowledge(bookmark_positions(cmd.bookmark), by=session.conn_id, option=option, now=now)
         elif cmd.filter:
             flt = _compile_filter(cmd.filter)
-            result = queue.acknowledge_matching(lambda data: flt.matches(data), by=session.conn_id, option=option, now=now)
+            result = queue.acknowledge_matching(self._queue_predicate(flt), by=session.conn_id, option=option, now=now)
         else:
             raise errors.ClientError("sow_delete on a queue needs bookmarks or a filter")
         self._journal_queue_events(queue, result.events)
         self._dirty_queues.add(queue)
+        # A bookmark ack names messages: a refusal is an error. A filter ack spares the
+        # messages leased to others quietly (Leasing=strict), as a query would.
+        refused = result.error() if cmd.bookmark else None
         # One backlog across queues: a freed consumer may now take from its other queues.
         for conn_id, sub_id in result.freed:
             owner = self.sessions.get(conn_id)
             sub = owner.subs.get(sub_id) if owner is not None else None
             if sub is not None:
                 self._dirty_queues.update(self.queues[name] for name in sub.queues)
+        if refused is not None:
+            # Leasing=strict: the rest of the batch took effect; this says what did not.
+            refused.details["records_deleted"] = result.deleted
+            self._fail(session.conn_id, cmd.cid, refused)
+            return
         acks = ack_types(cmd.ack_type)
         for kind in acks & {"processed", "stats"}:
             self._send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted))
@@ -737,8 +774,12 @@ class Engine:
         for queue in self.queues.values():
             deadline = queue.next_deadline()
             if deadline is not None and deadline <= now:
-                self._journal_queue_events(queue, queue.expire(now))
+                events = queue.expire(now)
+                self._journal_queue_events(queue, events)
                 self._dirty_queues.add(queue)
+                if events:
+                    # Ended leases free backlog that consumers share across queues.
+                    self._dirty_queues.update(self.queues.values())
         self._dispatch(now)
 
     def next_deadline(self) -> float | None:
@@ -755,7 +796,7 @@ class Engine:
             if point > q.last_position:
                 # Nothing pending: everything up to the end of the log is done. (The
                 # scan must start on a record boundary, which the end of the log is.)
-                point = end
+                point = self._pending[0][0] if self._pending else end  # not past an unapplied publish
             queues[name] = (point, q.config.recovery_point or "")
         return Checkpoint(position=end, queues=queues, publishers=dict(self._highest_seq))
 

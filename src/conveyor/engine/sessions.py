@@ -35,7 +35,8 @@ class Subscription:
     cid: str | None = None
     ack_types: frozenset[str] = frozenset()
     consumer: Any = None  # engine.queue.Consumer for QUEUE subscriptions
-    queues: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()  # QUEUE: the queues it takes messages from
+    detached: tuple[str, ...] = ()  # QUEUE: queues a replace left, still holding its leases
     # REPLAY: next journal position to read, and whether the replay has caught up.
     cursor: int = 0
     live: bool = True

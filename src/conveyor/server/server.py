@@ -155,6 +155,16 @@ class Server:
             )
         count = self.engine.recover(self.clock(), checkpoint=checkpoint)
         log.info("recovered %d journal records in %.3f s", count, time.monotonic() - started)
+        if tlog is not None and isinstance(self.journal, Journal):
+            # Make what recovery resolved durable before serving: a configured
+            # RecoveryPoint such as NOW is fixed when the queue is first seen, not again
+            # at every start (spec 000, "Startup and Recovery for Queues").
+            while True:
+                self.journal.commit()
+                self.engine.on_durable(self.clock())
+                if self.journal.end == self.journal.durable_end:
+                    break  # on_durable may append (expiries): commit those too
+            write_checkpoint(tlog.journal_directory, self.engine.checkpoint())
         loop = asyncio.get_running_loop()
         transports = self.config.transports or (Transport(name="default"),)
         for tc in transports:
