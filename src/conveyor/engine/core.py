@@ -36,6 +36,7 @@ from conveyor.engine.bookmarks import (
     parse_replay_start,
     publisher_id,
 )
+from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.sessions import Session, SubKind, Subscription
 from conveyor.protocol import messages as m
@@ -99,6 +100,9 @@ class Engine:
         self._dirty_queues: set = set()
         self.queues: dict[str, Any] = {}
         self._queue_filters: dict[str, Any] = {}
+        self._actions = ExpiryActions(config.actions)
+        self._action_publisher = publisher_id(ACTION_CLIENT_NAME, instance=self.instance)
+        self._now = 0.0  # the `now` of the call in progress (for records made deep inside)
         self._build_queues()
 
     # --- configuration -------------------------------------------------------------
@@ -155,6 +159,7 @@ class Engine:
         self.sessions[conn_id] = Session(conn_id)
 
     def disconnect(self, conn_id: int, now: float) -> None:
+        self._now = now
         session = self.sessions.pop(conn_id, None)
         if session is None:
             return
@@ -193,6 +198,7 @@ class Engine:
 
     def handle(self, conn_id: int, commands: Iterable, now: float) -> None:
         """Apply a batch of decoded commands (one frame) from one connection."""
+        self._now = now
         session = self.sessions[conn_id]
         publish = self._publish
         for cmd in commands:
@@ -339,6 +345,7 @@ class Engine:
 
     def on_durable(self, now: float) -> None:
         """The journal is fsynced up to ``journal.durable_end``: release what waited for it."""
+        self._now = now
         end = self.journal.durable_end
         pending = self._pending
         while pending and pending[0][0] < end:
@@ -668,8 +675,7 @@ class Engine:
                 case q.Returned() | q.LeaseExpired():
                     returned.append(ev.position)
                 case q.Expired():
-                    self.journal.append(records.encode(records.ExpiredRec(name, ev.position, ",".join(ev.reasons))))
-                    self.on_expired(queue, ev)
+                    self._expire(queue, ev)
                 case _:
                     pass
         if acked:
@@ -679,8 +685,35 @@ class Engine:
         if returned:
             self.journal.append(records.encode(records.ReturnedRec(name, returned)))
 
-    def on_expired(self, queue, event) -> None:
-        """Hook for expiry actions (dead-letter publishing comes with the actions issue)."""
+    def _expire(self, queue, event) -> None:
+        """Journal an expiry, with the dead letters its actions publish (spec 000,
+        "Handling Unprocessed Messages"; reference.md C)."""
+        name = queue.config.name
+        reasons = tuple(str(r) for r in event.reasons)
+        letters = []
+        if self._actions.watches(name):
+            entry = self.cache.get(event.position)
+            letters = self._actions.dead_letters(
+                name, reasons, entry.data, correlation_id=entry.correlation_id,
+                bookmark=format_bookmark(entry.publisher, entry.seq, event.position),
+            )
+        if not letters:
+            self.journal.append(records.encode(records.ExpiredRec(name, event.position, ",".join(reasons))))
+            return
+        publisher = self._action_publisher
+        now = self._now
+        for i, letter in enumerate(letters):
+            seq = self._highest_seq.get(publisher, 0) + 1
+            self._highest_seq[publisher] = seq
+            first = i == 0  # the first dead letter carries the expiry itself
+            rec = records.PublishRec(
+                letter.topic, publisher, seq, now, letter.data, None,
+                expired_queue=name if first else None,
+                expired_position=event.position if first else -1,
+                expired_reasons=",".join(reasons) if first else "",
+            )
+            pos = self.journal.append(records.encode(rec))
+            self._pending.append((pos, self.journal.end, letter.topic, publisher, seq, now, letter.data, None))
 
     def _sow_delete(self, session: Session, cmd: m.SowDelete, now: float) -> None:
         from conveyor.engine.queue import AckOption
@@ -771,6 +804,7 @@ class Engine:
 
     def tick(self, now: float) -> None:
         """Run lease and message expiry due at ``now``, then dispatch."""
+        self._now = now
         for queue in self.queues.values():
             deadline = queue.next_deadline()
             if deadline is not None and deadline <= now:
@@ -830,6 +864,7 @@ class Engine:
         its configured ``RecoveryPoint`` is unchanged, else the configured one (spec 000,
         "Startup and Recovery for Queues"). The scan starts at the oldest point needed.
         """
+        self._now = now
         starts: dict[str, tuple[int, float | None]] = {}
         if checkpoint is not None:
             self._highest_seq.update(checkpoint.publishers)
@@ -852,6 +887,10 @@ class Engine:
                 if rec.seq > self._highest_seq.get(rec.publisher, 0):
                     self._highest_seq[rec.publisher] = rec.seq
                 self._apply_recovered_publish(pos, rec, points, times)
+                if rec.expired_queue is not None:
+                    expired = self.queues.get(rec.expired_queue)
+                    if expired is not None and rec.expired_position >= points[rec.expired_queue]:
+                        expired.replay_expired(rec.expired_position)
             else:
                 queue = self.queues.get(rec.queue)
                 if queue is None:

@@ -31,6 +31,12 @@ class PublishRec(_Rec, tag=1):
     timestamp: float  # epoch seconds, server clock at acceptance
     data: bytes
     correlation_id: str | None = None
+    # A dead-letter publish (amps-action-do-publish-message) carries the expiry that
+    # caused it, so one record makes both durable, or neither: a crash can neither lose
+    # the dead letter of an expired message nor publish it twice.
+    expired_queue: str | None = None
+    expired_position: int = -1
+    expired_reasons: str = ""
 
 
 class LeasedRec(_Rec, tag=2):

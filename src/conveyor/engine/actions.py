@@ -1,0 +1,62 @@
+"""Expiry actions: ``amps-action-on-sow-expire-message`` with ``amps-action-do-publish-message``.
+
+When a message expires from a queue (time limit, MaxCancels, MaxDeliveries, or an
+``expire`` acknowledgement), every action watching that queue whose ``Reason`` list
+(if any) includes one of the expiry's reasons publishes its ``Data`` template to its
+topic. Template variables are replaced verbatim (reference.md C): ``{{AMPS_DATA}}`` the
+expired message's body as written (so JSON embeds without quotes), ``{{AMPS_REASON}}``
+the comma list of reasons, ``{{AMPS_TOPIC}}``, ``{{AMPS_DATA_LENGTH}}``,
+``{{AMPS_CORRELATION_ID}}``, ``{{AMPS_BOOKMARK}}``. Unknown ``{{...}}`` stay as written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from conveyor.config.model import Action, DoPublish
+
+ACTION_CLIENT_NAME = "amps-action"  # the internal publisher of action publishes
+_VARIABLE = re.compile(r"\{\{AMPS_[A-Z_]+\}\}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    topic: str
+    data: bytes
+
+
+class ExpiryActions:
+    def __init__(self, actions: tuple[Action, ...]) -> None:
+        self._by_queue: dict[str, list[Action]] = {}
+        for action in actions:
+            self._by_queue.setdefault(action.on.topic, []).append(action)
+
+    def watches(self, queue: str) -> bool:
+        return queue in self._by_queue
+
+    def dead_letters(
+        self, queue: str, reasons: tuple[str, ...], body: bytes, *, correlation_id: str | None, bookmark: str
+    ) -> list[DeadLetter]:
+        out: list[DeadLetter] = []
+        for action in self._by_queue.get(queue, ()):
+            wanted = action.on.reasons
+            if wanted is not None and not wanted.intersection(reasons):
+                continue
+            for do in action.do:
+                out.append(DeadLetter(do.topic, render(do, queue, reasons, body, correlation_id, bookmark)))
+        return out
+
+
+def render(do: DoPublish, topic: str, reasons: tuple[str, ...], body: bytes, correlation_id: str | None, bookmark: str) -> bytes:
+    text = body.decode("utf-8", errors="replace")
+    values = {
+        "{{AMPS_DATA}}": text,
+        "{{AMPS_REASON}}": ",".join(reasons),
+        "{{AMPS_TOPIC}}": topic,
+        "{{AMPS_DATA_LENGTH}}": str(len(body)),
+        "{{AMPS_CORRELATION_ID}}": correlation_id or "",
+        "{{AMPS_BOOKMARK}}": bookmark,
+    }
+    # One pass, so text inside the body is never itself substituted.
+    return _VARIABLE.sub(lambda m: values.get(m.group(0), m.group(0)), do.data).encode()
