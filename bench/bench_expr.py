@@ -21,7 +21,6 @@ import argparse
 import os
 import platform
 import random
-import re
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "expr"))
 
 import reference_eval as ref  # noqa: E402
 
+from bench.report import write_section  # noqa: E402
 from conveyor import expr  # noqa: E402
 
 FILTER = "/region = 'EU' AND /qty > 100 AND /sym LIKE '^A'"
@@ -164,18 +164,6 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, title: str, body: str) -> None:
-    """Replace the section ``## title`` of a markdown file, or append it."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"## {title}\n\n{body.strip()}\n"
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text)
-    else:
-        text = text.rstrip() + "\n\n" + section
-    path.write_text(text.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=10_000)
@@ -184,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     body = report(measure(args.messages))
     print(body)
     if args.write:
-        write_section(Path(args.write), "Expressions", body)
+        write_section("Expressions", body, Path(args.write))
 
 
 if __name__ == "__main__":
