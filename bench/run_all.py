@@ -15,6 +15,7 @@ SELF_WRITING = [
     ("bench.bench_publish", ["--write"]),
     ("bench.bench_queue", ["--write"]),
     ("bench.bench_expr", ["--write", str(BENCHMARKS_MD)]),
+    ("bench.bench_queue_priority", ["--write"]),
 ]
 CAPTURED = [
     ("bench.bench_journal", "Journal: group commit and scan", []),

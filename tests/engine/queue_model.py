@@ -4,6 +4,11 @@ Naive on purpose: every message is an object in a dict (kept in position order),
 decision walks all of them, and a restart is modelled as what it means ("every lease is
 broken"), not as a journal replay. The real :class:`conveyor.engine.queue.Queue` must
 agree with it call by call. Each rule cites spec 000 (the queue chapter).
+
+Priority, barrier messages and TargetQueueDepth are modelled the same way: a sort of
+every available message per delivery, a barrier check over every message before it,
+and inactive messages kept in the dict with ``active=False`` (the real queue keeps
+nothing for them) and activated by :meth:`ModelQueue.refill`, the engine's refill.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine.queue_events import (
     Acknowledged,
     AckOption,
+    BarrierDelivered,
     Cancelled,
     DeliveredAtMostOnce,
     Expired,
@@ -43,6 +49,9 @@ class MMsg:
     deadline: float | None = None
     deliveries: int = 0
     cancels: int = 0
+    priority: int | None = None  # priority queues: 0 .. 2**64 - 1, or -1 (NaN, lowest)
+    barrier: bool = False
+    active: bool = True  # False: beyond TargetQueueDepth
 
 
 @dataclass
@@ -51,6 +60,14 @@ class MDelivery:
     position: int
     lease_deadline: float | None
     delivery_count: int
+    barrier: bool = False
+    recipients: tuple = ()  # consumer keys (barrier)
+
+
+def _rank(m: MMsg) -> tuple:
+    """Priority Queues: "a descending sort of the value"; NaN lowest; then the oldest."""
+    p = -1 if m.priority is None else m.priority
+    return (p < 0, -p, m.position)
 
 
 @dataclass
@@ -64,6 +81,7 @@ class ModelQueue:
     rr_next: int = 0
     last_position: int = -1
     last_time: float = -math.inf
+    deferred: set[int] = field(default_factory=set)  # acks of inactive messages
 
     @property
     def alo(self) -> bool:
@@ -74,14 +92,71 @@ class ModelQueue:
 
     # --- publish: "The message becomes available in the queue" ---------------------------
 
-    def enqueue(self, p: int, t: float) -> None:
+    def active_msgs(self) -> dict[int, MMsg]:
+        return {p: m for p, m in self.msgs.items() if m.active}
+
+    def inactive(self) -> list[int]:
+        return [p for p, m in self.msgs.items() if not m.active]
+
+    def enqueue(self, p: int, t: float, priority: int | None = None, barrier: bool = False) -> bool:
         assert p > self.last_position
+        self.last_position = p
+        target = self.config.target_queue_depth
+        if target is not None and (self.inactive() or len(self.active_msgs()) >= target):
+            # Limiting Currently Deliverable Messages: beyond the depth, inactive.
+            self.msgs[p] = MMsg(p, t, active=False)
+            return False
         t = max(t, self.last_time)
-        self.last_position, self.last_time = p, t
-        self.msgs[p] = MMsg(p, t)
+        self.last_time = t
+        self.msgs[p] = MMsg(p, t, priority=None if barrier else priority, barrier=barrier)
+        return True
+
+    def wants(self) -> int:
+        target = self.config.target_queue_depth
+        if target is None:
+            return 0
+        return max(0, min(len(self.inactive()), target - len(self.active_msgs())))
+
+    def refill(self) -> int:
+        """"As messages are acknowledged from the queue, AMPS will add messages to the
+        active part of the queue until the active part of the queue once again reaches
+        the TargetQueueDepth"; one acknowledged while inactive is never added."""
+        target = self.config.target_queue_depth
+        n = 0
+        for p in self.inactive():
+            if len(self.active_msgs()) >= target:
+                break  # it would not be added now
+            if p in self.deferred:
+                self.deferred.discard(p)
+                del self.msgs[p]
+                continue
+            m = self.msgs[p]
+            m.active = True
+            m.published_at = max(m.published_at, self.last_time)
+            self.last_time = m.published_at
+            n += 1
+        if not self.inactive():
+            self.deferred.clear()
+        return n
+
+    def first_barrier(self) -> int | None:
+        return next((p for p, m in self.msgs.items() if m.barrier), None)
 
     def available(self) -> list[int]:
-        return [p for p, m in self.msgs.items() if m.holder is None]
+        """Querying Queues as a View, in delivery order: each barrier after the messages
+        before it, priority order between two barriers."""
+        barriers = [p for p, m in self.msgs.items() if m.barrier]
+
+        def order(m: MMsg) -> tuple:
+            epoch = sum(1 for b in barriers if b < m.position)
+            return (epoch, m.barrier, _rank(m))
+
+        return [
+            m.position
+            for m in sorted(
+                (m for m in self.msgs.values() if m.holder is None and m.active), key=order
+            )
+        ]
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -136,12 +211,33 @@ class ModelQueue:
             ),
         )
 
+    def _barrier_ready(self, b: int) -> bool:
+        """Synchronizing Work with Barrier Messages: "When all previous messages in the
+        queue are acknowledged, AMPS delivers the barrier message to all current
+        subscribers" (at-most-once: acknowledged by the subscriber, not just sent)."""
+        return (
+            bool(self.consumers)
+            and not any(p < b for p in self.msgs)
+            and not any(p < b for p in self.consumed)
+        )
+
     def dispatch(self, now: float, limit: int | None) -> list[MDelivery]:
         out: list[MDelivery] = []
         while limit is None or len(out) < limit:
+            b = self.first_barrier()
+            if b is not None and self._barrier_ready(b):
+                keys = tuple(c.key for c in self.consumers if self.matches(c.filter, b))
+                del self.msgs[b]  # "immediately removes the message from the queue"
+                out.append(MDelivery(None, b, None, 0, True, keys))
+                continue
             chosen = None
-            for p, m in self.msgs.items():  # oldest first
-                if m.holder is not None:
+            # "the highest priority value ... and the oldest message at that priority",
+            # nothing after a barrier that has not been delivered.
+            for m in sorted(self.msgs.values(), key=_rank):
+                p = m.position
+                if m.holder is not None or not m.active or m.barrier:
+                    continue
+                if b is not None and p > b:
                     continue
                 eligible = [
                     i
@@ -170,6 +266,8 @@ class ModelQueue:
 
     @staticmethod
     def delivery_event(d: MDelivery):
+        if d.barrier:
+            return BarrierDelivered(d.position)
         if d.lease_deadline is None:
             return DeliveredAtMostOnce(d.position)
         return Leased(d.position, d.consumer_key, d.delivery_count)
@@ -204,11 +302,21 @@ class ModelQueue:
         strict = self.config.leasing is Leasing.STRICT
         r = dict(
             acknowledged=0, cancelled=0, expired=0, released=0, refused=0, ignored=0,
-            events=[], freed=[],
+            deferred=0, events=[], freed=[],
         )
         ev = r["events"]
         for p in positions:
             m = self.msgs.get(p)
+            if m is not None and not m.active:
+                # "AMPS keeps a list of acknowledgments that have been received for
+                # messages that are not in the queue" (cancel / expire: ignored).
+                if (option is AckOption.NONE or not self.alo) and p not in self.deferred:
+                    self.deferred.add(p)
+                    ev.append(Acknowledged(p))
+                    r["deferred"] += 1
+                else:
+                    r["ignored"] += 1
+                continue
             if m is not None and m.holder is not None:
                 c = m.holder
                 if strict and by is not None and by != c.owner:
@@ -257,7 +365,9 @@ class ModelQueue:
         return r
 
     def acknowledge_matching(self, predicate, by, option: AckOption, now: float) -> dict:
-        hits = [p for p in self.msgs if predicate(self.load(p))]
+        # "A sow_delete that uses a filter will only apply to the messages in the queue
+        # that are currently deliverable."
+        hits = [p for p, m in self.msgs.items() if m.active and predicate(self.load(p))]
         return self.acknowledge(sorted(hits), by, option, now)
 
     # --- time -----------------------------------------------------------------------------
@@ -272,7 +382,7 @@ class ModelQueue:
         exp = self.config.expiration_s
         if exp is not None:
             for p, m in list(self.msgs.items()):
-                if m.holder is None and now >= m.published_at + exp:
+                if m.holder is None and m.active and now >= m.published_at + exp:
                     del self.msgs[p]
                     events.append(Expired(p, ("time_limit",)))
         return events
@@ -281,11 +391,15 @@ class ModelQueue:
         d = [m.deadline for m in self.msgs.values() if m.holder is not None]
         exp = self.config.expiration_s
         if exp is not None:
-            d += [m.published_at + exp for m in self.msgs.values() if m.holder is None]
+            d += [
+                m.published_at + exp for m in self.msgs.values() if m.holder is None and m.active
+            ]
         return min(d) if d else None
 
     def recovery_point(self) -> int:
-        return min(self.msgs) if self.msgs else self.last_position + 1
+        """The oldest message not done (a deferred-acked inactive one is done)."""
+        undone = [p for p in self.msgs if p not in self.deferred]
+        return min(undone) if undone else self.last_position + 1
 
     # --- restart: "all leases are gone" ---------------------------------------------------
 
@@ -297,6 +411,8 @@ class ModelQueue:
         for m in self.msgs.values():
             m.holder = m.deadline = None
         for p, m in list(self.msgs.items()):
+            if not m.active:
+                continue
             reasons = self._reasons(m, now)
             if reasons and reasons != ("time_limit",):
                 del self.msgs[p]
@@ -308,7 +424,8 @@ class ModelQueue:
         return events
 
     def rows(self) -> list[tuple]:
-        """(position, state, published_at, deliveries, cancels, holder key, deadline)."""
+        """(position, state, published_at, deliveries, cancels, holder key, deadline,
+        priority, barrier) of the active messages."""
         return [
             (
                 p,
@@ -318,6 +435,9 @@ class ModelQueue:
                 m.cancels,
                 None if m.holder is None else m.holder.key,
                 m.deadline,
+                m.priority,
+                m.barrier,
             )
             for p, m in self.msgs.items()
+            if m.active
         ]

@@ -7,12 +7,19 @@ filter, from the holder, another owner or the server), lease expiries, clock jum
 crash-restarts: the Queue objects are dropped and rebuilt by replaying the journal from
 the last stored recovery point, while the model applies "every lease is broken".
 
+Queues are FIFO, priority, barrier, priority with barriers, or TargetQueueDepth ones
+(the simulation plays the engine: it computes each message's priority and barrier flag
+at publish and refills the active window from its journal, live and during replay).
+
 Each call is checked against :mod:`tests.engine.queue_model` (same deliveries, same
 events, same state), and these invariants are checked independently of the model:
 nothing acknowledged or expired reappears; nothing unacknowledged at-least-once is lost
-(it is available, leased, or expired with an Expired event); nothing at-most-once is
-delivered twice; a backlog is never exceeded except after a replace lowered it; every
-delivery is the oldest available message the consumer's filter matches.
+(it is available, leased, inactive, or expired with an Expired event); nothing
+at-most-once is delivered twice; a backlog is never exceeded except after a replace
+lowered it; every delivery is the first message in delivery order (highest priority,
+then oldest) the consumer's filter matches, and none is after a pending barrier; a
+barrier is never delivered while an earlier message is unacknowledged; the active part
+of a TargetQueueDepth queue never exceeds the target.
 
 A failure names its seed. Replay one: ``CONVEYOR_SIM_SEED=123 pytest tests/engine/test_queue_sim.py``.
 More seeds (nightly): ``CONVEYOR_SIM_SEEDS=200000``.
@@ -30,11 +37,13 @@ from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine.queue import AckOption, Consumer, Queue, effective_backlog
 from conveyor.engine.queue_events import (
     Acknowledged,
+    BarrierDelivered,
     Cancelled,
     DeliveredAtMostOnce,
     Expired,
     Leased,
 )
+from conveyor.engine.queue_state import MessageState
 
 from .queue_model import MConsumer, ModelQueue
 
@@ -56,9 +65,18 @@ def _batches() -> list[list[int]]:
     return [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
 
 
+#: Priority values: few, so that equal priorities (oldest first) are common; -1 is NaN.
+PRIORITIES = (-1, 0, 1, 2, 7, 2**64 - 1)
+KINDS = (("fifo", 10), ("priority", 4), ("barrier", 3), ("priority+barrier", 2), ("tqd", 4))
+
+
 def _random_config(rng: random.Random, name: str) -> QueueConfig:
     alo = rng.random() < 0.7
+    kind = rng.choices([k for k, _ in KINDS], [w for _, w in KINDS])[0]
     return QueueConfig(
+        priority="/p" if "priority" in kind else None,
+        barrier_expression="/b = 1" if "barrier" in kind else None,
+        target_queue_depth=rng.choice([1, 2, 3, 5]) if kind == "tqd" else None,
         name=name,
         message_type="json",
         semantics=Semantics.AT_LEAST_ONCE if alo else Semantics.AT_MOST_ONCE,
@@ -109,6 +127,7 @@ class World:
     done: list[set[int]] = field(default_factory=list)  # acked, expired, delivered a-m-o
     queues: list[Queue] = field(default_factory=list)
     models: list[ModelQueue] = field(default_factory=list)
+    seen: dict[str, int] = field(default_factory=dict)  # paths taken, for the coverage test
 
     def __post_init__(self) -> None:
         n = len(self.configs)
@@ -134,21 +153,63 @@ class World:
             match e:
                 case Acknowledged(position=p) | Expired(position=p) | DeliveredAtMostOnce(
                     position=p
-                ):
+                ) | BarrierDelivered(position=p):
                     self.expect(p not in self.done[qid], f"q{qid}: {p} done twice ({e})")
                     self.done[qid].add(p)
+
+    def see(self, what: str, n: int = 1) -> None:
+        self.seen[what] = self.seen.get(what, 0) + n
+
+    # --- the engine's part: priority and barrier at publish, TargetQueueDepth refill ---
+
+    def refill_queue(self, qid: int, q: Queue) -> None:
+        """Read the journal from refill_from() and offer each message of the queue to
+        activate() while the queue wants more (queue_window rule 3)."""
+        i = q.refill_from()
+        while q.wants():
+            self.expect(i is not None and i < len(self.journal), f"q{qid}: refill ran dry")
+            rec = self.journal[i]
+            if rec[0] == "pub" and qid in rec[1]:
+                if q.activate(rec[2], rec[3]):
+                    self.see("activated")
+            i += 1
+
+    def refill(self) -> None:
+        for qid, (q, m) in enumerate(zip(self.queues, self.models)):
+            if q.config.target_queue_depth is None:
+                continue
+            self.expect(q.wants() == m.wants(), f"q{qid} wants {q.wants()} != {m.wants()}")
+            consumed = len(m.deferred)
+            self.refill_queue(qid, q)
+            m.refill()
+            self.see("deferred ack consumed", consumed - len(m.deferred))
 
     # --- operations -------------------------------------------------------------------
 
     def publish(self) -> None:
         qids = self.rng.choice([[0], [1], [0, 1]]) if len(self.queues) == 2 else [0]
         p = len(self.journal)
-        self.data[p] = {"k": self.rng.randrange(3)}
+        self.data[p] = {
+            "k": self.rng.randrange(3),
+            "p": self.rng.choice(PRIORITIES),
+            "b": int(self.rng.random() < 0.12),
+        }
         self.journal.append(("pub", tuple(qids), p, self.now))
         for qid in qids:
-            self.queues[qid].enqueue(p, self.now)
-            self.models[qid].enqueue(p, self.now)
+            args = self.message_args(qid, p)
+            got = self.queues[qid].enqueue(p, self.now, *args)
+            want = self.models[qid].enqueue(p, self.now, *args)
+            self.expect(got == want, f"q{qid} enqueue {p}: active {got} != {want}")
             self.enqueued[qid].add(p)
+
+    def message_args(self, qid: int, p: int) -> tuple:
+        """(priority, barrier) as the engine computes them from the queue's expressions."""
+        cfg = self.configs[qid]
+        d = self.data[p]
+        return (
+            d["p"] if cfg.priority is not None else None,
+            cfg.barrier_expression is not None and d["b"] == 1,
+        )
 
     def add_consumer(self) -> None:
         qids = self.rng.choice([{0}, {1}, {0, 1}]) if len(self.queues) == 2 else {0}
@@ -208,30 +269,70 @@ class World:
         if self.rng.random() < 0.5:
             qids = [self.rng.randrange(len(self.queues))]
         limit = self.rng.choice([None, None, None, 1, 2])
+        self.refill()  # the engine refills before it dispatches
         for qid in qids:
             q, m = self.queues[qid], self.models[qid]
             before = m.available()
+            awaiting = [p for p, _ in q.details().awaiting_ack]
             got = q.dispatch(self.now, limit)
             want = m.dispatch(self.now, limit)
-            got_t = [(d.consumer.key, d.position, d.lease_deadline, d.delivery_count) for d in got]
-            want_t = [(d.consumer_key, d.position, d.lease_deadline, d.delivery_count) for d in want]
+            got_t = [
+                (None if d.barrier else d.consumer.key, d.position, d.lease_deadline,
+                 d.delivery_count, d.barrier, tuple(c.key for c in d.recipients))
+                for d in got
+            ]
+            want_t = [
+                (d.consumer_key, d.position, d.lease_deadline, d.delivery_count, d.barrier,
+                 d.recipients)
+                for d in want
+            ]
             self.expect(got_t == want_t, f"q{qid} dispatch: {got_t} != {want_t}")
-            self.check_fifo(qid, before, got)
+            self.check_order(qid, before, awaiting, got)
             self.journal_events(qid, [d.event for d in got])
             self.expect(
                 [d.event for d in got] == [m.delivery_event(d) for d in want],
                 f"q{qid} delivery events differ",
             )
 
-    def check_fifo(self, qid: int, before: list[int], deliveries) -> None:
-        """Message Flow step 3: the oldest available message the consumer matches."""
+    def _rank(self, qid: int, p: int) -> tuple:
+        prio, _ = self.message_args(qid, p)
+        prio = -1 if prio is None else prio
+        return (prio < 0, -prio, p)
+
+    def check_order(self, qid: int, before: list[int], awaiting: list[int], deliveries) -> None:
+        """Message Flow step 3: the first message in delivery order (the highest priority,
+        the oldest at that priority) the consumer matches; step 4: nothing after a barrier
+        that has not been delivered, and a barrier only once every earlier message is
+        acknowledged."""
         avail = list(before)
+        done = set(self.done[qid])
+        barrier_of = lambda p: self.message_args(qid, p)[1]  # noqa: E731
         for d in deliveries:
             self.expect(d.position in avail, f"q{qid}: delivered {d.position}, not available")
-            flt = d.consumer.filter
-            older = [p for p in avail if p < d.position and (flt is None or flt(self.data[p]))]
-            self.expect(not older, f"q{qid}: {d.position} to {d.consumer.key} before {older}")
             self.expect(d.position not in self.done[qid], f"q{qid}: {d.position} came back")
+            pending = [p for p in avail if barrier_of(p)]
+            if d.barrier:
+                self.see("barrier")
+                earlier = [p for p in self.enqueued[qid] if p < d.position and p not in done]
+                self.expect(not earlier, f"q{qid}: barrier {d.position} before {earlier}")
+                self.expect(not [p for p in awaiting if p < d.position],
+                            f"q{qid}: barrier {d.position} before acks of {awaiting}")
+                self.expect(d.position == min(pending), f"q{qid}: barrier out of order")
+            else:
+                first_barrier = min(pending, default=None)
+                self.expect(first_barrier is None or d.position < first_barrier,
+                            f"q{qid}: {d.position} delivered after barrier {first_barrier}")
+                flt = d.consumer.filter
+                better = [
+                    p for p in avail
+                    if not barrier_of(p) and (first_barrier is None or p < first_barrier)
+                    and self._rank(qid, p) < self._rank(qid, d.position)
+                    and (flt is None or flt(self.data[p]))
+                ]
+                self.expect(not better, f"q{qid}: {d.position} to {d.consumer.key} before {better}")
+                if not self.queues[qid]._at_least_once:
+                    awaiting.append(d.position)
+            done.add(d.position) if d.barrier or not self.queues[qid]._at_least_once else None
             avail.remove(d.position)
 
     def _by(self):
@@ -250,6 +351,7 @@ class World:
         m = self.models[qid]
         pool = [p for p, x in m.msgs.items() if x.holder is not None] + list(m.consumed)
         pool = pool * 3 + list(m.msgs) + sorted(self.enqueued[qid])[-5:] + [-7, 10**9]
+        pool += m.inactive()[:3]
         positions = [self.rng.choice(pool) for _ in range(self.rng.randint(1, 4))]
         by, option = self._by(), self._option()
         got = self.queues[qid].acknowledge(positions, by=by, option=option, now=self.now)
@@ -269,8 +371,9 @@ class World:
         got_d = dict(
             acknowledged=got.acknowledged, cancelled=got.cancelled, expired=got.expired,
             released=got.released, refused=got.refused, ignored=got.ignored,
-            events=list(got.events), freed=list(got.freed),
+            deferred=got.deferred, events=list(got.events), freed=list(got.freed),
         )
+        self.see("deferred ack", got.deferred)
         self.expect(got_d == want, f"q{qid} {what}: {got_d} != {want}")
         self.journal_events(qid, got.events)
 
@@ -310,17 +413,22 @@ class World:
             for rec in records:
                 if rec[0] == "pub":
                     if qid in rec[1]:
-                        q.enqueue(rec[2], rec[3])
+                        q.enqueue(rec[2], rec[3], *self.message_args(qid, rec[2]))
                 elif rec[1] == qid:
                     if lossy:
                         _replay_lossy(q, rec[2], self.now)
                     else:
                         q.replay(rec[2], self.now)
+                    self.refill_queue(qid, q)  # as live: the window refills as it drains
             got = q.end_replay(self.now)
             want = self.models[qid].crash(self.now)
             self.expect(got == want, f"q{qid} restart (lossy={lossy}): {got} != {want}")
             self.queues[qid] = q
             self.journal_events(qid, got)
+            if cfg.target_queue_depth is not None:
+                # The replay refilled as it went; the engine refills after end_replay too.
+                self.refill_queue(qid, q)
+                self.models[qid].refill()
 
     # --- checks after every step ---------------------------------------------------------
 
@@ -330,7 +438,7 @@ class World:
             self.expect(avail == m.available(), f"q{qid} view: {avail} != {m.available()}")
             rows = [
                 (r.position, r.state, r.published_at, r.deliveries, r.cancels, r.holder,
-                 r.lease_deadline)
+                 r.lease_deadline, r.priority, r.barrier)
                 for r in q.details().messages
             ]
             self.expect(rows == m.rows(), f"q{qid} state: {rows} != {m.rows()}")
@@ -340,13 +448,30 @@ class World:
                 q.next_deadline() == m.next_deadline(),
                 f"q{qid} next_deadline {q.next_deadline()} != {m.next_deadline()}",
             )
-            self.expect(q.recovery_point() == m.recovery_point(), f"q{qid} recovery point")
+            target = q.config.target_queue_depth
+            if target is None:
+                self.expect(q.recovery_point() == m.recovery_point(), f"q{qid} recovery point")
+            else:  # it may stay on the last message read back from the log
+                self.expect(q.recovery_point() <= m.recovery_point(), f"q{qid} recovery point")
             stats = q.statistics(self.now)
-            self.expect(stats.queue_depth == len(m.msgs), f"q{qid} queue_depth")
+            active = m.active_msgs()
+            self.expect(stats.queue_depth == len(active), f"q{qid} queue_depth")
+            inactive = m.inactive()
+            self.expect(
+                (stats.inactive_message_count, stats.deferred_ack_count)
+                == (len(inactive), len(m.deferred)),
+                f"q{qid} inactive/deferred counts",
+            )
+            self.expect(target is None or len(active) <= target, f"q{qid} over target depth")
+            self.expect(
+                all(q.state_of(p) is MessageState.INACTIVE
+                    for p in inactive if p not in m.deferred),
+                f"q{qid}: inactive messages not reported inactive",
+            )
             # nothing lost, nothing back: every message is exactly one of tracked or done
             tracked = {r[0] for r in rows}
             self.expect(not (tracked & self.done[qid]), f"q{qid}: done message back")
-            lost = self.enqueued[qid] - tracked - self.done[qid]
+            lost = self.enqueued[qid] - tracked - self.done[qid] - set(inactive)
             self.expect(not lost, f"q{qid}: lost {sorted(lost)}")
         for key, sub in self.subs.items():
             c = sub.real
@@ -365,7 +490,7 @@ def _lossy(records: list[tuple]) -> list[tuple]:
     i = 0
     while i < len(records):
         rec = records[i]
-        if rec[0] == "pub" or isinstance(rec[2], (Leased, DeliveredAtMostOnce)):
+        if rec[0] == "pub" or isinstance(rec[2], (Leased, DeliveredAtMostOnce, BarrierDelivered)):
             out.append(rec)
             i += 1
             continue
@@ -381,6 +506,8 @@ def _lossy(records: list[tuple]) -> list[tuple]:
 
 def _replay_lossy(q: Queue, event, now: float) -> None:
     match event:
+        case BarrierDelivered(position=p):
+            q.replay_barrier_delivered(p)
         case Leased(position=p) | DeliveredAtMostOnce(position=p):
             q.replay_delivered(p, now)
         case Acknowledged(position=p):
@@ -402,6 +529,7 @@ OPS = [
     ("expire", 3),
     ("tick", 4),
     ("store_recovery_point", 1),
+    ("refill", 1),
     ("crash", 0.4),
 ]
 
@@ -428,14 +556,22 @@ def test_simulation(seeds: list[int]) -> None:
 
 
 def test_simulation_exercises_every_path() -> None:
-    """The workload is not vacuous: over a few seeds every kind of event happens."""
+    """The workload is not vacuous: over a few seeds every kind of event happens, and
+    barriers, activations and deferred acknowledgements (made and consumed) too."""
     kinds: set[str] = set()
-    for seed in range(60):
+    seen: dict[str, int] = {}
+    for seed in range(80):
         w = run_seed(seed)
         kinds |= {type(rec[2]).__name__ for rec in w.journal if rec[0] == "ev"}
         kinds |= {r for rec in w.journal if rec[0] == "ev" and isinstance(rec[2], Expired)
                   for r in rec[2].reasons}
+        for k, v in w.seen.items():
+            seen[k] = seen.get(k, 0) + v
     assert {
         "Leased", "DeliveredAtMostOnce", "Acknowledged", "Cancelled", "LeaseExpired",
         "Returned", "Expired", "time_limit", "max_cancels", "max_deliveries", "forced_expire",
+        "BarrierDelivered",
     } <= kinds, kinds
+    assert all(
+        seen.get(k, 0) >= 5 for k in ("barrier", "activated", "deferred ack", "deferred ack consumed")
+    ), seen

@@ -841,10 +841,12 @@ def test_enqueue_positions_must_increase_and_times_never_go_back():
 
 
 @pytest.mark.parametrize(
-    "field,value",
-    [("priority", "/p"), ("barrier_expression", "/eod = 1"), ("target_queue_depth", 5),
-     ("max_cancels", 0), ("max_deliveries", 0), ("lease_period_s", -1.0)],
+    "fields",
+    [dict(priority="/p", target_queue_depth=5),  # Limiting Currently Deliverable Messages
+     dict(barrier_expression="/eod = 1", target_queue_depth=5),
+     dict(target_queue_depth=0), dict(priority="/p +"), dict(barrier_expression="AND"),
+     dict(max_cancels=0), dict(max_deliveries=0), dict(lease_period_s=-1.0)],
 )
-def test_configuration_the_queue_cannot_honour_is_refused(field, value):
+def test_configuration_the_queue_cannot_honour_is_refused(fields):
     with pytest.raises(ConfigError):
-        Queue(cfg(**{field: value}), load=lambda p: None)
+        Queue(cfg(**fields), load=lambda p: None)

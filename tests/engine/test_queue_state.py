@@ -9,6 +9,7 @@ import pytest
 from conveyor.config.model import Semantics
 from conveyor.engine.queue_events import (
     Acknowledged,
+    BarrierDelivered,
     Cancelled,
     DeliveredAtMostOnce,
     Expired,
@@ -71,8 +72,23 @@ def test_each_event_is_one_verb():
     verbs = {
         Leased: V.LEASE, DeliveredAtMostOnce: V.DELIVER, Acknowledged: V.ACKNOWLEDGE,
         Cancelled: V.CANCEL, LeaseExpired: V.LEASE_EXPIRE, Returned: V.RETURN, Expired: V.EXPIRE,
+        BarrierDelivered: V.DELIVER_BARRIER,
     }
-    assert set(verbs.values()) == set(Verb) - {V.ENQUEUE}
+    # ENQUEUE and HOLD are the publish record itself; ACTIVATE is the record read again.
+    assert set(verbs.values()) == set(Verb) - {V.ENQUEUE, V.HOLD, V.ACTIVATE}
+
+
+@pytest.mark.parametrize("semantics", list(Semantics))
+def test_barrier_and_window_transitions(semantics):
+    """Synchronizing Work with Barrier Messages: a delivered barrier is acknowledged at
+    once. Limiting Currently Deliverable Messages: inactive messages enter the active part
+    (ACTIVATE) or, acknowledged before that, never do."""
+    t = TRANSITIONS[semantics]
+    assert t[(S.AVAILABLE, V.DELIVER_BARRIER)] is S.ACKNOWLEDGED
+    assert t[(S.ABSENT, V.HOLD)] is S.INACTIVE
+    assert t[(S.INACTIVE, V.ACTIVATE)] is S.AVAILABLE
+    assert t[(S.INACTIVE, V.ACKNOWLEDGE)] is S.ACKNOWLEDGED
+    assert {v for (frm, v) in t if frm is S.INACTIVE} == {V.ACTIVATE, V.ACKNOWLEDGE}
 
 
 def test_events_are_frozen_and_encodable():

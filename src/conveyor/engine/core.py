@@ -100,6 +100,10 @@ class Engine:
         self._dirty_queues: set = set()
         self.queues: dict[str, Any] = {}
         self._queue_filters: dict[str, Any] = {}
+        self._queue_priority: dict[str, Any] = {}  # compiled Priority per queue
+        self._queue_barrier: dict[str, Any] = {}  # compiled BarrierExpression per queue
+        self._barrier_until: dict[str, int] = {}  # queue -> journal end when its last barrier batch was made
+        self._plain_queues: set[str] = set()  # queues with no Filter/Priority/Barrier
         self._actions = ExpiryActions(config.actions)
         self._action_publisher = publisher_id(ACTION_CLIENT_NAME, instance=self.instance)
         self._now = 0.0  # the `now` of the call in progress (for records made deep inside)
@@ -115,7 +119,17 @@ class Engine:
                 self._queue_filters[qc.name] = _compile_filter(qc.filter)
             except errors.BadFilter as exc:
                 raise errors.ConfigError(f"invalid Filter: {exc}", path=f"{qc.path}/Filter") from None
+            try:
+                self._queue_priority[qc.name] = _compile_filter(qc.priority)
+            except errors.BadFilter as exc:
+                raise errors.ConfigError(f"invalid Priority: {exc}", path=f"{qc.path}/Priority") from None
+            try:
+                self._queue_barrier[qc.name] = _compile_filter(qc.barrier_expression)
+            except errors.BadFilter as exc:
+                raise errors.ConfigError(f"invalid BarrierExpression: {exc}", path=f"{qc.path}/BarrierExpression") from None
             self.queues[qc.name] = Queue(qc, load=self._filter_view)
+            if not (qc.filter or qc.priority or qc.barrier_expression):
+                self._plain_queues.add(qc.name)
             if qc.default_publish_target and qc.default_publish_target != qc.name:
                 self._publish_target[qc.name] = qc.default_publish_target
 
@@ -385,11 +399,56 @@ class Engine:
             self.cache.put(pos, entry)  # queues deliver from the cache, not the journal
         self._fan_out(pos, entry, None)
         for queue in queues:
-            qfilter = self._queue_filters.get(queue.config.name)
-            if qfilter is not None and not qfilter.matches(entry.decoded(), self._meta(entry, None)):
-                continue
-            queue.enqueue(pos, ts)
-            self._dirty_queues.add(queue)
+            if self._offer(queue, pos, entry):
+                self._dirty_queues.add(queue)
+
+    def _takes(self, queue, entry: Entry) -> bool:
+        """Whether a message on one of the queue's underlying topics enters it (Filter)."""
+        qfilter = self._queue_filters.get(queue.config.name)
+        return qfilter is None or qfilter.matches(entry.decoded(), self._meta(entry, None))
+
+    def _offer(self, queue, pos: int, entry: Entry) -> bool:
+        """Enqueue a message the queue takes, with its priority and barrier flag; True
+        if it entered (possibly inactive, beyond TargetQueueDepth)."""
+        if not self._takes(queue, entry):
+            return False
+        name = queue.config.name
+        priority_expr = self._queue_priority.get(name)
+        barrier_expr = self._queue_barrier.get(name)
+        priority = None
+        barrier = False
+        if priority_expr is not None or barrier_expr is not None:
+            data, meta = entry.decoded(), self._meta(entry, None)
+            if barrier_expr is not None:
+                barrier = barrier_expr.matches(data, meta)
+            if priority_expr is not None and not barrier:
+                priority = priority_expr.priority(data, meta)
+        queue.enqueue(pos, entry.timestamp, priority, barrier)
+        return True
+
+    def _refill(self, queue, upto: int | None = None) -> None:
+        """TargetQueueDepth: activate inactive messages, read back from the journal, until
+        the active part is full again (spec 000, "Limiting Currently Deliverable
+        Messages": inactive messages hold no queue state)."""
+        while queue.wants() > 0:
+            start = queue.refill_from()
+            if start is None:
+                return
+            activated = False
+            for pos, payload in self.journal.scan(start, upto):
+                rec = records.decode(payload)
+                if type(rec) is not records.PublishRec or not queue.config.takes_from(rec.topic):
+                    continue
+                entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
+                if not self._takes(queue, entry):
+                    continue
+                queue.activate(pos, rec.timestamp)
+                activated = True
+                if queue.wants() <= 0:
+                    return
+            if not activated:
+                log.error("queue %s: %d inactive messages not found in the journal", queue.config.name, queue.wants())
+                return
 
     def _fan_out(self, pos: int | None, entry: Entry, bookmark: str | None) -> None:
         subs = self._subs_by_topic.get(entry.topic)
@@ -621,30 +680,23 @@ class Engine:
                 # dispatch assumes expiry already ran at this `now` (a lagging timer
                 # must not let an expired message out).
                 self._journal_queue_events(queue, queue.expire(now))
+            self._refill(queue)
             deliveries = queue.dispatch(now)
-            if deliveries:
+            while deliveries:
                 self._deliver_queue_messages(queue, deliveries, now)
+                if queue.wants() <= 0:
+                    break
+                # delivered messages left the active window (at-most-once): refill it
+                self._refill(queue)
+                deliveries = queue.dispatch(now)
 
     def _deliver_queue_messages(self, queue, deliveries, now: float) -> None:
         name = queue.config.name
         at_most_once = queue.config.semantics is Semantics.AT_MOST_ONCE
-        wall = now
-        out = []
-        for d in deliveries:
-            conn_id, sub_id = d.consumer.key
-            entry = self.cache.get(d.position)
-            msg = m.Message(
-                topic=name,
-                data=entry.data,
-                sub_id=sub_id,
-                bookmark=format_bookmark(entry.publisher, entry.seq, d.position),
-                seq=entry.seq,
-                timestamp=entry.timestamp,
-                lease_deadline=d.lease_deadline if not at_most_once else None,
-                correlation_id=entry.correlation_id,
-                queue=name,
-            )
-            out.append((conn_id, msg))
+        if any(d.barrier for d in deliveries):
+            self._deliver_with_barriers(queue, deliveries)
+            return
+        out = [self._queue_message(name, d, d.consumer, at_most_once) for d in deliveries]
         positions = [d.position for d in deliveries]
         if at_most_once:
             # The delivery is journaled before the message is sent (spec 000, issue 4.7).
@@ -654,9 +706,52 @@ class Engine:
                 self._send_when_durable(conn_id, msg, threshold)
         else:
             self.journal.append(records.encode(records.LeasedRec(name, positions, [d.delivery_count for d in deliveries])))
+            if self._barrier_until.get(name, 0) > self.journal.durable_end:
+                # a barrier of this queue is still waiting for its fsync: do not overtake it
+                for conn_id, msg in out:
+                    self._send_when_durable(conn_id, msg)
+                return
             for conn_id, msg in out:
                 self._send(conn_id, msg)
-        del wall
+
+    def _queue_message(self, name: str, d, consumer, at_most_once: bool) -> tuple[int, m.Message]:
+        conn_id, sub_id = consumer.key
+        entry = self.cache.get(d.position)
+        msg = m.Message(
+            topic=name,
+            data=entry.data,
+            sub_id=sub_id,
+            bookmark=format_bookmark(entry.publisher, entry.seq, d.position),
+            seq=entry.seq,
+            timestamp=entry.timestamp,
+            lease_deadline=None if at_most_once or d.barrier else d.lease_deadline,
+            correlation_id=entry.correlation_id,
+            queue=None if d.barrier else name,  # a barrier needs no acknowledgement
+            barrier=d.barrier,
+        )
+        return conn_id, msg
+
+    def _deliver_with_barriers(self, queue, deliveries) -> None:
+        """A batch holding barrier messages: each barrier goes to all its recipients once
+        its record is durable, and nothing after it may overtake it, so every message of
+        the batch is journaled in order and sent once durable (spec 000, "Synchronizing
+        Work with Barrier Messages")."""
+        name = queue.config.name
+        at_most_once = queue.config.semantics is Semantics.AT_MOST_ONCE
+        for d in deliveries:
+            if d.barrier:
+                self.journal.append(records.encode(records.BarrierRec(name, [d.position])))
+                sends = [self._queue_message(name, d, c, at_most_once) for c in d.recipients]
+            elif at_most_once:
+                self.journal.append(records.encode(records.DeliveredRec(name, [d.position])))
+                sends = [self._queue_message(name, d, d.consumer, at_most_once)]
+            else:
+                self.journal.append(records.encode(records.LeasedRec(name, [d.position], [d.delivery_count])))
+                sends = [self._queue_message(name, d, d.consumer, at_most_once)]
+            threshold = self.journal.end
+            for conn_id, msg in sends:
+                self._send_when_durable(conn_id, msg, threshold)
+        self._barrier_until[name] = self.journal.end
 
     def _journal_queue_events(self, queue, events) -> None:
         """Turn the queue's events into journal records (batched by kind)."""
@@ -896,12 +991,15 @@ class Engine:
                 if queue is None:
                     continue  # a queue no longer configured
                 self._replay_queue_record(queue, rec, now, points[rec.queue])
+                if queue.config.target_queue_depth is not None:
+                    self._refill(queue, upto=pos)
             if progress is not None and count % 10000 == 0:
                 progress(count)
         self.applied_end = self.journal.durable_end
         for queue in self.queues.values():
             # Messages already at MaxCancels / MaxDeliveries expire now, journaled.
             self._journal_queue_events(queue, queue.end_replay(now))
+            self._refill(queue)
             self._dirty_queues.add(queue)
         return count
 
@@ -913,12 +1011,11 @@ class Engine:
             since = times.get(name)
             if since is not None and rec.timestamp < since:
                 continue
-            qfilter = self._queue_filters.get(name)
-            if qfilter is not None:
-                entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
-                if not qfilter.matches(entry.decoded(), self._meta(entry, None)):
-                    continue
-            queue.enqueue(pos, rec.timestamp)
+            if name in self._plain_queues:
+                queue.enqueue(pos, rec.timestamp)  # no filter, priority or barrier: skip the Entry
+                continue
+            entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
+            self._offer(queue, pos, entry)
 
     def _replay_queue_record(self, queue, rec, now: float, point: int = 0) -> None:
         if point:
@@ -943,6 +1040,9 @@ class Engine:
             case records.ReturnedRec():
                 for position in rec.positions:
                     queue.replay_returned(position)
+            case records.BarrierRec():
+                for position in rec.positions:
+                    queue.replay_barrier_delivered(position)
 
     # --- statistics ----------------------------------------------------------------------
 

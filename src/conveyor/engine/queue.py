@@ -35,7 +35,27 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
 6. Backlog (Subscription Backlog; Replacing Queue Subscriptions): delivery needs
    ``outstanding < max_backlog``; a replace keeps leases and outstanding, so a consumer
    may sit above a lowered maximum until its acks bring it back under.
-7. Recovery (Startup and Recovery): the engine replays the journaled events, in order
+7. Priority ("Priority Queues"; Message Flow, step 3): with ``Priority`` a consumer
+   gets "the highest priority value for messages in the queue and ... the oldest message
+   at that priority" it matches. The engine computes the value once, at enqueue
+   (``enqueue(..., priority=)``); the order is kept by
+   :class:`conveyor.engine.queue_priority.PriorityIndex` over order keys that compare
+   as plain ints, so the dispatch loop is the FIFO one.
+8. Barrier messages ("Synchronizing Work with Barrier Messages"; Message Flow, step 4):
+   a message the engine marks ``barrier=True`` is held "until all previous messages in
+   the queue are acknowledged" (none before it available, leased, or delivered
+   at-most-once and not yet acknowledged), and nothing after it is delivered until it
+   is. Then it goes at once to every current (attached) consumer whose filter matches,
+   whatever its backlog (``max_backlog=0`` included), counts in no backlog and leaves
+   the queue without an ack: one :class:`Delivery` with ``barrier=True`` listing its
+   ``recipients``, journaled as :class:`BarrierDelivered`. It needs at least one
+   consumer (with none it waits). Until then it is an ordinary queued message: in the
+   view (in its place in delivery order), acknowledgeable, subject to Expiration; if it
+   leaves that way, the messages after it are released. With Priority, the barriers cut
+   the queue into epochs: only the first epoch is deliverable, in priority order.
+9. TargetQueueDepth: the active window, deferred acks and the engine's refill:
+   :mod:`conveyor.engine.queue_window`.
+10. Recovery (Startup and Recovery): the engine replays the journaled events, in order
    and interleaved with the enqueues, through :meth:`replay`. No lease survives a
    restart, so a replayed lease has already ended (LEASE then RETURN): the message is
    available again with its delivery and cancel counts, and :meth:`end_replay` expires
@@ -49,17 +69,21 @@ otherwise; each delivery of :meth:`dispatch` O(C log n) plus filter evaluations,
 are amortized: a filtered consumer keeps a cursor (every available message before it
 was evaluated) and a small heap of matches behind the cursor, so each message is
 evaluated at most once per consumer and filter, plus once per consumer each time it
-returns to the queue. :meth:`expire` O(k log L) for k expiries. Memory: 16 bytes per
-available message (:mod:`conveyor.engine.queue_store`); per-message Python objects only
-for leased, returned or awaiting-ack messages, which the backlogs bound.
+returns to the queue (in a priority queue, also when it is enqueued before the cursor in
+priority order). :meth:`expire` O(k log L) for k expiries. Memory: 16 bytes per
+available message (:mod:`conveyor.engine.queue_store`), 16 more in a priority queue
+(:mod:`conveyor.engine.queue_priority`), none for an inactive one; per-message Python
+objects only for leased, returned or awaiting-ack messages, which the backlogs bound.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from heapq import heapify, heappop, heappush
 from typing import Callable, Hashable, Iterable, Iterator
 
+from conveyor import expr
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine.queue_consumer import Consumer, choose, effective_backlog
 from conveyor.engine.queue_events import (
@@ -67,6 +91,7 @@ from conveyor.engine.queue_events import (
     Acknowledged,
     AckOption,
     AckResult,
+    BarrierDelivered,
     Cancelled,
     DeliveredAtMostOnce,
     Delivery,
@@ -89,14 +114,23 @@ from conveyor.engine.queue_state import (
     Verb,
     advance,
 )
+from conveyor.engine.queue_priority import (
+    KEY_END,
+    POSITION_MASK,
+    PriorityIndex,
+    order_key,
+    priority_of_key,
+)
 from conveyor.engine.queue_recovery import QueueRecovery
 from conveyor.engine.queue_store import MessageStore
+from conveyor.engine.queue_window import QueueWindow
 from conveyor.errors import ConfigError, DuplicateSubscription, InvalidOption, UnknownSubscription
 
 __all__ = [
     "AckOption",
     "AckResult",
     "Acknowledged",
+    "BarrierDelivered",
     "Cancelled",
     "Consumer",
     "DeliveredAtMostOnce",
@@ -155,12 +189,13 @@ class _Seat:
 
 
 class _Lease:
-    __slots__ = ("seat", "deadline", "published_at")
+    __slots__ = ("seat", "deadline", "published_at", "key")
 
-    def __init__(self, seat: _Seat, deadline: float, published_at: float) -> None:
+    def __init__(self, seat: _Seat, deadline: float, published_at: float, key: int) -> None:
         self.seat = seat
         self.deadline = deadline
         self.published_at = published_at
+        self.key = key  # order key: the position, or (priority queue) rank and position
 
 
 class _Tally:
@@ -170,7 +205,7 @@ class _Tally:
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(
-            ("acknowledged", "cancelled", "expired", "released", "ignored"), 0
+            ("acknowledged", "cancelled", "expired", "released", "ignored", "deferred"), 0
         )
         self.events: list[Event] = []
         self.freed: dict[Hashable, None] = {}  # an ordered set
@@ -197,13 +232,21 @@ def check_config(config: QueueConfig) -> None:
             f"FairnessModel {config.fairness.value} is not allowed for at-most-once",
             "at-most-once queues support only round-robin (spec 000, Delivery Fairness)",
         )
-    for name, value in (
-        ("Priority", config.priority),
-        ("BarrierExpression", config.barrier_expression),
-        ("TargetQueueDepth", config.target_queue_depth),
-    ):
-        if value is not None:
-            raise bad(f"{name} is not supported yet", f"remove <{name}>")
+    for name, text in (("Priority", config.priority), ("BarrierExpression", config.barrier_expression)):
+        if text is None:
+            continue
+        if config.target_queue_depth is not None:
+            raise bad(
+                f"TargetQueueDepth cannot be combined with {name}",
+                f"remove <TargetQueueDepth> or <{name}> (spec 000, Limiting Currently "
+                "Deliverable Messages)",
+            )
+        try:
+            expr.compile(text)
+        except expr.ExpressionError as exc:
+            raise bad(f"invalid {name}: {exc}", f"<{name}> takes an expression") from None
+    if config.target_queue_depth is not None and config.target_queue_depth < 1:
+        raise bad(f"TargetQueueDepth must be >= 1, not {config.target_queue_depth}")
     if config.lease_period_s < 0 or math.isnan(config.lease_period_s):
         raise bad(f"LeasePeriod must be >= 0, not {config.lease_period_s}")
     if config.expiration_s is not None and not config.expiration_s >= 0:
@@ -213,7 +256,7 @@ def check_config(config: QueueConfig) -> None:
             raise bad(f"{name} must be >= 1, not {value}")
 
 
-class Queue(QueueRecovery):
+class Queue(QueueRecovery, QueueWindow):
     """One queue (spec 000). See the module header for the rules it keeps."""
 
     def __init__(
@@ -232,8 +275,17 @@ class Queue(QueueRecovery):
         self._expiration = config.expiration_s
         self._max_cancels = config.max_cancels
         self._max_deliveries = config.max_deliveries
+        self._priority = config.priority is not None
+        self._barrier_on = config.barrier_expression is not None
+        self._target = config.target_queue_depth
 
         self._store = MessageStore()  # available messages
+        # Priority: the delivery order of each epoch (the messages between two pending
+        # barriers); only the first is deliverable. FIFO queues deliver in store order.
+        self._epochs: list[PriorityIndex] = (
+            [PriorityIndex(self._store.__contains__)] if self._priority else []
+        )
+        self._barriers: list[int] = []  # pending barrier positions, ascending
         self._leases: dict[int, _Lease] = {}
         self._deadlines: list[tuple[float, int]] = []  # heap of lease deadlines (some stale)
         self._deliveries: dict[int, int] = {}  # delivered at least once, still in the queue
@@ -250,6 +302,12 @@ class Queue(QueueRecovery):
         self._start = start
         self._last_position = start - 1
         self._last_time = -math.inf
+        # TargetQueueDepth (queue_window): inactive messages are only counted.
+        self._inactive = 0
+        self._offered = start - 1  # last position that entered the active part (or offered)
+        self._refill_from: int | None = None
+        self._deferred: set[int] = set()  # deferred acks (positions in the inactive part)
+        self._deferred_heap: list[int] = []
         self._n = dict.fromkeys(
             (
                 "enqueued",
@@ -260,6 +318,7 @@ class Queue(QueueRecovery):
                 "returned",
                 "cancelled",
                 "filter_errors",
+                "barriers_delivered",
             ),
             0,
         )
@@ -281,8 +340,22 @@ class Queue(QueueRecovery):
 
     # --- messages in ----------------------------------------------------------------------
 
-    def enqueue(self, position: int, published_at: float) -> None:
+    def enqueue(
+        self,
+        position: int,
+        published_at: float,
+        priority: int | None = None,
+        barrier: bool = False,
+    ) -> bool:
         """A message recorded on an underlying topic (queue filter already applied).
+
+        ``priority``: for a queue with ``Priority``, the value of the expression for this
+        message (``Expression.priority``: 0 .. 2**64 - 1, or -1 for NULL / non-numeric,
+        the lowest); required there (except for a barrier), refused elsewhere.
+        ``barrier``: the message matches the queue's ``BarrierExpression``.
+
+        Returns False when the message is inactive (TargetQueueDepth, rule 9): the queue
+        only counted it, and the engine need not keep it in memory.
 
         Publish times are clamped to never decrease along positions, so the oldest
         message is always the first one (a clock that steps back cannot reorder expiry).
@@ -294,13 +367,46 @@ class Queue(QueueRecovery):
             )
         if published_at != published_at:
             raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
+        if barrier and not self._barrier_on:
+            raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
+        key = position
+        if self._priority:
+            if barrier:
+                pass  # a barrier is not in the priority order
+            elif priority is None:
+                raise QueueStateError(
+                    f"queue {self.name!r} has a Priority: enqueue needs the message's priority",
+                    position=position,
+                )
+            else:
+                try:
+                    key = order_key(priority, position)
+                except ValueError as exc:
+                    raise QueueStateError(f"queue {self.name!r}: {exc}", position=position) from None
+        elif priority is not None:
+            raise QueueStateError(f"queue {self.name!r} has no Priority")
+        self._n["enqueued"] += 1
+        if self._target is not None and (
+            self._inactive or len(self._store) + len(self._leases) >= self._target
+        ):
+            self._hold(position)
+            return False
         advance(self._table, self._semantics, position, MessageState.ABSENT, Verb.ENQUEUE)
         if published_at < self._last_time:
             published_at = self._last_time
         self._last_position = position
+        self._offered = position
         self._last_time = published_at
         self._store.append(position, published_at)
-        self._n["enqueued"] += 1
+        if barrier:
+            self._barriers.append(position)
+            if self._priority:
+                self._epochs.append(PriorityIndex(self._store.__contains__))
+        elif self._priority:
+            self._epochs[-1].add(key)
+            if len(self._epochs) == 1:
+                self._came_back(key)  # it may sort before a filtered consumer's cursor
+        return True
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -378,9 +484,24 @@ class Queue(QueueRecovery):
         self._settle(now)
         out: list[Delivery] = []
         seats, consumers, store = self._seats, self._consumers, self._store
+        barriers, priority = self._barriers, self._priority
         budget = -1 if max_deliveries is None else max_deliveries
         while budget != 0 and store and seats:
-            head = store.head()
+            gate = None
+            if barriers:
+                b = barriers[0]
+                if store.head() == b and not self._leases and not self._consumed:
+                    out.append(self._release_barrier(b))
+                    budget -= 1
+                    continue
+                if not priority:
+                    gate = b  # FIFO: nothing at or after the first barrier goes
+            if priority:
+                head = self._epochs[0].head()  # the first epoch: before every barrier
+            else:
+                head = store.head()
+                if gate is not None and head >= gate:
+                    head = None
             best = None
             eligible: list[int] = []
             for i, seat in enumerate(seats):
@@ -388,7 +509,7 @@ class Queue(QueueRecovery):
                 if c.outstanding >= c.max_backlog:
                     continue
                 nxt = head if c.filter is None else self._next_for(seat)
-                if nxt is None:
+                if nxt is None or (gate is not None and nxt >= gate):
                     continue
                 if best is None or nxt < best:
                     best, eligible = nxt, [i]
@@ -403,37 +524,46 @@ class Queue(QueueRecovery):
         return out
 
     def _next_for(self, seat: _Seat) -> int | None:
-        """The oldest available message a filtered consumer matches."""
+        """The first available message in delivery order (order key) that a filtered
+        consumer matches."""
         flt = seat.consumer.filter
         if flt is not seat.filter_seen:
             seat.reset_cursor()
         store, candidates = self._store, seat.candidates
+        mask = POSITION_MASK if self._priority else -1
         while candidates:
-            p = candidates[0]
-            if p in store:
-                return p
+            k = candidates[0]
+            if k & mask in store:
+                return k
             heappop(candidates)
         found = None
-        for p in store.scan(seat.cursor):
-            if self._matches(flt, p):
-                found = p
+        order = self._epochs[0] if self._priority else store
+        for k in order.scan(seat.cursor):
+            if self._matches(flt, k & mask):
+                found = k
                 break
         if found is None:
-            seat.cursor = self._last_position + 1
+            # Past every active message (inactive ones enter behind it, in order).
+            seat.cursor = KEY_END if self._priority else self._offered + 1
             return None
         seat.cursor = found + 1
         heappush(candidates, found)
         return found
 
-    def _deliver(self, seat: _Seat, p: int, now: float) -> Delivery:
+    def _deliver(self, seat: _Seat, key: int, now: float) -> Delivery:
         c = seat.consumer
+        if self._priority:
+            p = key & POSITION_MASK
+            self._epochs[0].remove(key)
+        else:
+            p = key
         if self._at_least_once:
             advance(self._table, self._semantics, p, _AVAILABLE, Verb.LEASE)
             t = self._store.discard(p)
             n = self._deliveries.get(p, 0) + 1
             self._deliveries[p] = n
             deadline: float | None = now + self._lease_period
-            self._leases[p] = _Lease(seat, deadline, t)
+            self._leases[p] = _Lease(seat, deadline, t, key)
             heappush(self._deadlines, (deadline, p))
         else:
             advance(self._table, self._semantics, p, _AVAILABLE, Verb.DELIVER)
@@ -444,6 +574,19 @@ class Queue(QueueRecovery):
         c.outstanding += 1
         self._n["delivered"] += 1
         return Delivery(c, p, deadline, n)
+
+    def _release_barrier(self, b: int) -> Delivery:
+        """Everything before barrier ``b`` is acknowledged: it goes to every current
+        consumer whose filter matches, backlog or not, and leaves the queue (rule 8)."""
+        advance(self._table, self._semantics, b, _AVAILABLE, Verb.DELIVER_BARRIER)
+        recipients = tuple(
+            seat.consumer
+            for seat in self._seats
+            if seat.consumer.filter is None or self._matches(seat.consumer.filter, b)
+        )
+        self._unstore(b)
+        self._n["barriers_delivered"] += 1
+        return Delivery(None, b, None, 0, barrier=True, recipients=recipients)
 
     # --- acknowledgement ---------------------------------------------------------------------
 
@@ -523,7 +666,7 @@ class Queue(QueueRecovery):
         if p in self._store:
             if option is AckOption.NONE or not self._at_least_once:
                 advance(self._table, self._semantics, p, _AVAILABLE, Verb.ACKNOWLEDGE)
-                self._store.discard(p)
+                self._unstore(p)
                 self._forget(p)
                 tally.events.append(Acknowledged(p))
                 counts["acknowledged"] += 1
@@ -532,9 +675,20 @@ class Queue(QueueRecovery):
                 counts["ignored"] += 1  # not leased: nothing to return
             else:
                 advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-                self._store.discard(p)
+                self._unstore(p)
                 self._expire_gone(p, _FORCED, tally.events)
                 counts["expired"] += 1
+            return
+        if (
+            self._inactive
+            and self._is_inactive(p)
+            and (option is AckOption.NONE or not self._at_least_once)
+            and self._defer_ack(p)
+        ):
+            # TargetQueueDepth: held until the message would become active (rule 9).
+            tally.events.append(Acknowledged(p))
+            counts["deferred"] += 1
+            self._n["acknowledged"] += 1
             return
         counts["ignored"] += 1
 
@@ -562,7 +716,7 @@ class Queue(QueueRecovery):
                     break
                 p = store.head()
                 advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-                store.discard(p)
+                self._unstore(p)
                 self._expire_gone(p, (_TIME_LIMIT,), events)
         return events
 
@@ -587,27 +741,49 @@ class Queue(QueueRecovery):
 
     def available(self) -> Iterator[int]:
         """The queue as a view (spec 000, "Querying Queues as a View"): available positions
-        in delivery order, leased ones excluded. Read-only; do not change the queue while
-        iterating."""
-        for p, _ in self._store.items():
-            yield p
+        in delivery order (priority order within each barrier epoch, each pending barrier
+        after the messages before it), leased and inactive ones excluded. Read-only; do
+        not change the queue while iterating (RuntimeError)."""
+        if not self._priority:
+            for p, _ in self._store.items():
+                yield p
+            return
+        store = self._store
+        version = store.version
+        barriers = self._barriers
+        for e, index in enumerate(self._epochs):
+            for k in index:
+                yield k & POSITION_MASK
+                if store.version != version:
+                    raise RuntimeError("queue changed during iteration")
+            if e < len(barriers):
+                yield barriers[e]
+                if store.version != version:
+                    raise RuntimeError("queue changed during iteration")
 
     def state_of(self, position: int) -> MessageState:
-        """ABSENT for messages never enqueued, before the recovery point, or done."""
+        """ABSENT for messages never enqueued, before the recovery point, or done.
+        INACTIVE for a position in the inactive part of a TargetQueueDepth queue (the
+        queue cannot tell whether one of its messages is there)."""
         if position in self._leases:
             return _LEASED
         if position in self._consumed:
             return MessageState.CONSUMED
         if position in self._store:
             return _AVAILABLE
+        if self._inactive and self._is_inactive(position) and position not in self._deferred:
+            return MessageState.INACTIVE
         return MessageState.ABSENT
 
     def recovery_point(self) -> int:
         """The highest P such that every message of this queue below P is done
-        (acknowledged, expired or delivered at-most-once): stored in ``queues.ack``."""
+        (acknowledged, expired or delivered at-most-once): stored in ``queues.ack``.
+        Never past :meth:`refill_from` while messages are inactive."""
         low = [p for p in (self._store.head(),) if p is not None]
         if self._leases:
             low.append(min(self._leases))
+        if self._inactive:
+            low.append(self._refill_from)
         if low:
             return min(low)
         return max(self._start, self._last_position + 1)
@@ -634,17 +810,25 @@ class Queue(QueueRecovery):
                 None if now is None or lease_start is None else max(0.0, now - lease_start)
             ),
             seconds_behind=None if now is None or not oldest else max(0.0, now - min(oldest)),
+            inactive_message_count=self._inactive,
+            deferred_ack_count=len(self._deferred),
+            barriers_pending=len(self._barriers),
             **self._n,
         )
 
     def details(self) -> QueueDetails:
         """Every tracked message and consumer; O(queue), for the admin ``details``."""
         rows = []
+        priorities: dict[int, int] = {}
+        for index in self._epochs:
+            for k in index:
+                priorities[k & POSITION_MASK] = priority_of_key(k)
+        barriers = set(self._barriers)
         for p, t in self._store.items():
             rows.append(
                 MessageDetail(
                     p, "available", t, self._deliveries.get(p, 0), self._cancels.get(p, 0),
-                    None, None,
+                    None, None, priorities.get(p), p in barriers,
                 )
             )
         for p, lease in self._leases.items():
@@ -654,6 +838,7 @@ class Queue(QueueRecovery):
                     self._cancels.get(p, 0),
                     lease.seat.consumer.key,
                     lease.deadline,
+                    priority_of_key(lease.key) if self._priority else None,
                 )
             )
         rows.sort(key=lambda r: r.position)
@@ -743,24 +928,63 @@ class Queue(QueueRecovery):
             self._expire_gone(p, reasons, events)
             return True
         self._store.restore(p, lease.published_at)
-        self._came_back(p)
+        if self._priority:
+            self._epochs[0].add(lease.key)  # a leased message was in the first epoch
+        self._came_back(lease.key)
         return False
 
-    def _came_back(self, p: int) -> None:
-        """A message returned behind some filtered cursors: offer it to those consumers."""
+    def _came_back(self, key: int) -> None:
+        """A message (order ``key``) is available again, or new in a priority queue,
+        behind some filtered cursors: offer it to those consumers."""
+        p = key & POSITION_MASK if self._priority else key
         for seat in self._seats:
             flt = seat.consumer.filter
-            if flt is None or flt is not seat.filter_seen or p >= seat.cursor:
+            if flt is None or flt is not seat.filter_seen or key >= seat.cursor:
                 continue
             if self._matches(flt, p):
-                heappush(seat.candidates, p)
+                heappush(seat.candidates, key)
                 if len(seat.candidates) > seat.prune_at:
                     self._prune(seat)
 
     def _prune(self, seat: _Seat) -> None:
         store = self._store
-        seat.candidates = sorted({p for p in seat.candidates if p in store})  # a valid heap
+        mask = POSITION_MASK if self._priority else -1
+        seat.candidates = sorted({k for k in seat.candidates if k & mask in store})  # a heap
         seat.prune_at = 2 * len(seat.candidates) + _CANDIDATES_SLACK_MIN
+
+    def _unstore(self, p: int) -> float | None:
+        """An available message leaves the queue other than by a delivery (ack, expiry,
+        barrier release, replayed removal): the store, and the delivery order."""
+        t = self._store.discard(p)
+        barriers = self._barriers
+        if barriers and p >= barriers[0]:
+            i = bisect_left(barriers, p)
+            if i < len(barriers) and barriers[i] == p:
+                self._drop_barrier(i)
+                return t
+        if self._priority:
+            self._epochs[bisect_left(barriers, p)].forget()  # lazily (queue_priority rule 4)
+        return t
+
+    def _drop_barrier(self, i: int) -> None:
+        """Pending barrier ``i`` is gone: the epochs on either side of it are one."""
+        del self._barriers[i]
+        if not self._priority:
+            return  # FIFO: the gate is the first barrier, the cursors stay valid
+        epochs = self._epochs
+        left, right = epochs[i], epochs[i + 1]
+        if not left:
+            del epochs[i]
+        elif right:
+            left.merge(right)
+            del epochs[i + 1]
+        else:
+            del epochs[i + 1]
+            return
+        if i == 0:
+            # The first epoch has new messages, possibly before the filtered cursors.
+            for seat in self._seat_of.values():
+                seat.reset_cursor()
 
     def _matches(self, flt: Callable[[object], bool], p: int) -> bool:
         # A filter (or load) that raises is "no match", counted in filter_errors: one bad

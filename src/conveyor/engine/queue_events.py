@@ -90,7 +90,17 @@ class Expired(msgspec.Struct, frozen=True, tag=True):
     reasons: tuple[str, ...]
 
 
-Event = Union[Leased, DeliveredAtMostOnce, Acknowledged, Cancelled, LeaseExpired, Returned, Expired]
+class BarrierDelivered(msgspec.Struct, frozen=True, tag=True):
+    """A barrier message went to every current subscriber and left the queue, needing no
+    acknowledgement (spec 000, "Synchronizing Work with Barrier Messages")."""
+
+    position: int
+
+
+Event = Union[
+    Leased, DeliveredAtMostOnce, Acknowledged, Cancelled, LeaseExpired, Returned, Expired,
+    BarrierDelivered,
+]
 
 
 # --- results --------------------------------------------------------------------------
@@ -100,15 +110,25 @@ class Delivery(msgspec.Struct, frozen=True):
     """Send message ``position`` to ``consumer`` (a :class:`Consumer`).
 
     ``lease_deadline`` is None for at-most-once. The engine journals :attr:`event`.
+
+    A barrier message (``barrier=True``) is ONE Delivery for all its recipients:
+    ``consumer`` is None, ``recipients`` lists every current consumer whose filter
+    matches it (in subscription order; possibly none), ``lease_deadline`` is None and
+    ``delivery_count`` 0. Its event is :class:`BarrierDelivered`; it needs no ack and
+    counts in no backlog.
     """
 
     consumer: Any
     position: int
     lease_deadline: float | None
     delivery_count: int
+    barrier: bool = False
+    recipients: tuple[Any, ...] = ()
 
     @property
-    def event(self) -> Leased | DeliveredAtMostOnce:
+    def event(self) -> Leased | DeliveredAtMostOnce | BarrierDelivered:
+        if self.barrier:
+            return BarrierDelivered(self.position)
         if self.lease_deadline is None:
             return DeliveredAtMostOnce(self.position)
         return Leased(self.position, self.consumer.key, self.delivery_count)
@@ -126,11 +146,14 @@ class AckResult(msgspec.Struct, frozen=True):
     events: tuple[Event, ...] = ()  # to journal, in order
     freed: tuple[Hashable, ...] = ()  # consumer keys with backlog freed: dispatch for them
     refused_positions: tuple[int, ...] = ()
+    # TargetQueueDepth: acknowledgements of inactive messages, held until the message
+    # would become active (it then never does). Each is journaled as Acknowledged.
+    deferred: int = 0
 
     @property
     def deleted(self) -> int:
         """Messages this ack took off the consumer's hands: ``records_deleted``."""
-        return self.acknowledged + self.expired + self.released
+        return self.acknowledged + self.expired + self.released + self.deferred
 
     def error(self) -> NotLeaseHolder | None:
         """The error to report for refused messages, if any."""
@@ -169,6 +192,12 @@ class QueueStats:
     filter_errors: int  # filter or load calls that raised (treated as "no match")
     age_of_oldest_lease: float | None  # seconds
     seconds_behind: float | None  # age of the oldest unacknowledged message, seconds
+    # TargetQueueDepth (reference.md D.1): messages beyond the active window, and
+    # acknowledgements held for them. queue_depth counts active messages only.
+    inactive_message_count: int = 0
+    deferred_ack_count: int = 0
+    barriers_delivered: int = 0  # cumulative
+    barriers_pending: int = 0  # barrier messages still in the queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +209,8 @@ class MessageDetail:
     cancels: int
     holder: Hashable | None  # consumer key of the lease holder (None: pre-restart lease)
     lease_deadline: float | None
+    priority: int | None = None  # priority queues: the value computed at enqueue (-1: NaN)
+    barrier: bool = False
 
 
 @dataclass(frozen=True, slots=True)

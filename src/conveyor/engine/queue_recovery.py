@@ -18,6 +18,15 @@ its own: the live calls decide, replay only re-applies what was decided. Rules:
 4. :meth:`end_replay` applies the lease-end limits to the leases the restart broke
    (rule 2 of the queue): a message at MaxCancels / MaxDeliveries expires. If the engine
    does not call it, the first live call does, and :meth:`expire` hands out the events.
+5. Priority and barriers: the engine enqueues again with the same ``priority`` and
+   ``barrier`` (it evaluates the expressions again; they are pure). A replayed
+   ``BarrierDelivered`` removes the barrier for good (it is never sent again); a barrier
+   without one is held again and goes out when its rule holds after the restart (a
+   barrier delivered but not journaled before a crash is delivered again).
+6. TargetQueueDepth (:mod:`conveyor.engine.queue_window`, rule 6): the engine refills
+   during the replay as live; a replayed acknowledgement or expiry of an inactive
+   position is a deferred ack again; any other event for an inactive position raises
+   :class:`QueueStateError`.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.engine.queue_events import (
     Acknowledged,
+    BarrierDelivered,
     Cancelled,
     DeliveredAtMostOnce,
     Event,
@@ -62,6 +72,8 @@ class QueueRecovery:
                 self.replay_returned(p)
             case Expired(position=p):
                 self.replay_expired(p)
+            case BarrierDelivered(position=p):
+                self.replay_barrier_delivered(p)
             case _:
                 raise TypeError(f"not a queue event: {event!r}")
 
@@ -80,7 +92,7 @@ class QueueRecovery:
             )
         else:
             advance(self._table, self._semantics, position, state, Verb.DELIVER)
-            self._store.discard(position)
+            self._unstore(position)
             self._forget(position)
 
     def replay_acknowledged(self: Queue, position: int) -> None:
@@ -88,6 +100,10 @@ class QueueRecovery:
 
     def replay_expired(self: Queue, position: int) -> None:
         self._replay_removal(position, Verb.EXPIRE)
+
+    def replay_barrier_delivered(self: Queue, position: int) -> None:
+        """BarrierDelivered: the barrier left the queue for good (rule 5)."""
+        self._replay_removal(position, Verb.DELIVER_BARRIER)
 
     def replay_cancelled(self: Queue, position: int, *, cancels: int | None = None) -> None:
         """The lease it cancelled has already ended (see replay_delivered): only the cancel
@@ -102,18 +118,28 @@ class QueueRecovery:
         The engine may skip these records."""
         self._replay_state(position)
 
-    def _replay_state(self: Queue, position: int) -> MessageState:
+    def _replay_state(self: Queue, position: int, *, removal: bool = False) -> MessageState:
         if self._seat_of:
             raise QueueStateError(f"queue {self.name!r}: replay into a queue with consumers")
         self._replayed = True
-        return self.state_of(position)  # ABSENT or AVAILABLE: nothing is leased in replay
+        state = self.state_of(position)  # ABSENT, AVAILABLE or INACTIVE in replay
+        if state is MessageState.INACTIVE and not removal:
+            raise QueueStateError(
+                f"queue {self.name!r}: a replayed delivery, cancel or return of {position}, "
+                "which is inactive: refill the window during the replay (wants())",
+                position=position,
+            )
+        return state
 
     def _replay_removal(self: Queue, position: int, verb: Verb) -> None:
-        state = self._replay_state(position)
+        state = self._replay_state(position, removal=True)
         if state is MessageState.ABSENT:
             return
+        if state is MessageState.INACTIVE:
+            self._defer_ack(position)  # TargetQueueDepth: a deferred ack again (rule 6)
+            return
         advance(self._table, self._semantics, position, state, verb)
-        self._store.discard(position)
+        self._unstore(position)
         self._forget(position)
 
     def end_replay(self: Queue, now: float) -> list[Event]:
@@ -139,5 +165,5 @@ class QueueRecovery:
             reasons = self._limit_reasons(p, t, now)
             if reasons and reasons != (_TIME_LIMIT,):
                 advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-                self._store.discard(p)
+                self._unstore(p)
                 self._expire_gone(p, reasons, self._pending)

@@ -9,18 +9,30 @@ exactly as it was (STYLE item 3).
 Rule 2: each verb is one journal event (:mod:`conveyor.engine.queue_events`), so
 replaying the journal replays the same transitions through the same table:
 
-=============  ===================  =======================  ==========================
-verb           from                 to                       event
-=============  ===================  =======================  ==========================
-ENQUEUE        ABSENT               AVAILABLE                (the publish itself)
-LEASE          AVAILABLE            LEASED                   Leased (at-least-once)
-DELIVER        AVAILABLE            CONSUMED                 DeliveredAtMostOnce
-ACKNOWLEDGE    AVAILABLE, LEASED    ACKNOWLEDGED             Acknowledged
-CANCEL         LEASED               AVAILABLE                Cancelled
-LEASE_EXPIRE   LEASED               AVAILABLE                LeaseExpired
-RETURN         LEASED               AVAILABLE                Returned (lease broken)
-EXPIRE         AVAILABLE, LEASED    EXPIRED                  Expired
-=============  ===================  =======================  ==========================
+===============  ===================  =======================  ==========================
+verb             from                 to                       event
+===============  ===================  =======================  ==========================
+ENQUEUE          ABSENT               AVAILABLE                (the publish itself)
+LEASE            AVAILABLE            LEASED                   Leased (at-least-once)
+DELIVER          AVAILABLE            CONSUMED                 DeliveredAtMostOnce
+ACKNOWLEDGE      AVAILABLE, LEASED    ACKNOWLEDGED             Acknowledged
+CANCEL           LEASED               AVAILABLE                Cancelled
+LEASE_EXPIRE     LEASED               AVAILABLE                LeaseExpired
+RETURN           LEASED               AVAILABLE                Returned (lease broken)
+EXPIRE           AVAILABLE, LEASED    EXPIRED                  Expired
+DELIVER_BARRIER  AVAILABLE            ACKNOWLEDGED             BarrierDelivered
+HOLD             ABSENT               INACTIVE                 (the publish itself)
+ACTIVATE         INACTIVE             AVAILABLE                (none: re-read from the log)
+ACKNOWLEDGE      INACTIVE             ACKNOWLEDGED             Acknowledged (deferred)
+===============  ===================  =======================  ==========================
+
+DELIVER_BARRIER: a barrier message goes to every current subscriber and "AMPS
+immediately removes the message from the queue, without requiring acknowledgment"
+("Synchronizing Work with Barrier Messages"): it is acknowledged by the delivery itself.
+HOLD / ACTIVATE: with TargetQueueDepth, a message beyond the target depth is inactive
+("Limiting Currently Deliverable Messages"): the queue keeps no state for it but a count
+and becomes aware of it again when it is read back from the log (ACTIVATE). An
+acknowledgement of an inactive message is deferred: the message never becomes active.
 
 Rule 3: the semantics choose the table. An at-most-once queue has no LEASED state: a
 delivery moves the message straight to CONSUMED (spec 000, "Delivery Semantics": "AMPS
@@ -56,6 +68,7 @@ class MessageState(enum.Enum):
 
     ABSENT = "absent"  # never enqueued, before the recovery point, or done and forgotten
     AVAILABLE = "available"  # in the queue: deliverable, shown by the view
+    INACTIVE = "inactive"  # beyond TargetQueueDepth: only counted, not deliverable
     LEASED = "leased"  # at-least-once: delivered, lease running
     CONSUMED = "consumed"  # at-most-once: delivered and gone (backlog freed by the ack)
     ACKNOWLEDGED = "acknowledged"  # processed: gone
@@ -73,6 +86,9 @@ class Verb(enum.Enum):
     LEASE_EXPIRE = "lease_expire"
     RETURN = "return"  # a broken lease: unsubscribe, disconnect or a restart
     EXPIRE = "expire"
+    DELIVER_BARRIER = "deliver_barrier"  # a barrier message, to every current subscriber
+    HOLD = "hold"  # enqueued beyond TargetQueueDepth: inactive
+    ACTIVATE = "activate"  # read back from the log into the active part of the queue
 
 
 S, V = MessageState, Verb
@@ -81,6 +97,10 @@ _COMMON: dict[tuple[MessageState, Verb], MessageState] = {
     (S.ABSENT, V.ENQUEUE): S.AVAILABLE,
     (S.AVAILABLE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
     (S.AVAILABLE, V.EXPIRE): S.EXPIRED,
+    (S.AVAILABLE, V.DELIVER_BARRIER): S.ACKNOWLEDGED,
+    (S.ABSENT, V.HOLD): S.INACTIVE,
+    (S.INACTIVE, V.ACTIVATE): S.AVAILABLE,
+    (S.INACTIVE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
 }
 
 #: (state, verb) -> next state, per semantics. Anything absent is illegal.

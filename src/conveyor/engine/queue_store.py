@@ -16,9 +16,9 @@ Python object. Rules:
   times never decrease along positions (the queue clamps them), so the head is also the
   next message to reach its Expiration.
 
-The queue delivers in this order (FIFO). A priority order (a later issue) keeps this
-store for bookmark lookups, expiry and the recovery point, and adds a delivery index on
-top; only the ``scan``/``head`` calls of the dispatch loop change.
+A FIFO queue delivers in this order. A priority queue keeps this store for bookmark
+lookups, expiry, the view's membership test and the recovery point, and adds a delivery
+index on top (:mod:`conveyor.engine.queue_priority`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class MessageStore:
 
     def __bool__(self) -> bool:
         return self._live > 0
+
+    @property
+    def version(self) -> int:
+        """Changes on every change of the store (to catch mutation during iteration)."""
+        return self._version
 
     # --- reading ------------------------------------------------------------------------
 

@@ -83,7 +83,15 @@ class ReturnedRec(_Rec, tag=7):
     positions: list[int]
 
 
-Record = Union[PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec]
+class BarrierRec(_Rec, tag=8):
+    """Barrier messages of ``queue`` delivered to every current subscriber (they need no
+    ack); written before they are sent."""
+
+    queue: str
+    positions: list[int]
+
+
+Record = Union[PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)
