@@ -16,6 +16,7 @@ SELF_WRITING = [
     ("bench.bench_queue", ["--write"]),
     ("bench.bench_expr", ["--write", str(BENCHMARKS_MD)]),
     ("bench.bench_queue_priority", ["--write"]),
+    ("bench.bench_client", ["--write"]),
 ]
 CAPTURED = [
     ("bench.bench_journal", "Journal: group commit and scan", []),

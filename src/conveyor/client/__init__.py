@@ -1,7 +1,26 @@
-"""conveyor's client: ``Client`` (blocking) and ``AsyncClient`` (asyncio), one core."""
+"""conveyor's client: ``Client`` (blocking) and ``AsyncClient`` (asyncio), one core.
+
+See docs/client.md. The protocol logic lives in :mod:`.core` (sans-I/O); :mod:`.aio`
+and :mod:`.sync` only move bytes, threads and timers.
+"""
 
 from conveyor.client.aio import AsyncClient, AsyncSubscription
-from conveyor.client.core import Message, PublishStore
+from conveyor.client.core import ClientCore, ClientStatistics, Message
+from conveyor.client.state import ConnectionState, ReconnectPolicy, StateChange
+from conveyor.client.store import FilePublishStore, PublishStore
 from conveyor.client.sync import Client, Subscription
 
-__all__ = ["AsyncClient", "AsyncSubscription", "Client", "Message", "PublishStore", "Subscription"]
+__all__ = [
+    "AsyncClient",
+    "AsyncSubscription",
+    "Client",
+    "ClientCore",
+    "ClientStatistics",
+    "ConnectionState",
+    "FilePublishStore",
+    "Message",
+    "PublishStore",
+    "ReconnectPolicy",
+    "StateChange",
+    "Subscription",
+]

@@ -1,118 +1,104 @@
 """The client's sans-I/O core, shared by :class:`AsyncClient` and :class:`Client`.
 
-It turns calls into commands and server messages into events, and keeps the state a
-reliable client needs: command ids and the acks they wait for, the publish store
-(each message kept until the server reports it persisted, republished after a
-reconnect), subscription routing, and batched acknowledgements. It owns no socket
-and no clock: the faces feed it bytes and ``now``, and send what it returns.
+It turns calls into commands and server messages into events, and keeps everything a
+reliable client needs across connections. It owns no socket, no thread and no clock:
+the faces feed it bytes, tell it when a connection opens or is lost, and send what
+:meth:`ClientCore.take_frames` returns. Rules it keeps:
+
+1. **Publishes are stored before they are sent.** Every publish gets the next
+   sequence number and goes into the publish store; :meth:`take_frames` syncs the store
+   before it returns frames, so a message is in a file store before the server can see
+   it. Persisted acks are conflated (one covers every sequence up to ``seq``) and
+   remove messages from the store; ``duplicate`` acks remove one.
+2. **Logon resumes.** The logon ack carries the highest sequence the server has for
+   this client name: the store drops what is at or below it, numbering continues above
+   it (and above the store's own highest), and then, in this order, the core sends
+   the acknowledgements the server has not confirmed, republishes the store, and
+   resubscribes every subscription (:mod:`.subscription`). Acks go first so that a
+   resubscription is never redelivered what the application already acknowledged.
+3. **Acknowledgements are batched and kept until persisted.** ``ack`` adds a bookmark
+   to a batch per (queue, options); a batch becomes one ``sow_delete`` that asks for a
+   ``persisted`` ack, and stays in ``acks_unconfirmed`` until that ack arrives. A lost
+   connection loses no acknowledgement: unconfirmed batches are sent again after
+   logon (acks are idempotent on the server).
+4. **A lost connection** fails the commands waiting for an answer, drops unsent
+   frames (publishes and acks are kept elsewhere and resent), resets the frame decoder
+   and starts a new *epoch*: messages that arrived on the old connection can be told
+   apart from new ones.
+5. **Offline, publishes and acks accumulate**; nothing else is queued for sending
+   until logon, which the faces only ask for on a fresh connection.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 from typing import Any, Callable
-
-import msgspec
+from urllib.parse import urlparse
 
 from conveyor import errors
+from conveyor.client.message import Message, to_bytes
+from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectPolicy
+from conveyor.client.store import FilePublishStore, PublishStore
+from conveyor.client.subscription import SubState
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import MessageDecoder, encode_frames
 
+__all__ = [
+    "ACK_BATCH_SECONDS_DEFAULT", "ACK_BATCH_SIZE_DEFAULT", "ClientCore", "ClientStatistics", "FilePublishStore",
+    "Message", "PendingAck", "PublishStore", "SubState", "parse_uri", "to_bytes",
+]
+
+log = logging.getLogger("conveyor.client")
+
 ACK_BATCH_SIZE_DEFAULT = 100  # acknowledgements per sow_delete frame
 ACK_BATCH_SECONDS_DEFAULT = 0.05  # longest an acknowledgement waits to be sent
-
-_json_encode = msgspec.json.Encoder().encode
-_json_decode = msgspec.json.Decoder().decode
+URI_SCHEMES = ("tcp", "conveyor", "amps")
 
 
-def to_bytes(data: Any) -> bytes:
-    """Message bodies: bytes as they are, str as UTF-8, anything else as JSON."""
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, (bytearray, memoryview)):
-        return bytes(data)
-    if isinstance(data, str):
-        return data.encode()
-    return _json_encode(data)
-
-
-@dataclass(eq=False)
-class Message:
-    """A message delivered on a subscription or returned by a ``sow``."""
-
-    topic: str
-    data: bytes
-    bookmark: str | None = None
-    sub_id: str | None = None
-    seq: int | None = None
-    timestamp: float | None = None
-    lease_deadline: float | None = None
-    correlation_id: str | None = None
-    queue: str | None = None
-    _acker: Callable[[str, str, str | None], None] | None = field(default=None, repr=False)
-    _acked: bool = field(default=False, repr=False)
-
-    def json(self) -> Any:
-        """The body decoded as JSON."""
-        return _json_decode(self.data)
-
-    @property
-    def is_queue_message(self) -> bool:
-        return self.queue is not None and self.bookmark is not None
-
-    def ack(self, options: str | None = None) -> None:
-        """Acknowledge a queue message (``options``: None, ``"cancel"`` or ``"expire"``).
-
-        A no-op for messages that did not come from a queue, and for a second call.
-        Acknowledgements are batched by the client; ``flush()`` sends them at once.
-        """
-        if self._acked or not self.is_queue_message or self._acker is None:
-            return
-        self._acked = True
-        self._acker(self.queue, self.bookmark, options)
+def parse_uri(uri: str) -> tuple[str, int]:
+    """``tcp://host:port`` (or ``host:port``) -> (host, port); ClientError if malformed."""
+    parsed = urlparse(uri if "://" in uri else f"tcp://{uri}")
+    if parsed.scheme not in URI_SCHEMES:
+        raise errors.ClientError(f"unsupported URI scheme {parsed.scheme!r} (use tcp://host:port)")
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if not parsed.hostname or not port:
+        raise errors.ClientError(f"URI {uri!r} needs a host and a port, e.g. tcp://127.0.0.1:9007")
+    return parsed.hostname, port
 
 
 class PendingAck:
     """A command waiting for its ack; the face attaches a future or an event."""
 
-    __slots__ = ("kind", "result", "error", "done", "waiter", "messages")
+    __slots__ = ("kind", "result", "error", "done", "waiter", "messages", "sub_id")
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, sub_id: str | None = None) -> None:
         self.kind = kind
         self.result: m.Ack | None = None
         self.error: errors.ConveyorError | None = None
         self.done = False
         self.waiter: Any = None
         self.messages: list[Message] = []  # sow results
+        self.sub_id = sub_id  # resubscriptions
 
 
-class PublishStore:
-    """In-memory publish store: messages kept until persisted, in sequence order."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[int, tuple[str, bytes, str | None]] = OrderedDict()
-
-    def add(self, seq: int, topic: str, data: bytes, correlation_id: str | None) -> None:
-        self._entries[seq] = (topic, data, correlation_id)
-
-    def discard_up_to(self, seq: int) -> None:
-        entries = self._entries
-        while entries:
-            first = next(iter(entries))
-            if first > seq:
-                break
-            del entries[first]
-
-    def discard(self, seq: int) -> None:
-        self._entries.pop(seq, None)
-
-    def unpersisted(self) -> list[tuple[int, str, bytes, str | None]]:
-        return [(seq, *rest) for seq, rest in self._entries.items()]
-
-    def __len__(self) -> int:
-        return len(self._entries)
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    state: ConnectionState
+    server: str | None
+    frames_sent: int
+    commands_sent: int
+    ack_batches: int  # sow_delete commands built from acknowledgements
+    unpersisted: int  # publishes in the store
+    acks_batched: int  # waiting for their batch to be sent
+    ack_batches_unconfirmed: int  # sent (or to resend), not yet persisted by the server
+    acks_refused: int  # batches the server refused (Leasing=strict)
+    reconnects: int
+    subscriptions: int
 
 
 class ClientCore:
@@ -122,64 +108,152 @@ class ClientCore:
         client_name: str,
         ack_batch_size: int = ACK_BATCH_SIZE_DEFAULT,
         store: PublishStore | None = None,
+        reconnect: ReconnectPolicy | None = None,
     ) -> None:
+        if ack_batch_size < 1:
+            raise ValueError("ack_batch_size must be at least 1")
         self.client_name = client_name
         self.decoder = MessageDecoder()
         self.store = store if store is not None else PublishStore()
         self.ack_batch_size = ack_batch_size
+        self.reconnect = reconnect if reconnect is not None else ReconnectPolicy()
+        self.machine = ConnectionMachine()
         self._cids = itertools.count(1)
         self.pending: dict[str, PendingAck] = {}
-        self.subscriptions: dict[str, Callable[[Message], None]] = {}
-        self.next_seq = 1
+        self.subscriptions: dict[str, SubState] = {}
+        self.next_seq = self.store.last_seq + 1
         self.persisted_seq = 0
         self.outgoing: list = []  # commands waiting to be framed
         self.acks: dict[tuple[str, str | None], list[str]] = {}  # (queue, options) -> bookmarks
         self.acks_count = 0
+        self._subs_with_acks: set[SubState] = set()
+        self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
+        self.acks_refused = 0
+        self.online = False  # logged on over a live connection
+        self.epoch = 0  # connections lost so far
+        self.servers: list[str] = []
+        self.server_index = 0
+        self.reconnects = 0
         self.on_persisted: Callable[[int], None] | None = None
         self.on_heartbeat: Callable[[], None] | None = None
         self.frames_sent = 0
+        self.commands_sent = 0
+        self.ack_batches = 0
+
+    # --- connection ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> ConnectionState:
+        return self.machine.state
+
+    def set_servers(self, uris: str | list[str] | tuple[str, ...]) -> None:
+        """The servers to connect to, in order of preference (each URI is checked)."""
+        servers = [uris] if isinstance(uris, str) else list(uris)
+        if not servers:
+            raise errors.ClientError("connect() needs at least one server URI")
+        for uri in servers:
+            parse_uri(uri)
+        self.servers = servers
+        self.server_index = 0
+
+    def server_for(self, attempt: int, *, failover: bool) -> tuple[int, str]:
+        """The server for ``attempt`` (0-based): in list order for a first connect; after a
+        loss, starting with the one after the server that was lost (failover)."""
+        n = len(self.servers)
+        index = (self.server_index + attempt + (1 if failover and n > 1 else 0)) % n
+        return index, self.servers[index]
+
+    def connection_opened(self, index: int) -> None:
+        """A fresh transport to ``servers[index]``: a new decoder, nothing stale to send."""
+        self.server_index = index
+        self.decoder = MessageDecoder()
+        self.outgoing = []
+
+    def connection_lost(self, error: errors.ConveyorError) -> list[PendingAck]:
+        """Rule 4. Returns the commands that failed with ``error``."""
+        self.online = False
+        self.epoch += 1
+        self.outgoing = []
+        self.decoder = MessageDecoder()
+        for sub in self.subscriptions.values():
+            sub.outstanding = 0  # the server broke every lease this connection held
+        return self.fail_all(error)
 
     # --- building commands ---------------------------------------------------------------
 
     def new_cid(self) -> str:
         return str(next(self._cids))
 
-    def expect(self, cid: str, kind: str) -> PendingAck:
-        pending = PendingAck(kind)
+    def expect(self, cid: str, kind: str, sub_id: str | None = None) -> PendingAck:
+        pending = PendingAck(kind, sub_id)
         self.pending[cid] = pending
         return pending
 
-    def logon(self) -> PendingAck:
+    def logon(self, *, user_id: str | None = None, password: str | None = None) -> PendingAck:
         cid = self.new_cid()
-        self.outgoing.append(m.Logon(client_name=self.client_name, cid=cid, ack_type="processed"))
+        self.outgoing.append(
+            m.Logon(client_name=self.client_name, cid=cid, ack_type="processed", user_id=user_id, password=password)
+        )
         return self.expect(cid, "logon")
 
     def logged_on(self, ack: m.Ack) -> None:
-        """After the logon ack: continue numbering from the server's highest sequence and
-        republish whatever it does not have (duplicate detection makes this safe)."""
+        """Rule 2: after the logon ack, resume (acks, then publishes, then subscriptions)."""
         highest = ack.seq or 0
-        self.store.discard_up_to(highest)
+        if highest:
+            self.store.discard_up_to(highest)
         self.persisted_seq = max(self.persisted_seq, highest)
-        self.next_seq = max(self.next_seq, highest + 1)
+        self.next_seq = max(self.next_seq, highest + 1, self.store.last_seq + 1)
+        self.flush_acks()  # offline still: the batches join the unconfirmed ones
+        self.outgoing.extend(self.acks_unconfirmed.values())
+        self.online = True
         for seq, topic, data, corr in self.store.unpersisted():
             self.outgoing.append(m.Publish(topic=topic, data=data, seq=seq, ack_type="persisted", correlation_id=corr))
+        for sub in self.subscriptions.values():
+            cid = self.new_cid()
+            self.outgoing.append(sub.command(cid))
+            self.expect(cid, "resubscribe", sub.sub_id)
+        if self.on_persisted is not None:
+            self.on_persisted(self.persisted_seq)
 
     def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> int:
+        """Store a publish (rule 1) and, when online, queue it; returns its sequence."""
         body = to_bytes(data)
         if sequence is None:
             sequence = self.next_seq
         if sequence >= self.next_seq:
             self.next_seq = sequence + 1
         self.store.add(sequence, topic, body, correlation_id)
-        self.outgoing.append(m.Publish(topic=topic, data=body, seq=sequence, ack_type="persisted", correlation_id=correlation_id))
+        if self.online:
+            self.outgoing.append(m.Publish(topic=topic, data=body, seq=sequence, ack_type="persisted", correlation_id=correlation_id))
         return sequence
 
     def command(self, cmd: Any, kind: str) -> PendingAck:
         self.outgoing.append(cmd)
         return self.expect(cmd.cid, kind)
 
-    def ack(self, queue: str, bookmark: str, options: str | None) -> bool:
-        """Queue an acknowledgement; True when the batch is full and should be sent."""
+    def add_subscription(self, sub: SubState) -> PendingAck:
+        """Register ``sub`` (so it is resubscribed after a reconnect) and subscribe."""
+        if sub.sub_id in self.subscriptions:
+            raise errors.DuplicateSubscription(f"subscription {sub.sub_id!r} already exists in this client")
+        self.subscriptions[sub.sub_id] = sub
+        cid = self.new_cid()
+        return self.command(sub.command(cid), "subscribe")
+
+    def replace_subscription(self, sub: SubState) -> PendingAck:
+        """Send ``sub``'s new topic, filter and options with the ``replace`` option."""
+        cid = self.new_cid()
+        return self.command(sub.command(cid, replace=True), "subscribe")
+
+    def remove_subscription(self, sub_id: str) -> SubState | None:
+        sub = self.subscriptions.pop(sub_id, None)
+        if sub is not None:
+            self._subs_with_acks.discard(sub)
+        return sub
+
+    # --- acknowledgements (rule 3) -------------------------------------------------------
+
+    def ack(self, queue: str, bookmark: str, options: str | None = None, sub_id: str | None = None) -> bool:
+        """Batch an acknowledgement; True when the batch should be sent now."""
         key = (queue, options)
         batch = self.acks.get(key)
         if batch is None:
@@ -187,21 +261,43 @@ class ClientCore:
         else:
             batch.append(bookmark)
         self.acks_count += 1
+        sub = self.subscriptions.get(sub_id) if sub_id is not None else None
+        if sub is not None:
+            sub.acks_pending += 1
+            self._subs_with_acks.add(sub)
+            # The server sends nothing more once every message it leased us is acked.
+            if sub.acks_pending >= sub.ack_threshold(self.ack_batch_size) or sub.acks_pending >= sub.outstanding:
+                return True
         return self.acks_count >= self.ack_batch_size
 
     def flush_acks(self) -> None:
-        """Move every batched acknowledgement into outgoing: one sow_delete per queue/option."""
-        for (queue, options), bookmarks in self.acks.items():
-            self.outgoing.append(m.SowDelete(topic=queue, bookmark=",".join(bookmarks), options=options))
-        self.acks.clear()
-        self.acks_count = 0
+        """Turn every batch into one ``sow_delete`` per (queue, options)."""
+        if self.acks:
+            for (queue, options), bookmarks in self.acks.items():
+                cid = self.new_cid()
+                cmd = m.SowDelete(topic=queue, bookmark=",".join(bookmarks), options=options, cid=cid, ack_type="persisted")
+                self.acks_unconfirmed[cid] = cmd
+                self.ack_batches += 1
+                if self.online:
+                    self.outgoing.append(cmd)
+            self.acks.clear()
+            self.acks_count = 0
+        for sub in self._subs_with_acks:
+            sub.outstanding = max(0, sub.outstanding - sub.acks_pending)
+            sub.acks_pending = 0
+        self._subs_with_acks.clear()
+
+    # --- sending -------------------------------------------------------------------------
 
     def take_frames(self) -> list[bytes]:
+        """Frames to send now. The store is synced first (rule 1)."""
         if not self.outgoing:
             return []
+        self.store.sync()
         out, self.outgoing = self.outgoing, []
         frames = encode_frames(out)
         self.frames_sent += len(frames)
+        self.commands_sent += len(out)
         return frames
 
     # --- receiving -------------------------------------------------------------------------
@@ -226,22 +322,27 @@ class ClientCore:
         return done
 
     def _deliver(self, item: m.Message) -> None:
-        msg = Message(
-            topic=item.topic, data=item.data, bookmark=item.bookmark, sub_id=item.sub_id, seq=item.seq,
-            timestamp=item.timestamp, lease_deadline=item.lease_deadline, correlation_id=item.correlation_id,
-            queue=item.queue,
-        )
         if item.query_id is not None and item.sub_id is None:
             pending = self.pending.get(item.query_id)
             if pending is not None:
-                pending.messages.append(msg)
+                pending.messages.append(self._message(item, None))
             return
-        handler = self.subscriptions.get(item.sub_id)
-        if handler is not None:
-            handler(msg)
+        sub = self.subscriptions.get(item.sub_id)
+        if sub is None:
+            return  # unsubscribed while it was on the way
+        if item.queue is not None:
+            sub.outstanding += 1
+        sub.sink(self._message(item, sub.acker))
+
+    def _message(self, item: m.Message, acker: Any) -> Message:
+        return Message(
+            item.topic, item.data, item.bookmark, item.sub_id, item.seq, item.timestamp,
+            item.lease_deadline, item.correlation_id, item.queue, acker, False, self.epoch,
+        )
 
     def _on_ack(self, ack: m.Ack, done: list[PendingAck]) -> None:
-        if ack.cid is None:
+        cid = ack.cid
+        if cid is None:
             # Publishes carry no command id: their persisted acks are conflated (one ack
             # covers every sequence up to ``seq``), duplicates are reported one by one.
             if ack.ack_type == "persisted" and ack.seq is not None:
@@ -253,7 +354,13 @@ class ClientCore:
                 if self.on_persisted is not None:
                     self.on_persisted(self.persisted_seq)
             return
-        pending = self.pending.get(ack.cid) if ack.cid is not None else None
+        batch = self.acks_unconfirmed.pop(cid, None)
+        if batch is not None:
+            if ack.status == "failure":
+                self.acks_refused += 1
+                log.warning("acknowledgement of %s refused: %s", batch.topic, ack.reason)
+            return
+        pending = self.pending.get(cid)
         if pending is None:
             return
         if ack.status == "failure":
@@ -262,7 +369,7 @@ class ClientCore:
             return
         pending.result = ack
         pending.done = True
-        del self.pending[ack.cid]
+        del self.pending[cid]
         done.append(pending)
 
     @staticmethod
@@ -278,3 +385,20 @@ class ClientCore:
             done.append(pending)
         self.pending.clear()
         return done
+
+    # --- views -----------------------------------------------------------------------------
+
+    def statistics(self) -> ClientStatistics:
+        return ClientStatistics(
+            state=self.state,
+            server=self.servers[self.server_index] if self.servers else None,
+            frames_sent=self.frames_sent,
+            commands_sent=self.commands_sent,
+            ack_batches=self.ack_batches,
+            unpersisted=len(self.store),
+            acks_batched=self.acks_count,
+            ack_batches_unconfirmed=len(self.acks_unconfirmed),
+            acks_refused=self.acks_refused,
+            reconnects=self.reconnects,
+            subscriptions=len(self.subscriptions),
+        )

@@ -1,9 +1,20 @@
 """The blocking face of the client: the asyncio client on a private loop thread.
 
 Every protocol decision is made by the same :class:`~conveyor.client.core.ClientCore`
-the asyncio client uses; this module only carries calls across threads. Publishes are
-handed over in batches (one wake-up of the loop per batch, not per message), so a
-blocking publisher still gets one frame per group.
+the asyncio client uses; this module only carries calls across threads. Rules:
+
+1. **Hand-overs are batched.** ``publish()`` and ``Message.ack()`` append to one
+   deque and wake the loop once per batch (not per call), so a blocking publisher or a
+   consumer acking every message still gets one frame per group. Order is kept:
+   publishes and acks reach the core in the order the application made them.
+2. **Before a reconnection resumes**, the hand-over is drained on the loop thread, so
+   acks the application made during the outage are resent ahead of the resubscription.
+3. **Iterators read on the application's thread; handlers run on a thread of their
+   own** (one per handler subscription, named ``conveyor-handler-<sub_id>``): a slow
+   handler never stalls the network loop or other subscriptions, and messages of one
+   subscription are handled one at a time, in order.
+4. ``on_state`` listeners run on the loop thread: they must return quickly and must
+   not call the blocking client.
 """
 
 from __future__ import annotations
@@ -11,70 +22,154 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from conveyor import errors
 from conveyor.client.aio import MAX_INFLIGHT_DEFAULT, AsyncClient
-from conveyor.client.core import ACK_BATCH_SECONDS_DEFAULT, ACK_BATCH_SIZE_DEFAULT, Message
+from conveyor.client.core import ACK_BATCH_SECONDS_DEFAULT, ACK_BATCH_SIZE_DEFAULT, ClientCore, ClientStatistics, Message
+from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange
+from conveyor.client.store import PublishStore
+from conveyor.client.subscription import HANDLER, ITERATOR, SubState, split_replace
 
 _END = object()
+_PUBLISH, _ACK = 0, 1
+HANDLER_JOIN_SECONDS = 5.0  # disconnect() waits this long for a handler to finish its message
 
 
 class Subscription:
-    """A blocking iterator over the messages of one subscription."""
+    """The messages of one subscription: ``for msg in sub`` or ``sub.get(timeout)``.
 
-    def __init__(self, client: "Client", sub_id: str, inbox: queue.SimpleQueue) -> None:
+    The server sends up to the subscription's backlog ahead (smart pipelining); they
+    wait in this object's buffer, so the next message is ready the moment it is asked for.
+    """
+
+    def __init__(self, client: "Client", state: SubState, inbox: queue.SimpleQueue) -> None:
         self.client = client
-        self.sub_id = sub_id
+        self.state = state
         self._inbox = inbox
+        self._ended = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def sub_id(self) -> str:
+        return self.state.sub_id
+
+    @property
+    def error(self) -> Exception | None:
+        """Why the subscription ended, if the server refused to resume it."""
+        return self.state.error
 
     def __iter__(self) -> Iterator[Message]:
         while True:
-            msg = self._inbox.get()
-            if msg is _END:
+            msg = self.get()
+            if msg is None:
                 return
             yield msg
 
     def get(self, timeout: float | None = None) -> Message | None:
-        """The next message, or None after ``timeout`` seconds (or at the end)."""
-        try:
-            msg = self._inbox.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        return None if msg is _END else msg
+        """The next message, or None after ``timeout`` seconds (or at the end).
+
+        With auto-ack, asking acknowledges the message this returned last.
+        """
+        self.state.asking()
+        return self._next(timeout)
+
+    def _next(self, timeout: float | None) -> Message | None:
+        inbox, state, core = self._inbox, self.state, self.client.core
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ended:
+            try:
+                if deadline is None:
+                    msg = inbox.get()
+                else:
+                    msg = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if msg is _END or self._stopping:
+                self._ended = True
+                return None
+            if state.accept(msg, core.epoch):
+                return msg
+        return None
 
     def unsubscribe(self) -> None:
         self.client.unsubscribe(self.sub_id)
 
+    def _start_handler(self, handler: Callable[[Message], None]) -> None:
+        self._thread = threading.Thread(
+            target=self._run_handler, args=(handler,), name=f"conveyor-handler-{self.sub_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _run_handler(self, handler: Callable[[Message], None]) -> None:
+        state = self.state
+        while True:
+            msg = self._next(None)
+            if msg is None:
+                return
+            try:
+                handler(msg)
+            except Exception as exc:
+                state.finished(msg, exc)
+            else:
+                state.finished(msg, None)
+
+    def _stop(self) -> None:
+        """Handler: finish the message in hand, take no more."""
+        self._stopping = True
+        self._inbox.put(_END)
+
+    def _join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
 
 class Client:
+    """The blocking client. See docs/client.md; arguments as :class:`AsyncClient`."""
+
     def __init__(
         self,
         client_name: str | None = None,
         *,
+        publish_store: PublishStore | None = None,
+        auto_ack: bool = False,
         ack_batch_size: int = ACK_BATCH_SIZE_DEFAULT,
         ack_batch_seconds: float = ACK_BATCH_SECONDS_DEFAULT,
         max_inflight: int = MAX_INFLIGHT_DEFAULT,
         timeout: float = 30.0,
+        reconnect: bool | ReconnectPolicy = True,
+        max_reconnect_attempts: int | None = UNSET,  # type: ignore[assignment]
+        reconnect_timeout: float | None = UNSET,  # type: ignore[assignment]
+        user_id: str | None = None,
+        password: str | None = None,
     ) -> None:
+        self.timeout = timeout
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="conveyor-client", daemon=True)
         self._thread.start()
-        self._aio: AsyncClient = self._call(self._make(client_name, ack_batch_size, ack_batch_seconds, max_inflight, timeout))
-        self.timeout = timeout
-        self._outbox: deque = deque()
+        kwargs = dict(
+            publish_store=publish_store, auto_ack=auto_ack, ack_batch_size=ack_batch_size,
+            ack_batch_seconds=ack_batch_seconds, max_inflight=max_inflight, timeout=timeout, reconnect=reconnect,
+            max_reconnect_attempts=max_reconnect_attempts, reconnect_timeout=reconnect_timeout,
+            user_id=user_id, password=password,
+        )
+        self._aio: AsyncClient = self._call(self._make(client_name, kwargs))
+        self._handover: deque = deque()
         self._lock = threading.Lock()
         self._scheduled = False
         self._inflight = threading.Condition()
-        self._aio.core.on_persisted = self._on_persisted
-        self._subs: dict[str, queue.SimpleQueue] = {}
+        self._aio._persisted_hooks.append(self._on_persisted)
+        self._aio._before_resume.append(self._drain_handover)
+        self._aio.on_state(self._on_state_change)
+        self._subs: dict[str, Subscription] = {}
 
     @staticmethod
-    async def _make(name, ack_batch_size, ack_batch_seconds, max_inflight, timeout) -> AsyncClient:
-        return AsyncClient(
-            name, ack_batch_size=ack_batch_size, ack_batch_seconds=ack_batch_seconds, max_inflight=max_inflight, timeout=timeout
-        )
+    async def _make(name: str | None, kwargs: dict) -> AsyncClient:
+        return AsyncClient(name, **kwargs)
 
     def _call(self, coro, timeout: float | None = None) -> Any:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -84,13 +179,31 @@ class Client:
             future.cancel()
             raise errors.TimedOut("the client's loop did not answer in time") from None
 
+    # --- views ---------------------------------------------------------------------------
+
     @property
     def client_name(self) -> str:
         return self._aio.client_name
 
+    @property
+    def core(self) -> ClientCore:
+        return self._aio.core
+
+    @property
+    def state(self) -> ConnectionState:
+        return self._aio.core.state
+
+    def statistics(self) -> ClientStatistics:
+        return self._aio.core.statistics()
+
+    def on_state(self, callback: Callable[[StateChange], None]) -> Callable[[StateChange], None]:
+        """Call ``callback(change)`` on every connection state change (on the loop thread)."""
+        return self._aio.on_state(callback)
+
     # --- connection ----------------------------------------------------------------------
 
-    def connect(self, uri: str, *, logon: bool = True) -> "Client":
+    def connect(self, uri: str | Sequence[str], *, logon: bool = True) -> "Client":
+        """Connect to the first server of ``uri`` (one URI or a list) that answers."""
         self._call(self._aio.connect(uri, logon=logon))
         return self
 
@@ -98,14 +211,22 @@ class Client:
         self._call(self._aio.logon())
 
     def disconnect(self) -> None:
+        """Stop handlers (each finishes its message), send batched acks, close. Idempotent."""
         if self._loop.is_closed():
             return
-        self._drain_outbox_blocking()
+        handlers = [sub for sub in self._subs.values() if sub._thread is not None]
+        for sub in handlers:
+            sub._stop()
+        for sub in handlers:
+            sub._join(HANDLER_JOIN_SECONDS)
         try:
-            self._call(self._aio.disconnect(), timeout=self.timeout)
+            self._drain_blocking()
+            self._call(self._aio.disconnect(), timeout=self.timeout + HANDLER_JOIN_SECONDS)
         finally:
-            for inbox in self._subs.values():
-                inbox.put(_END)
+            for sub in self._subs.values():
+                sub._inbox.put(_END)
+            with self._inflight:
+                self._inflight.notify_all()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._loop.close()
@@ -118,54 +239,87 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.disconnect()
 
-    # --- publishing ----------------------------------------------------------------------
+    # --- the hand-over (rule 1) ----------------------------------------------------------
 
-    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> None:
-        """Publish; returns at once. The client keeps the message until it is persisted."""
-        core = self._aio.core
-        if len(core.store) + len(self._outbox) > self._aio.max_inflight:
-            self._wait_room()
+    def _hand_over(self, item: tuple) -> None:
         with self._lock:
-            self._outbox.append((topic, data, sequence, correlation_id))
+            self._handover.append(item)
             if self._scheduled:
                 return
             self._scheduled = True
-        self._loop.call_soon_threadsafe(self._drain_outbox)
+        self._loop.call_soon_threadsafe(self._drain_handover)
 
-    def _drain_outbox(self) -> None:
+    def _drain_handover(self) -> None:
+        """On the loop thread: feed the core what the application handed over."""
         with self._lock:
             self._scheduled = False
-            items = list(self._outbox)
-            self._outbox.clear()
-        publish = self._aio.publish_nowait
-        for topic, data, sequence, corr in items:
-            publish(topic, data, sequence=sequence, correlation_id=corr)
+            if not self._handover:
+                return
+            items = list(self._handover)
+            self._handover.clear()
+        aio = self._aio
+        for item in items:
+            if item[0] == _PUBLISH:
+                _, topic, data, sequence, corr = item
+                try:
+                    aio.publish_nowait(topic, data, sequence=sequence, correlation_id=corr)
+                except errors.ConveyorError:
+                    pass  # the client failed after publish() checked: the next call raises
+            else:
+                _, queue_name, bookmark, options, sub_id = item
+                aio._ack(queue_name, bookmark, options, sub_id)
 
-    def _drain_outbox_blocking(self) -> None:
+    def _drain_blocking(self) -> None:
         async def drain() -> None:
-            self._drain_outbox()
+            self._drain_handover()
 
         self._call(drain())
+
+    # --- publishing ----------------------------------------------------------------------
+
+    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> None:
+        """Publish; returns at once. The message enters the publish store on the client's
+        loop thread (at once) and is kept there until the server persists it. Waits only
+        while ``max_inflight`` publishes are unpersisted."""
+        if self._aio._error is not None:
+            raise self._aio._error
+        if len(self._aio.core.store) + len(self._handover) > self._aio.max_inflight:
+            self._wait_room()
+        self._hand_over((_PUBLISH, topic, data, sequence, correlation_id))
 
     def _on_persisted(self, seq: int) -> None:
         with self._inflight:
             self._inflight.notify_all()
 
-    def _wait_room(self) -> None:
-        limit = self._aio.max_inflight // 2
+    def _on_state_change(self, change: StateChange) -> None:
         with self._inflight:
-            ok = self._inflight.wait_for(
-                lambda: len(self._aio.core.store) + len(self._outbox) <= limit or self._aio._error is not None,
-                timeout=self.timeout,
-            )
-        if self._aio._error is not None:
-            raise self._aio._error
-        if not ok:
-            raise errors.TimedOut("publishes are not being persisted")
+            self._inflight.notify_all()
+
+    def _wait_room(self) -> None:
+        """Wait until the store is half drained. An outage is waited out (the client is
+        reconnecting); a connected server that persists nothing for ``timeout`` is not."""
+        aio, limit = self._aio, self._aio.max_inflight // 2
+        deadline = time.monotonic() + self.timeout
+        with self._inflight:
+            while len(aio.core.store) + len(self._handover) > limit:
+                if aio._error is not None:
+                    raise aio._error
+                if aio.core.state is ConnectionState.RECONNECTING:
+                    deadline = time.monotonic() + self.timeout
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise errors.TimedOut("publishes are not being persisted")
+                self._inflight.wait(min(remaining, 0.5))
+
+    def wait_persisted(self, timeout: float | None = None) -> None:
+        """Wait until everything published so far is persisted (no acks are sent)."""
+        self._drain_blocking()
+        self._call(self._aio.wait_persisted(timeout=timeout))
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send batched acks and wait until everything published so far is persisted."""
-        self._drain_outbox_blocking()
+        """Send batched acks and wait until everything published and acknowledged so far
+        is persisted (a reconnection is waited out)."""
+        self._drain_blocking()
         self._call(self._aio.flush(timeout))
 
     # --- subscribing ---------------------------------------------------------------------
@@ -179,22 +333,47 @@ class Client:
         bookmark: str | None = None,
         max_backlog: int | None = None,
         sub_id: str | None = None,
+        handler: Callable[[Message], None] | None = None,
+        auto_ack: bool | None = None,
     ) -> Subscription:
+        """Subscribe to a topic or a queue (arguments as :meth:`AsyncClient.subscribe`).
+
+        Without ``handler``, iterate over the result on your thread. With ``handler``,
+        it is called for each message on a thread of the subscription's own.
+        """
+        if split_replace(options)[1]:
+            # The same subscription, buffer and handler, with a new topic/filter/backlog.
+            self._drain_blocking()
+            self._call(self._aio.subscribe(topic, filter=filter, options=options, max_backlog=max_backlog, sub_id=sub_id))
+            return self._subs[sub_id or ""]
+        sub_id = sub_id or f"sub-{self._aio.core.new_cid()}"
         inbox: queue.SimpleQueue = queue.SimpleQueue()
-        sub = self._call(
+
+        def acker(queue_name: str, bookmark_: str, options_: str | None) -> None:
+            self._hand_over((_ACK, queue_name, bookmark_, options_, sub_id))
+
+        self._drain_blocking()  # acks handed over so far go first
+        aio_sub = self._call(
             self._aio.subscribe(
                 topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog, sub_id=sub_id,
-                on_message=inbox.put, _acker=self.ack,
+                auto_ack=auto_ack, _acker=acker, _sink=inbox.put, _on_end=lambda: inbox.put(_END),
+                _mode=HANDLER if handler is not None else ITERATOR,
             )
         )
-        self._subs[sub.sub_id] = inbox
-        return Subscription(self, sub.sub_id, inbox)
+        sub = Subscription(self, aio_sub.state, inbox)
+        self._subs[sub_id] = sub
+        if handler is not None:
+            sub._start_handler(handler)
+        return sub
 
     def unsubscribe(self, sub_id: str) -> None:
+        """Send batched acks, then end the subscription (a handler finishes its message)."""
+        sub = self._subs.pop(sub_id, None)
+        if sub is not None:
+            sub._stop()
+            sub._join(HANDLER_JOIN_SECONDS)
+        self._drain_blocking()
         self._call(self._aio.unsubscribe(sub_id))
-        inbox = self._subs.pop(sub_id, None)
-        if inbox is not None:
-            inbox.put(_END)
 
     def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None) -> list[Message]:
         return self._call(self._aio.sow(topic, filter=filter, top_n=top_n))
@@ -205,4 +384,5 @@ class Client:
         return self._call(self._aio.sow_delete(topic, bookmarks=bookmarks, filter=filter, options=options))
 
     def ack(self, queue_name: str, bookmark: str, options: str | None = None) -> None:
-        self._loop.call_soon_threadsafe(self._aio.ack, queue_name, bookmark, options)
+        """Batch an acknowledgement by queue and bookmark (``Message.ack()`` does this)."""
+        self._hand_over((_ACK, queue_name, bookmark, options, None))

@@ -1,0 +1,271 @@
+"""The sans-I/O core, without sockets or sleeps (STYLE 13): commands out, bytes in."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor import errors
+from conveyor.client.core import ClientCore, parse_uri
+from conveyor.client.message import Message
+from conveyor.client.state import (
+    ConnectionMachine,
+    ConnectionState,
+    IllegalTransition,
+    ReconnectPolicy,
+    make_policy,
+)
+from conveyor.client.subscription import HANDLER, SubState
+from conveyor.protocol import messages as m
+from conveyor.protocol.codec import CommandDecoder, encode_frame
+
+S = ConnectionState
+
+
+def sent(core: ClientCore) -> list:
+    """Decode what the core would send now (as the server would)."""
+    decoder = CommandDecoder()
+    for frame in core.take_frames():
+        decoder.receive_data(frame)
+    return decoder.next_items()
+
+
+def answer(core: ClientCore, *items) -> list:
+    return core.receive_data(encode_frame(list(items)))
+
+
+def logged_on(core: ClientCore, seq: int = 0) -> None:
+    pending = core.logon()
+    logon = sent(core)[0]
+    answer(core, m.Ack(ack_type="processed", cid=logon.cid, seq=seq))
+    assert pending.done
+    core.logged_on(pending.result)
+
+
+def delivery(sub_id: str, n: int, queue: str | None = "Q") -> m.Message:
+    return m.Message(topic=queue or "t", data=b'{"n": %d}' % n, sub_id=sub_id, bookmark=f"7|{n}|{n * 10}", queue=queue)
+
+
+def test_publishes_are_stored_until_persisted_conflated_and_duplicates():
+    core = ClientCore(client_name="c")
+    logged_on(core)
+    for n in range(5):
+        assert core.publish("t", {"n": n}) == n + 1
+    assert [c.seq for c in sent(core)] == [1, 2, 3, 4, 5]
+    answer(core, m.Ack(ack_type="persisted", seq=3))
+    assert [e[0] for e in core.store.unpersisted()] == [4, 5]
+    answer(core, m.Ack(ack_type="persisted", seq=5, status="duplicate"))
+    assert [e[0] for e in core.store.unpersisted()] == [4]
+    assert core.persisted_seq == 3
+
+
+def test_offline_publishes_wait_in_the_store_and_logon_resumes_in_order():
+    """acks first (so a resubscription is not sent what was acknowledged), then the
+    publishes the server does not have, then every subscription."""
+    core = ClientCore(client_name="c")
+    logged_on(core)
+    queue_sub = SubState("q1", "Jobs", max_backlog=10)
+    replay_sub = SubState("r1", "t", bookmark="0", filter="/n > 1")
+    for sub in (queue_sub, replay_sub):
+        core.add_subscription(sub)
+    for n in range(3):
+        core.publish("t", {"n": n})
+    sent(core)
+    core.ack("Jobs", "7|1|10", None, "q1")
+    replay_sub.last_bookmark = "7|2|20"  # handed to the application
+
+    core.connection_lost(errors.ConnectionLost("gone"))
+    assert core.epoch == 1 and not core.online
+    core.publish("t", {"n": 3})  # offline: stored, not queued
+    core.ack("Jobs", "7|2|20", None, "q1")
+    assert core.outgoing == []
+
+    logged_on(core, seq=2)  # the server has sequences 1 and 2
+    out = sent(core)
+    kinds = [type(c).__name__ for c in out]
+    assert kinds == ["SowDelete", "Publish", "Publish", "Subscribe", "Subscribe"]
+    assert out[0].bookmark == "7|1|10,7|2|20" and out[0].ack_type == "persisted"
+    assert [c.seq for c in out[1:3]] == [3, 4]
+    assert (out[3].sub_id, out[3].options, out[3].bookmark) == ("q1", "max_backlog=10", None)
+    assert (out[4].sub_id, out[4].bookmark, out[4].filter) == ("r1", "7|2|20", "/n > 1")
+    assert core.publish("t", {"n": 4}) == 5
+
+
+def test_numbering_continues_above_the_server_and_the_store():
+    core = ClientCore(client_name="c")
+    logged_on(core, seq=41)
+    assert core.publish("t", 1) == 42
+
+
+def test_ack_batches_stay_unconfirmed_until_persisted_and_are_resent():
+    core = ClientCore(client_name="c", ack_batch_size=3)
+    logged_on(core)
+    assert core.ack("Q", "b1") is False
+    assert core.ack("Q", "b2", "cancel") is False
+    assert core.ack("Q", "b3") is True  # the batch is full
+    core.flush_acks()
+    out = sent(core)
+    assert [(c.options, c.bookmark) for c in out] == [(None, "b1,b3"), ("cancel", "b2")]
+    answer(core, m.Ack(ack_type="persisted", cid=out[0].cid))
+    assert list(core.acks_unconfirmed) == [out[1].cid]
+    core.connection_lost(errors.ConnectionLost("gone"))
+    logged_on(core)
+    assert [c.cid for c in sent(core)] == [out[1].cid]
+    answer(core, m.Ack(ack_type="processed", cid=out[1].cid, status="failure", code="not_lease_holder", reason="no"))
+    assert core.acks_unconfirmed == {} and core.acks_refused == 1
+
+
+def test_ack_batch_follows_the_backlog_and_the_outstanding_leases():
+    core = ClientCore(client_name="c", ack_batch_size=100)
+    logged_on(core)
+    sub = SubState("s", "Q", max_backlog=10)
+    core.add_subscription(sub)
+    answer(core, *[delivery("s", n) for n in range(10)])
+    assert sub.outstanding == 10
+    assert [core.ack("Q", f"b{n}", None, "s") for n in range(5)] == [False] * 4 + [True]  # backlog // 2
+    core.flush_acks()
+    assert sub.outstanding == 5
+    small = SubState("t", "Q", max_backlog=100)
+    core.add_subscription(small)
+    answer(core, *[delivery("t", n) for n in range(3)])
+    # only 3 leased: once all 3 are acked the server waits for us, so send at once
+    assert [core.ack("Q", f"c{n}", None, "t") for n in range(3)] == [False, False, True]
+
+
+def test_lost_connection_drops_stale_queue_and_replay_messages_but_keeps_pubsub():
+    core = ClientCore(client_name="c")
+    logged_on(core)
+    got: dict[str, list[Message]] = {"q": [], "r": [], "p": []}
+    for sub_id, bookmark in (("q", None), ("r", "0"), ("p", None)):
+        sub = SubState(sub_id, "x", bookmark=bookmark)
+        sub.sink = got[sub_id].append
+        core.add_subscription(sub)
+    answer(core, delivery("q", 1), delivery("r", 1, queue=None), delivery("p", 1, queue=None))
+    core.connection_lost(errors.ConnectionLost("gone"))
+    subs = core.subscriptions
+    assert not subs["q"].accept(got["q"][0], core.epoch)
+    assert not subs["r"].accept(got["r"][0], core.epoch)
+    assert subs["p"].accept(got["p"][0], core.epoch)
+    assert subs["r"].last_bookmark is None  # the resume starts before the dropped one
+
+
+def test_an_acknowledged_message_is_not_handed_out_again_but_a_cancelled_one_is():
+    core = ClientCore(client_name="c")
+    logged_on(core)
+    acks = []
+    sub = SubState("s", "Q")
+    sub.acker = sub.wrap_acker(lambda q, b, o: acks.append((b, o)))
+    got: list[Message] = []
+    sub.sink = got.append
+    core.add_subscription(sub)
+    answer(core, delivery("s", 1), delivery("s", 2))
+    for msg in got:
+        assert sub.accept(msg, core.epoch)
+    got[0].ack()
+    got[1].ack("cancel")
+    assert acks == [("7|1|10", None), ("7|2|20", "cancel")]
+    got.clear()
+    answer(core, delivery("s", 1), delivery("s", 2))  # redelivered: lease broken, cancel
+    assert [sub.accept(msg, core.epoch) for msg in got] == [False, True]
+
+
+def test_auto_ack_iterator_and_handler_rules():
+    acks = []
+    iterator = SubState("i", "Q", auto_ack=True)
+    iterator.acker = iterator.wrap_acker(lambda q, b, o: acks.append((b, o)))
+    first = Message("Q", b"{}", bookmark="a", queue="Q", _acker=iterator.acker)
+    second = Message("Q", b"{}", bookmark="b", queue="Q", _acker=iterator.acker)
+    iterator.asking()
+    assert iterator.accept(first, 0)
+    iterator.asking()  # asking for the next acknowledges the previous
+    assert acks == [("a", None)]
+    assert iterator.accept(second, 0) and not second.acked
+
+    handler = SubState("h", "Q", auto_ack=True, mode=HANDLER)
+    handler.acker = handler.wrap_acker(lambda q, b, o: acks.append((b, o)))
+    ok = Message("Q", b"{}", bookmark="c", queue="Q", _acker=handler.acker)
+    bad = Message("Q", b"{}", bookmark="d", queue="Q", _acker=handler.acker)
+    assert handler.accept(ok, 0) and handler.previous is None
+    handler.finished(ok, None)
+    handler.finished(bad, RuntimeError("boom"))
+    assert acks[1:] == [("c", None), ("d", "cancel")]
+
+
+def test_message_ack_is_a_noop_off_queues_and_the_second_time():
+    calls = []
+    msg = Message("t", b"x", bookmark="1|1|1", _acker=lambda *a: calls.append(a))
+    msg.ack()
+    assert calls == [] and not msg.acked
+    queued = Message("Q", b"x", bookmark="1|1|1", queue="Q", _acker=lambda *a: calls.append(a))
+    queued.ack("expire")
+    queued.ack()
+    assert calls == [("Q", "1|1|1", "expire")] and queued.acked
+
+
+def test_resubscribe_failure_and_command_results_are_reported():
+    core = ClientCore(client_name="c")
+    logged_on(core)
+    pending = core.add_subscription(SubState("s", "t", filter="bad"))
+    cmd = sent(core)[0]
+    answer(core, m.Ack(ack_type="processed", cid=cmd.cid, status="failure", code="bad_filter", reason="no"))
+    assert isinstance(pending.error, errors.BadFilter)
+    flush = core.command(m.Flush(cid=core.new_cid(), ack_type="persisted"), "flush-persisted")
+    answer(core, m.Ack(ack_type="processed", cid=flush_cid(core, flush)))
+    assert not flush.done  # a persisted flush completes on its persisted ack only
+    lost = core.connection_lost(errors.ConnectionLost("gone"))
+    assert flush in lost and isinstance(flush.error, errors.ConnectionLost)
+
+
+def flush_cid(core: ClientCore, pending) -> str:
+    return next(cid for cid, p in core.pending.items() if p is pending)
+
+
+def test_duplicate_sub_id_is_refused_locally():
+    core = ClientCore(client_name="c")
+    core.add_subscription(SubState("s", "t"))
+    with pytest.raises(errors.DuplicateSubscription):
+        core.add_subscription(SubState("s", "u"))
+
+
+# --- state machine, policy, servers ---------------------------------------------------
+
+
+def test_state_table_refuses_illegal_moves_and_reports_legal_ones():
+    machine = ConnectionMachine()
+    seen = []
+    machine.listeners.append(lambda change: seen.append((change.previous, change.state)))
+    machine.listeners.append(lambda change: 1 / 0)  # a broken listener is logged, not fatal
+    with pytest.raises(IllegalTransition):
+        machine.move(S.FAILED)
+    assert machine.state is S.DISCONNECTED
+    for state in (S.CONNECTED, S.DISCONNECTED, S.RECONNECTING, S.CONNECTED, S.CLOSED):
+        machine.move(state)
+    assert seen[-1] == (S.CONNECTED, S.CLOSED) and len(seen) == 5
+    assert S.CONNECTED == "connected"
+
+
+def test_backoff_grows_to_its_cap_with_jitter_and_limits_end_it():
+    policy = ReconnectPolicy(delay_seconds=0.1, delay_max_seconds=1.0, jitter=0.5, max_attempts=5, timeout_seconds=None)
+    assert policy.delay(0, 0.9) == 0.0  # the first attempt is at once
+    assert [policy.delay(k, 0.0) for k in range(1, 7)] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    assert policy.delay(3, 0.999) == pytest.approx(0.4 * (1 - 0.5 * 0.999))
+    assert not policy.exhausted(4, 1e9) and policy.exhausted(5, 0)
+    timed = ReconnectPolicy(timeout_seconds=2.0)
+    assert not timed.exhausted(1000, 1.9) and timed.exhausted(1, 2.0)
+    assert make_policy(False).exhausted(0, 0)
+    assert make_policy(True, max_reconnect_attempts=3, reconnect_timeout=None) == ReconnectPolicy(max_attempts=3, timeout_seconds=None)
+    with pytest.raises(ValueError):
+        ReconnectPolicy(jitter=2)
+
+
+def test_servers_are_tried_in_order_then_failover_starts_with_the_next():
+    core = ClientCore(client_name="c")
+    core.set_servers(["tcp://a:1", "b:2", "tcp://c:3"])
+    assert [core.server_for(k, failover=False)[1] for k in range(3)] == ["tcp://a:1", "b:2", "tcp://c:3"]
+    core.connection_opened(1)
+    assert [core.server_for(k, failover=True)[1] for k in range(4)] == ["tcp://c:3", "tcp://a:1", "b:2", "tcp://c:3"]
+    assert parse_uri("amps://h:9") == ("h", 9)
+    for bad in ("http://h:1", "tcp://h", "tcp://h:x"):
+        with pytest.raises(errors.ClientError):
+            parse_uri(bad)
+    with pytest.raises(errors.ClientError):
+        core.set_servers([])

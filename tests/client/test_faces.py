@@ -1,0 +1,183 @@
+"""What only one face has: the blocking client's threads, the asyncio client's inline
+callbacks and coroutine handlers; and failover to another server of the list."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from conveyor import errors
+from conveyor.client import AsyncClient, Client, ConnectionState, ReconnectPolicy
+from tests.client.conftest import FAST_RECONNECT
+from tests.serverproc import ServerProcess, write_config
+
+S = ConnectionState
+QUEUE = """
+<Queue>
+    <Name>Jobs</Name>
+    <MessageType>json</MessageType>
+    <UnderlyingTopic>jobs</UnderlyingTopic>
+    <Semantics>at-least-once</Semantics>
+    <MaxPerSubscriptionBacklog>500</MaxPerSubscriptionBacklog>
+</Queue>
+"""
+
+
+def fill(uri: str, count: int) -> None:
+    with Client("filler").connect(uri) as client:
+        for n in range(count):
+            client.publish("jobs", {"n": n})
+        client.flush()
+
+
+def test_sync_acks_are_handed_to_the_loop_in_batches(server_factory):
+    server = server_factory(queues=QUEUE)
+    fill(server.uri, 300)
+    with Client("w").connect(server.uri) as client:
+        sub = client.subscribe("Jobs", max_backlog=300)
+        held = [sub.get(5) for _ in range(300)]
+        wakeups = 0
+        original = client._loop.call_soon_threadsafe
+
+        def counting(*args, **kwargs):
+            nonlocal wakeups
+            wakeups += 1
+            return original(*args, **kwargs)
+
+        busy = threading.Event()
+        original(busy.wait, 10)  # the loop is busy for a while: acks accumulate meanwhile
+        client._loop.call_soon_threadsafe = counting
+        for msg in held:
+            msg.ack()
+        client._loop.call_soon_threadsafe = original
+        busy.set()
+        client.flush()
+        assert wakeups == 1  # one wake-up for the whole batch, not one per acknowledgement
+        assert client.sow("Jobs") == []
+
+
+def test_sync_handlers_run_in_order_on_their_own_thread(server_factory):
+    server = server_factory(queues=QUEUE)
+    fill(server.uri, 50)
+    seen: list[int] = []
+    threads: set[str] = set()
+    done = threading.Event()
+
+    def handler(msg) -> None:
+        seen.append(msg.json()["n"])
+        threads.add(threading.current_thread().name)
+        if len(seen) == 50:
+            done.set()
+
+    with Client("w", auto_ack=True).connect(server.uri) as client:
+        sub = client.subscribe("Jobs", handler=handler, max_backlog=10)
+        assert done.wait(10)
+        client.flush()
+        assert client.sow("Jobs") == []
+    assert seen == list(range(50))
+    assert threads == {f"conveyor-handler-{sub.sub_id}"}
+
+
+def test_async_inline_callback_and_coroutine_handler_with_auto_ack(server_factory):
+    server = server_factory(queues=QUEUE)
+    fill(server.uri, 4)
+
+    async def main() -> tuple[list[int], list[int]]:
+        inline: list[int] = []
+        handled: list[int] = []
+        async with AsyncClient("w", auto_ack=True) as client:
+            await client.connect(server.uri)
+
+            def on_message(msg) -> None:  # inline, on the loop: raising cancels
+                inline.append(msg.json()["n"])
+                if len(inline) == 1:
+                    raise RuntimeError("first one fails")
+
+            sub = await client.subscribe("Jobs", on_message=on_message, max_backlog=10)
+            while len(inline) < 5:
+                await asyncio.sleep(0.01)
+            await sub.unsubscribe()
+            for n in range(4, 6):
+                client.publish_nowait("jobs", {"n": n})
+
+            async def handler(msg) -> None:
+                await asyncio.sleep(0)
+                handled.append(msg.json()["n"])
+
+            await client.subscribe("Jobs", handler=handler, max_backlog=10)
+            while len(handled) < 2:
+                await asyncio.sleep(0.01)
+            await client.flush()
+            assert await client.sow("Jobs") == []
+        return inline, handled
+
+    inline, handled = asyncio.run(asyncio.wait_for(main(), 20))
+    assert sorted(inline) == [0, 0, 1, 2, 3]
+    assert handled == [4, 5]
+
+
+def test_without_reconnection_a_loss_ends_the_client(server_factory):
+    server = server_factory(queues=QUEUE)
+    with Client("c", reconnect=False).connect(server.uri) as client:
+        states = []
+        client.on_state(lambda change: states.append(change.state))
+        sub = client.subscribe("jobs")
+        server.kill()
+        assert sub.get(5) is None
+        assert states == [S.DISCONNECTED]
+        with pytest.raises(errors.ConnectionLost):
+            client.publish("jobs", {"n": 1})
+
+
+def test_failover_to_the_next_server_in_the_list(tmp_path):
+    """Two independent servers: when the first dies, the client goes on with the
+    second, republishes what the first never persisted and resubscribes the queue."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    servers = [ServerProcess(write_config(tmp_path / name, queues=QUEUE)).start() for name in ("a", "b")]
+    try:
+        first, second = servers
+        with Client("c", reconnect=FAST_RECONNECT).connect([first.uri, second.uri]) as client:
+            changes = []
+            client.on_state(changes.append)
+            for n in range(5):
+                client.publish("jobs", {"n": n})
+            client.flush()
+            jobs = client.subscribe("Jobs", max_backlog=100)
+            assert [jobs.get(5).json()["n"] for _ in range(5)] == list(range(5))
+            first.kill()
+            assert wait_until(lambda: S.RECONNECTING in [c.state for c in changes] and client.state is S.CONNECTED)
+            assert changes[-1].uri == second.uri
+            for n in range(5, 10):
+                client.publish("jobs", {"n": n})
+            client.flush()
+            got = []
+            while (msg := jobs.get(1.0)) is not None:
+                got.append(msg.json()["n"])
+                msg.ack()
+            assert got == list(range(5, 10))  # the second server has only what came after
+            assert client.statistics().server == second.uri
+    finally:
+        for server in servers:
+            server.kill()
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_policy_shortcuts_reach_the_core():
+    client = Client("c", max_reconnect_attempts=2, reconnect_timeout=None)
+    try:
+        assert client.core.reconnect == ReconnectPolicy(max_attempts=2, timeout_seconds=None)
+        assert client.state is S.DISCONNECTED
+    finally:
+        client.disconnect()
