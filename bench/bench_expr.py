@@ -18,8 +18,6 @@ same messages, or the benchmark stops.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import statistics
 import sys
@@ -31,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests" / "expr"))
 
 import reference_eval as ref  # noqa: E402
 
-from bench.report import write_section  # noqa: E402
+from bench.report import machine, write_section  # noqa: E402
 from conveyor import expr  # noqa: E402
 
 FILTER = "/region = 'EU' AND /qty > 100 AND /sym LIKE '^A'"
@@ -101,18 +99,6 @@ def calibrate(fn, msgs: list) -> int:
         if time.perf_counter() - started >= RUN_SECONDS_MIN or passes >= 1 << 12:
             return passes
         passes *= 2
-
-
-def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()}"
 
 
 def measure(count: int) -> dict:

@@ -24,9 +24,10 @@ import sys
 import time
 import tracemalloc
 
+from bench.bench_queue_memory import drain_queue
 from bench.report import machine, median, write_section
 from conveyor.config.model import QueueConfig
-from conveyor.engine.queue import AckOption, Consumer, Queue
+from conveyor.engine.queue import Consumer, Queue
 
 TARGET_RATIO = 2.0  # priority throughput within 2x of the plain queue's
 MEMORY_TARGET_BYTES = 64
@@ -104,22 +105,8 @@ def throughput(n: int, drain: int, priorities: list[int] | None) -> tuple[float,
     expected = None
     if priorities is not None:
         expected = sorted(range(n), key=lambda p: (priorities[p] < 0, -priorities[p], p))
-    now, done, first = 0.0, 0, []
-    t0 = time.perf_counter()
-    while done < drain:
-        deliveries = q.dispatch(now)
-        if not deliveries:
-            raise RuntimeError("stalled")
-        if len(first) < 1000:
-            first += [d.position for d in deliveries]
-        by_consumer: dict = {}
-        for d in deliveries:
-            by_consumer.setdefault(d.consumer, []).append(d.position)
-        for c, positions in by_consumer.items():
-            q.acknowledge(positions, by=c.owner, option=AckOption.NONE, now=now)
-        done += len(deliveries)
-        now += 0.001
-    elapsed = time.perf_counter() - t0
+    first: list[int] = []
+    done, elapsed = drain_queue(q, drain, first)
     if expected is not None:  # the bench measures the right thing: priority order
         assert first[:1000] == expected[:1000]
     return done / elapsed, n / fill_s
