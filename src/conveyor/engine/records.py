@@ -37,6 +37,14 @@ class PublishRec(_Rec, tag=1):
     expired_queue: str | None = None
     expired_position: int = -1
     expired_reasons: str = ""
+    # Direct-mode Spark sink: the payload hash, so a conflicting duplicate is detected
+    # (0: none given).
+    fingerprint: int = 0
+    # A committed transaction (CommitTxn) is a contiguous run of publish records with
+    # txn_index 0..txn_total-1, appended in one step. Recovery truncates a run that a
+    # crash cut short at the tail, so every reader sees whole transactions only.
+    txn_index: int = -1
+    txn_total: int = 0
 
 
 class LeasedRec(_Rec, tag=2):
@@ -91,7 +99,44 @@ class BarrierRec(_Rec, tag=8):
     positions: list[int]
 
 
-Record = Union[PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec]
+
+# --- named consumers (the Spark connector's delivery sequence, SPARK.md section 2) ------
+
+
+class ConsumerLeasedRec(_Rec, tag=9):
+    """Deliveries ``first, first+1, ...`` of named ``consumer`` on ``queue``: one per
+    position, in d order; ``counts`` are the messages' delivery counts (as LeasedRec)."""
+
+    queue: str
+    consumer: str
+    first: int
+    positions: list[int]
+    counts: list[int]
+
+
+class ConsumerAckedRec(_Rec, tag=10):
+    """Deliveries ``<= through`` of ``consumer`` acknowledged; ``positions`` are the
+    messages this ack removed from ``queue``."""
+
+    queue: str
+    consumer: str
+    through: int
+    positions: list[int]
+
+
+class ConsumerClaimedRec(_Rec, tag=11):
+    """``consumer`` of ``queue`` claimed by a new holder: ``epoch`` fences older ones."""
+
+    queue: str
+    consumer: str
+    epoch: int
+    token: str
+
+
+Record = Union[
+    PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec,
+    ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec,
+]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

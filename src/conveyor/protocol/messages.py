@@ -40,6 +40,9 @@ class Publish(_Msg, tag="publish"):
     ack_type: str | None = field(default=None, name="a")
     correlation_id: str | None = field(default=None, name="x")
     expiration: float | None = field(default=None, name="e")
+    # Hash of the payload: a duplicate (publisher, seq) whose fingerprint differs from the
+    # one recorded is a conflict (failure ``duplicate_conflict``), not a silent drop.
+    fingerprint: int | None = field(default=None, name="fp")
 
 
 class Subscribe(_Msg, tag="subscribe"):
@@ -103,8 +106,137 @@ class Flush(_Msg, tag="flush"):
     ack_type: str | None = field(default=None, name="a")
 
 
-Command = Union[Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush]
-COMMAND_TYPES = (Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush)
+
+# --- client -> server: the Spark connector's operations (SPARK.md section 2) ---------------
+# Each answers with one ``Ack(ack_type="processed", cid=...)`` whose ``result`` map carries
+# the outcome (a failure carries ``code``: ``fenced``, ``bad_delivery_range``...). They
+# work on a *named consumer* of a queue: a durable consumer, independent of connections,
+# whose leases are numbered 1, 2, 3... (the delivery sequence ``d``).
+
+
+class Claim(_Msg, tag="claim"):
+    """Fence a named consumer: the new epoch supersedes every older holder.
+    result: {"epoch": e, "d": D, "acked": A}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    token: str = ""
+    cid: str | None = None
+
+
+class Lease(_Msg, tag="lease"):
+    """Lease after delivery ``after`` (== D: up to ``max`` new messages, 0 = all ready;
+    < D: re-offer ``(after, min(D, after+max)]``; > D: failure ``bad_delivery_range``).
+    ``upto``: never lease a message at a journal position >= upto (AvailableNow).
+    result: {"d": new D, "leased": n, "reoffered": k}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    after: int = 0
+    max: int = 0
+    ttl: float = 60.0
+    upto: int | None = None
+    epoch: int = 0
+    cid: str | None = None
+
+
+class Fetch(_Msg, tag="fetch"):
+    """Deliveries ``lo < d <= hi`` of a consumer, in d order, whatever their lease state:
+    one ``Message`` each (``delivery`` set, ``query_id`` = this cid), then the Ack.
+    result: {"count": n}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    lo: int = 0
+    hi: int = 0
+    cid: str | None = None
+
+
+class AckThrough(_Msg, tag="ack_through"):
+    """Cumulative, idempotent ack of deliveries ``<= d``. result: {"acked": A}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    d: int = 0
+    epoch: int = 0
+    cid: str | None = None
+
+
+class Extend(_Msg, tag="extend"):
+    """Heartbeat: renew every unacked lease of the consumer to now + ttl.
+    result: {"renewed": n}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    ttl: float = 60.0
+    epoch: int = 0
+    cid: str | None = None
+
+
+class Reclaim(_Msg, tag="reclaim"):
+    """Renew the leases of deliveries ``lo < d <= hi`` (a replayed batch), taking back
+    ready ones. result: {"renewed": n, "held_elsewhere": k, "done": j}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    lo: int = 0
+    hi: int = 0
+    ttl: float = 60.0
+    epoch: int = 0
+    cid: str | None = None
+
+
+class Head(_Msg, tag="head"):
+    """The journal position bounding what is queued now. result: {"upto": P}."""
+
+    queue: str = field(name="q")
+    cid: str | None = None
+
+
+class ConsumerInfo(_Msg, tag="consumer_info"):
+    """result: {"d": D, "acked": A, "epoch": e, "unacked": n}."""
+
+    queue: str = field(name="q")
+    consumer: str = field(name="cn")
+    cid: str | None = None
+
+
+class Stage(_Msg, tag="stage"):
+    """Stage rows for ``topic`` under transaction handle ``txn`` (may repeat; rows add
+    up). Not visible to anyone until committed. result: {"staged": total rows}."""
+
+    txn: str
+    topic: str = field(name="t")
+    rows: list[bytes] = []
+    cid: str | None = None
+
+
+class CommitTxn(_Msg, tag="commit_txn"):
+    """Publish every row staged under ``txns`` atomically, as one duplicate-detection
+    unit ``(publisher, seq)``. status "duplicate" when seq <= the publisher's highest.
+    result: {"published": n}."""
+
+    publisher: str
+    seq: int
+    txns: list[str] = []
+    cid: str | None = None
+
+
+class AbortTxn(_Msg, tag="abort_txn"):
+    """Discard what is staged under ``txns``. result: {"discarded": n}."""
+
+    txns: list[str] = []
+    cid: str | None = None
+
+
+Command = Union[
+    Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush,
+    Claim, Lease, Fetch, AckThrough, Extend, Reclaim, Head, ConsumerInfo, Stage, CommitTxn, AbortTxn,
+]
+COMMAND_TYPES = (
+    Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush,
+    Claim, Lease, Fetch, AckThrough, Extend, Reclaim, Head, ConsumerInfo, Stage, CommitTxn, AbortTxn,
+)
 COMMAND_NAMES = frozenset(t.__struct_config__.tag for t in COMMAND_TYPES)
 
 # --- server -> client ------------------------------------------------------------------
@@ -126,6 +258,7 @@ class Ack(_Msg, tag="ack"):
     records_deleted: int | None = None
     records_returned: int | None = None
     matches: int | None = None
+    result: dict | None = field(default=None, name="r")  # outcome of a Spark connector operation
 
 
 class Message(_Msg, tag="p"):
@@ -142,6 +275,8 @@ class Message(_Msg, tag="p"):
     query_id: str | None = None
     queue: str | None = field(default=None, name="q")  # set on queue deliveries (ack target)
     barrier: bool = False
+    delivery: int | None = field(default=None, name="dn")  # delivery number d (Fetch)
+    publisher: int | None = field(default=None, name="pb")  # publisher id (Fetch)
 
 
 class GroupBegin(_Msg, tag="group_begin"):
