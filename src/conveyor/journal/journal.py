@@ -148,6 +148,10 @@ class Journal:
     durable_end: int  # every record before it is on disk (and fsynced)
     first_position: int  # the first retained position
     recovery: RecoveryReport
+    #: ``on_seal(path, base, end)``, called on the loop thread when segment ``base``
+    #: gets its last record (before that record is durable). Must be quick and must
+    #: not raise: the server sets it to write segment summaries (index.py).
+    on_seal: Callable[[str, int, int], None] | None = None
 
     @classmethod
     def open(
@@ -252,6 +256,8 @@ class Journal:
 
     def _rotate(self, pos: int) -> None:
         """Start a new segment at ``pos``: the current buffer becomes a finished piece."""
+        if self.on_seal is not None:
+            self.on_seal(self._storage.path(self._seg_base), self._seg_base, pos)
         if self._buf:
             self._pieces.append(Piece(self._seg_base, self._buf_start, self._buf, self._buf_create))
             self._buf = bytearray()
@@ -535,6 +541,51 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def truncate(self, position: int) -> None:
+        """Cut the log back to ``position``, a durable record boundary: every record at or
+        after it is gone for good, even from segments after the one holding it.
+
+        For recovery only (an incomplete transaction at the tail, engine/txn.py), before
+        anything else is appended: refuses while appended records are not durable. The
+        newest segments go first and the cut segment is fsynced, so a crash midway
+        leaves a prefix of the log, and the caller's next recovery cuts the rest.
+        """
+        if self._closed:
+            raise JournalError("the journal is closed")
+        if self.end != self.durable_end or self._pieces or self._buf:
+            raise JournalError("truncate needs every appended record durable (recovery only)")
+        if position == self.end:
+            return
+        if position < self.first_position or position > self.end:
+            raise JournalError(f"cannot truncate at {position}: the journal holds {self.first_position} to {self.end}")
+        if position != self._segs[0].base:
+            self._frame_at(position)  # proves it is a record boundary
+        i = bisect_right(self._bases, position) - 1
+        try:
+            for base in reversed(self._bases[i + 1 :]):
+                if base <= self._disk_last:
+                    self._storage.remove(base)
+            seg = self._segs[i]
+            self._storage.truncate(seg.base, FILE_HEADER_LEN + position - seg.base)
+        except OSError as exc:
+            raise JournalError(f"cannot truncate the journal at {position}: {exc.strerror or exc}") from exc
+        del self._segs[i + 1 :]
+        del self._bases[i + 1 :]
+        index = seg.index
+        del index[bisect_left(index, position) :]
+        if not index:
+            index.append(seg.base)
+        self._disk_last = min(self._disk_last, seg.base)
+        self.end = self.durable_end = self._written_end = position
+        self._read_hint = 0
+        self._seg_base = seg.base
+        self._seg_limit = seg.base + self._segment_bytes - FILE_HEADER_LEN
+        self._index = index
+        self._index_next = index[-1] + INDEX_INTERVAL_BYTES
+        self._fast_limit = min(self._seg_limit, self._index_next)
+        self._buf_start = self._batch_start = position
+        self._buf_create = False
 
 
 class MemoryJournal(Journal):

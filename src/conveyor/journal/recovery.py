@@ -2,7 +2,9 @@
 
 Rules (STYLE 10: the log is append-only and says what it lost):
 
-- Every segment is read in full and every record's CRC checked, in order.
+- Every segment is read in full and every record's CRC checked, in order, except a
+  sealed segment that an earlier open verified and that has not changed since
+  (verified.py): its ``.verified`` sidecar stands in for the read.
 - The **last** segment may end in a torn or damaged record: a crash while a group
   was being written leaves exactly that, and none of those records had been reported
   durable. It is truncated at the first invalid record and ONE warning names the
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from conveyor.errors import JournalCorrupt, JournalError
+
+from . import verified
 
 from .format import (
     FILE_HEADER_LEN,
@@ -199,7 +203,7 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         last = i == len(bases) - 1
         if prev is not None and base != prev.end:
             raise _gap_error(prev, base, storage.path(base))
-        check, index = check_segment(storage, base)
+        check, index = _check_sealed(storage, base) if not last else check_segment(storage, base)
         if check.problem is not None:
             if check.unsupported:
                 raise JournalError(
@@ -223,6 +227,22 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         **report_tail,  # type: ignore[arg-type]
     )
     return report, segments
+
+
+def _check_sealed(storage: Storage, base: int) -> tuple[SegmentCheck, array]:
+    """A sealed segment: trusted from its ``.verified`` sidecar when that still matches,
+    else checked in full (and the sidecar written when clean). See verified.py."""
+    if getattr(storage, "directory", None) is None:  # in-memory storage: nothing to save
+        return check_segment(storage, base)
+    path = storage.path(base)
+    v = verified.load(path, base)
+    if v is not None:
+        check = SegmentCheck(base, path, v.size, v.records, v.end, v.valid_bytes, v.last_position)
+        return check, array("q", v.index)
+    check, index = check_segment(storage, base)
+    if check.problem is None:
+        verified.save(path, base, check.records, check.end, check.valid_bytes, check.last_position, index)
+    return check, index
 
 
 def torn_creation(storage: Storage, check: SegmentCheck) -> bool:

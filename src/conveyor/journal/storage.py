@@ -32,6 +32,7 @@ from pathlib import Path
 
 from conveyor.errors import JournalError
 
+from . import verified
 from .format import encode_header
 
 SEGMENT_SUFFIX = ".log"
@@ -182,6 +183,7 @@ class FileStorage:
     def remove(self, base: int) -> None:
         self._forget_reader(base)
         os.unlink(self.path(base))
+        verified.remove(self.path(base))
         self._sync_dir()
 
     def close(self) -> None:
