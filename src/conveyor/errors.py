@@ -122,6 +122,40 @@ class SlowConsumer(ClientError):
     code = "slow_consumer"
 
 
+# --- the Spark connector's operations (docs/spark-server.md) --------------------------
+
+
+class Fenced(ClientError):
+    """A named consumer was claimed by a newer holder: this one's epoch is out of date."""
+
+    code = "fenced"
+
+
+class BadDeliveryRange(ClientError):
+    """A delivery range the named consumer does not have (beyond D, or already acked)."""
+
+    code = "bad_delivery_range"
+
+
+class UnknownTxn(ClientError):
+    """A transaction handle with nothing staged (never staged, committed, aborted,
+    expired, or lost in a server restart)."""
+
+    code = "unknown_txn"
+
+
+class StagingFull(ClientError):
+    """Staged rows would pass the server's staging limit."""
+
+    code = "staging_full"
+
+
+class DuplicateConflict(ClientError):
+    """A duplicate (publisher, seq) whose fingerprint differs from the recorded one."""
+
+    code = "duplicate_conflict"
+
+
 # --- the server could not do it ------------------------------------------------------
 
 

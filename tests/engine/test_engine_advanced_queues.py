@@ -3,7 +3,6 @@
 
 import msgspec
 
-from conveyor.protocol import messages as m
 from tests.engine.engine_harness import Harness
 
 

@@ -10,7 +10,6 @@ a new Engine recovers from it.
 
 from __future__ import annotations
 
-import pytest
 
 from conveyor.engine import records
 

@@ -43,6 +43,9 @@ from conveyor.engine.filters import compile_filter as _compile_filter
 from conveyor.engine.queueing import Queueing
 from conveyor.engine.recovery import Checkpoint, Recovery
 from conveyor.engine.subscribing import REPLAY_RECORDS_PER_PUMP, Subscribing
+from conveyor.engine.consumers import NamedConsuming
+from conveyor.engine.fingerprints import FingerprintWindow
+from conveyor.engine.txn import Staging, Transactions
 
 __all__ = ["Checkpoint", "Engine", "REPLAY_RECORDS_PER_PUMP", "VERSION"]
 
@@ -53,8 +56,9 @@ VERSION = "conveyor-0.1"
 _NO_ACKS: frozenset[str] = frozenset()
 _PUBLISH_ACKS = frozenset({"processed", "persisted"})
 _encode_publish = records.encode_publish
-class Engine(Subscribing, Queueing, Recovery):
-    """The broker. Its parts live in mixins: subscribing.py, queueing.py, recovery.py."""
+class Engine(Subscribing, Queueing, Recovery, NamedConsuming, Transactions):
+    """The broker. Its parts live in mixins: subscribing.py, queueing.py, recovery.py,
+    consumers.py (named consumers) and txn.py (staged transactions)."""
 
     def __init__(self, config: Config, journal: Any, *, cache_bytes_max: int = CACHE_BYTES_MAX_DEFAULT) -> None:
         self.config = config
@@ -86,6 +90,9 @@ class Engine(Subscribing, Queueing, Recovery):
         self._actions = ExpiryActions(config.actions)
         self._action_publisher = publisher_id(ACTION_CLIENT_NAME, instance=self.instance)
         self._now = 0.0  # the `now` of the call in progress (for records made deep inside)
+        self._named: dict = {}  # (queue, name) -> consumers.NamedConsumer
+        self._staging = Staging()
+        self._fingerprints = FingerprintWindow()
         self._build_queues()
 
     # --- configuration -------------------------------------------------------------
@@ -242,6 +249,10 @@ class Engine(Subscribing, Queueing, Recovery):
                 self._sow_delete(session, cmd, now)
             case m.Flush():
                 self._flush(session, cmd)
+            case m.Claim() | m.Lease() | m.Fetch() | m.AckThrough() | m.Extend() | m.Reclaim() | m.Head() | m.ConsumerInfo():
+                self._named_command(session, cmd, now)
+            case m.Stage() | m.CommitTxn() | m.AbortTxn():
+                self._txn_command(session, cmd, now)
             case m.Heartbeat():
                 parse_options("heartbeat", cmd.options)
                 if "processed" in ack_types(cmd.ack_type):
@@ -317,7 +328,11 @@ class Engine(Subscribing, Queueing, Recovery):
         data = cmd.data
         corr = cmd.correlation_id
         journal = self.journal
-        pos = journal.append(_encode_publish(topic, publisher, seq, now, data, corr))
+        fingerprint = cmd.fingerprint
+        if fingerprint is None:
+            pos = journal.append(_encode_publish(topic, publisher, seq, now, data, corr))
+        else:
+            pos = journal.append(self._fingerprinted(topic, publisher, seq, now, data, corr, fingerprint))
         self._pending.append((pos, journal.end, topic, publisher, seq, now, data, corr))
         if acks:
             if "persisted" in acks:
@@ -327,7 +342,21 @@ class Engine(Subscribing, Queueing, Recovery):
             if "processed" in acks:
                 self._send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
 
+    def _fingerprinted(self, topic, publisher, seq, now, data, corr, fingerprint: int) -> bytes:
+        self._fingerprints.note(publisher, seq, fingerprint)
+        return records.encode(records.PublishRec(topic, publisher, seq, now, data, corr, fingerprint=fingerprint))
+
     def _duplicate(self, session: Session, cmd: m.Publish, acks: frozenset[str]) -> None:
+        if cmd.fingerprint is not None:
+            recorded = self._fingerprints.get(session.publisher, cmd.seq)
+            if recorded is not None and recorded != cmd.fingerprint:
+                # Same (publisher, seq), another message: fail loudly, never drop it silently.
+                reason = f"duplicate_conflict: sequence {cmd.seq} was published with another fingerprint"
+                for kind in acks & {"processed", "persisted"}:
+                    ack = m.Ack(ack_type=kind, cid=cmd.cid, status="failure", reason=reason,
+                                code=errors.DuplicateConflict.code, seq=cmd.seq)
+                    self._send_when_durable(session.conn_id, ack)
+                return
         reason = f"duplicate: sequence {cmd.seq} is not above {self._highest_seq.get(session.publisher, 0)}"
         for kind in acks & {"processed", "persisted"}:
             ack = m.Ack(ack_type=kind, cid=cmd.cid, status="duplicate", reason=reason, seq=cmd.seq)
@@ -479,11 +508,14 @@ class Engine(Subscribing, Queueing, Recovery):
             deadline = queue.next_deadline()
             if deadline is not None and deadline <= now:
                 events = queue.expire(now)
+                if self._named:
+                    self._count_named_expiries(queue, events)
                 self._journal_queue_events(queue, events)
                 self._dirty_queues.add(queue)
                 if events:
                     # Ended leases free backlog that consumers share across queues.
                     self._dirty_queues.update(self.queues.values())
+        self._staging.expire(now)
         self._dispatch(now)
 
     def next_deadline(self) -> float | None:
@@ -500,6 +532,8 @@ class Engine(Subscribing, Queueing, Recovery):
             "pending_publishes": len(self._pending),
             "cache_misses": self.cache.misses,
             "queues": {name: q.statistics() for name, q in self.queues.items()},
+            "named_consumers": {f"{c.queue}/{c.name}": c.statistics() for c in self._named.values()},
+            "staging": self._staging.statistics(),
         }
 
     def queue_recovery_points(self) -> dict[str, int]:

@@ -621,6 +621,119 @@ class Queue(QueueRecovery, QueueWindow):
         self._trim_deadlines()
         return tally.result()
 
+    # --- named consumers (the Spark connector; docs/spark-server.md) ---------------------------
+    # A named consumer is a seat in _seat_of that is never active: dispatch offers it
+    # nothing, it takes messages only through these calls, with deadlines of its own.
+    # Its leases are ordinary leases: they expire (LEASE_EXPIRE, journaled as any other),
+    # count as deliveries, and under Leasing=strict refuse acks from anyone else. A
+    # barrier is never leased to it (FIFO: nothing at or after the first pending
+    # barrier; priority: the first epoch only), and at-most-once queues have none.
+
+    def named_consumer(self, name: str) -> Consumer:
+        """The :class:`Consumer` of named consumer ``name``, made on first use (after
+        replay: a replay refuses a queue with consumers)."""
+        key = ("named", name)
+        seat = self._seat_of.get(key)
+        if seat is None:
+            if not self._at_least_once:
+                raise QueueStateError(f"queue {self.name!r}: named consumers need at-least-once")
+            seat = _Seat(Consumer(key, key, max_backlog=0))
+            seat.active = False
+            self._seat_of[key] = seat
+        return seat.consumer
+
+    def lease_next(
+        self, consumer: Consumer, n: int | None, now: float, deadline: float, upto: int | None = None
+    ) -> list[Delivery]:
+        """Lease up to ``n`` (None: every) available messages to named ``consumer`` until
+        ``deadline``, in delivery order, never one at a position >= ``upto``."""
+        self._settle(now)
+        seat = self._seat(consumer)
+        limit = math.inf if upto is None else upto
+        if self._priority:
+            keys = []
+            for k in self._epochs[0]:
+                if n is not None and len(keys) >= n:
+                    break
+                if k & POSITION_MASK < limit:
+                    keys.append(k)
+        else:
+            if self._barriers:
+                limit = min(limit, self._barriers[0])
+            keys = []
+            for p in self._store.scan(-1):
+                if p >= limit or (n is not None and len(keys) >= n):
+                    break
+                keys.append(p)
+        out = []
+        for k in keys:
+            p = self._lease_to(seat, k, deadline)
+            count = self._deliveries.get(p, 0) + 1
+            self._deliveries[p] = count
+            self._n["delivered"] += 1
+            out.append(Delivery(consumer, p, deadline, count))
+        return out
+
+    def renew(self, consumer: Consumer, positions: Iterable[int] | None, deadline: float) -> int:
+        """Move the lease deadline of each of ``positions`` (None: all) still leased to
+        ``consumer`` to ``deadline``; how many were."""
+        seat = self._seat(consumer)
+        renewed = 0
+        for p in list(seat.held) if positions is None else positions:
+            lease = self._leases.get(p)
+            if lease is not None and lease.seat is seat:
+                if lease.deadline != deadline:
+                    lease.deadline = deadline
+                    heappush(self._deadlines, (deadline, p))
+                renewed += 1
+        self._trim_deadlines()
+        return renewed
+
+    def take_back(
+        self, consumer: Consumer, position: int, now: float, deadline: float, priority: int | None = None
+    ) -> str:
+        """Lease message ``position`` to ``consumer`` again (a re-offer): "renewed" (it
+        held the lease: deadline moved), "taken" (the message was available: leased
+        again, not counted as a new delivery), "elsewhere" (leased to another
+        subscriber, or inactive) or "done" (acknowledged or expired). ``priority``: the
+        message's priority, needed in a priority queue to find it in the order."""
+        self._settle(now)
+        seat = self._seat(consumer)
+        lease = self._leases.get(position)
+        if lease is not None:
+            if lease.seat is not seat:
+                return "elsewhere"
+            if lease.deadline != deadline:
+                lease.deadline = deadline
+                heappush(self._deadlines, (deadline, position))
+                self._trim_deadlines()
+            return "renewed"
+        if position in self._store and not (self._barriers and position in self._barriers):
+            key = position
+            if self._priority:
+                if priority is None:
+                    raise QueueStateError(f"queue {self.name!r}: take_back needs the priority")
+                key = order_key(priority, position)
+            self._lease_to(seat, key, deadline)
+            return "taken"
+        if position in self._consumed or self.state_of(position) is MessageState.INACTIVE:
+            return "elsewhere"
+        return "done"
+
+    def _lease_to(self, seat: _Seat, key: int, deadline: float) -> int:
+        """AVAILABLE --LEASE--> LEASED for a named consumer's seat; the position."""
+        p = key & POSITION_MASK if self._priority else key
+        advance(self._table, self._semantics, p, _AVAILABLE, Verb.LEASE)
+        if self._priority:
+            # exact removal (queue_priority rule 4): the message may come back later
+            self._epochs[bisect_left(self._barriers, p)].remove(key)
+        t = self._store.discard(p)
+        self._leases[p] = _Lease(seat, deadline, t, key)
+        heappush(self._deadlines, (deadline, p))
+        seat.held.add(p)
+        seat.consumer.outstanding += 1
+        return p
+
     def _ack_one(
         self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally
     ) -> None:
@@ -1001,3 +1114,31 @@ class Queue(QueueRecovery, QueueWindow):
         if len(heap) > _HEAP_SLACK * len(self._leases) + _HEAP_SLACK_MIN:
             heap[:] = [(l.deadline, p) for p, l in self._leases.items()]
             heapify(heap)
+
+    # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
+
+    def page_to(self, file) -> None:
+        """Keep the available messages in a paged store over ``file`` (a
+        :class:`~conveyor.engine.queue_paging.PageFile`): memory bounded whatever the
+        depth. Only before the first message, and not for a priority queue (whose
+        delivery index is not paged)."""
+        from conveyor.engine.queue_paging import PagedMessageStore
+
+        if self._priority or self._store or self._last_position >= self._start:
+            raise QueueStateError(f"queue {self.name!r}: paging must be set up on an empty FIFO queue")
+        self._store = PagedMessageStore(file)
+
+    def snapshot(self, *, events_from: int, publishes_from: int):
+        """The state as replaying the journal would rebuild it (queue_snapshot rule 1)."""
+        from conveyor.engine import queue_snapshot
+
+        return queue_snapshot.take(self, events_from=events_from, publishes_from=publishes_from)
+
+    def restore_snapshot(self, snap) -> None:
+        """Load a snapshot (checked with ``queue_snapshot.check``) into this new queue,
+        then replay the journal from the snapshot's positions."""
+        from conveyor.engine import queue_snapshot
+
+        if self._seat_of or self._store or self._last_position >= self._start:
+            raise QueueStateError(f"queue {self.name!r}: a snapshot restores a new queue")
+        queue_snapshot.restore(self, snap)

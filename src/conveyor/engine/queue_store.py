@@ -19,6 +19,12 @@ Python object. Rules:
 A FIFO queue delivers in this order. A priority queue keeps this store for bookmark
 lookups, expiry, the view's membership test and the recovery point, and adds a delivery
 index on top (:mod:`conveyor.engine.queue_priority`).
+
+Paging (FileBackedMetadata, :mod:`conveyor.engine.queue_paging`) is a subclass: a chunk
+may be *paged out* (``positions is None``; ``live`` slots on disk, no tombstones). The
+few places that touch a chunk other than the head or the tail page it in through
+:meth:`_page_in`; the hooks ``_added`` / ``_dropped`` tell the subclass about chunks that
+appear or go. The base store never pages, and those checks cost it nothing measurable.
 """
 
 from __future__ import annotations
@@ -39,13 +45,14 @@ _NAN = float("nan")
 
 
 class _Chunk:
-    __slots__ = ("positions", "times", "live", "start")
+    __slots__ = ("positions", "times", "live", "start", "page")
 
-    def __init__(self, positions: array, times: array) -> None:
-        self.positions = positions  # array('q'), sorted
+    def __init__(self, positions: array | None, times: array | None) -> None:
+        self.positions = positions  # array('q'), sorted; None while paged out
         self.times = times  # array('d'); NaN marks a tombstone
-        self.live = len(positions)
+        self.live = len(positions) if positions is not None else 0
         self.start = 0  # index of the first live slot
+        self.page = None  # paging: where an up-to-date copy is on disk, if any
 
 
 class MessageStore:
@@ -89,6 +96,8 @@ class MessageStore:
         if i < 0:
             return -1, -1
         ch = self._chunks[i]
+        if ch.positions is None:
+            ch = self._page_in(i)
         j = bisect_left(ch.positions, position)
         if j < len(ch.positions) and ch.positions[j] == position:
             t = ch.times[j]
@@ -114,6 +123,8 @@ class MessageStore:
             i, first = 0, False
         while i < len(chunks):
             ch = chunks[i]
+            if ch.positions is None:
+                ch = self._page_in(i)
             positions, times = ch.positions, ch.times
             j = max(bisect_left(positions, position), ch.start) if first else ch.start
             first = False
@@ -128,7 +139,9 @@ class MessageStore:
     def items(self) -> Iterator[tuple[int, float]]:
         """(position, publish time) of every available message, in order."""
         version = self._version
-        for ch in self._chunks:
+        for i, ch in enumerate(self._chunks):
+            if ch.positions is None:
+                ch = self._page_in(i)
             positions, times = ch.positions, ch.times
             for k in range(ch.start, len(positions)):
                 t = times[k]
@@ -154,6 +167,7 @@ class MessageStore:
         chunks.append(_Chunk(array("q", (position,)), array("d", (t,))))
         self._firsts.append(position)
         self._live += 1
+        self._added(chunks[-1])
 
     def discard(self, position: int) -> float | None:
         """Remove ``position``; its publish time, or None if it was not available."""
@@ -162,6 +176,7 @@ class MessageStore:
             return None
         self._version += 1
         ch = self._chunks[i]
+        ch.page = None  # the copy on disk (if any) is stale
         t = ch.times[j]
         ch.times[j] = _NAN
         ch.live -= 1
@@ -169,6 +184,7 @@ class MessageStore:
         if ch.live == 0:
             del self._chunks[i]
             del self._firsts[i]
+            self._dropped(ch)
             return t
         if j == ch.start:
             times = ch.times
@@ -189,7 +205,8 @@ class MessageStore:
         if i < 0:
             # Before every chunk: the chunks that held it were dropped.
             if chunks and len(chunks[0].positions) < CHUNK_SLOTS:
-                ch = chunks[0]
+                ch = chunks[0]  # the head: always in memory
+                ch.page = None
                 ch.positions.insert(0, position)
                 ch.times.insert(0, t)
                 ch.live += 1
@@ -198,9 +215,13 @@ class MessageStore:
             else:
                 chunks.insert(0, _Chunk(array("q", (position,)), array("d", (t,))))
                 firsts.insert(0, position)
+                self._added(chunks[0])
             self._live += 1
             return
         ch = chunks[i]
+        if ch.positions is None:
+            ch = self._page_in(i)
+        ch.page = None
         j = bisect_left(ch.positions, position)
         if j < len(ch.positions) and ch.positions[j] == position:
             old = ch.times[j]
@@ -244,3 +265,18 @@ class MessageStore:
                 halves.append(part)
         self._chunks[i : i + 1] = halves
         self._firsts[i : i + 1] = [part.positions[0] for part in halves]
+        if tail in halves:
+            self._added(tail)
+        if ch not in halves:
+            self._dropped(ch)
+
+    # --- paging hooks (queue_paging.PagedMessageStore) ------------------------------------
+
+    def _page_in(self, i: int) -> _Chunk:
+        raise AssertionError("the base store never pages out")
+
+    def _added(self, ch: _Chunk) -> None:
+        """A new chunk is in the list."""
+
+    def _dropped(self, ch: _Chunk) -> None:
+        """A chunk left the list (emptied)."""

@@ -9,12 +9,14 @@ each queue from its recovery point; a :class:`Checkpoint` (``queues.ack`` and
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from conveyor.engine import records
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
+from conveyor.engine.snapshots import SnapshotRecovery
+from conveyor.engine.consumers import CONSUMER_RECORDS
 
 log = logging.getLogger("conveyor.engine")
 
@@ -33,8 +35,14 @@ class Checkpoint:
     position: int
     queues: dict[str, tuple[int, str]]
     publishers: dict[int, int]
+    # Named consumers (consumers.py): queue -> name -> {d, acked, epoch, token, positions},
+    # so a restart does not need their records below the queues' recovery points.
+    consumers: dict = field(default_factory=dict)
+    # FileBackedMetadata: queue -> QueueSnapshot (queue_snapshot.py), each valid at its
+    # own positions; recovery replays such a queue only from there.
+    snapshots: dict = field(default_factory=dict)
 
-class Recovery:
+class Recovery(SnapshotRecovery):
     def checkpoint(self) -> Checkpoint:
         end = self.journal.end
         queues = {}
@@ -45,13 +53,17 @@ class Recovery:
                 # scan must start on a record boundary, which the end of the log is.)
                 point = self._pending[0][0] if self._pending else end  # not past an unapplied publish
             queues[name] = (point, q.config.recovery_point or "")
-        return Checkpoint(position=end, queues=queues, publishers=dict(self._highest_seq))
+        return Checkpoint(position=end, queues=queues, publishers=dict(self._highest_seq),
+                          consumers=self._named_snapshot(), snapshots=self._queue_snapshots(end))
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything still needs: queues, replays, the checkpoint."""
         floor = min([checkpoint.position, *(p for p, _ in checkpoint.queues.values())])
         for sub in self._replaying:
             floor = min(floor, sub.cursor)
+        named = self._named_floor()  # fetch reads unacked deliveries' bodies from the log
+        if named is not None:
+            floor = min(floor, named)
         return floor
 
     def _configured_start(self, queue) -> tuple[int, float | None]:
@@ -69,57 +81,100 @@ class Recovery:
         return 0, None
 
     def recover(
-        self, now: float, progress: Callable[[int], None] | None = None, checkpoint: Checkpoint | None = None
+        self, now: float, progress: Callable[[int], None] | None = None, checkpoint: Checkpoint | None = None,
+        pages=None,
     ) -> int:
         """Rebuild state from the journal: publisher sequences, then every queue.
 
         Each queue is rebuilt from its recovery point: the one in the checkpoint when
         its configured ``RecoveryPoint`` is unchanged, else the configured one (spec 000,
         "Startup and Recovery for Queues"). The scan starts at the oldest point needed.
+        A FileBackedMetadata queue with a valid snapshot in the checkpoint starts from
+        it instead; ``pages`` provides the page files (server/page_files.py; None: no paging).
         """
         self._now = now
         starts: dict[str, tuple[int, float | None]] = {}
         if checkpoint is not None:
             self._highest_seq.update(checkpoint.publishers)
+            self._restore_named(checkpoint.consumers)
         for name, queue in self.queues.items():
             saved = checkpoint.queues.get(name) if checkpoint is not None else None
             if saved is not None and saved[1] == (queue.config.recovery_point or ""):
                 starts[name] = (saved[0], None)
             else:
                 starts[name] = self._configured_start(queue)
+        self._restore_snapshots(checkpoint, pages, starts)
         first = getattr(self.journal, "first_position", 0)
         scan_from = min([checkpoint.position if checkpoint is not None else 0, *(p for p, _ in starts.values())])
         scan_from = max(scan_from, first)
         points = {name: p for name, (p, _) in starts.items()}
         times = {name: t for name, (_, t) in starts.items() if t is not None}
         count = 0
+        run: list = []  # an open transaction run (txn.py rule 3): applied once complete
         for pos, payload in self.journal.scan(scan_from):
             rec = records.decode(payload)
             count += 1
             if type(rec) is records.PublishRec:
-                if rec.seq > self._highest_seq.get(rec.publisher, 0):
-                    self._highest_seq[rec.publisher] = rec.seq
-                self._apply_recovered_publish(pos, rec, points, times)
-                if rec.expired_queue is not None:
-                    expired = self.queues.get(rec.expired_queue)
-                    if expired is not None and rec.expired_position >= points[rec.expired_queue]:
-                        expired.replay_expired(rec.expired_position)
+                if rec.txn_total:
+                    run.append((pos, rec))
+                    if rec.txn_index == rec.txn_total - 1:
+                        for p, r in run:
+                            self._recover_publish(p, r, points, times)
+                        run = []
+                else:
+                    if run:  # cannot happen (runs are contiguous): apply what there is
+                        log.error("journal: transaction run at %d interrupted at %d", run[0][0], pos)
+                        for p, r in run:
+                            self._recover_publish(p, r, points, times)
+                        run = []
+                    self._recover_publish(pos, rec, points, times)
+            elif type(rec) in CONSUMER_RECORDS:
+                self._replay_consumer_record(pos, rec, now, points)
             else:
                 queue = self.queues.get(rec.queue)
                 if queue is None:
                     continue  # a queue no longer configured
-                self._replay_queue_record(queue, rec, now, points[rec.queue])
+                if rec.queue in self._snapshot_events:
+                    if pos < self._snapshot_events[rec.queue]:
+                        continue  # already in the snapshot
+                    self._replay_queue_record(queue, rec, now, 0)
+                else:
+                    self._replay_queue_record(queue, rec, now, points[rec.queue])
                 if queue.config.target_queue_depth is not None:
                     self._refill(queue, upto=pos)
             if progress is not None and count % 10000 == 0:
                 progress(count)
+        if run:
+            first = run[0][1]
+            log.warning(
+                "journal: transaction of publisher %d seq %d cut short by a crash (%d of %d records): "
+                "truncated the journal at position %d", first.publisher, first.seq, len(run), first.txn_total, run[0][0],
+            )
+            self.journal.truncate(run[0][0])
         self.applied_end = self.journal.durable_end
         for queue in self.queues.values():
             # Messages already at MaxCancels / MaxDeliveries expire now, journaled.
             self._journal_queue_events(queue, queue.end_replay(now))
             self._refill(queue)
             self._dirty_queues.add(queue)
+        self._lease_named_after_restart(now)
         return count
+
+    def _recover_publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict) -> None:
+        if rec.seq > self._highest_seq.get(rec.publisher, 0):
+            self._highest_seq[rec.publisher] = rec.seq
+        if rec.fingerprint:
+            self._fingerprints.note(rec.publisher, rec.seq, rec.fingerprint)
+        self._apply_recovered_publish(pos, rec, points, times)
+        if rec.expired_queue is not None:
+            expired = self.queues.get(rec.expired_queue)
+            since = self._snapshot_events.get(rec.expired_queue)
+            if expired is not None and (
+                rec.expired_position >= points[rec.expired_queue] if since is None else pos >= since
+            ):
+                expired.replay_expired(rec.expired_position)
+                if expired.config.target_queue_depth is not None:
+                    self._refill(expired, upto=pos)  # as after any queue record: room freed
 
     def _apply_recovered_publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict) -> None:
         for queue in self._queues_for(rec.topic):
@@ -175,4 +230,3 @@ def _above(rec, point: int):
             return records.LeasedRec(rec.queue, [rec.positions[i] for i in keep], [rec.counts[i] for i in keep])
         return type(rec)(rec.queue, [rec.positions[i] for i in keep])
     return rec if rec.position >= point else None
-

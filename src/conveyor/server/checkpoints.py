@@ -6,10 +6,16 @@ detection survives retention. Both are written atomically (temporary file, fsync
 rename, directory fsync) and only once the journal is durable up to the checkpoint's
 position. A missing or unreadable file is not an error: recovery then scans the whole
 journal, which is always correct, only slower.
+
+``consumers.state`` holds the named consumers (engine/consumers.py): per queue and name
+the last delivery, the acked pointer, the epoch and token, and the positions of the
+unacked deliveries. It is written before ``queues.ack``, so it is never older than the
+queues' points; a missing one (a journal from before named consumers) means none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -22,6 +28,7 @@ log = logging.getLogger("conveyor.server")
 
 QUEUES_FILE = "queues.ack"
 PUBLISHERS_FILE = "publishers.seq"
+CONSUMERS_FILE = "consumers.state"
 FORMAT_VERSION = 1
 
 
@@ -35,6 +42,44 @@ class _PublishersFile(msgspec.Struct):
     version: int
     position: int
     publishers: dict[int, int]
+
+
+class _ConsumerState(msgspec.Struct):
+    d: int
+    acked: int
+    epoch: int
+    token: str
+    positions: list[int]
+
+
+class _ConsumersFile(msgspec.Struct):
+    version: int
+    position: int
+    consumers: dict[str, dict[str, _ConsumerState]]
+
+
+def write_consumers(directory: Path, position: int, consumers: dict) -> None:
+    data = _ConsumersFile(FORMAT_VERSION, position, {
+        queue: {name: _ConsumerState(**state) for name, state in named.items()} for queue, named in consumers.items()
+    })
+    _write_atomic(Path(directory) / CONSUMERS_FILE, msgspec.json.encode(data))
+
+
+def read_consumers(directory: Path, *, durable_end: int) -> dict | None:
+    """The named consumers' snapshot; {} when there is no file; None when unusable."""
+    try:
+        data = msgspec.json.decode((Path(directory) / CONSUMERS_FILE).read_bytes(), type=_ConsumersFile)
+    except FileNotFoundError:
+        return {}
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("ignoring unreadable %s (%s): recovering from the whole journal", CONSUMERS_FILE, exc)
+        return None
+    if data.version != FORMAT_VERSION or data.position > durable_end:
+        log.warning("ignoring %s of another version or beyond the journal's end: recovering from the whole journal",
+                    CONSUMERS_FILE)
+        return None
+    return {queue: {name: msgspec.structs.asdict(state) for name, state in named.items()}
+            for queue, named in data.consumers.items()}
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -55,8 +100,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
     directory = Path(directory)
+    write_snapshots(directory, cp.snapshots)  # FileBackedMetadata: each valid on its own
     # publishers first: a queues.ack never points past what publishers.seq covers
     _write_atomic(directory / PUBLISHERS_FILE, msgspec.json.encode(_PublishersFile(FORMAT_VERSION, cp.position, cp.publishers)))
+    write_consumers(directory, cp.position, cp.consumers)  # also before queues.ack
     _write_atomic(directory / QUEUES_FILE, msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues)))
 
 
@@ -83,4 +130,70 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
     points = {name: (max(point, first_position), text) for name, (point, text) in queues.queues.items()}
     if any(point < first_position for point, _ in queues.queues.values()):
         log.warning("queue recovery point older than the oldest journal: starting from the first journal")
-    return Checkpoint(position=max(queues.position, first_position), queues=points, publishers=pubs.publishers)
+    consumers = read_consumers(directory, durable_end=durable_end)
+    if consumers is None:
+        return None
+    return Checkpoint(
+        position=max(queues.position, first_position), queues=points, publishers=pubs.publishers, consumers=consumers
+    )
+
+
+# --- FileBackedMetadata: queue snapshots and page files (engine/snapshots.py) ---------------
+# ``<JournalDirectory>/queues/`` holds, per FileBackedMetadata queue, its page files
+# (``<queue>.<generation>.fbm``) and ``<queue>.snap``, the snapshot of its last checkpoint.
+# A snapshot is written after an fsync of the page file it names (and before queues.ack);
+# each is valid on its own (its positions are in it), so an older one is only slower.
+
+PAGES_DIRECTORY = "queues"
+SNAPSHOT_SUFFIX = ".snap"
+
+
+def pages_directory(directory: Path) -> Path:
+    return Path(directory) / PAGES_DIRECTORY
+
+
+def page_files(directory: Path):
+    """What the engine pages FileBackedMetadata queues to (``recover(pages=...)``)."""
+    from conveyor.server.page_files import PageFiles
+
+    return PageFiles(pages_directory(directory))
+
+
+def write_snapshots(directory: Path, snapshots: dict) -> None:
+    from conveyor.engine import queue_snapshot
+    from conveyor.server.page_files import PageFiles, file_stem
+
+    files = PageFiles(pages_directory(directory))
+    for name, snap in snapshots.items():
+        if snap.page_file is not None:
+            files.sync(name, snap.page_file)  # the pages it names are on disk before it is
+        files.directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(files.directory / f"{file_stem(name)}{SNAPSHOT_SUFFIX}", queue_snapshot.encode(snap))
+        if snap.page_file is not None:
+            files.prune(name, below=snap.page_file)
+
+
+def read_snapshots(directory: Path) -> dict:
+    """Queue -> QueueSnapshot for every readable snapshot file (others: a warning)."""
+    from conveyor.engine import queue_snapshot
+
+    found = {}
+    pages = pages_directory(directory)
+    if not pages.is_dir():
+        return found
+    for path in sorted(pages.glob(f"*{SNAPSHOT_SUFFIX}")):
+        try:
+            snap = queue_snapshot.decode(path.read_bytes())
+        except (OSError, queue_snapshot.SnapshotInvalid) as exc:
+            log.warning("ignoring unreadable snapshot %s (%s): that queue replays from its recovery point", path, exc)
+            continue
+        found[snap.queue] = snap
+    return found
+
+
+def with_snapshots(checkpoint: Checkpoint | None, directory: Path) -> Checkpoint | None:
+    """The checkpoint with the queue snapshots on disk (none without a checkpoint)."""
+    if checkpoint is None:
+        return None
+    return dataclasses.replace(checkpoint, snapshots=read_snapshots(directory))
+

@@ -28,11 +28,13 @@ from typing import Callable
 from conveyor import errors
 from conveyor.config.model import Config, Transport
 from conveyor.engine.core import Engine
+from conveyor.engine.record_facts import describe_record
 from conveyor.journal import Journal, MemoryJournal
+from conveyor.journal.index import SealSummarizer
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import CommandDecoder, Rejected, encode_frames
 from conveyor.protocol.options import parse_options
-from conveyor.server.checkpoints import read_checkpoint, write_checkpoint
+from conveyor.server.checkpoints import page_files, read_checkpoint, with_snapshots, write_checkpoint
 
 log = logging.getLogger("conveyor.server")
 
@@ -122,6 +124,7 @@ class Server:
         if journal is None:
             if tlog is not None:
                 journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
+                journal.on_seal = SealSummarizer(describe_record)  # sidecars for the Spark journal reader
             else:
                 journal = MemoryJournal()
         self.journal = journal
@@ -153,7 +156,9 @@ class Server:
             checkpoint = read_checkpoint(
                 tlog.journal_directory, first_position=self.journal.first_position, durable_end=self.journal.durable_end
             )
-        count = self.engine.recover(self.clock(), checkpoint=checkpoint)
+            checkpoint = with_snapshots(checkpoint, tlog.journal_directory)  # FileBackedMetadata
+        pages = page_files(tlog.journal_directory) if tlog is not None and isinstance(self.journal, Journal) else None
+        count = self.engine.recover(self.clock(), checkpoint=checkpoint, pages=pages)
         log.info("recovered %d journal records in %.3f s", count, time.monotonic() - started)
         if tlog is not None and isinstance(self.journal, Journal):
             # Make what recovery resolved durable before serving: a configured

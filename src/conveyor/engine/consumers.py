@@ -1,0 +1,366 @@
+"""Engine part: named consumers, the Spark source's delivery sequence (SPARK.md section 2;
+docs/spark-server.md). A mixin of :class:`conveyor.engine.core.Engine`.
+
+A named consumer ``(queue, name)`` is durable and independent of connections. Rules:
+
+1. **Deliveries.** Every message leased to it gets the next delivery number ``d`` (1, 2,
+   3...; ``D`` is the last). For ``A < d <= D`` (``A``: the acked pointer) it keeps the
+   message's position, so ``(lo, hi]`` always names the same messages, whatever happens
+   to their leases. Memory: 8 bytes per unacked delivery (``array('q')``).
+2. **Lease** ``after == D``: up to ``max`` new messages (0: all available), in the
+   queue's delivery order, none at a position >= ``upto``; ``after < D``: a re-offer of
+   ``(after, min(D, after+max)]``: leases still held are renewed, messages available
+   again are taken back, nothing new is leased; ``after > D`` or ``after < A``:
+   ``bad_delivery_range``. One :class:`ConsumerLeasedRec` per call that leased anything,
+   and the reply goes out once it is durable.
+3. **Ack through** ``d``: cumulative and idempotent; it acknowledges the messages of
+   deliveries ``A < d' <= d`` whoever holds them now (a lapsed lease still acks its
+   message; a message already acked or expired is skipped). One
+   :class:`ConsumerAckedRec` naming the messages it removed.
+4. **Fencing.** ``claim`` bumps the epoch (one :class:`ConsumerClaimedRec`). Once a
+   consumer was claimed, every mutating call (lease, ack_through, extend, reclaim) must
+   carry the current epoch or fails with ``fenced``. Fetch, head and info are reads.
+5. **Lease state is not journaled** beyond the lease record: extend and reclaim change
+   only deadlines, and no lease survives a restart. After a restart every unacked
+   delivery whose message is still in the queue is leased to its consumer again for the
+   queue's LeasePeriod (so other subscribers do not take it before the driver is back);
+   the next re-offer, reclaim or extend renews it.
+6. **Recovery** applies the three records idempotently on top of the checkpoint's
+   snapshot (``Checkpoint.consumers``): a lease record only if ``first == D+1``, an ack
+   only if it moves ``A``, a claim only if it raises the epoch. Their effect on the
+   queue (delivery counts, acks) replays from the queue's recovery point as any queue
+   record.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+
+from conveyor import errors
+from conveyor.config.model import Semantics
+from conveyor.engine import queue as q
+from conveyor.engine import records
+from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol import messages as m
+
+log = logging.getLogger("conveyor.engine")
+
+#: Deliveries one fetch may return; the client pages (SPARK.md: ``read()`` fetches in pages).
+FETCH_DELIVERIES_MAX = 100_000
+
+CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec)
+
+
+class NamedConsumer:
+    """The durable state of one named consumer (rule 1) and a few counters."""
+
+    __slots__ = ("queue", "name", "d", "acked", "epoch", "token", "positions", "consumer",
+                 "leased", "reoffered", "taken_back", "expired_leases")
+
+    def __init__(self, queue: str, name: str) -> None:
+        self.queue = queue
+        self.name = name
+        self.d = 0  # D: the last delivery number
+        self.acked = 0  # A: every delivery <= A is acknowledged
+        self.epoch = 0  # 0: never claimed (no fencing)
+        self.token = ""
+        self.positions = array("q")  # positions[i]: message of delivery A + 1 + i
+        self.consumer = None  # the queue's Consumer, made on first live use
+        self.leased = 0  # counters since start
+        self.reoffered = 0
+        self.taken_back = 0
+        self.expired_leases = 0
+
+    def position(self, d: int) -> int:
+        return self.positions[d - self.acked - 1]
+
+    def snapshot(self) -> dict:
+        return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "token": self.token,
+                "positions": list(self.positions)}
+
+    def statistics(self) -> dict:
+        return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "unacked": self.d - self.acked,
+                "leased": self.leased, "reoffered": self.reoffered, "taken_back": self.taken_back,
+                "expired_leases": self.expired_leases}
+
+
+class NamedConsuming:
+    # --- commands ------------------------------------------------------------------------
+
+    def _named_command(self, session, cmd, now: float) -> None:
+        conn = session.conn_id
+        match cmd:
+            case m.Fetch():
+                self._fetch(conn, cmd)
+                return
+            case m.Head():
+                self._named_queue(cmd.queue)
+                result = {"upto": self.journal.end}  # every message queued now is below it
+            case m.ConsumerInfo():
+                self._named_queue(cmd.queue)
+                c = self._named.get((cmd.queue, cmd.consumer)) or NamedConsumer(cmd.queue, cmd.consumer)
+                result = {"d": c.d, "acked": c.acked, "epoch": c.epoch, "unacked": c.d - c.acked}
+            case m.Claim():
+                c = self._named_state(cmd.queue, cmd.consumer)
+                c.epoch += 1
+                c.token = cmd.token
+                self.journal.append(records.encode(records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token)))
+                result = {"epoch": c.epoch, "d": c.d, "acked": c.acked}
+            case m.Lease():
+                result = self._lease(cmd, now)
+            case m.AckThrough():
+                result = self._ack_through(cmd, now)
+            case m.Extend():
+                c = self._fenced(cmd)
+                _check_ttl(cmd.ttl)
+                renewed = self.queues[c.queue].renew(self._seat_consumer(c), None, now + cmd.ttl)
+                result = {"renewed": renewed}
+            case m.Reclaim():
+                result = self._reclaim(cmd, now)
+        # Sent once every record so far is durable: a reply never names a delivery a
+        # crash could take back.
+        self._send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=result))
+
+    def _lease(self, cmd: m.Lease, now: float) -> dict:
+        c = self._fenced(cmd)
+        _check_ttl(cmd.ttl)
+        if cmd.max < 0:
+            raise errors.InvalidOption(f"max must be >= 0, not {cmd.max}")
+        self._check_range(c, cmd.after, cmd.after)
+        queue = self.queues[c.queue]
+        deadline = now + cmd.ttl
+        if cmd.after < c.d:
+            hi = c.d if cmd.max == 0 else min(c.d, cmd.after + cmd.max)
+            outcome = self._take_back_range(c, cmd.after, hi, now, deadline)
+            c.reoffered += hi - cmd.after
+            return {"d": hi, "leased": 0, "reoffered": hi - cmd.after, "D": c.d, **outcome}
+        consumer = self._seat_consumer(c)
+        deliveries = queue.lease_next(consumer, cmd.max or None, now, deadline, cmd.upto)
+        if deliveries:
+            positions = [x.position for x in deliveries]
+            rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries])
+            self.journal.append(records.encode(rec))
+            c.positions.extend(positions)
+            c.d += len(positions)
+            c.leased += len(positions)
+        return {"d": c.d, "leased": len(deliveries), "reoffered": 0, "D": c.d}
+
+    def _reclaim(self, cmd: m.Reclaim, now: float) -> dict:
+        c = self._fenced(cmd)
+        _check_ttl(cmd.ttl)
+        if cmd.lo > cmd.hi or cmd.hi > c.d or cmd.lo < 0:
+            raise errors.BadDeliveryRange(
+                f"reclaim ({cmd.lo}, {cmd.hi}]: consumer {c.name!r} of queue {c.queue!r} has deliveries up to {c.d}",
+                lo=cmd.lo, hi=cmd.hi, d=c.d,
+            )
+        done = max(0, min(cmd.hi, c.acked) - cmd.lo)  # acknowledged already
+        outcome = self._take_back_range(c, max(cmd.lo, c.acked), cmd.hi, now, now + cmd.ttl)
+        return {"renewed": outcome["renewed"] + outcome["taken"], "held_elsewhere": outcome["held_elsewhere"],
+                "done": outcome["done"] + done}
+
+    def _take_back_range(self, c: NamedConsumer, lo: int, hi: int, now: float, deadline: float) -> dict:
+        """Re-offer deliveries ``(lo, hi]`` (lo >= A): renew, take back, or report."""
+        queue = self.queues[c.queue]
+        consumer = self._seat_consumer(c)
+        counts = {"renewed": 0, "taken": 0, "held_elsewhere": 0, "done": 0}
+        for d in range(lo + 1, hi + 1):
+            p = c.position(d)
+            outcome = queue.take_back(consumer, p, now, deadline, self._priority_of(queue, p))
+            if outcome == "elsewhere":
+                counts["held_elsewhere"] += 1
+            else:
+                counts[outcome] += 1
+        c.taken_back += counts["taken"]
+        return counts
+
+    def _ack_through(self, cmd: m.AckThrough, now: float) -> dict:
+        c = self._fenced(cmd)
+        if cmd.d > c.d:
+            raise errors.BadDeliveryRange(
+                f"ack_through {cmd.d}: consumer {c.name!r} of queue {c.queue!r} has deliveries up to {c.d}",
+                d=c.d, through=cmd.d,
+            )
+        if cmd.d <= c.acked:
+            return {"acked": c.acked}  # idempotent
+        queue = self.queues[c.queue]
+        n = cmd.d - c.acked
+        result = queue.acknowledge(c.positions[:n], by=None, option=q.AckOption.NONE, now=now)
+        removed = [e.position for e in result.events if type(e) is q.Acknowledged]
+        self.journal.append(records.encode(records.ConsumerAckedRec(c.queue, c.name, cmd.d, removed)))
+        del c.positions[:n]
+        c.acked = cmd.d
+        self._dirty_queues.add(queue)
+        if any(key[0] != "named" for key in result.freed):
+            # a lapsed delivery acked in another subscriber's hands frees its backlog
+            self._dirty_queues.update(self.queues.values())
+        return {"acked": c.acked}
+
+    def _fetch(self, conn: int, cmd: m.Fetch) -> None:
+        self._named_queue(cmd.queue)
+        c = self._named.get((cmd.queue, cmd.consumer)) or NamedConsumer(cmd.queue, cmd.consumer)
+        self._check_range(c, cmd.lo, cmd.hi)
+        if cmd.hi - cmd.lo > FETCH_DELIVERIES_MAX:
+            raise errors.BadDeliveryRange(
+                f"fetch ({cmd.lo}, {cmd.hi}]: at most {FETCH_DELIVERIES_MAX} deliveries per fetch; page it",
+                lo=cmd.lo, hi=cmd.hi,
+            )
+        out = []
+        for d in range(cmd.lo + 1, cmd.hi + 1):
+            p = c.position(d)
+            entry = self.cache.get(p)  # the journal keeps the body: retention_floor
+            out.append(m.Message(
+                topic=entry.topic, data=entry.data, bookmark=format_bookmark(entry.publisher, entry.seq, p),
+                seq=entry.seq, timestamp=entry.timestamp, correlation_id=entry.correlation_id,
+                query_id=cmd.cid, queue=c.queue, delivery=d, publisher=entry.publisher,
+            ))
+        out.append(m.Ack(ack_type="processed", cid=cmd.cid, result={"count": len(out)}))
+        for msg in out:
+            self._send(conn, msg)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _named_queue(self, name: str):
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.UnknownTopic(f"{name!r} is not a queue")
+        if queue.config.semantics is not Semantics.AT_LEAST_ONCE:
+            raise errors.InvalidOption(
+                f"queue {name!r} is at-most-once: named consumers (lease, fetch, ack_through) need an "
+                "at-least-once queue"
+            )
+        return queue
+
+    def _named_state(self, queue: str, name: str) -> NamedConsumer:
+        self._named_queue(queue)
+        if not name:
+            raise errors.InvalidOption("a named consumer needs a name")
+        c = self._named.get((queue, name))
+        if c is None:
+            c = self._named[(queue, name)] = NamedConsumer(queue, name)
+        return c
+
+    def _fenced(self, cmd) -> NamedConsumer:
+        c = self._named_state(cmd.queue, cmd.consumer)
+        if c.epoch and cmd.epoch != c.epoch:
+            raise errors.Fenced(
+                f"consumer {c.name} of queue {c.queue} was claimed by a newer holder (epoch {c.epoch})",
+                epoch=c.epoch,
+            )
+        return c
+
+    @staticmethod
+    def _check_range(c: NamedConsumer, lo: int, hi: int) -> None:
+        if lo > hi or hi > c.d:
+            raise errors.BadDeliveryRange(
+                f"deliveries ({lo}, {hi}]: consumer {c.name!r} of queue {c.queue!r} has deliveries up to {c.d} "
+                "(a checkpoint of another server or consumer?)",
+                lo=lo, hi=hi, d=c.d,
+            )
+        if lo < c.acked:
+            raise errors.BadDeliveryRange(
+                f"deliveries ({lo}, {hi}]: consumer {c.name!r} of queue {c.queue!r} acknowledged every "
+                f"delivery up to {c.acked}; they are no longer kept",
+                lo=lo, hi=hi, acked=c.acked,
+            )
+
+    def _seat_consumer(self, c: NamedConsumer):
+        if c.consumer is None:
+            c.consumer = self.queues[c.queue].named_consumer(c.name)
+        return c.consumer
+
+    def _priority_of(self, queue, position: int) -> int | None:
+        """The priority of a message of a priority queue (computed as at enqueue)."""
+        expr = self._queue_priority.get(queue.config.name)
+        if expr is None:
+            return None
+        entry = self.cache.get(position)
+        return expr.priority(entry.decoded(), self._meta(entry, None))
+
+    def _count_named_expiries(self, queue, events) -> None:
+        """Statistics: which lease expiries were named consumers' (tick only)."""
+        lapsed = {e.position for e in events if type(e) is q.LeaseExpired}
+        if not lapsed:
+            return
+        for c in self._named.values():
+            if c.queue == queue.config.name and c.d > c.acked:
+                c.expired_leases += sum(1 for p in c.positions if p in lapsed)
+
+    # --- checkpoint, retention, recovery ------------------------------------------------
+
+    def _named_snapshot(self) -> dict:
+        out: dict = {}
+        for (queue, name), c in self._named.items():
+            out.setdefault(queue, {})[name] = c.snapshot()
+        return out
+
+    def _named_floor(self) -> int | None:
+        lows = [min(c.positions) for c in self._named.values() if c.positions]
+        return min(lows) if lows else None
+
+    def _restore_named(self, snapshot: dict) -> None:
+        for queue, consumers in snapshot.items():
+            for name, s in consumers.items():
+                c = NamedConsumer(queue, name)
+                c.d, c.acked, c.epoch, c.token = s["d"], s["acked"], s["epoch"], s.get("token", "")
+                c.positions = array("q", s["positions"])
+                self._named[(queue, name)] = c
+
+    def _replay_consumer_record(self, pos: int, rec, now: float, points: dict) -> None:
+        """Rule 6: the consumer's own state, then the record's effect on the queue."""
+        key = (rec.queue, rec.consumer)
+        c = self._named.get(key)
+        if c is None:
+            c = self._named[key] = NamedConsumer(rec.queue, rec.consumer)
+        queue = self.queues.get(rec.queue)
+        point = points.get(rec.queue, 0)
+        since = getattr(self, "_snapshot_events", {}).get(rec.queue)  # a FileBackedMetadata snapshot
+        if since is not None:
+            point = 0
+            if pos < since:
+                queue = None  # its effect on the queue is in the snapshot already
+        match rec:
+            case records.ConsumerLeasedRec():
+                if rec.first > c.d + 1:
+                    # the records before it are gone (retention with no checkpoint)
+                    log.warning("consumer %s of queue %s: deliveries %d..%d unknown; skipping to %d",
+                                c.name, c.queue, c.d + 1, rec.first - 1, rec.first)
+                    c.d = c.acked = rec.first - 1
+                    c.positions = array("q")
+                if rec.first == c.d + 1:
+                    c.positions.extend(rec.positions)
+                    c.d += len(rec.positions)
+                if queue is not None:
+                    for p, count in zip(rec.positions, rec.counts):
+                        if p >= point:
+                            queue.replay_delivered(p, now, count=count)
+            case records.ConsumerAckedRec():
+                if rec.through > c.acked:
+                    del c.positions[: max(0, min(rec.through, c.d) - c.acked)]
+                    c.acked = rec.through
+                    c.d = max(c.d, rec.through)
+                if queue is not None:
+                    for p in rec.positions:
+                        if p >= point:
+                            queue.replay_acknowledged(p)
+            case records.ConsumerClaimedRec():
+                if rec.epoch > c.epoch:
+                    c.epoch, c.token = rec.epoch, rec.token
+        if queue is not None and queue.config.target_queue_depth is not None:
+            self._refill(queue, upto=pos)
+
+    def _lease_named_after_restart(self, now: float) -> None:
+        """Rule 5: unacked deliveries stay with their consumer for one LeasePeriod."""
+        for c in self._named.values():
+            queue = self.queues.get(c.queue)
+            if queue is None or not c.positions or queue.config.semantics is not Semantics.AT_LEAST_ONCE:
+                continue
+            consumer = self._seat_consumer(c)
+            deadline = now + queue.config.lease_period_s
+            for p in c.positions:
+                queue.take_back(consumer, p, now, deadline, self._priority_of(queue, p))
+
+
+def _check_ttl(ttl: float) -> None:
+    if not ttl > 0:
+        raise errors.InvalidOption(f"ttl must be > 0 seconds, not {ttl}")

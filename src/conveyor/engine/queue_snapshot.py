@@ -1,0 +1,198 @@
+"""FileBackedMetadata: a snapshot of a queue's state, so a restart replays only the tail
+of the journal (spec 000, "Startup and Recovery for Queues"; reference.md A.2).
+
+A :class:`QueueSnapshot` is what replaying the journal would rebuild, at a point of the
+journal. Rules:
+
+1. **Two positions.** Every queue event (``Leased``, ``Acknowledged``, ...) journaled
+   below ``events_from`` and every publish below ``publishes_from`` is in the state.
+   They differ because a publish is appended before it is durable and applied: the
+   engine takes ``events_from`` = the journal's end and ``publishes_from`` = its first
+   publish not yet applied. Recovery applies publishes at or above ``publishes_from``
+   and events at or above ``events_from``, nothing twice.
+2. **As replay would leave it.** No lease survives a restart, so a leased message is
+   stored as available with its delivery count (``returned``), as a replayed ``Leased``
+   would make it; at-most-once deliveries are gone. :meth:`Queue.end_replay` then
+   applies the limits as after any replay. Counters (statistics) restart at zero, as
+   after a replay.
+3. **Pages by reference.** A paged-out chunk is stored as ``(offset, count, crc)`` in
+   the page file generation ``page_file``; pages are immutable
+   (:mod:`conveyor.engine.queue_paging`, rule 2), so the reference stays valid. The
+   resident chunks (head, tail, a few more) are inline. A page file must be fsynced
+   before the snapshot naming it is written.
+4. **Valid or ignored.** A snapshot is used only for the same queue configuration
+   (``fingerprint``: what decides which messages are in the queue and what the state
+   means) and only if it checks (its own crc, every page's crc); otherwise recovery
+   replays from the queue's recovery point, which is always correct.
+5. Priority queues are not snapshotted (their delivery index is not paged or saved):
+   they recover by replay, FileBackedMetadata or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from array import array
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from conveyor.engine.queue_paging import PagedMessageStore, PageFile, PageCorrupt, decode_page, encode_page, live_arrays
+from conveyor.engine.queue_store import _Chunk
+
+if TYPE_CHECKING:
+    from conveyor.config.model import QueueConfig
+    from conveyor.engine.queue import Queue
+
+FORMAT_VERSION = 1
+
+
+class SnapshotInvalid(Exception):
+    pass
+
+
+class QueueSnapshot(msgspec.Struct, frozen=True):
+    queue: str
+    fingerprint: str
+    events_from: int  # queue events below: in the state (rule 1)
+    publishes_from: int  # publishes below: in the state
+    start: int
+    last_position: int
+    last_time: float
+    offered: int
+    page_file: int | None  # page file generation; None: every chunk inline
+    # (first position, page offset or -1 when inline, count, crc, inline data)
+    chunks: list[tuple[int, int, int, int, bytes]]
+    returned: bytes  # leases, available again after a restart: positions 'q' + times 'd'
+    deliveries: dict[int, int]
+    cancels: dict[int, int]
+    barriers: list[int]
+    inactive: int  # TargetQueueDepth
+    refill_from: int | None
+    deferred: list[int]
+    version: int = FORMAT_VERSION
+
+
+def fingerprint(config: QueueConfig) -> str:
+    """What decides which messages are in the queue and what its state means."""
+    parts = (
+        config.semantics.value, config.underlying, config.filter, config.priority,
+        config.barrier_expression, config.target_queue_depth, config.recovery_point,
+    )
+    return hashlib.sha1(repr(parts).encode()).hexdigest()
+
+
+def supported(config: QueueConfig) -> bool:
+    return config.file_backed_metadata and config.priority is None  # rule 5
+
+
+def take(queue: Queue, *, events_from: int, publishes_from: int) -> QueueSnapshot:
+    """The queue's state now (rule 1: valid for those two positions). O(resident chunks
+    + side tables), on the engine's thread."""
+    store = queue._store
+    chunks = []
+    for first, ch in zip(store._firsts, store._chunks):
+        if ch.positions is None:
+            offset, count, crc = ch.page
+            chunks.append((first, offset, count, crc, b""))
+            continue
+        positions, times = live_arrays(ch)
+        data, crc = encode_page(positions, times)
+        chunks.append((first, -1, len(positions), crc, data))
+    leased = sorted((p, lease.published_at) for p, lease in queue._leases.items())
+    returned = array("q", [p for p, _ in leased]).tobytes() + array("d", [t for _, t in leased]).tobytes()
+    paged = isinstance(store, PagedMessageStore)
+    return QueueSnapshot(
+        queue=queue.name,
+        fingerprint=fingerprint(queue.config),
+        events_from=events_from,
+        publishes_from=publishes_from,
+        start=queue._start,
+        last_position=queue._last_position,
+        last_time=queue._last_time,
+        offered=queue._offered,
+        page_file=store.file.generation if paged else None,
+        chunks=chunks,
+        returned=returned,
+        deliveries=dict(queue._deliveries),
+        cancels=dict(queue._cancels),
+        barriers=list(queue._barriers),
+        inactive=queue._inactive,
+        refill_from=queue._refill_from,
+        deferred=sorted(queue._deferred),
+    )
+
+
+def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> None:
+    """Rule 4: raise :class:`SnapshotInvalid` unless ``snap`` can be restored."""
+    if snap.version != FORMAT_VERSION or snap.queue != config.name:
+        raise SnapshotInvalid("another format or queue")
+    if snap.fingerprint != fingerprint(config) or not supported(config):
+        raise SnapshotInvalid("the queue configuration changed")
+    if snap.page_file is not None and (file is None or file.generation != snap.page_file):
+        raise SnapshotInvalid("its page file is missing")
+    for first, offset, count, crc, data in snap.chunks:
+        try:
+            if offset >= 0:
+                decode_page(file.read(offset, 16 * count), count, crc, f"{file.path}@{offset}")
+            else:
+                decode_page(data, count, crc, "inline")
+        except (PageCorrupt, OSError) as exc:
+            raise SnapshotInvalid(str(exc)) from None
+        if count == 0:
+            raise SnapshotInvalid("an empty chunk")
+
+
+def restore(queue: Queue, snap: QueueSnapshot) -> None:
+    """Load a checked snapshot into a new queue (before any replay)."""
+    store = queue._store
+    chunks, firsts, live = [], [], 0
+    for first, offset, count, crc, data in snap.chunks:
+        if offset >= 0:
+            ch = _Chunk(None, None)
+            ch.live, ch.page = count, (offset, count, crc)
+        else:
+            ch = _Chunk(*decode_page(data, count, crc, "inline"))
+        chunks.append(ch)
+        firsts.append(first)
+        live += count
+    if isinstance(store, PagedMessageStore):
+        store.adopt(chunks, firsts, live)
+    else:
+        store._chunks, store._firsts, store._live = chunks, firsts, live
+    n = len(snap.returned) // 16
+    positions, times = array("q"), array("d")
+    positions.frombytes(snap.returned[: 8 * n])
+    times.frombytes(snap.returned[8 * n :])
+    for p, t in zip(positions, times):
+        store.restore(p, t)
+    queue._start = snap.start
+    queue._last_position = snap.last_position
+    queue._last_time = snap.last_time
+    queue._offered = snap.offered
+    queue._deliveries = dict(snap.deliveries)
+    queue._cancels = dict(snap.cancels)
+    queue._barriers = list(snap.barriers)
+    queue._inactive = snap.inactive
+    queue._refill_from = snap.refill_from
+    queue._deferred = set(snap.deferred)
+    queue._deferred_heap = sorted(snap.deferred)
+    queue._replayed = True  # end_replay applies the limits to the broken leases (rule 2)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(QueueSnapshot)
+
+
+def encode(snap: QueueSnapshot) -> bytes:
+    payload = _encoder.encode(snap)
+    return zlib.crc32(payload).to_bytes(4, "little") + payload
+
+
+def decode(data: bytes) -> QueueSnapshot:
+    if len(data) < 4 or int.from_bytes(data[:4], "little") != zlib.crc32(data[4:]):
+        raise SnapshotInvalid("checksum mismatch")
+    try:
+        return _decoder.decode(data[4:])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SnapshotInvalid(str(exc)) from None
