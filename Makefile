@@ -35,5 +35,10 @@ bench: $(TEST_STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run_all
 
+# Orders through the server and a PySpark streaming job, exactly once (needs Java 17).
+demo: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[spark]'
+	$(BIN)/python examples/demo_pipeline.py
+
 clean:
 	rm -rf $(VENV) data build *.egg-info src/*.egg-info

@@ -37,15 +37,15 @@ DOCUMENTED_DEFAULT = Config(
     admin=Admin(host="127.0.0.1", port=8085),
     transaction_log=TransactionLog(
         journal_directory=Path("./data"),
-        topics=(RecordedTopic("Work", "json"), RecordedTopic("WorkToDo", "json")),
+        topics=(RecordedTopic("Work", "json"), RecordedTopic("WorkToDo", "json"), RecordedTopic("Results", "json")),
     ),
     queues=(
         QueueConfig(
             name="WorkToDo",
             message_type="json",
             underlying_topic="Work",
-            semantics=Semantics.AT_MOST_ONCE,
-            fairness=Fairness.ROUND_ROBIN,
+            semantics=Semantics.AT_LEAST_ONCE,  # named consumers (the Spark source) need it
+            fairness=Fairness.PROPORTIONAL,
             path="AMPSConfig/SOW/Queue[1]",
         ),
     ),

@@ -1,0 +1,335 @@
+"""A small blocking request/answer client for the Spark connector's operations.
+
+:class:`conveyor.Client` is built for applications: a loop thread, reconnection,
+publish stores. The Spark connector needs something else: a few calls per micro-batch
+from processes Spark creates and kills at will, and objects that are pickled. Rules:
+
+1. **No thread, no event loop, no background work.** One socket, used only while a
+   method runs. It connects (and logs on) lazily, on the first call, so an ``RpcClient``
+   can be created anywhere; still, create it inside methods of Spark objects, never in
+   their ``__init__`` (they are pickled, SPARK.md 1.1).
+2. **At most one retry.** A lost connection raises :class:`~conveyor.errors.ConnectionLost`
+   and the next call connects again; Spark retries tasks and the operator restarts
+   queries. Only a single-answer command on a connection that was already open (which
+   the server may have closed while it was idle) is retried once on a new connection.
+   Those commands are safe to repeat: a repeated lease re-offers what the first one
+   leased, acks and extends are idempotent, commits are deduplicated. ``stage`` is never
+   repeated (staged rows add up): it fails, and the Spark task with it.
+3. **A failure Ack raises** the exception of its code (:func:`conveyor.errors.error_for_code`).
+4. Frames stay below the server's frame limit: ``stage`` and ``publish_batch`` split
+   large row lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import socket
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+
+import msgspec
+
+from conveyor import errors
+from conveyor.client.core import parse_uri
+from conveyor.protocol import messages as m
+from conveyor.protocol.codec import FRAME_HEADER, MessageDecoder
+
+FRAME_BYTES_TARGET = 4 * 1024 * 1024  # well under the server's 16 MiB default limit
+ROWS_PER_FRAME_MAX = 5000
+RECV_BYTES = 1 << 20
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def fingerprint(data: bytes) -> int:
+    """The payload hash sent with a direct-mode publish: 63 bits, never 0 (0 = none)."""
+    return (int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") >> 1) or 1
+
+
+def _chunks(rows: Sequence[bytes], overhead: int = 16) -> Iterator[tuple[int, int]]:
+    """(start, end) index ranges whose rows add up to at most FRAME_BYTES_TARGET bytes."""
+    start, size = 0, 0
+    for i, row in enumerate(rows):
+        size += len(row) + overhead
+        if i > start and (size > FRAME_BYTES_TARGET or i - start >= ROWS_PER_FRAME_MAX):
+            yield start, i
+            start, size = i, len(row) + overhead
+    if start < len(rows):
+        yield start, len(rows)
+
+
+class RpcClient:
+    """Blocking calls to one conveyor server; see the module rules."""
+
+    def __init__(self, server: str, *, client_name: str | None = None, timeout: float = 30.0) -> None:
+        self.server = server
+        self.address = parse_uri(server)
+        self.client_name = client_name or f"conveyor-rpc-{uuid.uuid4().hex[:12]}"
+        self.timeout = timeout
+        self.highest_seq = 0  # the server's highest sequence for this client name (logon)
+        self._sock: socket.socket | None = None
+        self._decoder = MessageDecoder()
+        self._items: list = []
+        self._cids = itertools.count(1)
+
+    # --- connection --------------------------------------------------------------------
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _connected(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        try:
+            sock = socket.create_connection(self.address, timeout=self.timeout)
+        except OSError as exc:
+            raise errors.ConnectionLost(f"cannot connect to {self.server}: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock, self._decoder, self._items = sock, MessageDecoder(), []
+        logon = m.Logon(client_name=self.client_name, cid=self._cid(), ack_type="processed")
+        try:
+            self._send([logon])
+            ack = self._wait(logon.cid)
+        except errors.ConveyorError:
+            self.close()
+            raise
+        self.highest_seq = ack.seq or 0
+        return sock
+
+    def _cid(self) -> str:
+        return f"r{next(self._cids)}"
+
+    def _send(self, commands: list) -> None:
+        sock = self._connected()
+        body = _encoder.encode(commands)
+        try:
+            sock.sendall(FRAME_HEADER.pack(len(body)) + body)
+        except OSError as exc:
+            self.close()
+            raise errors.ConnectionLost(f"lost {self.server}: {exc}") from None
+
+    def _next_item(self):
+        """The next message from the server (blocking up to ``timeout``)."""
+        while not self._items:
+            sock = self._sock
+            if sock is None:
+                raise errors.ConnectionLost(f"not connected to {self.server}")
+            try:
+                data = sock.recv(RECV_BYTES)
+            except TimeoutError:
+                self.close()
+                raise errors.TimedOut(f"{self.server} did not answer within {self.timeout}s") from None
+            except OSError as exc:
+                self.close()
+                raise errors.ConnectionLost(f"lost {self.server}: {exc}") from None
+            if not data:
+                self.close()
+                raise errors.ConnectionLost(f"{self.server} closed the connection")
+            self._decoder.receive_data(data)
+            self._items = self._decoder.next_items()
+            self._items.reverse()  # pop() from the end = in order
+        return self._items.pop()
+
+    @staticmethod
+    def _raise(ack: m.Ack) -> None:
+        code = ack.code or "server_error"
+        err = errors.error_for_code(code, ack.reason or "", **(ack.details or {}))
+        if err.code != code:
+            err.code = code  # a code this version has no class for: keep it visible
+        raise err
+
+    def _wait(self, cid: str) -> m.Ack:
+        """The processed Ack of ``cid``; raises its error if it failed."""
+        while True:
+            item = self._next_item()
+            if isinstance(item, m.Ack) and item.cid == cid and (item.ack_type == "processed" or item.status == "failure"):
+                if item.status == "failure":
+                    self._raise(item)
+                return item
+
+    def _call(self, cmd) -> m.Ack:
+        """One command, one answer. On a connection that was already open (it may have
+        been closed while idle, e.g. by IdleTimeout), a lost connection is retried once on
+        a new one: every command sent this way is safe to repeat (rule 2)."""
+        reused = self._sock is not None
+        if not reused:
+            self._connected()
+        try:
+            self._send([cmd])
+            return self._wait(cmd.cid)
+        except errors.ConnectionLost:
+            if not reused:
+                raise
+        self._connected()
+        self._send([cmd])
+        return self._wait(cmd.cid)
+
+    def _result(self, cmd) -> dict:
+        return dict(self._call(cmd).result or {})
+
+    # --- named consumers (SPARK.md 2.2) --------------------------------------------------
+
+    def claim(self, queue: str, consumer: str, token: str) -> dict:
+        """{"epoch", "d", "acked"}: fence every older holder of the consumer."""
+        return self._result(m.Claim(queue=queue, consumer=consumer, token=token, cid=self._cid()))
+
+    def lease(self, queue: str, consumer: str, after: int, max: int, ttl: float, upto: int | None = None, epoch: int = 0) -> dict:
+        """{"d", "leased", "reoffered"}."""
+        return self._result(
+            m.Lease(queue=queue, consumer=consumer, after=after, max=max, ttl=ttl, upto=upto, epoch=epoch, cid=self._cid())
+        )
+
+    def fetch(self, queue: str, consumer: str, lo: int, hi: int, page: int = 10000) -> Iterator[m.Message]:
+        """The messages of deliveries ``lo < d <= hi`` in d order, ``page`` deliveries per
+        request, with the next page requested before this one is read (the server builds
+        it while the caller works). Abandoning the iterator closes the connection (unread
+        data would follow)."""
+        pages = [(a, min(hi, a + max(1, page))) for a in range(lo, hi, max(1, page))]
+        if not pages:
+            return
+        if self._sock is None:
+            self._connected()
+        inflight: list[str] = []
+
+        def request(i: int) -> None:
+            cid = self._cid()
+            self._send([m.Fetch(queue=queue, consumer=consumer, lo=pages[i][0], hi=pages[i][1], cid=cid)])
+            inflight.append(cid)
+
+        finished = False
+        try:
+            request(0)
+            for i in range(len(pages)):
+                if i + 1 < len(pages):
+                    request(i + 1)
+                cid = inflight.pop(0)
+                while True:
+                    item = self._next_item()
+                    if isinstance(item, m.Message):
+                        if item.query_id == cid:
+                            yield item
+                    elif isinstance(item, m.Ack) and item.cid == cid:
+                        if item.status == "failure":
+                            self._raise(item)
+                        if item.ack_type == "processed":
+                            break
+            finished = True
+        finally:
+            if not finished:
+                self.close()
+
+    def _call_start(self, cmd) -> None:
+        if self._sock is None:
+            self._connected()
+        self._send([cmd])
+
+    def ack_through(self, queue: str, consumer: str, d: int, epoch: int = 0) -> dict:
+        """{"acked"}: cumulative and idempotent."""
+        return self._result(m.AckThrough(queue=queue, consumer=consumer, d=d, epoch=epoch, cid=self._cid()))
+
+    def extend(self, queue: str, consumer: str, ttl: float, epoch: int = 0) -> dict:
+        """{"renewed"}: renew every unacked lease of the consumer."""
+        return self._result(m.Extend(queue=queue, consumer=consumer, ttl=ttl, epoch=epoch, cid=self._cid()))
+
+    def reclaim(self, queue: str, consumer: str, lo: int, hi: int, ttl: float, epoch: int = 0) -> dict:
+        """{"renewed", "held_elsewhere", "done"} for deliveries ``lo < d <= hi``."""
+        return self._result(
+            m.Reclaim(queue=queue, consumer=consumer, lo=lo, hi=hi, ttl=ttl, epoch=epoch, cid=self._cid())
+        )
+
+    def head(self, queue: str) -> int:
+        """The journal position bounding what is queued now (AvailableNow's ``upto``)."""
+        return int(self._result(m.Head(queue=queue, cid=self._cid()))["upto"])
+
+    def consumer_info(self, queue: str, consumer: str) -> dict:
+        """{"d", "acked", "epoch", "unacked"}."""
+        return self._result(m.ConsumerInfo(queue=queue, consumer=consumer, cid=self._cid()))
+
+    # --- staged transactions (SPARK.md 3.2) ----------------------------------------------
+
+    def stage(self, txn: str, topic: str, rows: Sequence[bytes]) -> int:
+        """Stage ``rows`` under ``txn`` (several frames if large); returns the total staged."""
+        commands = [
+            m.Stage(txn=txn, topic=topic, rows=list(rows[a:b]), cid=self._cid()) for a, b in _chunks(rows)
+        ]
+        if not commands:
+            return 0
+        staged = 0
+        for cmd in commands:  # pipelined: every frame goes out, then the answers are read
+            self._call_start(cmd)
+        for cmd in commands:
+            staged = int((self._wait(cmd.cid).result or {}).get("staged", staged))
+        return staged
+
+    def commit_txn(self, publisher: str, seq: int, txns: Iterable[str]) -> str:
+        """Publish everything staged under ``txns`` as one unit: "published" or "duplicate"."""
+        ack = self._call(m.CommitTxn(publisher=publisher, seq=seq, txns=list(txns), cid=self._cid()))
+        return "duplicate" if ack.status == "duplicate" else "published"
+
+    def abort_txn(self, txns: Iterable[str]) -> int:
+        return int(self._result(m.AbortTxn(txns=list(txns), cid=self._cid())).get("discarded", 0))
+
+    # --- direct publishing (SPARK.md 3.1) -----------------------------------------------
+
+    def publish_batch(
+        self,
+        topic: str,
+        rows: Sequence[bytes],
+        *,
+        first_seq: int | None = None,
+        seqs: Sequence[int] | None = None,
+        fingerprints: Sequence[int] | None = None,
+    ) -> tuple[int, int]:
+        """Publish ``rows`` under this client's name with explicit, increasing sequence
+        numbers (``first_seq + i`` or ``seqs``) and payload fingerprints (computed if not
+        given); wait until every one is persisted or answered as a duplicate.
+        Returns (accepted, duplicates); a conflicting duplicate raises."""
+        n = len(rows)
+        if n == 0:
+            return 0, 0
+        if seqs is None:
+            if first_seq is None:
+                raise ValueError("publish_batch needs first_seq or seqs")
+            seqs = range(first_seq, first_seq + n)
+        if fingerprints is None:
+            fingerprints = [fingerprint(r) for r in rows]
+        if self._sock is None:
+            self._connected()
+        for a, b in _chunks(rows):
+            self._send([
+                m.Publish(topic=topic, data=rows[i], seq=seqs[i], ack_type="persisted", fingerprint=fingerprints[i])
+                for i in range(a, b)
+            ])
+        # Persisted acks are conflated (one covers every sequence up to its own);
+        # duplicates are answered one by one. Done when every sequence is covered.
+        ordered = sorted(seqs)
+        duplicates: set[int] = set()
+        persisted = -1
+        at = 0
+        while at < n:
+            item = self._next_item()
+            if not isinstance(item, m.Ack) or item.ack_type != "persisted":
+                continue
+            if item.status == "failure":
+                self._raise(item)
+            if item.seq is None:
+                continue
+            if item.status == "duplicate":
+                duplicates.add(item.seq)
+            elif item.status == "success":
+                persisted = max(persisted, item.seq)
+            while at < n and (ordered[at] in duplicates or ordered[at] <= persisted):
+                at += 1
+        return n - len(duplicates), len(duplicates)

@@ -1,0 +1,420 @@
+"""``spark.read.format("conveyor-journal").load(journal_directory)``: the journal as a table.
+
+One row per journal record (docs/spark-journal.md has the schema and examples). Rules:
+
+- **Snapshot.** ``partitions()`` lists the segment files once, at planning: one
+  partition per SEALED segment (every segment but the newest). The newest segment,
+  which a live server may still append to, is left out unless ``includeOpen=true``;
+  then it is read up to its size at planning and a torn last record ends it quietly.
+- **Pure reads.** ``read()`` depends only on its partition, so Spark may retry it. A
+  segment that retention removed or ``journal repair`` shortened after planning fails
+  the task: rows are never dropped silently. Damage in a sealed segment raises
+  JournalCorrupt.
+- **Pruning.** Segments are named by their first position, so ``lsn`` ranges prune by
+  name. Everything else prunes through the segment summaries (conveyor.journal.index),
+  which are used only when they match their segment; a segment without one is read
+  and its summary written as a by-product (``writeSummaries``), so the next query
+  prunes it.
+- **Filters.** With ``pushdown=true`` (the default) the reader implements
+  ``pushFilters``: ranges on ``lsn`` and ``ts``, and ``=``/``IN`` on ``topic``,
+  ``queue``, ``op``, ``publisher``, ``consumer`` and ``lsn`` are applied here, exactly,
+  and are not evaluated again by Spark; everything else is returned to Spark. PySpark
+  refuses a reader with ``pushFilters`` unless ``spark.sql.python.filterPushdown.enabled``
+  is true (default false), so ``pushdown=false`` selects a reader without it (options
+  ``startLsn``, ``endLsn``, ``ops``, ``topics``, ``queues`` still prune).
+- **Arrow.** ``read()`` yields ``pyarrow.RecordBatch``es (``output=rows`` yields
+  tuples instead; slower, kept for the benchmark). There is no column pruning in the
+  API, so every column is always produced.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from conveyor.engine import records as r
+from conveyor.engine.record_facts import OPS, describe_record
+from conveyor.errors import JournalCorrupt, JournalError
+from conveyor.journal.format import FILE_HEADER_LEN
+from conveyor.journal.index import SummaryBuilder, load_summary, write_summary
+from conveyor.journal.storage import parse_segment_name
+from conveyor.journal.tools import scan_segment
+
+SCHEMA = StructType(
+    [
+        StructField("lsn", LongType(), False),  # the record's position in the journal
+        StructField("ts", TimestampType()),  # publish time (server clock); null for other ops
+        StructField("op", StringType(), False),
+        StructField("topic", StringType()),  # publish
+        StructField("queue", StringType()),  # every op but publish
+        StructField("publisher", LongType()),  # publish
+        StructField("seq", LongType()),  # publish
+        StructField("consumer", StringType()),  # consumer_*
+        StructField("delivery", LongType()),  # consumer_lease: first delivery number; consumer_ack: through
+        StructField("positions", ArrayType(LongType())),  # queue ops: the messages (publish lsns)
+        StructField("counts", ArrayType(IntegerType())),  # lease, consumer_lease: delivery counts
+        StructField("reasons", StringType()),  # expire; publish of a dead letter
+        StructField("payload", BinaryType()),  # publish
+        StructField("correlation_id", StringType()),
+        StructField("fingerprint", LongType()),  # publish from a direct-mode sink
+        StructField("txn_index", IntegerType()),  # publish inside a committed transaction
+        StructField("txn_total", IntegerType()),
+        StructField("expired_queue", StringType()),  # publish of a dead letter: where it expired
+        StructField("expired_position", LongType()),
+        StructField("epoch", LongType()),  # consumer_claim
+    ]
+)
+COLUMNS = tuple(SCHEMA.fieldNames())
+# Exactly the Arrow schema PySpark checks every RecordBatch against.
+ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
+
+#: Rows per RecordBatch (Spark's own default arrow batch size is 10,000).
+BATCH_ROWS = 8192
+
+#: Columns whose ``=``/``IN`` filters are applied while reading (and prune by summary).
+SET_COLUMNS = {"topic": str, "queue": str, "op": str, "publisher": int, "consumer": str, "lsn": int}
+_SUMMARY_SETS = {"topic": "topics", "queue": "queues", "publisher": "publishers", "consumer": "consumers"}
+_ROW_INDEX = {name: i for i, name in enumerate(COLUMNS)}
+_TS = _ROW_INDEX["ts"]
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICRO = dt.timedelta(microseconds=1)
+
+
+def _micros(seconds: float) -> int:
+    """Publish time as Spark stores it. Summaries prune with the same function."""
+    return round(seconds * 1_000_000)
+
+
+def _literal_micros(value) -> int | None:
+    # Spark hands timestamp literals over as UTC-aware datetimes; a naive one is
+    # ambiguous, so that filter goes back to Spark.
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return (value - _EPOCH) // _MICRO
+    return None
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Constraints:
+    """What a query lets through: inclusive ranges on lsn and ts (microseconds) and
+    allowed-value sets. Built from options and pushed filters; picklable."""
+
+    def __init__(self) -> None:
+        self.lsn = [None, None]
+        self.ts = [None, None]
+        self.sets: dict[str, frozenset] = {}
+
+    def narrow(self, column: str, lo: int | None = None, hi: int | None = None) -> None:
+        rng = getattr(self, column)
+        if lo is not None:
+            rng[0] = lo if rng[0] is None else max(rng[0], lo)
+        if hi is not None:
+            rng[1] = hi if rng[1] is None else min(rng[1], hi)
+
+    def allow(self, column: str, values) -> None:
+        values = frozenset(values)
+        self.sets[column] = values & self.sets[column] if column in self.sets else values
+        if column == "lsn":
+            self.narrow("lsn", min(values, default=0), max(values, default=-1))
+
+    def push(self, f: Filter) -> bool:
+        """Take ``f`` if it can be applied exactly; False leaves it to Spark."""
+        path = getattr(f, "attribute", ())  # Not has none
+        if len(path) != 1:
+            return False
+        column = path[0]
+        if isinstance(f, (EqualTo, EqualNullSafe, In)):
+            values = f.value if isinstance(f, In) else (f.value,)
+            if column == "ts":
+                micros = [_literal_micros(v) for v in values]
+                if isinstance(f, In) or None in micros:
+                    return False
+                self.narrow("ts", micros[0], micros[0])
+                return True
+            kind = SET_COLUMNS.get(column)
+            if kind is None or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+                return False
+            self.allow(column, values)
+            return True
+        if isinstance(f, (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)) and column in ("lsn", "ts"):
+            v = _int(f.value) if column == "lsn" else _literal_micros(f.value)
+            if v is None:
+                return False
+            if isinstance(f, GreaterThan):
+                self.narrow(column, lo=v + 1)
+            elif isinstance(f, GreaterThanOrEqual):
+                self.narrow(column, lo=v)
+            elif isinstance(f, LessThan):
+                self.narrow(column, hi=v - 1)
+            else:
+                self.narrow(column, hi=v)
+            return True
+        return False
+
+    def keeps_segment(self, base: int, end: int, summary) -> bool:
+        """False when no record of the segment ``[base, end)`` can match."""
+        lo, hi = self.lsn
+        if (hi is not None and hi < base) or (lo is not None and lo >= end):
+            return False
+        if summary is None:
+            return True
+        if summary.records == 0:
+            return False
+        lo, hi = self.ts
+        if lo is not None or hi is not None:
+            if summary.ts_min is None:
+                return False  # no publish, so no row has a ts
+            if (hi is not None and _micros(summary.ts_min) > hi) or (lo is not None and _micros(summary.ts_max) < lo):
+                return False
+        for column, allowed in self.sets.items():
+            if column == "op":
+                present = summary.ops.keys()
+            elif column in _SUMMARY_SETS:
+                present = getattr(summary, _SUMMARY_SETS[column])
+                if present is None:
+                    continue  # too many to list: unknown
+            else:
+                continue
+            if allowed.isdisjoint(present):
+                return False
+        return True
+
+    def row_filter(self):
+        """A predicate on a row tuple, or None if every row passes."""
+        checks = []
+        lo, hi = self.ts
+        if lo is not None or hi is not None:
+            t = _ROW_INDEX["ts"]
+            lo = -(1 << 63) if lo is None else lo
+            hi = (1 << 63) if hi is None else hi
+            checks.append(lambda row: row[t] is not None and lo <= _micros(row[t]) <= hi)
+        for column, allowed in self.sets.items():
+            checks.append(lambda row, i=_ROW_INDEX[column], allowed=allowed: row[i] in allowed)
+        if not checks:
+            return None
+        return lambda row: all(check(row) for check in checks)
+
+
+class JournalSegment(InputPartition):
+    """One segment file, as planned: read ``[base, end)`` from ``path``."""
+
+    def __init__(self, path: str, base: int, end: int, sealed: bool, summarize: bool) -> None:
+        super().__init__(base)
+        self.path = path
+        self.base = base
+        self.end = end
+        self.sealed = sealed
+        self.summarize = summarize  # no valid summary at planning: write one while reading
+
+
+def _row(position: int, rec) -> tuple:
+    """The row of one decoded record, with ts in epoch seconds (converted per batch)."""
+    t = type(rec)
+    if t is r.PublishRec:
+        return (
+            position, rec.timestamp, "publish", rec.topic, None, rec.publisher, rec.seq, None, None,
+            None, None, rec.expired_reasons or None, rec.data, rec.correlation_id, rec.fingerprint or None,
+            rec.txn_index if rec.txn_index >= 0 else None, rec.txn_total or None, rec.expired_queue,
+            rec.expired_position if rec.expired_position >= 0 else None, None,
+        )
+    op = OPS[t]
+    if t is r.ExpiredRec:
+        return (position, None, op, None, rec.queue, None, None, None, None, [rec.position], None, rec.reasons,
+                None, None, None, None, None, None, None, None)
+    if t is r.ConsumerLeasedRec:
+        return (position, None, op, None, rec.queue, None, None, rec.consumer, rec.first, rec.positions, rec.counts,
+                None, None, None, None, None, None, None, None, None)
+    if t is r.ConsumerAckedRec:
+        return (position, None, op, None, rec.queue, None, None, rec.consumer, rec.through, rec.positions, None,
+                None, None, None, None, None, None, None, None, None)
+    if t is r.ConsumerClaimedRec:
+        return (position, None, op, None, rec.queue, None, None, rec.consumer, None, None, None,
+                None, None, None, None, None, None, None, None, rec.epoch)
+    counts = rec.counts if t is r.LeasedRec else None
+    return (position, None, op, None, rec.queue, None, None, None, None, rec.positions, counts,
+            None, None, None, None, None, None, None, None, None)
+
+
+def _arrow_batch(rows: list[tuple]) -> pa.RecordBatch:
+    n = len(rows)
+    arrays = []
+    for i, (col, field) in enumerate(zip(zip(*rows), ARROW_SCHEMA)):
+        if col.count(None) == n:
+            # Most columns are null for most ops, and pa.array() of an all-None string
+            # column is thousands of times slower than pa.nulls().
+            arrays.append(pa.nulls(n, field.type))
+        elif i == _TS:  # seconds -> microseconds, rounded as _micros() does
+            us = pc.round(pc.multiply(pa.array(col, pa.float64()), 1e6), round_mode="half_to_even")
+            arrays.append(us.cast(pa.int64()).cast(field.type))
+        else:
+            arrays.append(pa.array(col, type=field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _spark_row(row: tuple) -> tuple:
+    ts = row[_TS]
+    if ts is None:
+        return row
+    return (row[0], _EPOCH + dt.timedelta(microseconds=_micros(ts)), *row[2:])
+
+
+class JournalReader(DataSourceReader):
+    """The reader for ``pushdown=false``: options prune, Spark applies every filter."""
+
+    def __init__(self, options) -> None:
+        path = options.get("path")
+        if not path:
+            raise JournalError('conveyor-journal needs a journal directory: .load("/path/to/journal")')
+        self.directory = path
+        self.include_open = _flag(options, "includeOpen", False)
+        self.write_summaries = _flag(options, "writeSummaries", True)
+        self.arrow = options.get("output", "arrow").lower() != "rows"
+        self.constraints = Constraints()
+        c = self.constraints
+        if options.get("startLsn") is not None:
+            c.narrow("lsn", lo=int(options["startLsn"]))
+        if options.get("endLsn") is not None:
+            c.narrow("lsn", hi=int(options["endLsn"]) - 1)  # exclusive, like scan(start, end)
+        for option, column in (("ops", "op"), ("topics", "topic"), ("queues", "queue")):
+            if options.get(option):
+                c.allow(column, [v.strip() for v in options[option].split(",")])
+
+    def partitions(self) -> list[JournalSegment]:
+        try:
+            names = os.listdir(self.directory)
+        except OSError as exc:
+            raise JournalError(f"cannot list journal directory {self.directory}: {exc.strerror}") from exc
+        bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
+        out = []
+        for i, base in enumerate(bases):
+            path = os.path.join(self.directory, f"{base:020d}.log")
+            sealed = i + 1 < len(bases)
+            if sealed:
+                end = bases[i + 1]
+                summary = load_summary(path)
+            elif self.include_open:
+                end = base + os.stat(path).st_size - FILE_HEADER_LEN  # the snapshot of the open segment
+                summary = None
+            else:
+                break
+            if self.constraints.keeps_segment(base, end, summary):
+                out.append(JournalSegment(path, base, end, sealed, sealed and summary is None and self.write_summaries))
+        return out
+
+    def read(self, partition: JournalSegment) -> Iterator:
+        if not isinstance(partition, JournalSegment):
+            return  # everything pruned: Spark plans one empty InputPartition(None)
+        lo, hi = self.constraints.lsn
+        keep = self.constraints.row_filter()
+        # Summarize only a whole sealed segment, as the file was when reading began.
+        builder = SummaryBuilder(describe_record) if partition.summarize and lo is None and hi is None else None
+        lo = -1 if lo is None else lo
+        hi = 1 << 63 if hi is None else hi
+        try:
+            before = os.stat(partition.path)
+        except FileNotFoundError:
+            raise JournalError(
+                f"journal segment {partition.path} was removed after the query was planned (retention or repair)"
+            ) from None
+        if before.st_size < FILE_HEADER_LEN + partition.end - partition.base:
+            raise JournalError(f"journal segment {partition.path} is shorter than when the query was planned (repair?)")
+        decode = r.decode
+        rows: list[tuple] = []
+        frames = scan_segment(partition.path, end=partition.end)
+        try:
+            for position, payload in frames:
+                if builder is not None:
+                    builder.add(position, payload)
+                if position < lo:
+                    continue  # a position is proven only by walking the frames before it
+                if position > hi:
+                    break  # positions only grow
+                row = _row(position, decode(payload))
+                if keep is None or keep(row):
+                    rows.append(row)
+                    if len(rows) >= BATCH_ROWS:
+                        yield from self._emit(rows)
+                        rows = []
+        except JournalCorrupt:
+            if partition.sealed:
+                raise
+            # The open segment: a torn last record is a write in progress (or a crash
+            # recovery will truncate); what came before it is the snapshot.
+        if rows:
+            yield from self._emit(rows)
+        if builder is not None:
+            after = os.stat(partition.path)
+            if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
+                write_summary(partition.path, builder.finish(partition.base, before.st_size, before.st_mtime_ns))
+
+    def _emit(self, rows: list[tuple]) -> Iterator:
+        if self.arrow:
+            yield _arrow_batch(rows)
+        else:
+            yield from map(_spark_row, rows)
+
+
+class PushdownJournalReader(JournalReader):
+    """The default reader: also takes the filters it can apply exactly."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        for f in filters:
+            if not self.constraints.push(f):
+                yield f
+
+
+class JournalDataSource(DataSource):
+    """``spark.read.format("conveyor-journal").load(directory)``; see the module header."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "conveyor-journal"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> JournalReader:
+        if _flag(self.options, "pushdown", True):
+            return PushdownJournalReader(self.options)
+        return JournalReader(self.options)
+
+
+def _flag(options, name: str, default: bool) -> bool:
+    value = options.get(name)
+    if value is None:
+        return default
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option {name} must be true or false, not {value!r}")

@@ -1,0 +1,67 @@
+"""Reading the connector's options.
+
+Spark hands a data source its options as a ``CaseInsensitiveDict`` whose keys are
+**lower-cased** (SPARK.md 1.1): always look keys up in lower case, and never rely on
+``dict(options)`` keeping case-insensitivity. Values are strings. Errors name the option
+and say what is allowed, because they surface in a Spark stack trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class OptionError(ValueError):
+    """An option is missing or has a bad value."""
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name.lower())
+    if value is None:
+        value = options.get(name)
+    return None if value is None else str(value)
+
+
+def required(options: Mapping[str, str], name: str, hint: str = "") -> str:
+    value = _get(options, name)
+    if value is None or not value.strip():
+        raise OptionError(f"option {name!r} is required" + (f" ({hint})" if hint else ""))
+    return value.strip()
+
+
+def text(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = _get(options, name)
+    return default if value is None or not value.strip() else value.strip()
+
+
+def choice(options: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = (text(options, name, default) or default).lower()
+    if value not in allowed:
+        raise OptionError(f"option {name!r} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
+
+
+def integer(options: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    value = _get(options, name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be an integer, not {value!r}") from None
+    if number < minimum:
+        raise OptionError(f"option {name!r} must be at least {minimum}, not {number}")
+    return number
+
+
+def seconds(options: Mapping[str, str], name: str, default: float) -> float:
+    value = _get(options, name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise OptionError(f"option {name!r} must be a number of seconds, not {value!r}") from None
+    if number <= 0:
+        raise OptionError(f"option {name!r} must be positive, not {number}")
+    return number

@@ -1,0 +1,353 @@
+"""Streaming source: a named consumer of a conveyor queue as a Spark stream (SPARK.md 2).
+
+The server numbers every message it leases to a named consumer with a durable,
+gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d": D,
+"np": K}`` and a micro-batch is the delivery range ``(start.d, end.d]``. Rules:
+
+1. **Ack only what Spark has committed.** ``latestOffset(start)`` runs only after the
+   batch ending at ``start`` is in Spark's commit log, so it acks ``<= start.d`` first
+   (``commit(end)`` lags a batch and is skipped for the last one, SPARK.md 1.2). Async
+   progress tracking breaks that ordering and is not supported.
+2. **A range always yields the same rows.** ``read()`` is a pure fetch of its range,
+   whatever the lease state: safe to retry and to speculate. A lease after a crash
+   (``after < D`` on the server) re-offers the deliveries already numbered instead of
+   leasing new ones.
+3. **A replay keeps its split**: ``np`` is taken from the end offset.
+4. **One query per consumer.** The driver-side reader claims the consumer with a fresh
+   token on its first call and carries the epoch in every mutating call; a query whose
+   consumer was claimed by a newer one fails with :class:`ConsumerFenced`.
+5. **Nothing live in ``__init__``** (the reader is pickled): the connection, the claim
+   and the lease heartbeat thread are created lazily, in the driver's runner process only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from conveyor import errors
+from conveyor.client.rpc import RpcClient
+from conveyor.spark import options as opt
+from conveyor.spark.faults import fault
+
+log = logging.getLogger("conveyor.spark")
+
+OFFSET_VERSION = 1
+
+
+def source_schema(data_type: str = "string") -> StructType:
+    """The rows of the source: the payload (``data``: UTF-8 text, or bytes with
+    ``dataType=binary``), where it came from, and its delivery number."""
+    return StructType([
+        StructField("data", BinaryType() if data_type == "binary" else StringType()),
+        StructField("topic", StringType()),
+        StructField("bookmark", StringType()),  # publisher|seq|position: a unique key
+        StructField("publisher", LongType()),  # the publisher id
+        StructField("sequence", LongType()),  # the publisher's sequence number
+        StructField("timestamp", TimestampType()),  # when the server accepted it
+        StructField("delivery", LongType()),  # d: the consumer's delivery number
+    ])
+
+
+class ConsumerFenced(errors.ConveyorError):
+    """Another query claimed this named consumer after us: this query must stop."""
+
+    code = "fenced"
+
+
+def _is_fenced(exc: Exception) -> bool:
+    return getattr(exc, "code", None) == "fenced"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    server: str
+    queue: str
+    consumer: str
+    max_records: int  # per micro-batch; 0 = everything ready
+    num_partitions: int
+    lease_seconds: float
+    fetch_size: int
+    data_type: str  # "string" (UTF-8 payloads) or "binary"
+    output: str  # "arrow" (RecordBatches) or "rows" (tuples; slower, kept for the benchmark)
+    timeout: float
+    raw: dict  # for the test hooks
+
+    @classmethod
+    def parse(cls, options) -> SourceOptions:
+        return cls(
+            server=opt.required(options, "server", "e.g. tcp://127.0.0.1:9007"),
+            queue=opt.required(options, "queue"),
+            consumer=opt.required(options, "consumer", "a name for this query's consumer, kept in its checkpoint"),
+            max_records=opt.integer(options, "maxRecordsPerBatch", 10000),
+            num_partitions=opt.integer(options, "numPartitions", 2, minimum=1),
+            lease_seconds=opt.seconds(options, "leaseSeconds", 60.0),
+            fetch_size=opt.integer(options, "fetchSize", 10000, minimum=1),
+            data_type=opt.choice(options, "dataType", ("string", "binary"), "string"),
+            output=opt.choice(options, "output", ("arrow", "rows"), "arrow"),
+            timeout=opt.seconds(options, "timeout", 30.0),
+            raw={k.lower(): v for k, v in options.items() if k.lower().startswith("test")},
+        )
+
+
+@dataclass(frozen=True)
+class DeliveryRange(InputPartition):
+    """Deliveries ``lo < d <= hi`` of the consumer: one Spark task."""
+
+    lo: int
+    hi: int
+    index: int
+    batch: int  # the end delivery number of the micro-batch, for the test hooks
+
+
+class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.o = options
+        self.schema = schema
+        self._reset()
+
+    def _reset(self) -> None:
+        self._rpc: RpcClient | None = None
+        self._claim: dict | None = None
+        self._upto: int | None = None
+        self._heartbeat: _Heartbeat | None = None
+        self._fresh: tuple[int, int] | None = None  # the range the last lease of this run made
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for key in ("_rpc", "_claim", "_upto", "_heartbeat", "_fresh"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # --- driver side ----------------------------------------------------------------------
+
+    def _driver(self) -> RpcClient:
+        """The driver runner's connection; the first call claims the consumer (rule 4)."""
+        if self._rpc is None:
+            rpc = RpcClient(self.o.server, timeout=self.o.timeout)
+            self._claim = self._guard(lambda: rpc.claim(self.o.queue, self.o.consumer, uuid.uuid4().hex))
+            self._rpc = rpc
+            log.info("claimed consumer %s of %s: %s", self.o.consumer, self.o.queue, self._claim)
+        return self._rpc
+
+    @property
+    def _epoch(self) -> int:
+        self._driver()
+        assert self._claim is not None
+        return int(self._claim["epoch"])
+
+    def _guard(self, call):
+        try:
+            return call()
+        except errors.ConveyorError as exc:
+            if _is_fenced(exc):
+                if self._heartbeat is not None:
+                    self._heartbeat.stop()
+                raise ConsumerFenced(
+                    f"consumer {self.o.consumer!r} of queue {self.o.queue!r} was claimed by another query: this query "
+                    f"is fenced out and stops. Two running queries must not share a consumer name. ({exc})"
+                ) from exc
+            raise
+
+    def _offset(self, d: int) -> dict:
+        return {"v": OFFSET_VERSION, "consumer": self.o.consumer, "d": d, "np": self.o.num_partitions}
+
+    def _check(self, offset: dict) -> int:
+        if offset.get("v", OFFSET_VERSION) != OFFSET_VERSION:
+            raise ValueError(f"unsupported conveyor offset version {offset.get('v')!r} (this connector writes {OFFSET_VERSION})")
+        if offset.get("consumer") != self.o.consumer:
+            raise ValueError(
+                f"the checkpoint's offsets belong to consumer {offset.get('consumer')!r}, not to consumer "
+                f"{self.o.consumer!r}: use a new checkpoint location for a new consumer"
+            )
+        return int(offset["d"])
+
+    def initialOffset(self) -> dict:
+        # Called twice on a fresh start: deterministic (the claim is made once per process).
+        self._driver()
+        assert self._claim is not None
+        return self._offset(int(self._claim["acked"]))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.o.max_records) if self.o.max_records > 0 else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        rpc = self._driver()
+        self._upto = self._guard(lambda: rpc.head(self.o.queue))
+        log.info("AvailableNow: leasing up to journal position %s", self._upto)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        after = self._check(start)
+        rpc, epoch = self._driver(), self._epoch
+        most = limit.max_rows if isinstance(limit, ReadMaxRows) else 0
+        if after > 0:
+            # Rule 1: the batch ending at `start` is in Spark's commit log by now.
+            self._guard(lambda: rpc.ack_through(self.o.queue, self.o.consumer, after, epoch))
+        got = self._guard(
+            lambda: rpc.lease(self.o.queue, self.o.consumer, after, most, self.o.lease_seconds, self._upto, epoch)
+        )
+        self._start_heartbeat()
+        end = int(got["d"])
+        if most:
+            end = min(end, after + most)
+        if end <= after:
+            return start  # nothing new: `start` itself, or Spark plans an empty batch
+        self._fresh = (after, end)
+        fault(self.o.raw, f"source.leased.d{end}")
+        return self._offset(end)
+
+    def reportLatestOffset(self):
+        return None  # must not lease
+
+    def partitions(self, start: dict, end: dict) -> list[DeliveryRange]:
+        lo, hi = self._check(start), self._check(end)
+        if hi <= lo:
+            return []
+        rpc, epoch = self._driver(), self._epoch
+        if self._fresh != (lo, hi):
+            # A replayed batch (restart) was not leased in this run: renew its leases.
+            got = self._guard(lambda: rpc.reclaim(self.o.queue, self.o.consumer, lo, hi, self.o.lease_seconds, epoch))
+            if got.get("held_elsewhere"):
+                log.warning("deliveries %s..%s: %s are leased to another consumer", lo, hi, got["held_elsewhere"])
+        self._start_heartbeat()
+        n = min(int(end.get("np", self.o.num_partitions)), hi - lo)  # rule 3
+        size, extra = divmod(hi - lo, n)
+        ranges, at = [], lo
+        for i in range(n):
+            top = at + size + (1 if i < extra else 0)
+            ranges.append(DeliveryRange(at, top, i, hi))
+            at = top
+        return ranges
+
+    def commit(self, end: dict) -> None:
+        d = self._check(end)
+        rpc, epoch = self._driver(), self._epoch
+        self._guard(lambda: rpc.ack_through(self.o.queue, self.o.consumer, d, epoch))
+
+    def stop(self) -> None:  # not reliably called (SPARK.md 6.9): nothing depends on it
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self._rpc is not None:
+            self._rpc.close()
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = _Heartbeat(self.o, self._epoch)
+            self._heartbeat.start()
+
+    # --- executor side --------------------------------------------------------------------
+
+    def read(self, partition: DeliveryRange) -> Iterator[pa.RecordBatch]:
+        o = self.o
+        schema = arrow_schema(self.schema)
+        rpc = RpcClient(o.server, timeout=o.timeout)
+        try:
+            count, half = 0, partition.lo + (partition.hi - partition.lo) // 2
+            page: list = []
+            for msg in rpc.fetch(o.queue, o.consumer, partition.lo, partition.hi, page=o.fetch_size):
+                page.append(msg)
+                if len(page) >= o.fetch_size:
+                    count += len(page)
+                    yield from self._out(page, schema)
+                    page = []
+                if msg.delivery == half and o.raw:
+                    fault(o.raw, f"read.d{partition.batch}.p{partition.index}")
+            if page:
+                count += len(page)
+                yield from self._out(page, schema)
+        finally:
+            rpc.close()
+        if count != partition.hi - partition.lo:
+            raise errors.ServerError(
+                f"deliveries {partition.lo}..{partition.hi} of consumer {o.consumer!r}: the server returned "
+                f"{count} messages, not {partition.hi - partition.lo}"
+            )
+
+    def _out(self, page: list, schema: pa.Schema) -> Iterator:
+        if self.o.output == "arrow":
+            yield to_batch(page, schema, self.o.data_type)
+            return
+        text = self.o.data_type == "string"
+        for msg in page:
+            yield (
+                msg.data.decode() if text else msg.data, msg.topic, msg.bookmark, msg.publisher, msg.seq,
+                datetime.fromtimestamp(msg.timestamp or 0.0, UTC), msg.delivery,
+            )
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")  # what Spark checks read()'s batches against
+
+
+def to_batch(page: list, schema: pa.Schema, data_type: str) -> pa.RecordBatch:
+    data = pa.array([msg.data for msg in page], pa.binary())
+    if data_type == "string":
+        data = data.cast(pa.string())  # validates UTF-8 in C
+    micros = pa.array([int((msg.timestamp or 0.0) * 1_000_000) for msg in page], pa.int64())
+    columns = [
+        data,
+        pa.array([msg.topic for msg in page], pa.string()),
+        pa.array([msg.bookmark for msg in page], pa.string()),
+        pa.array([msg.publisher for msg in page], pa.int64()),
+        pa.array([msg.seq for msg in page], pa.int64()),
+        micros.cast(schema.field("timestamp").type),
+        pa.array([msg.delivery for msg in page], pa.int64()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class _Heartbeat:
+    """Renews the consumer's leases every ttl/3 on its own connection (driver runner only)."""
+
+    def __init__(self, o: SourceOptions, epoch: int) -> None:
+        self.o = o
+        self.epoch = epoch
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conveyor-lease-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        rpc = RpcClient(self.o.server, timeout=self.o.timeout)
+        try:
+            while not self._stop.wait(self.o.lease_seconds / 3):
+                try:
+                    rpc.extend(self.o.queue, self.o.consumer, self.o.lease_seconds, self.epoch)
+                except errors.ConveyorError as exc:
+                    if _is_fenced(exc):
+                        log.warning("lease heartbeat: consumer %s fenced out; stopping", self.o.consumer)
+                        return
+                    log.warning("lease heartbeat failed (retrying in %.1fs): %s", self.o.lease_seconds / 3, exc)
+        finally:
+            rpc.close()

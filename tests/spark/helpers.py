@@ -1,0 +1,61 @@
+"""Shared by the Spark tests: the queue configuration, publishing and reading back."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+from conveyor import Client
+from conveyor.client.rpc import RpcClient
+
+QUEUE = "In"
+QUEUES = """
+<Queue>
+    <Name>In</Name>
+    <MessageType>json</MessageType>
+    <UnderlyingTopic>in</UnderlyingTopic>
+    <Semantics>at-least-once</Semantics>
+    <LeasePeriod>30s</LeasePeriod>
+</Queue>
+"""
+
+
+def publish_numbers(uri: str, start: int, count: int, topic: str = "in", name: str = "numbers") -> None:
+    """Publish {"n": start..start+count-1} to ``topic`` (persisted when this returns)."""
+    with RpcClient(uri, client_name=name) as rpc:
+        rpc.head(QUEUE)  # logs on: highest_seq is known
+        first = rpc.highest_seq + 1
+        rows = [json.dumps({"n": n}).encode() for n in range(start, start + count)]
+        accepted, _ = rpc.publish_batch(topic, rows, first_seq=first)
+        assert accepted == count
+
+
+def read_topic(uri: str, topic: str, expected: int, settle: float = 1.0, timeout: float = 30.0) -> list[dict]:
+    """Every message of ``topic`` from the start of the log, as JSON: waits for
+    ``expected`` messages, then ``settle`` seconds more for any extra (duplicates)."""
+    out: list[dict] = []
+    with Client(f"reader-{time.monotonic_ns()}").connect(uri) as client:
+        sub = client.subscribe(topic, bookmark="0")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = sub.get(timeout=settle if len(out) >= expected else 0.5)
+            if msg is None:
+                if len(out) >= expected:
+                    break
+                continue
+            out.append(json.loads(msg.data))
+    return out
+
+
+def assert_exactly_once(rows: list[dict], numbers: range) -> None:
+    counts = Counter(row["n"] for row in rows)
+    missing = sorted(set(numbers) - set(counts))
+    extra = sorted(n for n, c in counts.items() if c > 1 or n not in numbers)
+    assert not missing and not extra, f"missing {missing[:20]}, duplicated/unexpected {extra[:20]}"
+    assert len(rows) == len(numbers)
+
+
+def consumer_info(uri: str, consumer: str) -> dict:
+    with RpcClient(uri) as rpc:
+        return rpc.consumer_info(QUEUE, consumer)

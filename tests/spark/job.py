@@ -1,0 +1,52 @@
+"""A streaming job run as a subprocess by test_crashes.py: the driver the tests SIGKILL.
+
+Run in a new session (``start_new_session=True``): a ``kill`` fault (TEST HOOK,
+conveyor.spark.faults) SIGKILLs this process group, i.e. this process and its JVM.
+Prints ``DONE`` when the AvailableNow query finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--server", required=True)
+    p.add_argument("--consumer", default="etl")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--mode", default="txn")
+    p.add_argument("--max-records", type=int, default=50)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--faults", default="")
+    p.add_argument("--fault-dir", default="")
+    a = p.parse_args()
+    assert os.getpgid(0) == os.getpid(), "run me with start_new_session=True (the kill hook kills my group)"
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from conveyor.spark import register
+    from tests.spark import pipeline
+
+    spark = (
+        SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    faults = {"testFaults": a.faults, "testFaultDir": a.fault_dir, "testKillPgid": str(os.getpgid(0))}
+    query = pipeline.start(
+        spark, uri=a.server, consumer=a.consumer, checkpoint=a.checkpoint, mode=a.mode,
+        max_records=a.max_records, partitions=a.partitions, source_extra=faults, sink_extra=faults,
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"query failed: {query.exception()}")
+    print("DONE", flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

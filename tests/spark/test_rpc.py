@@ -1,0 +1,98 @@
+"""conveyor.client.rpc.RpcClient against the real server (no Spark)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conveyor import errors
+from conveyor.client.rpc import RpcClient
+from tests.serverproc import ServerProcess, write_config
+from tests.spark.helpers import QUEUE, QUEUES, publish_numbers, read_topic
+
+
+def test_named_consumer_calls(conveyor_server):
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 30)
+    with RpcClient(uri) as rpc:
+        claim = rpc.claim(QUEUE, "c", "token-1")
+        epoch = claim["epoch"]
+        assert (claim["d"], claim["acked"]) == (0, 0)
+        assert rpc.lease(QUEUE, "c", 0, 10, 30, epoch=epoch)["d"] == 10
+        # paging: 10 deliveries in pages of 3, in d order
+        got = list(rpc.fetch(QUEUE, "c", 0, 10, page=3))
+        assert [m.delivery for m in got] == list(range(1, 11))
+        assert got[0].data == b'{"n": 0}' and got[0].publisher and got[0].seq == 1 and got[0].bookmark
+        # a re-offer (after < D) leases nothing new
+        again = rpc.lease(QUEUE, "c", 5, 10, 30, epoch=epoch)
+        assert (again["d"], again["leased"], again["reoffered"]) == (10, 0, 5)
+        assert rpc.ack_through(QUEUE, "c", 5, epoch=epoch)["acked"] == 5
+        assert rpc.ack_through(QUEUE, "c", 5, epoch=epoch)["acked"] == 5  # idempotent
+        assert rpc.extend(QUEUE, "c", 30, epoch=epoch)["renewed"] == 5
+        assert rpc.reclaim(QUEUE, "c", 5, 10, 30, epoch=epoch)["held_elsewhere"] == 0
+        assert rpc.consumer_info(QUEUE, "c") == {"d": 10, "acked": 5, "epoch": epoch, "unacked": 5}
+        assert rpc.head(QUEUE) > 0
+        with pytest.raises(errors.BadDeliveryRange):
+            list(rpc.fetch(QUEUE, "c", 0, 3))  # acked: no longer kept
+        # fencing: a newer claim makes the old epoch fail, with its code
+        with RpcClient(uri) as other:
+            newer = other.claim(QUEUE, "c", "token-2")["epoch"]
+        with pytest.raises(errors.ConveyorError) as info:
+            rpc.lease(QUEUE, "c", 10, 10, 30, epoch=epoch)
+        assert info.value.code == "fenced"
+        assert rpc.lease(QUEUE, "c", 10, 0, 30, epoch=newer)["d"] == 30  # the connection is still usable
+
+
+def test_stage_commit_abort_and_large_stages(conveyor_server):
+    uri = conveyor_server.uri
+    big = [b'{"pad": "' + b"x" * 3000 + b'", "n": %d}' % i for i in range(3000)]  # ~9 MB: several frames
+    with RpcClient(uri) as rpc:
+        assert rpc.stage("q1/0/0/1/t0", "out", big) == 3000
+        assert rpc.stage("q1/0/1/2/t0", "out", [b'{"n": -1}']) == 1
+        assert rpc.commit_txn("sink/q1", 1, ["q1/0/0/1/t0", "q1/0/1/2/t0"]) == "published"
+        rpc.stage("q1/0/0/3/t0", "out", [b'{"n": -2}'])
+        assert rpc.commit_txn("sink/q1", 1, ["q1/0/0/3/t0"]) == "duplicate"  # a replayed batch
+        rpc.stage("q1/1/0/4/t0", "out", [b'{"n": -3}'])
+        assert rpc.abort_txn(["q1/1/0/4/t0"]) == 1
+        with pytest.raises(errors.ConveyorError) as info:
+            rpc.commit_txn("sink/q1", 2, ["q1/1/0/4/t0"])
+        assert info.value.code == "unknown_txn"
+    rows = read_topic(uri, "out", 3001)
+    assert sorted(r["n"] for r in rows) == [-1, *range(3000)]
+
+
+def test_publish_batch_dedup_and_conflict(conveyor_server):
+    uri = conveyor_server.uri
+    rows = [b'{"n": %d}' % i for i in range(100)]
+    with RpcClient(uri, client_name="sink/q/p0") as rpc:
+        assert rpc.publish_batch("out", rows, first_seq=1) == (100, 0)
+        # a retried task: the same rows again, plus 20 new ones
+        assert rpc.publish_batch("out", rows + [b'{"n": %d}' % i for i in range(100, 120)], first_seq=1) == (20, 100)
+        with pytest.raises(errors.ConveyorError) as info:  # same seq, other payload: loud
+            rpc.publish_batch("out", [b'{"n": 999}'], first_seq=5)
+        assert info.value.code == "duplicate_conflict"
+    assert sorted(r["n"] for r in read_topic(uri, "out", 120)) == list(range(120))
+
+
+def test_connection_lost_raises_and_next_call_reconnects(conveyor_server):
+    rpc = RpcClient(conveyor_server.uri, timeout=5)
+    assert rpc.head(QUEUE) >= 0
+    conveyor_server.kill()
+    with pytest.raises((errors.ConnectionLost, errors.TimedOut)):
+        rpc.head(QUEUE)
+    conveyor_server.restart()
+    assert rpc.head(QUEUE) >= 0
+    rpc.close()
+
+
+def test_a_connection_closed_while_idle_is_reopened_once(tmp_path):
+    server = ServerProcess(write_config(tmp_path, queues=QUEUES, transport_extra="<IdleTimeout>1s</IdleTimeout>")).start()
+    try:
+        rpc = RpcClient(server.uri)
+        epoch = rpc.claim(QUEUE, "c", "t")["epoch"]
+        time.sleep(2.5)  # the server closes the idle connection
+        assert rpc.ack_through(QUEUE, "c", 0, epoch=epoch)["acked"] == 0
+        rpc.close()
+    finally:
+        server.kill()

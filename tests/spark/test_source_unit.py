@@ -1,0 +1,92 @@
+"""The stream reader's callbacks driven by hand, as Spark's runner would (no JVM)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from conveyor.spark import options as opt
+from conveyor.spark.source import (
+    ConsumerFenced,
+    ConveyorStreamReader,
+    SourceOptions,
+    source_schema,
+)
+from tests.spark.helpers import QUEUE, consumer_info, publish_numbers
+
+
+def reader(uri: str, consumer: str = "etl", **extra) -> ConveyorStreamReader:
+    options = {"server": uri, "queue": QUEUE, "consumer": consumer, "numpartitions": "2", **extra}
+    return ConveyorStreamReader(SourceOptions.parse(options), source_schema())
+
+
+def rows(r: ConveyorStreamReader, parts) -> list[int]:
+    out = []
+    for part in parts:
+        for batch in r.read(part):
+            out += [json.loads(x)["n"] for x in batch.column("data").to_pylist()]
+    return out
+
+
+def test_offsets_partitions_read_and_ack(conveyor_server):
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 25)
+    r = reader(uri)
+    start = r.initialOffset()
+    assert start == r.initialOffset() == {"v": 1, "consumer": "etl", "d": 0, "np": 2}  # deterministic
+    assert r.getDefaultReadLimit() == ReadMaxRows(10000)
+    end = r.latestOffset(start, ReadMaxRows(10))
+    assert end == {"v": 1, "consumer": "etl", "d": 10, "np": 2}
+    parts = r.partitions(start, end)
+    assert [(p.lo, p.hi) for p in parts] == [(0, 5), (5, 10)]
+    executor = pickle.loads(pickle.dumps(r))  # what Spark ships: no live connection inside
+    assert executor._rpc is None and executor._heartbeat is None
+    assert rows(executor, parts) == list(range(10))
+    batch = next(iter(executor.read(parts[0])))
+    assert batch.schema.names == ["data", "topic", "bookmark", "publisher", "sequence", "timestamp", "delivery"]
+    assert batch.column("delivery").to_pylist() == [1, 2, 3, 4, 5]
+    # the next latestOffset acks the previous batch
+    end2 = r.latestOffset(end, ReadAllAvailable())
+    assert end2["d"] == 25 and consumer_info(uri, "etl")["acked"] == 10
+    assert r.latestOffset(end2, ReadAllAvailable()) is end2  # nothing new: `start` itself
+    assert consumer_info(uri, "etl")["acked"] == 25
+
+
+def test_crash_after_lease_reoffers_and_replay_keeps_its_split(conveyor_server):
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 30)
+    first = reader(uri)
+    start = first.initialOffset()
+    first.latestOffset(start, ReadMaxRows(20))  # leased 1..20, then the driver "dies"
+    # restart with another partition count: the same deliveries come back, nothing new
+    second = reader(uri, numpartitions="3")
+    again = second.latestOffset(start, ReadMaxRows(20))
+    assert again == {"v": 1, "consumer": "etl", "d": 20, "np": 3}
+    # a replay of a batch planned with np=2 keeps 2 ranges
+    planned = {"v": 1, "consumer": "etl", "d": 20, "np": 2}
+    assert len(second.partitions(start, planned)) == 2
+    assert rows(second, second.partitions(start, again)) == list(range(20))
+
+
+def test_an_older_reader_is_fenced_out(conveyor_server):
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 10)
+    old = reader(uri)
+    start = old.initialOffset()
+    new = reader(uri)
+    new.initialOffset()  # claims the consumer: a newer epoch
+    with pytest.raises(ConsumerFenced, match="fenced out"):
+        old.latestOffset(start, ReadMaxRows(5))
+
+
+def test_checkpoint_of_another_consumer_and_bad_options(conveyor_server):
+    r = reader(conveyor_server.uri)
+    with pytest.raises(ValueError, match="belong to consumer 'other'"):
+        r.latestOffset({"v": 1, "consumer": "other", "d": 0, "np": 2}, ReadAllAvailable())
+    with pytest.raises(opt.OptionError, match="'consumer' is required"):
+        SourceOptions.parse({"server": "tcp://h:1", "queue": "q"})
+    with pytest.raises(opt.OptionError, match="maxRecordsPerBatch"):
+        SourceOptions.parse({"server": "tcp://h:1", "queue": "q", "consumer": "c", "maxrecordsperbatch": "x"})
