@@ -17,6 +17,8 @@ SELF_WRITING = [
     ("bench.bench_expr", ["--write", str(BENCHMARKS_MD)]),
     ("bench.bench_queue_priority", ["--write"]),
     ("bench.bench_client", ["--write"]),
+    ("bench.bench_fbm", ["--write"]),  # minutes: fills 10,000,000 messages twice
+    ("bench.bench_spark_journal", ["--write"]),
 ]
 CAPTURED = [
     ("bench.bench_journal", "Journal: group commit and scan", []),
