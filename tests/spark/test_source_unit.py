@@ -18,9 +18,22 @@ from conveyor.spark.source import (
 from tests.spark.helpers import QUEUE, consumer_info, publish_numbers
 
 
+_READERS: list[ConveyorStreamReader] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_readers():
+    """Stop each test's readers: their heartbeat threads would outlive the test's server."""
+    yield
+    while _READERS:
+        _READERS.pop().stop()
+
+
 def reader(uri: str, consumer: str = "etl", **extra) -> ConveyorStreamReader:
     options = {"server": uri, "queue": QUEUE, "consumer": consumer, "numpartitions": "2", **extra}
-    return ConveyorStreamReader(SourceOptions.parse(options), source_schema())
+    r = ConveyorStreamReader(SourceOptions.parse(options), source_schema())
+    _READERS.append(r)
+    return r
 
 
 def rows(r: ConveyorStreamReader, parts) -> list[int]:
