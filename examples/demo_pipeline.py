@@ -7,9 +7,14 @@
 3. A streaming query (``Trigger.AvailableNow``) drains ``WorkToDo`` as named consumer
    ``demo-enricher``, enriches every order (region, amount, size class) and publishes it
    to ``Results`` with the transactional sink: each order exactly once.
-4. Audits the journal with Spark SQL (``conveyor-journal``): orders in, results out,
-   revenue per region, and what the queue did.
-5. Stops the server.
+4. Aggregates: reads ``Results`` back from the journal (``conveyor-journal``), sums
+   orders and revenue per region and publishes the totals to ``RegionTotals`` with the
+   batch writer (one transaction). (The PySpark Python sink API supports append and
+   complete output modes only, not update: a running streaming aggregate next to the
+   per-order results would need a second query and a second source.)
+5. Audits the journal with Spark SQL: orders in, results out, the totals, and what the
+   queue did.
+6. Stops the server.
 """
 
 from __future__ import annotations
@@ -94,13 +99,19 @@ def audit(spark, journal: Path) -> None:
         SELECT op, coalesce(topic, queue) AS target, count(*) AS records
         FROM journal GROUP BY op, coalesce(topic, queue) ORDER BY op, target
     """).show(truncate=False)
-    spark.sql("""
+    totals = spark.sql("""
         SELECT r.region, count(*) AS orders, round(sum(r.amount), 2) AS revenue,
                sum(CASE WHEN r.size = 'large' THEN 1 ELSE 0 END) AS large_orders
         FROM (SELECT from_json(CAST(payload AS STRING), 'region STRING, amount DOUBLE, size STRING') AS r
               FROM journal WHERE op = 'publish' AND topic = 'Results')
-        GROUP BY r.region ORDER BY r.region
-    """).show()
+        GROUP BY r.region
+    """)
+    totals.selectExpr("to_json(struct(*)) AS value").write.format("conveyor") \
+        .option("server", URI).option("topic", "RegionTotals").mode("append").save()
+    print("totals per region published to RegionTotals (one transaction); read back from the journal:")
+    spark.read.format("conveyor-journal").option("pushdown", "false").option("includeOpen", "true") \
+        .load(str(journal)).where("op = 'publish' AND topic = 'RegionTotals'") \
+        .selectExpr("CAST(payload AS STRING) AS total").show(truncate=False)
     check = spark.sql("""
         SELECT count(*) AS results, count(DISTINCT get_json_object(CAST(payload AS STRING), '$.order')) AS distinct_orders
         FROM journal WHERE op = 'publish' AND topic = 'Results'

@@ -37,7 +37,7 @@ DOCUMENTED_DEFAULT = Config(
     admin=Admin(host="127.0.0.1", port=8085),
     transaction_log=TransactionLog(
         journal_directory=Path("./data"),
-        topics=(RecordedTopic("Work", "json"), RecordedTopic("WorkToDo", "json"), RecordedTopic("Results", "json")),
+        topics=(RecordedTopic("Work", "json"), RecordedTopic("WorkToDo", "json"), RecordedTopic("Results", "json"), RecordedTopic("RegionTotals", "json")),
     ),
     queues=(
         QueueConfig(
