@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from conveyor.journal import Journal
-from conveyor.journal.verified import VERIFIED_SUFFIX
+from conveyor.journal.verified import PREFIX_SUFFIX, VERIFIED_SUFFIX
 
 PAYLOAD_BYTES = 256
 RUNS = 3
@@ -78,12 +78,14 @@ def bench_reading(records: int) -> dict[str, list[float]]:
         j.close()
         sample = random.Random(1).sample(positions, min(100_000, records))
         for _ in range(RUNS):
-            for sidecar in Path(tmp.name).glob("*" + VERIFIED_SUFFIX):
+            for sidecar in [*Path(tmp.name).glob("*" + VERIFIED_SUFFIX), *Path(tmp.name).glob("*" + PREFIX_SUFFIX)]:
                 sidecar.unlink()  # a full check of every segment (it writes the sidecars again)
             t0 = time.perf_counter()
-            Journal.open(tmp.name, fsync=False).close()
+            j = Journal.open(tmp.name, fsync=False)
             out["open"].append(records / (time.perf_counter() - t0))
-            t0 = time.perf_counter()  # sealed segments verified: only the last is read
+            j.save_prefix()  # as the server does at each checkpoint
+            j.close()
+            t0 = time.perf_counter()  # sealed segments verified, the open one's prefix saved
             j = Journal.open(tmp.name, fsync=False)
             out["open_verified"].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     rows.append((f"open (recovery) of {n:,} records", f"{opened:,.0f} records/s", f"{n / opened:.2f} s"))
     verified = statistics.median(reading["open_verified"])
     rows.append(
-        ("open of the same, sealed segments verified before", f"{verified:.3f} s", f"{n / opened / verified:.0f}x faster: only the last segment is read (journal/verified.py)")
+        ("open of the same, with verified sidecars", f"{verified:.3f} s", f"{n / opened / verified:.0f}x faster: sidecars instead of a record-by-record check (journal/verified.py)")
     )
     rows.append(("read() at random positions", f"{statistics.median(reading['read']):.2f} µs/record", ""))
     print(f"Journal, {PAYLOAD_BYTES}-byte payloads, median of {RUNS} runs\n")

@@ -52,6 +52,7 @@ from .format import (
     unpack_frame_header,
 )
 from .recovery import INDEX_INTERVAL_BYTES, RecoveryReport, logger_default, recover
+from . import verified
 from .storage import FileStorage, MemoryStore
 
 #: Bytes read past a frame header by ``read()``, so most payloads come in the same
@@ -69,6 +70,7 @@ class Piece:
     start: int  # position of the first frame in ``data``
     data: bytearray  # whole frames; the batch owns this buffer
     create: bool
+    records: int = 0  # frames in ``data``
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,15 @@ def _check_segment_bytes(segment_bytes: int) -> None:
         raise JournalError(f"segment_bytes must be between 1 and {SEGMENT_BYTES_MAX}, not {segment_bytes}")
 
 
+def _extend_tail(tail: tuple[int, int, int, int] | None, piece: Piece) -> tuple[int, int, int, int] | None:
+    """The open segment's (base, file end, CRC32C, records) after ``piece`` is written."""
+    if piece.create:
+        return (piece.base, FILE_HEADER_LEN + len(piece.data), crc32c(piece.data), piece.records)
+    if tail is None or tail[0] != piece.base:
+        return None
+    return (tail[0], tail[1] + len(piece.data), crc32c(piece.data, tail[2]), tail[3] + piece.records)
+
+
 class Journal:
     """A file-backed transaction log. Use :meth:`open`; see the module header."""
 
@@ -211,6 +222,7 @@ class Journal:
         self._buf = bytearray()
         self._buf_start = self.end
         self._buf_create = False
+        self._buf_rec0 = 0  # self._records when the buffer started (records per piece)
         self._pieces: list[Piece] = []
         self._batch_start = self.end
         self._records = 0
@@ -221,6 +233,12 @@ class Journal:
         self._records_written = 0
         self._bytes_written = 0
         self._fsyncs = 0
+        # The open segment's written prefix: (base, file end, CRC32C, records), kept by
+        # the writer thread so save_prefix() can record it (verified.py); None: unknown.
+        self._tail: tuple[int, int, int, int] | None = None
+        self._saved_tail: tuple[int, int, int, int] | None = None
+        if report.tail_crc is not None:
+            self._tail = (active.base, FILE_HEADER_LEN + self.end - active.base, report.tail_crc, report.tail_records)
 
     # --- append (loop thread, hot path) ----------------------------------------------
 
@@ -259,8 +277,11 @@ class Journal:
         if self.on_seal is not None:
             self.on_seal(self._storage.path(self._seg_base), self._seg_base, pos)
         if self._buf:
-            self._pieces.append(Piece(self._seg_base, self._buf_start, self._buf, self._buf_create))
+            self._pieces.append(
+                Piece(self._seg_base, self._buf_start, self._buf, self._buf_create, self._records - self._buf_rec0)
+            )
             self._buf = bytearray()
+        self._buf_rec0 = self._records
         self._buf_start = pos
         self._buf_create = True
         seg = _Segment(pos, array("q", [pos]))
@@ -277,13 +298,13 @@ class Journal:
             return None
         pieces = self._pieces
         if self._buf:
-            pieces.append(Piece(self._seg_base, self._buf_start, self._buf, self._buf_create))
+            pieces.append(Piece(self._seg_base, self._buf_start, self._buf, self._buf_create, self._records - self._buf_rec0))
         batch = Batch(self._batch_start, self.end, self._records, tuple(pieces))
         self._pieces = []
         self._buf = bytearray()
         self._buf_start = self._batch_start = self.end
         self._buf_create = False
-        self._records = 0
+        self._records = self._buf_rec0 = 0
         return batch
 
     # --- write (writer thread) ---------------------------------------------------------
@@ -303,6 +324,7 @@ class Journal:
         try:
             for piece in batch.pieces:
                 storage.write(piece.base, piece.data, create=piece.create)
+                self._tail = _extend_tail(self._tail, piece)
         except OSError as exc:
             self._write_error = exc
             where = storage.path(piece.base) if piece is not None else "?"
@@ -317,6 +339,24 @@ class Journal:
         if storage.fsync:
             self._fsyncs += len(batch.pieces) + sum(p.create for p in batch.pieces)
         return batch.end
+
+    def save_prefix(self) -> bool:
+        """Save the open segment's written prefix as ``<segment>.prefix`` (loop thread;
+        the server calls it with each checkpoint), so the next open re-reads it with one
+        CRC32C pass instead of checking every record. False when there is nothing to save."""
+        tail = self._tail
+        if tail is None or tail == self._saved_tail or not isinstance(self._storage, FileStorage):
+            return False
+        self._saved_tail = tail
+        base, file_end, crc, records = tail
+        seg = self._segs[bisect_left(self._bases, base + 1) - 1]
+        if seg.base != base:
+            return False  # retention or truncation removed it
+        end = base + file_end - FILE_HEADER_LEN
+        index = seg.index
+        index = index[: max(1, bisect_left(index, end))].tolist()  # [base] at least, as a check builds it
+        verified.save_prefix(self._storage.path(base), base, records, end, file_end, index, crc)
+        return True
 
     def mark_durable(self, end: int) -> None:
         """Record that everything before ``end`` is durable (loop thread)."""
@@ -586,6 +626,7 @@ class Journal:
         self._fast_limit = min(self._seg_limit, self._index_next)
         self._buf_start = self._batch_start = position
         self._buf_create = False
+        self._tail = None  # the CRC of the cut prefix is unknown until the next open
 
 
 class MemoryJournal(Journal):

@@ -31,6 +31,7 @@ from typing import Protocol
 from conveyor.errors import JournalCorrupt, JournalError
 
 from . import verified
+from .storage import FileStorage
 
 from .format import (
     FILE_HEADER_LEN,
@@ -115,10 +116,20 @@ class RecoveryReport:
     truncated_position: int | None = None
     bytes_dropped: int = 0
     records_after_damage: int = 0  # records that still checked out after the damage
+    # The last segment's valid records: their CRC32C and count, so the writer can keep
+    # a verified prefix up to date (verified.py); None when unknown.
+    tail_crc: int | None = None
+    tail_records: int = 0
 
 
-def check_segment(storage: Storage, base: int, *, index_interval: int = INDEX_INTERVAL_BYTES) -> tuple[SegmentCheck, array]:
-    """Read segment ``base`` in full; return what it holds and its sparse index."""
+def check_segment(
+    storage: Storage, base: int, *, index_interval: int = INDEX_INTERVAL_BYTES, resume: tuple | None = None
+) -> tuple[SegmentCheck, array]:
+    """Read segment ``base`` in full; return what it holds and its sparse index.
+
+    ``resume=(offset, records, index)``: the part before file offset ``offset`` is
+    already known good (a verified prefix, verified.py): check only the rest.
+    """
     path = storage.path(base)
     size = storage.size(base)
     index = array("q", [base])
@@ -127,9 +138,11 @@ def check_segment(storage: Storage, base: int, *, index_interval: int = INDEX_IN
         problem = HeaderProblem("foreign", f"file header says base position {hbase}, the file name says {base}")
     if problem is not None:
         return SegmentCheck(base, path, size, 0, base, 0, None, problem.text, problem.kind), index
-    reader = FrameReader(lambda o, n: storage.pread(base, o, n), FILE_HEADER_LEN, size)
-    records = 0
-    next_index = base + index_interval
+    offset, records = FILE_HEADER_LEN, 0
+    if resume is not None:
+        offset, records, index = resume
+    reader = FrameReader(lambda o, n: storage.pread(base, o, n), offset, size)
+    next_index = index[-1] + index_interval
     last = None
     start = base - FILE_HEADER_LEN
     for offset, _payload in reader:
@@ -203,7 +216,10 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         last = i == len(bases) - 1
         if prev is not None and base != prev.end:
             raise _gap_error(prev, base, storage.path(base))
-        check, index = _check_sealed(storage, base) if not last else check_segment(storage, base)
+        if last:
+            check, index, tail_crc = _check_last(storage, base)
+        else:
+            check, index = _check_sealed(storage, base)
         if check.problem is not None:
             if check.unsupported:
                 raise JournalError(
@@ -224,22 +240,49 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         first_position=segments[0][0],
         end=segments[-1][1],
         created=created,
+        tail_crc=tail_crc,
+        tail_records=prev.records if prev is not None else 0,
         **report_tail,  # type: ignore[arg-type]
     )
     return report, segments
 
 
+def _check_last(storage: Storage, base: int) -> tuple[SegmentCheck, array, int | None]:
+    """The last segment: a prefix saved by the running server (verified.save_prefix) is
+    trusted when its CRC32C still matches the file; the rest is checked record by
+    record. Also returns the CRC32C of the valid records (for the writer to continue),
+    or None when it is not known (in-memory storage, a damaged header)."""
+    if not isinstance(storage, FileStorage):
+        check, index = check_segment(storage, base)
+        return check, index, None
+    path = storage.path(base)
+    v = verified.load_prefix(path, base)
+    if v is None:
+        check, index = check_segment(storage, base)
+        crc_from, crc = FILE_HEADER_LEN, 0
+    else:
+        check, index = check_segment(storage, base, resume=(v.valid_bytes, v.records, array("q", v.index)))
+        crc_from, crc = v.valid_bytes, v.prefix_crc
+    if check.header_problem:
+        return check, index, None
+    return check, index, verified.file_crc(path, crc_from, check.valid_bytes, crc)
+
+
 def _check_sealed(storage: Storage, base: int) -> tuple[SegmentCheck, array]:
     """A sealed segment: trusted from its ``.verified`` sidecar when that still matches,
     else checked in full (and the sidecar written when clean). See verified.py."""
-    if getattr(storage, "directory", None) is None:  # in-memory storage: nothing to save
+    if not isinstance(storage, FileStorage):  # in-memory storage: nothing to save
         return check_segment(storage, base)
     path = storage.path(base)
     v = verified.load(path, base)
     if v is not None:
         check = SegmentCheck(base, path, v.size, v.records, v.end, v.valid_bytes, v.last_position)
         return check, array("q", v.index)
-    check, index = check_segment(storage, base)
+    prefix = verified.load_prefix(path, base)  # saved while it was the open segment
+    if prefix is None:
+        check, index = check_segment(storage, base)
+    else:
+        check, index = check_segment(storage, base, resume=(prefix.valid_bytes, prefix.records, array("q", prefix.index)))
     if check.problem is None:
         verified.save(path, base, check.records, check.end, check.valid_bytes, check.last_position, index)
     return check, index

@@ -170,6 +170,7 @@ class Server:
                 if self.journal.end == self.journal.durable_end:
                     break  # on_durable may append (expiries): commit those too
             write_checkpoint(tlog.journal_directory, self.engine.checkpoint())
+            self.journal.save_prefix()  # the next open re-reads what recovery checked in one CRC pass
         loop = asyncio.get_running_loop()
         transports = self.config.transports or (Transport(name="default"),)
         for tc in transports:
@@ -367,6 +368,7 @@ class Server:
             log.error("could not write the checkpoint in %s: %s", tlog.journal_directory, exc)
             return
         self._checkpointed_end = cp.position
+        self.journal.save_prefix()  # journal/verified.py: a restart skips re-checking this prefix
         retention = tlog.retention
         if retention.max_age_s is not None or retention.max_bytes is not None:
             removed = self.journal.apply_retention(
