@@ -82,12 +82,15 @@ def decode(message: m.Message) -> Any:
 class Harness:
     """One engine over one MemoryJournal, its connections, and a virtual clock."""
 
-    def __init__(self, config: str | Config, *, now: float = START_TIME, journal: MemoryJournal | None = None):
+    def __init__(
+        self, config: str | Config, *, now: float = START_TIME, journal: MemoryJournal | None = None, pages=None
+    ):
         self.config = load_text(config) if isinstance(config, str) else config
         self.now = now
+        self.pages = pages  # FileBackedMetadata page files (server/page_files.py), or None
         self.journal = journal if journal is not None else MemoryJournal()
         self.engine = Engine(self.config, self.journal)
-        self.recovered = self.engine.recover(self.now)
+        self.recovered = self.engine.recover(self.now, pages=self.pages)
         self.written_checkpoint: Checkpoint | None = None  # the queues.ack on "disk"
         self._startup_checkpoint()
         self.inbox: dict[int, list] = defaultdict(list)
@@ -234,7 +237,7 @@ class Harness:
         self.journal = MemoryJournal(self.journal.store)
         self.engine = Engine(self.config, self.journal)
         cp = self.written_checkpoint if checkpoint else None
-        self.recovered = self.engine.recover(self.now, checkpoint=cp)
+        self.recovered = self.engine.recover(self.now, checkpoint=cp, pages=self.pages)
         self._startup_checkpoint()
         self.inbox = defaultdict(list)
         self.conns = set()

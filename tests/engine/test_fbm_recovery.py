@@ -27,8 +27,6 @@ import msgspec
 import pytest
 
 from conveyor.engine import queue_paging, queue_store, records
-from conveyor.engine.core import Engine
-from conveyor.journal import MemoryJournal
 from conveyor.protocol import messages as m
 from conveyor.server.page_files import PageFiles
 
@@ -70,26 +68,7 @@ class PagedHarness(Harness):
     """The harness with paged queues: page files in ``pages``, as the server does."""
 
     def __init__(self, config: str, pages: Path | None, **kw) -> None:
-        self.pages = PageFiles(pages) if pages is not None else None
-        super().__init__(config, **kw)
-        if pages is not None:  # recover again, paged (the journal is still empty)
-            self.engine = Engine(self.config, self.journal)
-            self.recovered = self.engine.recover(self.now, pages=self.pages)
-            self._startup_checkpoint()
-
-    def crash(self, *, now: float | None = None, checkpoint: bool = True) -> None:
-        if now is not None:
-            self.now = now
-        self._taken_checkpoint = None
-        self.journal = MemoryJournal(self.journal.store)
-        self.engine = Engine(self.config, self.journal)
-        cp = self.written_checkpoint if checkpoint else None
-        self.recovered = self.engine.recover(self.now, checkpoint=cp, pages=self.pages)
-        self._startup_checkpoint()
-        self.inbox.clear()
-        self.conns = set()
-        self.crashes += 1
-        self._collect()
+        super().__init__(config, pages=PageFiles(pages) if pages is not None else None, **kw)
 
 
 def terminal_records(journal) -> tuple[Counter, Counter, set]:
