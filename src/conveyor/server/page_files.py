@@ -68,33 +68,6 @@ class PageFiles:
             os.close(fd)
 
 
-def generations(directory: Path, queue: str) -> dict[int, Path]:
-    """The page files of ``queue`` in ``directory``: generation -> path."""
-    stem = file_stem(queue)
-    found = {}
-    if directory.is_dir():
-        for path in directory.glob(f"{glob_escape(stem)}.*{SUFFIX}"):
-            middle = path.name[len(stem) + 1 : -len(SUFFIX)]
-            if middle.isdigit():
-                found[int(middle)] = path
-    return found
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
-
-
-def prune_generations(directory: Path, queue: str, *, keep: int | None = None, below: int | None = None) -> None:
-    """Delete the page files of ``queue``: every generation but ``keep`` (at startup), or
-    those below ``below`` (after a snapshot naming ``below``: newer ones may be in use)."""
-    for gen, path in generations(Path(directory), queue).items():
-        if (keep is not None and gen != keep) or (below is not None and gen < below):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-
-
 class PageFile:
     """One generation of a queue's page file: append-only, read at offsets."""
 
