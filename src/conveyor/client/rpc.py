@@ -28,19 +28,15 @@ import socket
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
-import msgspec
 
 from conveyor import errors
 from conveyor.client.core import parse_uri
 from conveyor.protocol import messages as m
-from conveyor.protocol.codec import FRAME_HEADER, MessageDecoder
+from conveyor.protocol.codec import MessageDecoder, encode_frame
 
 FRAME_BYTES_TARGET = 4 * 1024 * 1024  # well under the server's 16 MiB default limit
 ROWS_PER_FRAME_MAX = 5000
 RECV_BYTES = 1 << 20
-
-_encoder = msgspec.msgpack.Encoder()
-
 
 def fingerprint(data: bytes) -> int:
     """The payload hash sent with a direct-mode publish: 63 bits, never 0 (0 = none)."""
@@ -113,9 +109,8 @@ class RpcClient:
 
     def _send(self, commands: list) -> None:
         sock = self._connected()
-        body = _encoder.encode(commands)
         try:
-            sock.sendall(FRAME_HEADER.pack(len(body)) + body)
+            sock.sendall(encode_frame(commands))
         except OSError as exc:
             self.close()
             raise errors.ConnectionLost(f"lost {self.server}: {exc}") from None

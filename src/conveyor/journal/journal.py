@@ -341,22 +341,31 @@ class Journal:
         return batch.end
 
     def save_prefix(self) -> bool:
-        """Save the open segment's written prefix as ``<segment>.prefix`` (loop thread;
-        the server calls it with each checkpoint), so the next open re-reads it with one
-        CRC32C pass instead of checking every record. False when there is nothing to save."""
+        """Save the open segment's written prefix as ``<segment>.prefix``, so the next
+        open re-reads it with one CRC32C pass instead of checking every record (verified.py).
+        False when there is nothing new to save. The server splits it in two:
+        :meth:`prefix_to_save` on the loop thread, the file write on its I/O thread."""
+        args = self.prefix_to_save()
+        if args is None:
+            return False
+        verified.save_prefix(*args)
+        return True
+
+    def prefix_to_save(self) -> tuple | None:
+        """The arguments of :func:`verified.save_prefix` for the written prefix, or None
+        when it is unknown, already saved, or not on disk storage (loop thread)."""
         tail = self._tail
         if tail is None or tail == self._saved_tail or not isinstance(self._storage, FileStorage):
-            return False
+            return None
         self._saved_tail = tail
         base, file_end, crc, records = tail
         seg = self._segs[bisect_left(self._bases, base + 1) - 1]
         if seg.base != base:
-            return False  # retention or truncation removed it
+            return None  # retention or truncation removed it
         end = base + file_end - FILE_HEADER_LEN
         index = seg.index
         index = index[: max(1, bisect_left(index, end))].tolist()  # [base] at least, as a check builds it
-        verified.save_prefix(self._storage.path(base), base, records, end, file_end, index, crc)
-        return True
+        return self._storage.path(base), base, records, end, file_end, index, crc
 
     def mark_durable(self, end: int) -> None:
         """Record that everything before ``end`` is durable (loop thread)."""

@@ -30,6 +30,7 @@ from conveyor.config.model import Config, Transport
 from conveyor.engine.core import Engine
 from conveyor.engine.record_facts import describe_record
 from conveyor.journal import Journal, MemoryJournal
+from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import CommandDecoder, Rejected, encode_frames
@@ -368,7 +369,9 @@ class Server:
             log.error("could not write the checkpoint in %s: %s", tlog.journal_directory, exc)
             return
         self._checkpointed_end = cp.position
-        self.journal.save_prefix()  # journal/verified.py: a restart skips re-checking this prefix
+        prefix = self.journal.prefix_to_save()  # journal/verified.py: a restart skips re-checking it
+        if prefix is not None:
+            await loop.run_in_executor(self._io, verified.save_prefix, *prefix)
         retention = tlog.retention
         if retention.max_age_s is not None or retention.max_bytes is not None:
             removed = self.journal.apply_retention(

@@ -67,6 +67,7 @@ from conveyor.journal.format import FILE_HEADER_LEN
 from conveyor.journal.index import SummaryBuilder, load_summary, write_summary
 from conveyor.journal.storage import parse_segment_name
 from conveyor.journal.tools import scan_segment
+from conveyor.spark import options as opt
 
 SCHEMA = StructType(
     [
@@ -292,22 +293,24 @@ class JournalReader(DataSourceReader):
     """The reader for ``pushdown=false``: options prune, Spark applies every filter."""
 
     def __init__(self, options) -> None:
-        path = options.get("path")
+        path = opt.text(options, "path")
         if not path:
             raise JournalError('conveyor-journal needs a journal directory: .load("/path/to/journal")')
         self.directory = path
-        self.include_open = _flag(options, "includeOpen", False)
-        self.write_summaries = _flag(options, "writeSummaries", True)
-        self.arrow = options.get("output", "arrow").lower() != "rows"
+        self.include_open = opt.flag(options, "includeOpen", False)
+        self.write_summaries = opt.flag(options, "writeSummaries", True)
+        self.arrow = opt.choice(options, "output", ("arrow", "rows"), "arrow") == "arrow"
         self.constraints = Constraints()
         c = self.constraints
-        if options.get("startLsn") is not None:
-            c.narrow("lsn", lo=int(options["startLsn"]))
-        if options.get("endLsn") is not None:
-            c.narrow("lsn", hi=int(options["endLsn"]) - 1)  # exclusive, like scan(start, end)
+        start, end = opt.integer(options, "startLsn", -1), opt.integer(options, "endLsn", -1)  # -1: not given
+        if start >= 0:
+            c.narrow("lsn", lo=start)
+        if end >= 0:
+            c.narrow("lsn", hi=end - 1)  # exclusive, like scan(start, end)
         for option, column in (("ops", "op"), ("topics", "topic"), ("queues", "queue")):
-            if options.get(option):
-                c.allow(column, [v.strip() for v in options[option].split(",")])
+            values = opt.text(options, option)
+            if values:
+                c.allow(column, [v.strip() for v in values.split(",")])
 
     def partitions(self) -> list[JournalSegment]:
         try:
@@ -404,17 +407,7 @@ class JournalDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> JournalReader:
-        if _flag(self.options, "pushdown", True):
+        if opt.flag(self.options, "pushdown", True):
             return PushdownJournalReader(self.options)
         return JournalReader(self.options)
 
-
-def _flag(options, name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    if str(value).lower() in ("true", "1", "yes"):
-        return True
-    if str(value).lower() in ("false", "0", "no"):
-        return False
-    raise ValueError(f"option {name} must be true or false, not {value!r}")

@@ -41,6 +41,18 @@ def choice(options: Mapping[str, str], name: str, allowed: tuple[str, ...], defa
     return value
 
 
+def flag(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = _get(options, name)
+    if value is None or not value.strip():
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name!r} must be true or false, not {value!r}")
+
+
 def integer(options: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
     value = _get(options, name)
     if value is None or not value.strip():
