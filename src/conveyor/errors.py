@@ -167,6 +167,13 @@ class ShuttingDown(ServerError):
     code = "shutting_down"
 
 
+class BadReply(ServerError):
+    """A reply from the server does not have the shape its command promises (client side:
+    a server of another version, or a bug)."""
+
+    code = "bad_reply"
+
+
 # --- configuration and storage ------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ a tag or a key never changes meaning (STYLE 7).
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 from msgspec import field
@@ -258,7 +258,9 @@ class Ack(_Msg, tag="ack"):
     records_deleted: int | None = None
     records_returned: int | None = None
     matches: int | None = None
-    result: dict | None = field(default=None, name="r")  # outcome of a Spark connector operation
+    # Outcome of a named-consumer or transaction command: a struct of protocol/replies.py
+    # on the way out, a plain map on the way in (replies.decode types it).
+    result: Any = field(default=None, name="r")
 
 
 class Message(_Msg, tag="p"):

@@ -1,0 +1,105 @@
+"""Typed replies of the named-consumer and transaction commands (``Ack.result``).
+
+The server builds one of these structs for each ``claim``, ``lease``, ``fetch``,
+``ack_through``, ``extend``, ``reclaim``, ``head``, ``consumer_info``, ``stage``,
+``commit_txn`` and ``abort_txn``; on the wire it is the MessagePack map of its fields
+(so replies from servers that wrote plain maps decode the same). Clients turn the map
+back into the struct with :func:`decode`, so a misspelt or missing key fails at the
+seam with a clear error instead of as a ``KeyError`` deep inside a Spark executor.
+
+Rules (STYLE 7): fields are only appended, each with a default; a field never changes
+meaning.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from conveyor import errors
+
+
+class _Reply(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class ClaimReply(_Reply):
+    """The consumer is now fenced at ``epoch``; ``d`` its last delivery, ``acked`` A."""
+
+    epoch: int
+    d: int = 0
+    acked: int = 0
+
+
+class LeaseReply(_Reply):
+    """``d``: the last delivery this call covers; ``leased`` new deliveries; ``reoffered``
+    deliveries re-offered (a replayed batch), of which ``renewed`` were still held,
+    ``taken`` were available again, ``held_elsewhere`` leased to another subscriber and
+    ``done`` already acknowledged or expired. ``D``: the consumer's last delivery."""
+
+    d: int
+    leased: int = 0
+    reoffered: int = 0
+    D: int = 0
+    renewed: int = 0
+    taken: int = 0
+    held_elsewhere: int = 0
+    done: int = 0
+
+
+class ReclaimReply(_Reply):
+    renewed: int = 0
+    held_elsewhere: int = 0
+    done: int = 0
+
+
+class AckThroughReply(_Reply):
+    acked: int
+
+
+class ExtendReply(_Reply):
+    renewed: int = 0
+
+
+class HeadReply(_Reply):
+    upto: int
+
+
+class ConsumerInfoReply(_Reply):
+    d: int = 0
+    acked: int = 0
+    epoch: int = 0
+    unacked: int = 0
+
+
+class FetchDone(_Reply):
+    """Ends a fetch: ``count`` messages were sent before it."""
+
+    count: int = 0
+
+
+class StageReply(_Reply):
+    staged: int = 0
+
+
+class CommitReply(_Reply):
+    published: int = 0
+
+
+class AbortReply(_Reply):
+    discarded: int = 0
+
+
+R = TypeVar("R", bound=_Reply)
+
+
+def decode(result: Any, reply_type: type[R]) -> R:
+    """The ``Ack.result`` map as ``reply_type``; :class:`conveyor.errors.BadReply` when
+    the server's map does not fit it."""
+    if isinstance(result, reply_type):
+        return result
+    try:
+        return msgspec.convert(result or {}, reply_type)
+    except msgspec.ValidationError as exc:
+        raise errors.BadReply(f"malformed {reply_type.__name__} from the server: {exc}") from None
