@@ -25,8 +25,8 @@ import tempfile
 import time
 
 from bench.report import git_rev, machine, write_section
-from conveyor.engine.record_facts import describe_record
-from conveyor.engine.records import encode_publish
+from conveyor.records.facts import describe_record
+from conveyor.records import encode_publish
 from conveyor.journal import Journal
 from conveyor.journal.index import summarize_segment, write_summary
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "conveyor"
-CORE = ["engine", "journal", "expr", "config", "protocol"]
+CORE = ["engine", "journal", "expr", "config", "protocol", "records"]
 SHELLS = {"server", "client", "cli", "spark", "replication"}
 
 
@@ -37,3 +37,24 @@ def test_engine_does_no_io_and_reads_no_clock():
     for path in (SRC / "engine").rglob("*.py"):
         for name in _imports(path):
             assert name.split(".")[0] not in forbidden, f"{path} imports {name}"
+
+
+def _conveyor_packages(package: str) -> set[str]:
+    found = set()
+    for path in (SRC / package).rglob("*.py"):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "conveyor" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_records_are_the_bottom_floor():
+    """The journal record schema imports nothing of conveyor but errors (and itself)."""
+    assert _conveyor_packages("records") <= {"records", "errors"}
+
+
+def test_spark_reads_records_not_the_engine():
+    """The Spark connectors talk to the server through the client and read journal files
+    through journal/ and records/: they never import the engine or the server."""
+    assert _conveyor_packages("spark") <= {"spark", "client", "journal", "records", "errors", "protocol"}

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conveyor.engine import records
+from conveyor import records
 from tests.engine.engine_harness import Harness
 
 EXAMPLE = (Path(__file__).resolve().parent.parent / "config" / "examples" / "jobs_actions.xml").read_text()

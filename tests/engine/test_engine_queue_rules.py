@@ -822,7 +822,7 @@ def test_default_publish_target_routing_table(publish_to, recorded_as, queues):
 
 
 def _journal_publishes(h: Harness):
-    from conveyor.engine import records
+    from conveyor import records
 
     for pos, payload in h.journal.scan():
         rec = records.decode(payload)

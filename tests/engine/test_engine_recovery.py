@@ -11,7 +11,7 @@ a new Engine recovers from it.
 from __future__ import annotations
 
 
-from conveyor.engine import records
+from conveyor import records
 
 from .engine_harness import Harness, config_xml, decode, queue_xml
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conveyor.engine import queue_paging, queue_store, records
+from conveyor import records
+from conveyor.engine import queue_paging, queue_store
 from conveyor.protocol import messages as m
 from conveyor.server.page_files import PageFiles
 

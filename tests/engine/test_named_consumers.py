@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.engine import records
+from conveyor import records
 from conveyor.protocol import messages as m
 
 from .engine_harness import Harness, config_xml, decode, queue_xml

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.protocol import messages as m

@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql.datasource import CaseInsensitiveDict
 
 from conveyor import Client
-from conveyor.engine import records as r
-from conveyor.engine.record_facts import OPS, describe_record
+from conveyor import records as r
+from conveyor.records.facts import OPS, describe_record
 from conveyor.errors import JournalError
 from conveyor.journal import (
     FILE_HEADER_LEN,

@@ -169,7 +169,7 @@ def cmd_journal_repair(args: argparse.Namespace) -> int:
 def cmd_journal_dump(args: argparse.Namespace) -> int:
     import msgspec
 
-    from conveyor.engine import records
+    from conveyor import records
     from conveyor.journal import dump
 
     enc = msgspec.json.Encoder()

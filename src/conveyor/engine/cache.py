@@ -12,7 +12,7 @@ from typing import Callable
 
 import msgspec
 
-from conveyor.engine import records
+from conveyor import records
 
 CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory stays flat
 _ENTRY_OVERHEAD_BYTES = 200  # rough cost of the entry itself, counted against the budget

@@ -40,7 +40,7 @@ from array import array
 from conveyor import errors
 from conveyor.config.model import Semantics
 from conveyor.engine import queue as q
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.protocol import messages as m
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from conveyor import errors
 from conveyor.config.model import Config, topic_matcher
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import (
     format_bookmark,
     publisher_id,

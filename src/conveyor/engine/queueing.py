@@ -9,7 +9,7 @@ import logging
 
 from conveyor import errors
 from conveyor.config.model import Semantics
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.filters import compile_filter as _compile_filter
 from conveyor.engine.sessions import Session

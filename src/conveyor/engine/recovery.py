@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
 from conveyor.engine.snapshots import SnapshotRecovery

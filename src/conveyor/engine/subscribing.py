@@ -10,7 +10,7 @@ import logging
 
 from conveyor import errors
 from conveyor.config.model import topic_matcher
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import format_bookmark, parse_replay_start
 from conveyor.engine.cache import Entry
 from conveyor.engine.filters import compile_filter as _compile_filter

@@ -30,7 +30,7 @@ Rules:
 from __future__ import annotations
 
 from conveyor import errors
-from conveyor.engine import records
+from conveyor import records
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 

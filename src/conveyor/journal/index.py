@@ -7,7 +7,7 @@ skip segments a filter cannot match. Rules:
 
 - **Layering.** The journal does not know what its records mean. The content of a
   summary comes from a ``describe(payload) -> (op, ts, topic, queue, publisher,
-  consumer)`` callable the caller passes in (conveyor.engine.record_facts).
+  consumer)`` callable the caller passes in (conveyor.records.facts).
 - **Never trusted blindly.** A summary is used only when it matches its segment: same
   base, file size and mtime, and the same length and CRC in the first and last frame
   headers (re-read from the segment at every check). Sealed segments change only by

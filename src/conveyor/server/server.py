@@ -28,7 +28,7 @@ from typing import Callable
 from conveyor import errors
 from conveyor.config.model import Config, Transport
 from conveyor.engine.core import Engine
-from conveyor.engine.record_facts import describe_record
+from conveyor.records.facts import describe_record
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer

@@ -60,8 +60,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from conveyor.engine import records as r
-from conveyor.engine.record_facts import OPS, describe_record
+from conveyor import records as r
+from conveyor.records.facts import OPS, describe_record
 from conveyor.errors import JournalCorrupt, JournalError
 from conveyor.journal.format import FILE_HEADER_LEN
 from conveyor.journal.index import SummaryBuilder, load_summary, write_summary

@@ -8,7 +8,7 @@ Spark journal reader when a summary is missing). The op names here are also the
 
 from __future__ import annotations
 
-from . import records as r
+from conveyor import records as r
 
 #: Record type -> op name, in tag order. A new record type needs a name here
 #: (tests/spark/test_journal_source.py checks that every tag has one).
