@@ -170,6 +170,12 @@ class Engine(Subscribing, Queueing, Recovery, NamedConsuming, Transactions):
         self._out.pop(conn_id, None)
         self._dispatch(now)
 
+    @property
+    def replays_pending(self) -> bool:
+        """Whether bookmark replays still have journal records to send
+        (:meth:`pump_replays` has work)."""
+        return bool(self._replaying)
+
     def take_output(self) -> dict[int, list]:
         out, self._out = self._out, {}
         return out

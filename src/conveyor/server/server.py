@@ -272,7 +272,7 @@ class Server:
             self._wake_writer.set()
             if not self._reading_paused and journal.end - journal.durable_end > JOURNAL_BACKLOG_BYTES_MAX:
                 self._pause_reading(True)
-        if self.engine._replaying and not self._pump_scheduled:
+        if self.engine.replays_pending and not self._pump_scheduled:
             self._pump_scheduled = True
             asyncio.get_running_loop().call_soon(self._pump)
         deadline = self.engine.next_deadline()
