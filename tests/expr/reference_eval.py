@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 
 INT_MIN = -(2**63)
 UINT_MAX = 2**64 - 1
@@ -396,7 +395,7 @@ def evaluate(node, data, meta=None):
             v = (meta or {}).get(_META_FUNCTIONS[name])
             return scalar(v)
         if name == "UNIX_TIMESTAMP":
-            return (meta or {}).get("now", time.time())
+            return (meta or {}).get("now")
         return FUNCTIONS[name](*[scalar(ev(a)) for a in args])
     raise ValueError(f"unknown node {node!r}")
 

@@ -8,8 +8,10 @@ Rules kept here:
   a function that would return '' returns NULL (the empty string is NULL).
 - String results longer than limits.string_result_chars_max are NULL.
 - Case functions are ASCII-only (AMPS is not Unicode-aware): UPPER('é') == 'é'.
-- Time is an argument: UNIX_TIMESTAMP() and LAST_UPDATED() read ``meta['now']`` when
-  the caller supplies it (tests, replays) and the system clock only otherwise.
+- Time is an argument: UNIX_TIMESTAMP() and LAST_UPDATED() read ``meta['now']``, which
+  the caller supplies (the engine passes the time of the decision); without it they are
+  NULL. The expression language never reads the clock, so a filter gives the same answer
+  live, in recovery and in a simulation with a virtual clock.
 - IF and COALESCE are not here: they evaluate their arguments lazily, so the compiler
   builds them (compiler.py).
 """
@@ -20,7 +22,7 @@ import calendar
 import math
 import re
 import string
-import time
+import time  # gmtime/strftime only: formatting a given time, never reading the clock
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
@@ -211,12 +213,12 @@ def f_round(x, digits=0):
 _FRACTION = re.compile(r"%%|%03f|%f")
 
 
-def _now(meta) -> float:
+def _now(meta) -> float | None:
     if meta is not None:
         now = meta.get("now")
         if type(now) in (int, float):
             return float(now)
-    return time.time()
+    return None
 
 
 def f_unix_timestamp(meta):
