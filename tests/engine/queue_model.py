@@ -88,7 +88,7 @@ class ModelQueue:
         return self.config.semantics is Semantics.AT_LEAST_ONCE
 
     def matches(self, flt, p: int) -> bool:
-        return flt is None or bool(flt(self.load(p)))
+        return flt is None or bool(flt(self.load(p), 0.0))  # the simulated filters do not read the time
 
     # --- publish: "The message becomes available in the queue" ---------------------------
 
@@ -367,7 +367,7 @@ class ModelQueue:
     def acknowledge_matching(self, predicate, by, option: AckOption, now: float) -> dict:
         # "A sow_delete that uses a filter will only apply to the messages in the queue
         # that are currently deliverable."
-        hits = [p for p, m in self.msgs.items() if m.active and predicate(self.load(p))]
+        hits = [p for p, m in self.msgs.items() if m.active and predicate(self.load(p), now)]
         return self.acknowledge(sorted(hits), by, option, now)
 
     # --- time -----------------------------------------------------------------------------

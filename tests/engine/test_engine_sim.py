@@ -33,8 +33,8 @@ every lease is broken, limits apply". The engine is checked against it after eve
   every durable message must have been acknowledged or expired, in the model and in
   the engine, also after one more crash.
 
-The engine is observed through its output and one seam: ``_deliver_queue_messages``
-is wrapped to learn each dispatch when it happens (an at-most-once message is sent
+The engine is observed through its output and one seam: ``QueueDelivery.on_dispatch``
+reports each dispatch when it happens (an at-most-once message is sent
 later, once durable); every message a connection receives must match one of them.
 
 A failure names its seed. Replay one: ``CONVEYOR_SIM_SEED=123 pytest
@@ -473,17 +473,14 @@ class Sim:
             self.fail(what() if callable(what) else what)
 
     def _instrument(self) -> None:
-        engine = self.h.engine
-        original = engine._deliver_queue_messages
         log = self.dispatched
 
-        def spy(queue, deliveries, now):
+        def spy(binding, deliveries, now):
             log.append(
-                (queue.config.name, now, [(d.consumer.key, d.position, d.lease_deadline, d.delivery_count) for d in deliveries])
+                (binding.name, now, [(d.consumer.key, d.position, d.lease_deadline, d.delivery_count) for d in deliveries])
             )
-            return original(queue, deliveries, now)
 
-        engine._deliver_queue_messages = spy
+        self.h.engine.delivery.on_dispatch = spy
 
     @property
     def now(self) -> float:
@@ -642,11 +639,11 @@ class Sim:
         data = {"i": self.next_i, "k": rng.randrange(4)}
         self.next_i += 1
         pos = h.journal.end
-        before = h.engine.statistics()["pending_publishes"]
+        before = h.engine.statistics().pending_publishes
         duplicate = seq is not None and seq <= model.highest.get("p1", 0)
         self.trace.append(f"publish {name} seq={seq} {topic} {data} at {pos}{' (dup)' if duplicate else ''}")
         h.publish(conn, topic, data, seq=seq)
-        appended = h.engine.statistics()["pending_publishes"] - before
+        appended = h.engine.statistics().pending_publishes - before
         self.expect(appended == (0 if duplicate else 1), f"publish seq={seq}: {appended} appended, duplicate={duplicate}")
         if not duplicate:
             model.publish(pos, topic, data, self.now, name, seq)

@@ -7,6 +7,7 @@ import pytest
 
 from conveyor import records
 from conveyor.protocol import messages as m
+from conveyor.protocol import replies
 
 from .engine_harness import Harness, config_xml, decode, queue_xml
 
@@ -46,7 +47,7 @@ def lease(h, conn, after, max=0, ttl=30.0, **kw) -> dict:
 def fetch(h, conn, lo, hi) -> list[m.Message]:
     h.handle(conn, m.Fetch(queue="Q", consumer="c", lo=lo, hi=hi, cid="f"))
     out = h.take(conn)
-    assert isinstance(out[-1], m.Ack) and out[-1].result == {"count": hi - lo}, out[-1]
+    assert isinstance(out[-1], m.Ack) and out[-1].result == replies.FetchDone(count=hi - lo), out[-1]
     return out[:-1]
 
 
@@ -78,16 +79,16 @@ def test_lease_numbers_deliveries_in_queue_order_and_fetch_names_them():
     h.handle(drv, m.Lease(queue="Q", consumer="c", after=0, max=3, ttl=30))
     assert h.acks(drv) == []  # the reply waits for the lease record to be durable
     h.commit()
-    assert ok(h.acks(drv)[-1]) == {"d": 3, "leased": 3, "reoffered": 0, "D": 3}
+    assert ok(h.acks(drv)[-1]) == replies.LeaseReply(d=3, leased=3, reoffered=0, D=3)
     got = fetch(h, drv, 0, 3)
     assert items(got) == [0, 1, 2]
     assert [x.delivery for x in got] == [1, 2, 3]
     assert all(x.query_id == "f" and x.queue == "Q" and x.topic == "Work" for x in got)
     assert got[0].bookmark.split("|")[:2] == [str(got[0].publisher), str(got[0].seq)]
     assert items(fetch(h, drv, 1, 2)) == [1]
-    assert lease(h, drv, after=3)["d"] == 5  # max 0: everything available
+    assert lease(h, drv, after=3).d == 5  # max 0: everything available
     assert items(fetch(h, drv, 3, 5)) == [3, 4]
-    assert lease(h, drv, after=5) == {"d": 5, "leased": 0, "reoffered": 0, "D": 5}
+    assert lease(h, drv, after=5) == replies.LeaseReply(d=5, leased=0, reoffered=0, D=5)
     recs = [r for _, p in h.journal.scan() if isinstance(r := records.decode(p), records.ConsumerLeasedRec)]
     assert [(r.first, len(r.positions), r.counts) for r in recs] == [(1, 3, [1, 1, 1]), (4, 2, [1, 1])]
 
@@ -98,36 +99,36 @@ def test_leased_messages_go_to_no_other_subscriber_and_ack_through_removes_them(
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")
     assert items(h.messages(w)) == [2, 3]
-    assert ok(call(h, drv, m.AckThrough(queue="Q", consumer="c", d=2))) == {"acked": 2}
+    assert ok(call(h, drv, m.AckThrough(queue="Q", consumer="c", d=2))) == replies.AckThroughReply(acked=2)
     assert h.stats("Q").queue_depth == 2  # only the subscriber's two are left
-    assert ack_through(h, drv, 1) == {"acked": 2}  # idempotent
-    assert ack_through(h, drv, 2) == {"acked": 2}
+    assert ack_through(h, drv, 1) == replies.AckThroughReply(acked=2)  # idempotent
+    assert ack_through(h, drv, 2) == replies.AckThroughReply(acked=2)
     acked = [r for _, p in h.journal.scan() if isinstance(r := records.decode(p), records.ConsumerAckedRec)]
     assert len(acked) == 1 and acked[0].through == 2
-    assert info(h, drv) == {"d": 2, "acked": 2, "epoch": 0, "unacked": 0}
+    assert info(h, drv) == replies.ConsumerInfoReply(d=2, acked=2, epoch=0, unacked=0)
 
 
 def test_upto_bounds_the_lease():
     h, drv = setup(3)
-    upto = ok(call(h, drv, m.Head(queue="Q")))["upto"]
+    upto = ok(call(h, drv, m.Head(queue="Q"))).upto
     publish(h, h.connect("late"), [10, 11])
-    assert lease(h, drv, 0, upto=upto)["d"] == 3
+    assert lease(h, drv, 0, upto=upto).d == 3
     assert items(fetch(h, drv, 0, 3)) == [0, 1, 2]
-    assert lease(h, drv, 3, upto=upto)["leased"] == 0
-    assert lease(h, drv, 3)["d"] == 5
+    assert lease(h, drv, 3, upto=upto).leased == 0
+    assert lease(h, drv, 3).d == 5
 
 
 def test_reoffer_after_a_driver_crash_leases_nothing_new():
     """SPARK.md 4.1: the driver leased, died before its offset log write, and asks again
     with the old ``after``: the same deliveries, renewed, and nothing new."""
     h, drv = setup(6)
-    assert lease(h, drv, 0, max=4)["d"] == 4
+    assert lease(h, drv, 0, max=4).d == 4
     r = lease(h, drv, 0, max=3)
-    assert (r["d"], r["leased"], r["reoffered"], r["renewed"]) == (3, 0, 3, 3)
-    assert lease(h, drv, 0, max=0)["d"] == 4
-    assert lease(h, drv, 3, max=10)["reoffered"] == 1
+    assert (r.d, r.leased, r.reoffered, r.renewed) == (3, 0, 3, 3)
+    assert lease(h, drv, 0, max=0).d == 4
+    assert lease(h, drv, 3, max=10).reoffered == 1
     assert items(fetch(h, drv, 0, 4)) == [0, 1, 2, 3]
-    assert lease(h, drv, 4, max=10)["d"] == 6  # caught up: new leases again
+    assert lease(h, drv, 4, max=10).d == 6  # caught up: new leases again
 
 
 def test_bad_delivery_ranges():
@@ -152,12 +153,12 @@ def test_an_expired_lease_returns_the_message_and_a_reoffer_takes_it_back():
     assert h.stats("Q").available == 3  # LeaseExpired -> ready again
     assert any(isinstance(records.decode(p), records.ReturnedRec) for _, p in h.journal.scan())
     r = lease(h, drv, 0, ttl=5)
-    assert (r["d"], r["taken"], r["renewed"]) == (3, 3, 0)
+    assert (r.d, r.taken, r.renewed) == (3, 3, 0)
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")
     assert h.messages(w) == []  # taken back: nobody else gets them
     assert items(fetch(h, drv, 0, 3)) == [0, 1, 2]
-    c = h.engine._named[("Q", "c")]
+    c = h.engine.named.get("Q", "c")
     assert c.expired_leases == 3 and c.taken_back == 3
 
 
@@ -171,13 +172,13 @@ def test_ack_through_of_a_delivery_held_elsewhere_still_acks_the_message():
     got = h.messages(w)
     assert items(got) == [0, 1]
     r = ok(call(h, drv, m.Reclaim(queue="Q", consumer="c", lo=0, hi=2, ttl=5)))
-    assert r == {"renewed": 0, "held_elsewhere": 2, "done": 0}
+    assert r == replies.ReclaimReply(renewed=0, held_elsewhere=2, done=0)
     ack_through(h, drv, 2)
     assert h.stats("Q").queue_depth == 0
     h.ack(w, "Q", got)  # the subscriber's late ack: already done, ignored
     assert h.failures(w) == []
     r = ok(call(h, drv, m.Reclaim(queue="Q", consumer="c", lo=0, hi=2, ttl=5)))
-    assert r == {"renewed": 0, "held_elsewhere": 0, "done": 2}
+    assert r == replies.ReclaimReply(renewed=0, held_elsewhere=0, done=2)
 
 
 def test_extend_renews_every_unacked_lease():
@@ -185,17 +186,17 @@ def test_extend_renews_every_unacked_lease():
     lease(h, drv, 0, ttl=5)
     for _ in range(4):
         h.advance(4)
-        assert ok(call(h, drv, m.Extend(queue="Q", consumer="c", ttl=5))) == {"renewed": 3}
+        assert ok(call(h, drv, m.Extend(queue="Q", consumer="c", ttl=5))) == replies.ExtendReply(renewed=3)
     assert h.stats("Q").backlog == 3 and h.stats("Q").available == 0
     h.advance(6)
-    assert ok(call(h, drv, m.Extend(queue="Q", consumer="c", ttl=5))) == {"renewed": 0}
+    assert ok(call(h, drv, m.Extend(queue="Q", consumer="c", ttl=5))) == replies.ExtendReply(renewed=0)
 
 
 def test_claim_fences_older_holders():
     h, drv = setup(3)
     other = h.connect("other")
     lease(h, drv, 0, max=1)  # never claimed: epoch 0 works
-    assert ok(call(h, other, m.Claim(queue="Q", consumer="c", token="query-2"))) == {"epoch": 1, "d": 1, "acked": 0}
+    assert ok(call(h, other, m.Claim(queue="Q", consumer="c", token="query-2"))) == replies.ClaimReply(epoch=1, d=1, acked=0)
     ack = call(h, drv, m.Lease(queue="Q", consumer="c", after=1))
     failure(ack, "fenced")
     assert "claimed by a newer holder (epoch 1)" in ack.reason
@@ -203,14 +204,14 @@ def test_claim_fences_older_holders():
     failure(call(h, drv, m.Extend(queue="Q", consumer="c")), "fenced")
     failure(call(h, drv, m.Reclaim(queue="Q", consumer="c", lo=0, hi=1)), "fenced")
     assert items(fetch(h, drv, 0, 1)) == [0]  # reads are not fenced
-    assert lease(h, other, 1, epoch=1)["d"] == 3
-    assert ok(call(h, drv, m.Claim(queue="Q", consumer="c")))["epoch"] == 2
+    assert lease(h, other, 1, epoch=1).d == 3
+    assert ok(call(h, drv, m.Claim(queue="Q", consumer="c"))).epoch == 2
     failure(call(h, other, m.AckThrough(queue="Q", consumer="c", d=1, epoch=1)), "fenced")
     h.crash()
     drv = h.connect("driver")
-    assert info(h, drv)["epoch"] == 2
+    assert info(h, drv).epoch == 2
     failure(call(h, drv, m.AckThrough(queue="Q", consumer="c", d=1, epoch=1)), "fenced")
-    assert ack_through(h, drv, 1, epoch=2) == {"acked": 1}
+    assert ack_through(h, drv, 1, epoch=2) == replies.AckThroughReply(acked=1)
 
 
 def test_at_most_once_queues_are_refused():
@@ -231,18 +232,18 @@ def test_deliveries_and_the_acked_pointer_survive_a_crash(with_checkpoint):
         h.commit()
     h.crash(checkpoint=with_checkpoint)
     drv = h.connect("driver")
-    assert info(h, drv) == {"d": 4, "acked": 2, "epoch": 0, "unacked": 2}
+    assert info(h, drv) == replies.ConsumerInfoReply(d=4, acked=2, epoch=0, unacked=2)
     assert items(fetch(h, drv, 2, 4)) == [2, 3]
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")
     # unacked deliveries stay with the named consumer for one LeasePeriod; acked never come back
     assert items(h.messages(w)) == [4, 5]
     r = lease(h, drv, 2)  # the driver comes back: re-offer renews them
-    assert (r["d"], r["renewed"], r["reoffered"]) == (4, 2, 2)
+    assert (r.d, r.renewed, r.reoffered) == (4, 2, 2)
     ack_through(h, drv, 4)
     h.crash(checkpoint=with_checkpoint)
     drv = h.connect("driver")
-    assert info(h, drv) == {"d": 4, "acked": 4, "epoch": 0, "unacked": 0}
+    assert info(h, drv) == replies.ConsumerInfoReply(d=4, acked=4, epoch=0, unacked=0)
     assert h.stats("Q").queue_depth == 2  # the subscriber's two, unacked
 
 
@@ -263,8 +264,8 @@ def test_a_lease_whose_record_was_not_durable_is_forgotten():
     assert h.acks(drv) == []  # never answered
     h.crash()
     drv = h.connect("driver")
-    assert info(h, drv)["d"] == 0
-    assert lease(h, drv, 0)["d"] == 3
+    assert info(h, drv).d == 0
+    assert lease(h, drv, 0).d == 3
 
 
 def test_replays_are_idempotent_over_a_checkpoint_taken_midway():
@@ -280,7 +281,7 @@ def test_replays_are_idempotent_over_a_checkpoint_taken_midway():
     for _ in range(3):
         h.crash()
         drv = h.connect("driver")
-        assert info(h, drv) == {"d": 4, "acked": 3, "epoch": 0, "unacked": 1}
+        assert info(h, drv) == replies.ConsumerInfoReply(d=4, acked=3, epoch=0, unacked=1)
         assert items(fetch(h, drv, 3, 4)) == [3]
         h.checkpoint()
         h.commit()
@@ -296,17 +297,17 @@ def test_a_delivery_acked_by_another_path_keeps_its_consumer_state_past_the_queu
     h.advance(6)
     h.ack(w, "Q", h.messages(w))  # the lapsed messages processed elsewhere
     h.commit()
-    assert h.engine.queues["Q"].recovery_point() > max(h.engine._named[("Q", "c")].positions)
+    assert h.engine.queues["Q"].recovery_point() > max(h.engine.named.get("Q", "c").positions)
     cp = h.checkpoint()
     h.commit()
     assert cp.consumers["Q"]["c"]["d"] == 3
-    assert h.engine.retention_floor(cp) <= min(h.engine._named[("Q", "c")].positions)
+    assert h.engine.retention_floor(cp) <= min(h.engine.named.get("Q", "c").positions)
     h.crash()
     drv = h.connect("driver")
-    assert info(h, drv) == {"d": 3, "acked": 0, "epoch": 0, "unacked": 3}
+    assert info(h, drv) == replies.ConsumerInfoReply(d=3, acked=0, epoch=0, unacked=3)
     h.engine.cache._entries.clear()  # force journal reads
     assert items(fetch(h, drv, 0, 3)) == [0, 1, 2]
-    assert ok(call(h, drv, m.Reclaim(queue="Q", consumer="c", lo=0, hi=3)))["done"] == 3
+    assert ok(call(h, drv, m.Reclaim(queue="Q", consumer="c", lo=0, hi=3))).done == 3
     ack_through(h, drv, 3)
 
 
@@ -317,11 +318,11 @@ def test_priority_queue_leases_in_priority_order_and_takes_back():
         h.publish(pub, "Work", {"i": i, "p": p})
     h.commit()
     drv = h.connect("driver")
-    assert lease(h, drv, 0, max=2, ttl=5)["d"] == 2
+    assert lease(h, drv, 0, max=2, ttl=5).d == 2
     assert items(fetch(h, drv, 0, 2)) == [1, 2]
     h.advance(6)
     r = lease(h, drv, 0, ttl=5)
-    assert r["taken"] == 2
+    assert r.taken == 2
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")
     assert items(h.messages(w)) == [0]
@@ -335,8 +336,8 @@ def test_statistics_report_each_named_consumer():
     h, drv = setup(3)
     lease(h, drv, 0, max=2)
     lease(h, drv, 0, max=2)
-    stats = h.engine.statistics()["named_consumers"]["Q/c"]
-    assert (stats["d"], stats["acked"], stats["leased"], stats["reoffered"]) == (2, 0, 2, 2)
+    (stats,) = [c for c in h.engine.statistics().named_consumers if (c.queue, c.name) == ("Q", "c")]
+    assert (stats.d, stats.acked, stats.leased, stats.reoffered) == (2, 0, 2, 2)
 
 
 def test_fetch_is_bounded():

@@ -170,8 +170,8 @@ def test_content_filters_apply_per_subscription_and_a_non_matching_one_still_wai
     m1 = b.pub(k=1)
     bar = b.eod(k=1)
     m2 = b.pub(k=2)
-    b.consumer("ones", backlog=5, flt=lambda d: d.get("k") == 1)
-    b.consumer("twos", backlog=5, flt=lambda d: d.get("k") == 2)
+    b.consumer("ones", backlog=5, flt=lambda d, now: d.get("k") == 1)
+    b.consumer("twos", backlog=5, flt=lambda d, now: d.get("k") == 2)
     assert b.deliver() == [("ones", m1)]  # twos matches m2, but m2 is after the barrier
     b.ack(m1)
     assert b.deliver() == [("barrier", bar, ("ones",)), ("twos", m2)]
@@ -183,7 +183,7 @@ def test_barrier_nobody_matches_is_still_released():
     b = BBench()
     bar = b.eod(k=3)
     after = b.pub(k=1)
-    b.consumer("A", flt=lambda d: d.get("k") == 1)
+    b.consumer("A", flt=lambda d, now: d.get("k") == 1)
     assert b.deliver() == [("barrier", bar, ()), ("A", after)]
 
 
@@ -296,7 +296,7 @@ def test_priority_barrier_removed_by_ack_joins_the_epochs():
     lo = b.pub(p=1)
     bar = b.eod()
     hi = b.pub(p=9)
-    b.consumer("A", backlog=5, flt=lambda d: d.get("p") is not None)
+    b.consumer("A", backlog=5, flt=lambda d, now: d.get("p") is not None)
     b.ack(bar)
     assert list(b.q.available()) == [hi, lo]
     assert b.deliver() == [("A", hi), ("A", lo)]

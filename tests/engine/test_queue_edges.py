@@ -25,11 +25,11 @@ def test_shared_consumer_filter_replaced_through_another_queue():
     for p, k in ((1, 1), (2, 2)):
         data[p] = {"k": k}
         q2.enqueue(p, 0.0)
-    c = Consumer("A", "A", filter=lambda d: d["k"] == 1, max_backlog=5)
+    c = Consumer("A", "A", filter=lambda d, now: d["k"] == 1, max_backlog=5)
     q1.add_consumer(c, 0.0)
     q2.add_consumer(c, 0.0)
     assert [d.position for d in q2.dispatch(0.0)] == [1]
-    q1.replace_consumer(c, filter=lambda d: d["k"] == 2, max_backlog=5, now=0.0)
+    q1.replace_consumer(c, filter=lambda d, now: d["k"] == 2, max_backlog=5, now=0.0)
     assert [d.position for d in q2.dispatch(0.0)] == [2]
 
 
@@ -98,7 +98,7 @@ def test_candidates_of_a_full_filtered_consumer_stay_bounded():
     fast = Consumer("fast", "f", max_backlog=3)
     q.add_consumer(fast, 0.0)
     assert [d.position for d in q.dispatch(0.0)] == [0, 1, 2]
-    slow = Consumer("slow", "s", filter=lambda d: d["k"] == 1, max_backlog=1)
+    slow = Consumer("slow", "s", filter=lambda d, now: d["k"] == 1, max_backlog=1)
     q.add_consumer(slow, 0.0)
     assert [d.position for d in q.dispatch(0.0)] == [3]  # slow's cursor is now past 0..2
     seat = q._seat_of["slow"]

@@ -138,7 +138,7 @@ def config(**kw) -> QueueConfig:
 
 def drive(rng: random.Random, queues: list[Queue], steps: int = 250) -> None:
     """The same random calls on every queue; every answer must be the same."""
-    consumers = [[Consumer((1, f"s{i}"), 1, filter=None if i else (lambda v: v[0] % 3 == 0), max_backlog=5)
+    consumers = [[Consumer((1, f"s{i}"), 1, filter=None if i else (lambda v, now: v[0] % 3 == 0), max_backlog=5)
                   for i in range(2)] for _ in queues]
     for q, cs in zip(queues, consumers):
         for c in cs:
@@ -166,7 +166,7 @@ def drive(rng: random.Random, queues: list[Queue], steps: int = 250) -> None:
             assert res[0] == res[1]
         elif op < 0.95:
             k = rng.randint(0, 6)
-            res = [q.acknowledge_matching(lambda v: v[0] % 7 == k, by=None, option=AckOption.NONE, now=now).events
+            res = [q.acknowledge_matching(lambda v, now: v[0] % 7 == k, by=None, option=AckOption.NONE, now=now).events
                    for q in queues]
             assert res[0] == res[1]
         else:

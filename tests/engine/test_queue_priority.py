@@ -164,7 +164,7 @@ def test_filtered_consumer_gets_the_highest_priority_oldest_message_it_matches()
     b.pub(p=9, k=0)
     m1 = b.pub(p=2, k=1)
     m2 = b.pub(p=5, k=1)
-    a = b.consumer("A", backlog=1, flt=lambda d: d.get("k") == 1)
+    a = b.consumer("A", backlog=1, flt=lambda d, now: d.get("k") == 1)
     assert b.deliver() == [m2]
     late = b.pub(p=7, k=1)  # sorts before A's cursor
     b.q.acknowledge([m2], by="A", option=NONE, now=0.0)

@@ -92,11 +92,11 @@ def _random_config(rng: random.Random, name: str) -> QueueConfig:
 
 # Filters are module-level callables so the real and the model consumer share them.
 def _eq(k):
-    return lambda d: d["k"] == k
+    return lambda d, now: d["k"] == k
 
 
 def _ne(k):
-    return lambda d: d["k"] != k
+    return lambda d, now: d["k"] != k
 
 
 FILTERS = [None, None, _eq(0), _eq(1), _ne(2)]
@@ -327,7 +327,7 @@ class World:
                     p for p in avail
                     if not barrier_of(p) and (first_barrier is None or p < first_barrier)
                     and self._rank(qid, p) < self._rank(qid, d.position)
-                    and (flt is None or flt(self.data[p]))
+                    and (flt is None or flt(self.data[p], 0.0))
                 ]
                 self.expect(not better, f"q{qid}: {d.position} to {d.consumer.key} before {better}")
                 if not self.queues[qid]._at_least_once:
@@ -361,7 +361,7 @@ class World:
     def ack_filter(self) -> None:
         qid = self.rng.randrange(len(self.queues))
         k = self.rng.randrange(3)
-        pred = lambda d: d["k"] == k  # noqa: E731
+        pred = lambda d, now: d["k"] == k  # noqa: E731
         by, option = self._by(), self._option()
         got = self.queues[qid].acknowledge_matching(pred, by=by, option=option, now=self.now)
         want = self.models[qid].acknowledge_matching(pred, by, option, self.now)

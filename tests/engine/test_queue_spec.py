@@ -64,7 +64,7 @@ class Bench:
 
 
 def k_is(v):
-    return lambda d: d.get("k") == v
+    return lambda d, now: d.get("k") == v
 
 
 # --- Understanding AMPS Queuing / Delivery Semantics ----------------------------------------
@@ -354,7 +354,7 @@ def test_message_flow_returned_message_is_again_the_oldest():
 def test_message_flow_filter_that_raises_is_no_match():
     b = Bench()
     p1, p2 = b.pub(), b.pub(k=1)
-    b.consumer("A", flt=lambda d: d["k"] == 1)  # KeyError on p1
+    b.consumer("A", flt=lambda d, now: d["k"] == 1)  # KeyError on p1
     assert b.deliver() == [("A", p2)]
     assert b.q.statistics().filter_errors == 1
 

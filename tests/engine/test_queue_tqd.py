@@ -140,7 +140,7 @@ def test_inactive_messages_are_not_deliverable_even_if_only_they_match():
     b.pub(k=1)
     b.pub(k=1)
     b.pub(k=2)
-    b.consumer("twos", backlog=5, flt=lambda d: d["k"] == 2)
+    b.consumer("twos", backlog=5, flt=lambda d, now: d["k"] == 2)
     assert b.deliver() == []
     assert b.refill() == []  # the window is full: nothing to add
 
@@ -150,7 +150,7 @@ def test_filtered_ack_applies_only_to_the_active_part():
     are currently deliverable.\""""
     b = TBench(2)
     ps = [b.pub(k=1) for _ in range(4)]
-    r = b.q.acknowledge_matching(lambda d: d["k"] == 1, by=None, option=NONE, now=0.0)
+    r = b.q.acknowledge_matching(lambda d, now: d["k"] == 1, by=None, option=NONE, now=0.0)
     assert r.events == (Acknowledged(ps[0]), Acknowledged(ps[1]))
     assert b.q.statistics().inactive_message_count == 2
 

@@ -7,6 +7,7 @@ from conveyor import records
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.protocol import messages as m
+from conveyor.protocol import replies
 
 from .engine_harness import Harness, body, config_xml, decode, queue_xml
 
@@ -52,8 +53,8 @@ def test_commit_publishes_every_staged_row_atomically_once_durable():
     h = harness()
     w = watcher(h)
     sink = h.connect("sink")
-    assert stage(h, sink, "t/0", [1, 2]) == {"staged": 2}
-    assert stage(h, sink, "t/0", [3]) == {"staged": 3}
+    assert stage(h, sink, "t/0", [1, 2]) == replies.StageReply(staged=2)
+    assert stage(h, sink, "t/0", [3]) == replies.StageReply(staged=3)
     stage(h, sink, "t/1", [4])
     h.commit()
     assert h.messages(w) == []  # staged rows are nobody's business
@@ -61,7 +62,7 @@ def test_commit_publishes_every_staged_row_atomically_once_durable():
     assert h.acks(sink) == [] and h.messages(w) == []  # nothing before it is durable
     h.commit()
     ack = last_ack(h, sink)
-    assert (ack.status, ack.result) == ("success", {"published": 4})
+    assert (ack.status, ack.result) == ("success", replies.CommitReply(published=4))
     assert items(h.messages(w)) == [1, 2, 3, 4]
     recs = publishes(h)
     assert [(r.txn_index, r.txn_total, r.seq) for r in recs] == [(i, 4, 1) for i in range(4)]
@@ -91,7 +92,7 @@ def test_an_unknown_handle_publishes_nothing():
     assert (ack.status, ack.code) == ("failure", "unknown_txn")
     assert "'lost'" in ack.reason
     assert h.messages(w) == [] and publishes(h) == []
-    assert commit(h, sink, 1, ["a"]).result == {"published": 1}  # "a" stayed staged
+    assert commit(h, sink, 1, ["a"]).result == replies.CommitReply(published=1)  # "a" stayed staged
 
 
 def test_zero_rows_and_abort():
@@ -99,11 +100,11 @@ def test_zero_rows_and_abort():
     sink = h.connect("sink")
     stage(h, sink, "empty", [])
     ack = commit(h, sink, 1, ["empty"])
-    assert (ack.status, ack.result) == ("success", {"published": 0})
+    assert (ack.status, ack.result) == ("success", replies.CommitReply(published=0))
     assert publishes(h) == []
     stage(h, sink, "x", [1, 2])
     h.handle(sink, m.AbortTxn(txns=["x", "never"]))
-    assert last_ack(h, sink).result == {"discarded": 2}
+    assert last_ack(h, sink).result == replies.AbortReply(discarded=2)
     assert commit(h, sink, 1, ["x"]).code == "unknown_txn"
 
 
@@ -118,14 +119,14 @@ def test_bad_commits_and_stages():
 
 def test_staging_is_bounded():
     h = harness()
-    h.engine._staging.bytes_max = 1000
+    h.engine.transactions.staging.bytes_max = 1000
     sink = h.connect("sink")
     stage(h, sink, "a", [1])
     h.handle(sink, m.Stage(txn="a", topic="Work", rows=[b"x" * 2000]))
     ack = last_ack(h, sink)
     assert (ack.status, ack.code) == ("failure", "staging_full")
-    assert commit(h, sink, 1, ["a"]).result == {"published": 1}  # the refused rows were not staged
-    assert h.engine._staging.bytes == 0
+    assert commit(h, sink, 1, ["a"]).result == replies.CommitReply(published=1)  # the refused rows were not staged
+    assert h.engine.transactions.staging.bytes == 0
 
 
 def test_abandoned_staging_expires_after_ten_idle_minutes():
@@ -136,9 +137,9 @@ def test_abandoned_staging_expires_after_ten_idle_minutes():
     h.advance(400)
     stage(h, sink, "busy", [2])
     h.advance(201)
-    assert h.engine.statistics()["staging"]["txns"] == 1
+    assert h.engine.statistics().staging.txns == 1
     assert commit(h, sink, 1, ["old"]).code == "unknown_txn"
-    assert commit(h, sink, 1, ["busy"]).result == {"published": 2}
+    assert commit(h, sink, 1, ["busy"]).result == replies.CommitReply(published=2)
 
 
 def test_a_commit_survives_a_crash_exactly_once():
@@ -165,7 +166,7 @@ def test_staging_and_an_undurable_commit_are_lost_in_a_crash():
     sink = h.connect("sink")
     assert commit(h, sink, 1, ["a"]).code == "unknown_txn"  # Spark re-stages the batch
     stage(h, sink, "a", [1])
-    assert commit(h, sink, 1, ["a"]).result == {"published": 1}
+    assert commit(h, sink, 1, ["a"]).result == replies.CommitReply(published=1)
 
 
 def _journal_with_partial_run(segment_bytes: int | None = None) -> tuple[MemoryJournal, int]:
@@ -193,10 +194,10 @@ def test_recovery_truncates_a_transaction_cut_short_at_the_tail(caplog):
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")
     assert items(h.messages(w)) == [0]
-    assert publisher_id("sink/q1") not in h.engine._highest_seq  # the commit never happened
+    assert not h.engine.publishes.knows(publisher_id("sink/q1"))  # the commit never happened
     sink = h.connect("sink")
     stage(h, sink, "a", [5])
-    assert commit(h, sink, 7, ["a"]).result == {"published": 1}
+    assert commit(h, sink, 7, ["a"]).result == replies.CommitReply(published=1)
     h.crash()
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")

@@ -6,7 +6,6 @@ loads the embedded default. ``docs/configuration.md`` describes every element.
 """
 
 from conveyor.config.env import expand_env
-from conveyor.config.loader import default_config, load_file, load_text
 from conveyor.config.model import (
     EXPIRE_REASONS,
     FRAME_BYTES_MAX_DEFAULT,
@@ -34,6 +33,16 @@ from conveyor.config.model import (
     topic_matcher,
 )
 from conveyor.config.units import parse_duration, parse_size
+
+
+def __getattr__(name: str):
+    # The loader reads files and the environment: loaded on first use, so that the
+    # engine, which imports only the model, loads nothing that does I/O (layering rule).
+    if name in ("default_config", "load_file", "load_text"):
+        from conveyor.config import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module 'conveyor.config' has no attribute {name!r}")
 
 __all__ = [
     "EXPIRE_REASONS",

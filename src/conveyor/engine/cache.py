@@ -32,6 +32,20 @@ class Entry:
         self.correlation_id = correlation_id
         self._decoded = self
 
+    def meta(self, bookmark: str | None, now: float) -> dict:
+        """What the message functions of a filter read (``TOPIC_NAME()``, ``BOOKMARK()``,
+        ``UNIX_TIMESTAMP()``...): ``now`` is the time of the decision the filter makes
+        (the expression language never reads the clock)."""
+        return {
+            "topic": self.topic,
+            "bookmark": bookmark,
+            "sequence": self.seq,
+            "timestamp": self.timestamp,
+            "correlation_id": self.correlation_id,
+            "length": len(self.data),
+            "now": now,
+        }
+
     def decoded(self):
         """The JSON body, decoded once; an undecodable body is None (filters see NULL)."""
         if self._decoded is self:

@@ -1,5 +1,4 @@
-"""Engine part: named consumers, the Spark source's delivery sequence (SPARK.md section 2;
-docs/spark-server.md). A mixin of :class:`conveyor.engine.core.Engine`.
+"""Named consumers: the Spark source's delivery sequence (docs/spark-server.md).
 
 A named consumer ``(queue, name)`` is durable and independent of connections. Rules:
 
@@ -36,17 +35,25 @@ from __future__ import annotations
 
 import logging
 from array import array
+from typing import Any
 
-from conveyor import errors
+import msgspec
+
+from conveyor import errors, records
 from conveyor.config.model import Semantics
-from conveyor.engine import queue as q
-from conveyor import records
 from conveyor.engine.bookmarks import format_bookmark
+from conveyor.engine.cache import MessageCache
+from conveyor.engine.delivery import QueueDelivery
+from conveyor.engine.outbox import Outbox
+from conveyor.engine.queue import AckOption, TakeBack
+from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+from conveyor.engine.queue_events import Acknowledged, LeaseExpired
 from conveyor.protocol import messages as m
+from conveyor.protocol import replies
 
 log = logging.getLogger("conveyor.engine")
 
-#: Deliveries one fetch may return; the client pages (SPARK.md: ``read()`` fetches in pages).
+#: Deliveries one fetch may return; the client pages (``read()`` fetches in pages).
 FETCH_DELIVERIES_MAX = 100_000
 
 CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec)
@@ -75,79 +82,124 @@ class NamedConsumer:
     def position(self, d: int) -> int:
         return self.positions[d - self.acked - 1]
 
-    def snapshot(self) -> dict:
+    def export_state(self) -> dict:
+        """What the checkpoint keeps (rule 6)."""
         return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "token": self.token,
                 "positions": list(self.positions)}
 
-    def statistics(self) -> dict:
-        return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "unacked": self.d - self.acked,
-                "leased": self.leased, "reoffered": self.reoffered, "taken_back": self.taken_back,
-                "expired_leases": self.expired_leases}
+    @classmethod
+    def from_state(cls, queue: str, name: str, state: dict) -> NamedConsumer:
+        c = cls(queue, name)
+        c.d, c.acked, c.epoch, c.token = state["d"], state["acked"], state["epoch"], state.get("token", "")
+        c.positions = array("q", state["positions"])
+        return c
+
+    def statistics(self) -> NamedConsumerStats:
+        return NamedConsumerStats(self.queue, self.name, self.d, self.acked, self.epoch, self.d - self.acked,
+                                  self.leased, self.reoffered, self.taken_back, self.expired_leases)
 
 
-class NamedConsuming:
+class NamedConsumerStats(msgspec.Struct, frozen=True):
+    queue: str
+    name: str
+    d: int
+    acked: int
+    epoch: int
+    unacked: int
+    leased: int
+    reoffered: int
+    taken_back: int
+    expired_leases: int
+
+
+_TAKE_BACK_COUNTERS = {
+    TakeBack.RENEWED: "renewed",
+    TakeBack.TAKEN: "taken",
+    TakeBack.ELSEWHERE: "held_elsewhere",
+    TakeBack.DONE: "done",
+}
+
+
+class NamedConsumers:
+    """Every named consumer, by (queue, name), and the commands that drive them."""
+
+    def __init__(self, bindings: QueueBindings, delivery: QueueDelivery, journal: Any, cache: MessageCache,
+                 outbox: Outbox) -> None:
+        self._bindings = bindings
+        self._delivery = delivery
+        self._journal = journal
+        self._cache = cache
+        self._outbox = outbox
+        self._named: dict[tuple[str, str], NamedConsumer] = {}
+
+    def __len__(self) -> int:
+        return len(self._named)
+
+    def get(self, queue: str, name: str) -> NamedConsumer | None:
+        return self._named.get((queue, name))
+
     # --- commands ------------------------------------------------------------------------
 
-    def _named_command(self, session, cmd, now: float) -> None:
-        conn = session.conn_id
+    def handle(self, conn: int, cmd, now: float) -> None:
         match cmd:
             case m.Fetch():
                 self._fetch(conn, cmd)
                 return
             case m.Head():
-                self._named_queue(cmd.queue)
-                result = {"upto": self.journal.end}  # every message queued now is below it
+                self._queue(cmd.queue)
+                result = replies.HeadReply(upto=self._journal.end)  # every message queued now is below it
             case m.ConsumerInfo():
-                self._named_queue(cmd.queue)
+                self._queue(cmd.queue)
                 c = self._named.get((cmd.queue, cmd.consumer)) or NamedConsumer(cmd.queue, cmd.consumer)
-                result = {"d": c.d, "acked": c.acked, "epoch": c.epoch, "unacked": c.d - c.acked}
+                result = replies.ConsumerInfoReply(d=c.d, acked=c.acked, epoch=c.epoch, unacked=c.d - c.acked)
             case m.Claim():
-                c = self._named_state(cmd.queue, cmd.consumer)
+                c = self._state(cmd.queue, cmd.consumer)
                 c.epoch += 1
                 c.token = cmd.token
-                self.journal.append(records.encode(records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token)))
-                result = {"epoch": c.epoch, "d": c.d, "acked": c.acked}
+                self._journal.append(records.encode(records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token)))
+                result = replies.ClaimReply(epoch=c.epoch, d=c.d, acked=c.acked)
             case m.Lease():
                 result = self._lease(cmd, now)
             case m.AckThrough():
                 result = self._ack_through(cmd, now)
             case m.Extend():
-                c = self._fenced(cmd)
+                c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
                 _check_ttl(cmd.ttl)
-                renewed = self.queues[c.queue].renew(self._seat_consumer(c), None, now + cmd.ttl)
-                result = {"renewed": renewed}
+                renewed = self._bindings.by_name[c.queue].queue.renew(self._seat(c), None, now + cmd.ttl)
+                result = replies.ExtendReply(renewed=renewed)
             case m.Reclaim():
                 result = self._reclaim(cmd, now)
+            case _:
+                raise errors.UnknownCommand(f"not a named-consumer command: {type(cmd).__name__}")
         # Sent once every record so far is durable: a reply never names a delivery a
         # crash could take back.
-        self._send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=result))
+        self._outbox.send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=result))
 
-    def _lease(self, cmd: m.Lease, now: float) -> dict:
-        c = self._fenced(cmd)
+    def _lease(self, cmd: m.Lease, now: float) -> replies.LeaseReply:
+        c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
         _check_ttl(cmd.ttl)
         if cmd.max < 0:
             raise errors.InvalidOption(f"max must be >= 0, not {cmd.max}")
         self._check_range(c, cmd.after, cmd.after)
-        queue = self.queues[c.queue]
+        queue = self._bindings.by_name[c.queue].queue
         deadline = now + cmd.ttl
         if cmd.after < c.d:
             hi = c.d if cmd.max == 0 else min(c.d, cmd.after + cmd.max)
-            outcome = self._take_back_range(c, cmd.after, hi, now, deadline)
+            counts = self._take_back_range(c, cmd.after, hi, now, deadline)
             c.reoffered += hi - cmd.after
-            return {"d": hi, "leased": 0, "reoffered": hi - cmd.after, "D": c.d, **outcome}
-        consumer = self._seat_consumer(c)
-        deliveries = queue.lease_next(consumer, cmd.max or None, now, deadline, cmd.upto)
+            return replies.LeaseReply(d=hi, leased=0, reoffered=hi - cmd.after, D=c.d, **counts)
+        deliveries = queue.lease_next(self._seat(c), cmd.max or None, now, deadline, cmd.upto)
         if deliveries:
             positions = [x.position for x in deliveries]
             rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries])
-            self.journal.append(records.encode(rec))
+            self._journal.append(records.encode(rec))
             c.positions.extend(positions)
             c.d += len(positions)
             c.leased += len(positions)
-        return {"d": c.d, "leased": len(deliveries), "reoffered": 0, "D": c.d}
+        return replies.LeaseReply(d=c.d, leased=len(deliveries), reoffered=0, D=c.d)
 
-    def _reclaim(self, cmd: m.Reclaim, now: float) -> dict:
-        c = self._fenced(cmd)
+    def _reclaim(self, cmd: m.Reclaim, now: float) -> replies.ReclaimReply:
+        c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
         _check_ttl(cmd.ttl)
         if cmd.lo > cmd.hi or cmd.hi > c.d or cmd.lo < 0:
             raise errors.BadDeliveryRange(
@@ -155,49 +207,46 @@ class NamedConsuming:
                 lo=cmd.lo, hi=cmd.hi, d=c.d,
             )
         done = max(0, min(cmd.hi, c.acked) - cmd.lo)  # acknowledged already
-        outcome = self._take_back_range(c, max(cmd.lo, c.acked), cmd.hi, now, now + cmd.ttl)
-        return {"renewed": outcome["renewed"] + outcome["taken"], "held_elsewhere": outcome["held_elsewhere"],
-                "done": outcome["done"] + done}
+        counts = self._take_back_range(c, max(cmd.lo, c.acked), cmd.hi, now, now + cmd.ttl)
+        return replies.ReclaimReply(renewed=counts["renewed"] + counts["taken"],
+                                    held_elsewhere=counts["held_elsewhere"], done=counts["done"] + done)
 
-    def _take_back_range(self, c: NamedConsumer, lo: int, hi: int, now: float, deadline: float) -> dict:
+    def _take_back_range(self, c: NamedConsumer, lo: int, hi: int, now: float, deadline: float) -> dict[str, int]:
         """Re-offer deliveries ``(lo, hi]`` (lo >= A): renew, take back, or report."""
-        queue = self.queues[c.queue]
-        consumer = self._seat_consumer(c)
-        counts = {"renewed": 0, "taken": 0, "held_elsewhere": 0, "done": 0}
+        binding = self._bindings.by_name[c.queue]
+        consumer = self._seat(c)
+        counts = dict.fromkeys(_TAKE_BACK_COUNTERS.values(), 0)
         for d in range(lo + 1, hi + 1):
             p = c.position(d)
-            outcome = queue.take_back(consumer, p, now, deadline, self._priority_of(queue, p))
-            if outcome == "elsewhere":
-                counts["held_elsewhere"] += 1
-            else:
-                counts[outcome] += 1
+            outcome = binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
+            counts[_TAKE_BACK_COUNTERS[outcome]] += 1
         c.taken_back += counts["taken"]
         return counts
 
-    def _ack_through(self, cmd: m.AckThrough, now: float) -> dict:
-        c = self._fenced(cmd)
+    def _ack_through(self, cmd: m.AckThrough, now: float) -> replies.AckThroughReply:
+        c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
         if cmd.d > c.d:
             raise errors.BadDeliveryRange(
                 f"ack_through {cmd.d}: consumer {c.name!r} of queue {c.queue!r} has deliveries up to {c.d}",
                 d=c.d, through=cmd.d,
             )
         if cmd.d <= c.acked:
-            return {"acked": c.acked}  # idempotent
-        queue = self.queues[c.queue]
+            return replies.AckThroughReply(acked=c.acked)  # idempotent
+        binding = self._bindings.by_name[c.queue]
         n = cmd.d - c.acked
-        result = queue.acknowledge(c.positions[:n], by=None, option=q.AckOption.NONE, now=now)
-        removed = [e.position for e in result.events if type(e) is q.Acknowledged]
-        self.journal.append(records.encode(records.ConsumerAckedRec(c.queue, c.name, cmd.d, removed)))
+        result = binding.queue.acknowledge(c.positions[:n], by=None, option=AckOption.NONE, now=now)
+        removed = [e.position for e in result.events if type(e) is Acknowledged]
+        self._journal.append(records.encode(records.ConsumerAckedRec(c.queue, c.name, cmd.d, removed)))
         del c.positions[:n]
         c.acked = cmd.d
-        self._dirty_queues.add(queue)
+        self._delivery.mark(binding)
         if any(key[0] != "named" for key in result.freed):
             # a lapsed delivery acked in another subscriber's hands frees its backlog
-            self._dirty_queues.update(self.queues.values())
-        return {"acked": c.acked}
+            self._delivery.mark_all()
+        return replies.AckThroughReply(acked=c.acked)
 
     def _fetch(self, conn: int, cmd: m.Fetch) -> None:
-        self._named_queue(cmd.queue)
+        self._queue(cmd.queue)
         c = self._named.get((cmd.queue, cmd.consumer)) or NamedConsumer(cmd.queue, cmd.consumer)
         self._check_range(c, cmd.lo, cmd.hi)
         if cmd.hi - cmd.lo > FETCH_DELIVERIES_MAX:
@@ -208,31 +257,31 @@ class NamedConsuming:
         out = []
         for d in range(cmd.lo + 1, cmd.hi + 1):
             p = c.position(d)
-            entry = self.cache.get(p)  # the journal keeps the body: retention_floor
+            entry = self._cache.get(p)  # the journal keeps the body: retention_floor
             out.append(m.Message(
                 topic=entry.topic, data=entry.data, bookmark=format_bookmark(entry.publisher, entry.seq, p),
                 seq=entry.seq, timestamp=entry.timestamp, correlation_id=entry.correlation_id,
                 query_id=cmd.cid, queue=c.queue, delivery=d, publisher=entry.publisher,
             ))
-        out.append(m.Ack(ack_type="processed", cid=cmd.cid, result={"count": len(out)}))
+        out.append(m.Ack(ack_type="processed", cid=cmd.cid, result=replies.FetchDone(count=len(out))))
         for msg in out:
-            self._send(conn, msg)
+            self._outbox.send(conn, msg)
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _named_queue(self, name: str):
-        queue = self.queues.get(name)
-        if queue is None:
+    def _queue(self, name: str) -> QueueBinding:
+        binding = self._bindings.get(name)
+        if binding is None:
             raise errors.UnknownTopic(f"{name!r} is not a queue")
-        if queue.config.semantics is not Semantics.AT_LEAST_ONCE:
+        if binding.config.semantics is not Semantics.AT_LEAST_ONCE:
             raise errors.InvalidOption(
                 f"queue {name!r} is at-most-once: named consumers (lease, fetch, ack_through) need an "
                 "at-least-once queue"
             )
-        return queue
+        return binding
 
-    def _named_state(self, queue: str, name: str) -> NamedConsumer:
-        self._named_queue(queue)
+    def _state(self, queue: str, name: str) -> NamedConsumer:
+        self._queue(queue)
         if not name:
             raise errors.InvalidOption("a named consumer needs a name")
         c = self._named.get((queue, name))
@@ -240,9 +289,10 @@ class NamedConsuming:
             c = self._named[(queue, name)] = NamedConsumer(queue, name)
         return c
 
-    def _fenced(self, cmd) -> NamedConsumer:
-        c = self._named_state(cmd.queue, cmd.consumer)
-        if c.epoch and cmd.epoch != c.epoch:
+    def fenced(self, queue: str, name: str, epoch: int) -> NamedConsumer:
+        """The consumer, if ``epoch`` is its current one (rule 4); else ``fenced``."""
+        c = self._state(queue, name)
+        if c.epoch and epoch != c.epoch:
             raise errors.Fenced(
                 f"consumer {c.name} of queue {c.queue} was claimed by a newer holder (epoch {c.epoch})",
                 epoch=c.epoch,
@@ -264,57 +314,58 @@ class NamedConsuming:
                 lo=lo, hi=hi, acked=c.acked,
             )
 
-    def _seat_consumer(self, c: NamedConsumer):
+    def _seat(self, c: NamedConsumer):
         if c.consumer is None:
-            c.consumer = self.queues[c.queue].named_consumer(c.name)
+            c.consumer = self._bindings.by_name[c.queue].queue.named_consumer(c.name)
         return c.consumer
 
-    def _priority_of(self, queue, position: int) -> int | None:
-        """The priority of a message of a priority queue (computed as at enqueue)."""
-        expr = self._queue_priority.get(queue.config.name)
-        if expr is None:
+    def _priority_of(self, binding: QueueBinding, position: int) -> int | None:
+        if binding.priority is None:
             return None
-        entry = self.cache.get(position)
-        return expr.priority(entry.decoded(), self._meta(entry, None))
+        return binding.priority_of(self._cache.get(position))
 
-    def _count_named_expiries(self, queue, events) -> None:
-        """Statistics: which lease expiries were named consumers' (tick only)."""
-        lapsed = {e.position for e in events if type(e) is q.LeaseExpired}
+    def count_expiries(self, binding: QueueBinding, events) -> None:
+        """Statistics: which lease expiries were named consumers'."""
+        if not self._named:
+            return
+        lapsed = {e.position for e in events if type(e) is LeaseExpired}
         if not lapsed:
             return
         for c in self._named.values():
-            if c.queue == queue.config.name and c.d > c.acked:
+            if c.queue == binding.name and c.d > c.acked:
                 c.expired_leases += sum(1 for p in c.positions if p in lapsed)
+
+    def statistics(self) -> tuple[NamedConsumerStats, ...]:
+        return tuple(c.statistics() for c in self._named.values())
 
     # --- checkpoint, retention, recovery ------------------------------------------------
 
-    def _named_snapshot(self) -> dict:
+    def export_state(self) -> dict:
         out: dict = {}
         for (queue, name), c in self._named.items():
-            out.setdefault(queue, {})[name] = c.snapshot()
+            out.setdefault(queue, {})[name] = c.export_state()
         return out
 
-    def _named_floor(self) -> int | None:
+    def floor(self) -> int | None:
+        """The lowest position an unacked delivery needs (fetch reads it from the log)."""
         lows = [min(c.positions) for c in self._named.values() if c.positions]
         return min(lows) if lows else None
 
-    def _restore_named(self, snapshot: dict) -> None:
-        for queue, consumers in snapshot.items():
+    def restore(self, state: dict) -> None:
+        for queue, consumers in state.items():
             for name, s in consumers.items():
-                c = NamedConsumer(queue, name)
-                c.d, c.acked, c.epoch, c.token = s["d"], s["acked"], s["epoch"], s.get("token", "")
-                c.positions = array("q", s["positions"])
-                self._named[(queue, name)] = c
+                self._named[(queue, name)] = NamedConsumer.from_state(queue, name, s)
 
-    def _replay_consumer_record(self, pos: int, rec, now: float, points: dict) -> None:
-        """Rule 6: the consumer's own state, then the record's effect on the queue."""
+    def replay(self, pos: int, rec, now: float, point: int, since: int | None) -> None:
+        """Rule 6: the consumer's own state, then the record's effect on the queue.
+        ``point``: the queue's recovery point; ``since``: the events_from of a restored
+        FileBackedMetadata snapshot (None: no snapshot)."""
         key = (rec.queue, rec.consumer)
         c = self._named.get(key)
         if c is None:
             c = self._named[key] = NamedConsumer(rec.queue, rec.consumer)
-        queue = self.queues.get(rec.queue)
-        point = points.get(rec.queue, 0)
-        since = getattr(self, "_snapshot_events", {}).get(rec.queue)  # a FileBackedMetadata snapshot
+        binding = self._bindings.get(rec.queue)
+        queue = binding.queue if binding is not None else None
         if since is not None:
             point = 0
             if pos < since:
@@ -346,19 +397,19 @@ class NamedConsuming:
             case records.ConsumerClaimedRec():
                 if rec.epoch > c.epoch:
                     c.epoch, c.token = rec.epoch, rec.token
-        if queue is not None and queue.config.target_queue_depth is not None:
-            self._refill(queue, upto=pos)
+        if queue is not None and binding.config.target_queue_depth is not None:
+            binding.refill(self._journal, upto=pos)
 
-    def _lease_named_after_restart(self, now: float) -> None:
+    def lease_after_restart(self, now: float) -> None:
         """Rule 5: unacked deliveries stay with their consumer for one LeasePeriod."""
         for c in self._named.values():
-            queue = self.queues.get(c.queue)
-            if queue is None or not c.positions or queue.config.semantics is not Semantics.AT_LEAST_ONCE:
+            binding = self._bindings.get(c.queue)
+            if binding is None or not c.positions or binding.config.semantics is not Semantics.AT_LEAST_ONCE:
                 continue
-            consumer = self._seat_consumer(c)
-            deadline = now + queue.config.lease_period_s
+            consumer = self._seat(c)
+            deadline = now + binding.config.lease_period_s
             for p in c.positions:
-                queue.take_back(consumer, p, now, deadline, self._priority_of(queue, p))
+                binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
 
 
 def _check_ttl(ttl: float) -> None:

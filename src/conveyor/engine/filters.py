@@ -1,12 +1,13 @@
-"""Compiling filter text once, for every engine module that takes a filter."""
+"""Compiling filter text once, for every engine part that takes a filter."""
 
 from __future__ import annotations
 
+from conveyor.expr import Expression
+from conveyor.expr import compile as compile_expr
 
-def compile_filter(text: str | None):
+
+def compile_filter(text: str | None) -> Expression | None:
     """The compiled expression, or None for no filter (raises BadFilter)."""
     if not text:
         return None
-    from conveyor.expr import compile as compile_expr  # the expression language
-
     return compile_expr(text)

@@ -78,6 +78,7 @@ objects only for leased, returned or awaiting-ack messages, which the backlogs b
 
 from __future__ import annotations
 
+import enum
 import math
 from bisect import bisect_left
 from heapq import heapify, heappop, heappush
@@ -149,6 +150,7 @@ __all__ = [
     "QueueStateError",
     "QueueStats",
     "Returned",
+    "TakeBack",
     "check_config",
     "effective_backlog",
 ]
@@ -165,6 +167,15 @@ _HEAP_SLACK_MIN = 64
 #: happens while the consumer is full). Past twice its last pruned size it is rebuilt
 #: from the entries still available, without duplicates, so it stays O(returned messages).
 _CANDIDATES_SLACK_MIN = 32
+
+
+class TakeBack(enum.Enum):
+    """What :meth:`Queue.take_back` found (a named consumer's re-offer)."""
+
+    RENEWED = "renewed"  # it held the lease: the deadline moved
+    TAKEN = "taken"  # the message was available: leased to it again
+    ELSEWHERE = "elsewhere"  # leased to another subscriber, or inactive
+    DONE = "done"  # acknowledged or expired
 
 
 class _Seat:
@@ -405,7 +416,7 @@ class Queue(QueueRecovery, QueueWindow):
         elif self._priority:
             self._epochs[-1].add(key)
             if len(self._epochs) == 1:
-                self._came_back(key)  # it may sort before a filtered consumer's cursor
+                self._came_back(key, published_at)  # it may sort before a filtered consumer's cursor
         return True
 
     # --- consumers --------------------------------------------------------------------------
@@ -491,7 +502,7 @@ class Queue(QueueRecovery, QueueWindow):
             if barriers:
                 b = barriers[0]
                 if store.head() == b and not self._leases and not self._consumed:
-                    out.append(self._release_barrier(b))
+                    out.append(self._release_barrier(b, now))
                     budget -= 1
                     continue
                 if not priority:
@@ -508,7 +519,7 @@ class Queue(QueueRecovery, QueueWindow):
                 c = consumers[i]
                 if c.outstanding >= c.max_backlog:
                     continue
-                nxt = head if c.filter is None else self._next_for(seat)
+                nxt = head if c.filter is None else self._next_for(seat, now)
                 if nxt is None or (gate is not None and nxt >= gate):
                     continue
                 if best is None or nxt < best:
@@ -523,7 +534,7 @@ class Queue(QueueRecovery, QueueWindow):
             budget -= 1
         return out
 
-    def _next_for(self, seat: _Seat) -> int | None:
+    def _next_for(self, seat: _Seat, now: float) -> int | None:
         """The first available message in delivery order (order key) that a filtered
         consumer matches."""
         flt = seat.consumer.filter
@@ -539,7 +550,7 @@ class Queue(QueueRecovery, QueueWindow):
         found = None
         order = self._epochs[0] if self._priority else store
         for k in order.scan(seat.cursor):
-            if self._matches(flt, k & mask):
+            if self._matches(flt, k & mask, now):
                 found = k
                 break
         if found is None:
@@ -575,14 +586,14 @@ class Queue(QueueRecovery, QueueWindow):
         self._n["delivered"] += 1
         return Delivery(c, p, deadline, n)
 
-    def _release_barrier(self, b: int) -> Delivery:
+    def _release_barrier(self, b: int, now: float) -> Delivery:
         """Everything before barrier ``b`` is acknowledged: it goes to every current
         consumer whose filter matches, backlog or not, and leaves the queue (rule 8)."""
         advance(self._table, self._semantics, b, _AVAILABLE, Verb.DELIVER_BARRIER)
         recipients = tuple(
             seat.consumer
             for seat in self._seats
-            if seat.consumer.filter is None or self._matches(seat.consumer.filter, b)
+            if seat.consumer.filter is None or self._matches(seat.consumer.filter, b, now)
         )
         self._unstore(b)
         self._n["barriers_delivered"] += 1
@@ -612,8 +623,8 @@ class Queue(QueueRecovery, QueueWindow):
         """``sow_delete`` with a filter: every matching message in the queue, leased or not
         (as Leasing allows). At-most-once deliveries are no longer in the queue."""
         self._settle(now)
-        hits = [p for p, _ in self._store.items() if self._matches(predicate, p)]
-        hits += [p for p in self._leases if self._matches(predicate, p)]
+        hits = [p for p, _ in self._store.items() if self._matches(predicate, p, now)]
+        hits += [p for p in self._leases if self._matches(predicate, p, now)]
         hits.sort()
         tally = _Tally()
         for p in hits:
@@ -691,23 +702,23 @@ class Queue(QueueRecovery, QueueWindow):
 
     def take_back(
         self, consumer: Consumer, position: int, now: float, deadline: float, priority: int | None = None
-    ) -> str:
-        """Lease message ``position`` to ``consumer`` again (a re-offer): "renewed" (it
-        held the lease: deadline moved), "taken" (the message was available: leased
-        again, not counted as a new delivery), "elsewhere" (leased to another
-        subscriber, or inactive) or "done" (acknowledged or expired). ``priority``: the
+    ) -> TakeBack:
+        """Lease message ``position`` to ``consumer`` again (a re-offer): RENEWED (it
+        held the lease: deadline moved), TAKEN (the message was available: leased
+        again, not counted as a new delivery), ELSEWHERE (leased to another
+        subscriber, or inactive) or DONE (acknowledged or expired). ``priority``: the
         message's priority, needed in a priority queue to find it in the order."""
         self._settle(now)
         seat = self._seat(consumer)
         lease = self._leases.get(position)
         if lease is not None:
             if lease.seat is not seat:
-                return "elsewhere"
+                return TakeBack.ELSEWHERE
             if lease.deadline != deadline:
                 lease.deadline = deadline
                 heappush(self._deadlines, (deadline, position))
                 self._trim_deadlines()
-            return "renewed"
+            return TakeBack.RENEWED
         if position in self._store and not (self._barriers and position in self._barriers):
             key = position
             if self._priority:
@@ -715,10 +726,10 @@ class Queue(QueueRecovery, QueueWindow):
                     raise QueueStateError(f"queue {self.name!r}: take_back needs the priority")
                 key = order_key(priority, position)
             self._lease_to(seat, key, deadline)
-            return "taken"
+            return TakeBack.TAKEN
         if position in self._consumed or self.state_of(position) is MessageState.INACTIVE:
-            return "elsewhere"
-        return "done"
+            return TakeBack.ELSEWHERE
+        return TakeBack.DONE
 
     def _lease_to(self, seat: _Seat, key: int, deadline: float) -> int:
         """AVAILABLE --LEASE--> LEASED for a named consumer's seat; the position."""
@@ -1043,10 +1054,10 @@ class Queue(QueueRecovery, QueueWindow):
         self._store.restore(p, lease.published_at)
         if self._priority:
             self._epochs[0].add(lease.key)  # a leased message was in the first epoch
-        self._came_back(lease.key)
+        self._came_back(lease.key, now)
         return False
 
-    def _came_back(self, key: int) -> None:
+    def _came_back(self, key: int, now: float) -> None:
         """A message (order ``key``) is available again, or new in a priority queue,
         behind some filtered cursors: offer it to those consumers."""
         p = key & POSITION_MASK if self._priority else key
@@ -1054,7 +1065,7 @@ class Queue(QueueRecovery, QueueWindow):
             flt = seat.consumer.filter
             if flt is None or flt is not seat.filter_seen or key >= seat.cursor:
                 continue
-            if self._matches(flt, p):
+            if self._matches(flt, p, now):
                 heappush(seat.candidates, key)
                 if len(seat.candidates) > seat.prune_at:
                     self._prune(seat)
@@ -1099,12 +1110,12 @@ class Queue(QueueRecovery, QueueWindow):
             for seat in self._seat_of.values():
                 seat.reset_cursor()
 
-    def _matches(self, flt: Callable[[object], bool], p: int) -> bool:
+    def _matches(self, flt: Callable[[object, float], bool], p: int, now: float) -> bool:
         # A filter (or load) that raises is "no match", counted in filter_errors: one bad
         # message must not stop delivery of the others, nor lose the deliveries already
         # made in this dispatch.
         try:
-            return bool(flt(self._load(p)))
+            return bool(flt(self._load(p), now))
         except Exception:
             self._n["filter_errors"] += 1
             return False

@@ -1,22 +1,46 @@
-"""Engine part: recovery and checkpoints (spec 000, "Startup and Recovery for Queues").
+"""Recovery and checkpoints (spec 000, "Startup and Recovery for Queues").
 
-Recovery replays the journal through the same transitions the live engine applies,
-each queue from its recovery point; a :class:`Checkpoint` (``queues.ack`` and
-``publishers.seq``, written by the server) says where those points are. A mixin of
-:class:`conveyor.engine.core.Engine`.
+Recovery replays the journal into the engine's parts through the same transitions the
+live engine applies, each queue from its recovery point. Rules:
+
+1. **Where each queue starts.** A :class:`Checkpoint` (``queues.ack``, ``publishers.seq``,
+   ``consumers.state``, FileBackedMetadata snapshots; written by the server) gives each
+   queue's recovery point: used when the queue's configured ``RecoveryPoint`` is
+   unchanged, else the configured point (the beginning, a bookmark, a time or ``NOW``).
+   A FileBackedMetadata queue with a valid snapshot starts from the snapshot instead
+   (rule 4). The scan starts at the oldest point needed.
+2. **Publishes** are offered to queues exactly as live (the queue filter evaluated at the
+   message's publish time, :mod:`conveyor.engine.queue_bindings` rule 1); queue records
+   replay through :mod:`conveyor.engine.queue_journal`; named-consumer records through
+   :class:`~conveyor.engine.consumers.NamedConsumers`.
+3. **Transactions are whole or absent**: a run of transaction records is applied only
+   once its last record is seen; a run a crash cut short at the tail is truncated.
+4. **FileBackedMetadata** (:mod:`conveyor.engine.queue_snapshot`): a snapshot is used only
+   if it lies inside the durable journal, names a page file that exists, matches the
+   queue's configuration and checks; otherwise the queue replays from its recovery
+   point, which is always correct. Paging needs page files (``pages``: the server's
+   :class:`~conveyor.server.page_files.PageFiles`); without them such queues stay in
+   memory and their snapshots hold every chunk inline.
+5. After the scan every queue's ``end_replay`` runs (messages already at a limit
+   expire, journaled), TargetQueueDepth windows refill, and named consumers get their
+   unacked deliveries back for one LeasePeriod.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from conveyor import records
+from conveyor.engine import queue_journal, queue_snapshot
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
-from conveyor.engine.snapshots import SnapshotRecovery
-from conveyor.engine.consumers import CONSUMER_RECORDS
+from conveyor.engine.consumers import CONSUMER_RECORDS, NamedConsumers
+from conveyor.engine.delivery import QueueDelivery
+from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+from conveyor.engine.topics import Topics
 
 log = logging.getLogger("conveyor.engine")
 
@@ -35,83 +59,79 @@ class Checkpoint:
     position: int
     queues: dict[str, tuple[int, str]]
     publishers: dict[int, int]
-    # Named consumers (consumers.py): queue -> name -> {d, acked, epoch, token, positions},
-    # so a restart does not need their records below the queues' recovery points.
+    # Named consumers: queue -> name -> {d, acked, epoch, token, positions}, so a restart
+    # does not need their records below the queues' recovery points.
     consumers: dict = field(default_factory=dict)
-    # FileBackedMetadata: queue -> QueueSnapshot (queue_snapshot.py), each valid at its
-    # own positions; recovery replays such a queue only from there.
+    # FileBackedMetadata: queue -> QueueSnapshot, each valid at its own positions;
+    # recovery replays such a queue only from there.
     snapshots: dict = field(default_factory=dict)
 
-class Recovery(SnapshotRecovery):
+
+class Recovery:
+    def __init__(self, journal: Any, bindings: QueueBindings, publishes: PublishLog, delivery: QueueDelivery,
+                 named: NamedConsumers, topics: Topics) -> None:
+        self._journal = journal
+        self._bindings = bindings
+        self._publishes = publishes
+        self._delivery = delivery
+        self._named = named
+        self._topics = topics
+
+    # --- checkpoints ------------------------------------------------------------------------
+
     def checkpoint(self) -> Checkpoint:
-        end = self.journal.end
+        end = self._journal.end
+        first_unapplied = self._publishes.first_unapplied(end)
         queues = {}
-        for name, q in self.queues.items():
-            point = q.recovery_point()
-            if point > q.last_position:
-                # Nothing pending: everything up to the end of the log is done. (The
-                # scan must start on a record boundary, which the end of the log is.)
-                point = self._pending[0][0] if self._pending else end  # not past an unapplied publish
-            queues[name] = (point, q.config.recovery_point or "")
-        return Checkpoint(position=end, queues=queues, publishers=dict(self._highest_seq),
-                          consumers=self._named_snapshot(), snapshots=self._queue_snapshots(end))
+        for b in self._bindings:
+            point = b.queue.recovery_point()
+            if point > b.queue.last_position:
+                # Nothing pending: everything up to the end of the log is done, but not
+                # past an unapplied publish (the scan must start on a record boundary).
+                point = first_unapplied
+            queues[b.name] = (point, b.config.recovery_point or "")
+        snapshots = {
+            b.name: b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
+            for b in self._bindings
+            if queue_snapshot.supported(b.config)
+        }
+        return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
+                          consumers=self._named.export_state(), snapshots=snapshots)
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
-        """The lowest position anything still needs: queues, replays, the checkpoint."""
-        floor = min([checkpoint.position, *(p for p, _ in checkpoint.queues.values())])
-        for sub in self._replaying:
-            floor = min(floor, sub.cursor)
-        named = self._named_floor()  # fetch reads unacked deliveries' bodies from the log
-        if named is not None:
-            floor = min(floor, named)
-        return floor
+        """The lowest position anything still needs: queues, replays, named consumers,
+        the checkpoint."""
+        lows = [checkpoint.position, *(p for p, _ in checkpoint.queues.values())]
+        for low in (self._topics.replay_floor(), self._named.floor()):
+            if low is not None:
+                lows.append(low)
+        return min(lows)
 
-    def _configured_start(self, queue) -> tuple[int, float | None]:
-        """Where a new (or re-pointed) queue starts: its RecoveryPoint, else the beginning."""
-        text = queue.config.recovery_point
-        if not text:
-            return 0, None
-        start = parse_replay_start(text)
-        if start.after_position is not None:
-            return self.journal.position_after(start.after_position), None
-        if start.live_only:
-            return self.journal.durable_end, None
-        if start.at_time is not None:
-            return 0, start.at_time
-        return 0, None
+    # --- recovery ----------------------------------------------------------------------------
 
-    def recover(
-        self, now: float, progress: Callable[[int], None] | None = None, checkpoint: Checkpoint | None = None,
-        pages=None,
-    ) -> int:
-        """Rebuild state from the journal: publisher sequences, then every queue.
-
-        Each queue is rebuilt from its recovery point: the one in the checkpoint when
-        its configured ``RecoveryPoint`` is unchanged, else the configured one (spec 000,
-        "Startup and Recovery for Queues"). The scan starts at the oldest point needed.
-        A FileBackedMetadata queue with a valid snapshot in the checkpoint starts from
-        it instead; ``pages`` provides the page files (server/page_files.py; None: no paging).
-        """
-        self._now = now
+    def recover(self, now: float, progress: Callable[[int], None] | None = None,
+                checkpoint: Checkpoint | None = None, pages=None) -> int:
+        """Rebuild state from the journal (rules 1-5); the number of records read."""
+        journal = self._journal
         starts: dict[str, tuple[int, float | None]] = {}
         if checkpoint is not None:
-            self._highest_seq.update(checkpoint.publishers)
-            self._restore_named(checkpoint.consumers)
-        for name, queue in self.queues.items():
-            saved = checkpoint.queues.get(name) if checkpoint is not None else None
-            if saved is not None and saved[1] == (queue.config.recovery_point or ""):
-                starts[name] = (saved[0], None)
+            self._publishes.restore(checkpoint.publishers)
+            self._named.restore(checkpoint.consumers)
+        for b in self._bindings:
+            saved = checkpoint.queues.get(b.name) if checkpoint is not None else None
+            if saved is not None and saved[1] == (b.config.recovery_point or ""):
+                starts[b.name] = (saved[0], None)
             else:
-                starts[name] = self._configured_start(queue)
+                starts[b.name] = self._configured_start(b)
         self._restore_snapshots(checkpoint, pages, starts)
-        first = getattr(self.journal, "first_position", 0)
+        first = getattr(journal, "first_position", 0)
         scan_from = min([checkpoint.position if checkpoint is not None else 0, *(p for p, _ in starts.values())])
         scan_from = max(scan_from, first)
         points = {name: p for name, (p, _) in starts.items()}
         times = {name: t for name, (_, t) in starts.items() if t is not None}
         count = 0
-        run: list = []  # an open transaction run (txn.py rule 3): applied once complete
-        for pos, payload in self.journal.scan(scan_from):
+        run: list = []  # an open transaction run (rule 3): applied once complete
+        for pos, payload in journal.scan(scan_from):
             rec = records.decode(payload)
             count += 1
             if type(rec) is records.PublishRec:
@@ -119,114 +139,127 @@ class Recovery(SnapshotRecovery):
                     run.append((pos, rec))
                     if rec.txn_index == rec.txn_total - 1:
                         for p, r in run:
-                            self._recover_publish(p, r, points, times)
+                            self._publish(p, r, points, times, now)
                         run = []
-                else:
-                    if run:  # cannot happen (runs are contiguous): apply what there is
-                        log.error("journal: transaction run at %d interrupted at %d", run[0][0], pos)
-                        for p, r in run:
-                            self._recover_publish(p, r, points, times)
-                        run = []
-                    self._recover_publish(pos, rec, points, times)
+                    continue
+                if run:  # cannot happen (runs are contiguous): apply what there is
+                    log.error("journal: transaction run at %d interrupted at %d", run[0][0], pos)
+                    for p, r in run:
+                        self._publish(p, r, points, times, now)
+                    run = []
+                self._publish(pos, rec, points, times, now)
             elif type(rec) in CONSUMER_RECORDS:
-                self._replay_consumer_record(pos, rec, now, points)
+                since = self._binding_since(rec.queue)
+                self._named.replay(pos, rec, now, points.get(rec.queue, 0), since)
             else:
-                queue = self.queues.get(rec.queue)
-                if queue is None:
-                    continue  # a queue no longer configured
-                if rec.queue in self._snapshot_events:
-                    if pos < self._snapshot_events[rec.queue]:
-                        continue  # already in the snapshot
-                    self._replay_queue_record(queue, rec, now, 0)
-                else:
-                    self._replay_queue_record(queue, rec, now, points[rec.queue])
-                if queue.config.target_queue_depth is not None:
-                    self._refill(queue, upto=pos)
+                self._queue_record(pos, rec, now, points)
             if progress is not None and count % 10000 == 0:
                 progress(count)
         if run:
-            first = run[0][1]
+            head = run[0][1]
             log.warning(
                 "journal: transaction of publisher %d seq %d cut short by a crash (%d of %d records): "
-                "truncated the journal at position %d", first.publisher, first.seq, len(run), first.txn_total, run[0][0],
+                "truncated the journal at position %d", head.publisher, head.seq, len(run), head.txn_total, run[0][0],
             )
-            self.journal.truncate(run[0][0])
-        self.applied_end = self.journal.durable_end
-        for queue in self.queues.values():
-            # Messages already at MaxCancels / MaxDeliveries expire now, journaled.
-            self._journal_queue_events(queue, queue.end_replay(now))
-            self._refill(queue)
-            self._dirty_queues.add(queue)
-        self._lease_named_after_restart(now)
+            journal.truncate(run[0][0])
+        self._publishes.applied_end = journal.durable_end
+        for b in self._bindings:
+            # Messages already at MaxCancels / MaxDeliveries expire now, journaled (rule 5).
+            self._delivery.journal_events(b, b.queue.end_replay(now), now)
+            b.refill(journal)
+            self._delivery.mark(b)
+        self._named.lease_after_restart(now)
         return count
 
-    def _recover_publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict) -> None:
-        if rec.seq > self._highest_seq.get(rec.publisher, 0):
-            self._highest_seq[rec.publisher] = rec.seq
-        if rec.fingerprint:
-            self._fingerprints.note(rec.publisher, rec.seq, rec.fingerprint)
-        self._apply_recovered_publish(pos, rec, points, times)
-        if rec.expired_queue is not None:
-            expired = self.queues.get(rec.expired_queue)
-            since = self._snapshot_events.get(rec.expired_queue)
-            if expired is not None and (
-                rec.expired_position >= points[rec.expired_queue] if since is None else pos >= since
-            ):
-                expired.replay_expired(rec.expired_position)
-                if expired.config.target_queue_depth is not None:
-                    self._refill(expired, upto=pos)  # as after any queue record: room freed
+    def _binding_since(self, queue: str) -> int | None:
+        b = self._bindings.get(queue)
+        return None if b is None else b.snapshot_events_from
 
-    def _apply_recovered_publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict) -> None:
-        for queue in self._queues_for(rec.topic):
-            name = queue.config.name
-            if pos < points[name]:
+    def _configured_start(self, binding: QueueBinding) -> tuple[int, float | None]:
+        """Where a new (or re-pointed) queue starts: its RecoveryPoint, else the beginning."""
+        text = binding.config.recovery_point
+        if not text:
+            return 0, None
+        start = parse_replay_start(text)
+        if start.after_position is not None:
+            return self._journal.position_after(start.after_position), None
+        if start.live_only:
+            return self._journal.durable_end, None
+        if start.at_time is not None:
+            return 0, start.at_time
+        return 0, None
+
+    def _publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict, now: float) -> None:
+        self._publishes.recovered(rec)
+        for b in self._bindings.for_topic(rec.topic):
+            if pos < points[b.name]:
                 continue
-            since = times.get(name)
+            since = times.get(b.name)
             if since is not None and rec.timestamp < since:
                 continue
-            if name in self._plain_queues:
-                queue.enqueue(pos, rec.timestamp)  # no filter, priority or barrier: skip the Entry
+            if b.plain:
+                b.queue.enqueue(pos, rec.timestamp)  # no filter, priority or barrier: skip the Entry
                 continue
-            entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
-            self._offer(queue, pos, entry)
-
-    def _replay_queue_record(self, queue, rec, now: float, point: int = 0) -> None:
-        if point:
-            rec = _above(rec, point)
-            if rec is None:
+            b.offer(pos, Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id))
+        if rec.expired_queue is not None:
+            # A dead letter carries the expiry that caused it (delivery rule 4).
+            b = self._bindings.get(rec.expired_queue)
+            if b is None:
                 return
-        match rec:
-            case records.LeasedRec():
-                for position, count in zip(rec.positions, rec.counts):
-                    queue.replay_delivered(position, now, count=count)
-            case records.DeliveredRec():
-                for position in rec.positions:
-                    queue.replay_delivered(position, now)
-            case records.AckedRec():
-                for position in rec.positions:
-                    queue.replay_acknowledged(position)
-            case records.CancelledRec():
-                for position in rec.positions:
-                    queue.replay_cancelled(position)
-            case records.ExpiredRec():
-                queue.replay_expired(rec.position)
-            case records.ReturnedRec():
-                for position in rec.positions:
-                    queue.replay_returned(position)
-            case records.BarrierRec():
-                for position in rec.positions:
-                    queue.replay_barrier_delivered(position)
+            since = b.snapshot_events_from
+            if rec.expired_position >= points[b.name] if since is None else pos >= since:
+                b.queue.replay_expired(rec.expired_position)
+                if b.config.target_queue_depth is not None:
+                    b.refill(self._journal, upto=pos)  # as after any queue record: room freed
 
+    def _queue_record(self, pos: int, rec, now: float, points: dict) -> None:
+        b = self._bindings.get(rec.queue)
+        if b is None:
+            return  # a queue no longer configured
+        if b.snapshot_events_from is not None:
+            if pos < b.snapshot_events_from:
+                return  # already in the snapshot
+            queue_journal.replay(b.queue, rec, now)
+        else:
+            queue_journal.replay(b.queue, rec, now, points[b.name])
+        if b.config.target_queue_depth is not None:
+            b.refill(self._journal, upto=pos)
 
-def _above(rec, point: int):
-    """The part of a queue record about positions at or above ``point`` (or None)."""
-    if hasattr(rec, "positions"):
-        keep = [i for i, p in enumerate(rec.positions) if p >= point]
-        if not keep:
-            return None
-        if len(keep) == len(rec.positions):
-            return rec
-        if isinstance(rec, records.LeasedRec):
-            return records.LeasedRec(rec.queue, [rec.positions[i] for i in keep], [rec.counts[i] for i in keep])
-        return type(rec)(rec.queue, [rec.positions[i] for i in keep])
-    return rec if rec.position >= point else None
+    # --- FileBackedMetadata (rule 4) -----------------------------------------------------------
+
+    def _restore_snapshots(self, checkpoint: Checkpoint | None, pages, starts: dict) -> None:
+        """Page the FileBackedMetadata queues (when ``pages`` is given) and load their
+        snapshots; a queue with one starts its replay at the snapshot (``starts``)."""
+        first = getattr(self._journal, "first_position", 0)
+        durable = self._journal.durable_end
+        for b in self._bindings:
+            if not queue_snapshot.supported(b.config):
+                continue
+            name = b.name
+            snap = checkpoint.snapshots.get(name) if checkpoint is not None else None
+            if snap is not None and not (first <= snap.publishes_from <= snap.events_from <= durable):
+                log.warning("queue %s: snapshot outside the journal: replaying from the recovery point", name)
+                snap = None
+            file = None
+            if pages is not None:
+                existing = pages.generations(name)
+                if snap is not None and snap.page_file in existing:
+                    file = pages.open(name, snap.page_file, fresh=False)
+                else:
+                    file = pages.open(name, max(existing, default=-1) + 1, fresh=True)
+            if snap is not None:
+                try:
+                    queue_snapshot.check(snap, b.config, file)
+                except queue_snapshot.SnapshotInvalid as exc:
+                    log.warning("queue %s: ignoring its snapshot (%s): replaying from the recovery point", name, exc)
+                    snap = None
+                    if file is not None and file.size:
+                        file.close()
+                        file = pages.open(name, max(pages.generations(name)) + 1, fresh=True)
+            if file is not None:
+                pages.prune(name, keep=file.generation)
+                b.queue.page_to(file)
+            if snap is not None:
+                b.queue.restore_snapshot(snap)
+                starts[name] = (snap.publishes_from, None)
+                b.snapshot_events_from = snap.events_from

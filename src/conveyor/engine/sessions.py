@@ -7,13 +7,15 @@ three kinds, fixed when it is made:
 - ``PUBSUB``: live messages on matching topics, no acknowledgement;
 - ``QUEUE``: a queue consumer (leases, backlog, fairness) over one or more queues;
 - ``REPLAY``: a bookmark subscription: replays the journal, then continues live with no
-  gap and no duplicate at the seam (see ``Engine.pump_replays``).
+  gap and no duplicate at the seam (:mod:`conveyor.engine.topics`).
+
+Which queues a queue subscription takes from is the delivery's business
+(:class:`conveyor.engine.delivery.QueueDelivery`), not the session's.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +27,7 @@ class SubKind(enum.Enum):
 
 
 @dataclass(slots=True, eq=False)
-class Subscription:
+class SessionSubscription:
     sub_id: str
     conn_id: int
     topic: str
@@ -35,8 +37,6 @@ class Subscription:
     cid: str | None = None
     ack_types: frozenset[str] = frozenset()
     consumer: Any = None  # engine.queue.Consumer for QUEUE subscriptions
-    queues: tuple[str, ...] = ()  # QUEUE: the queues it takes messages from
-    detached: tuple[str, ...] = ()  # QUEUE: queues a replace left, still holding its leases
     # REPLAY: next journal position to read, and whether the replay has caught up.
     cursor: int = 0
     live: bool = True
@@ -51,11 +51,7 @@ class Session:
     logged_on: bool = False
     publisher: int | None = None  # id for publishes carrying the client's own sequence
     server_publisher: int | None = None  # id for publishes the server numbers
-    subs: dict[str, Subscription] = field(default_factory=dict)
-    # (position, seq) checkpoints awaiting a persisted ack, one per command batch
-    persist_marks: deque = field(default_factory=deque)
-    persist_mark: tuple | None = None  # the last persisted-ack publish of the current frame
-    persist_cid: str | None = None
+    subs: dict[str, SessionSubscription] = field(default_factory=dict)
     next_sub_number: int = 1
 
     def new_sub_id(self) -> str:

@@ -1,5 +1,4 @@
-"""Engine part: staged transactions, the Spark ``txn`` sink (SPARK.md 3.2;
-docs/spark-server.md). A mixin of :class:`conveyor.engine.core.Engine`.
+"""Staged transactions: the Spark ``txn`` sink (docs/spark-server.md).
 
 Rules:
 
@@ -21,7 +20,7 @@ Rules:
 3. **Atomicity across a crash**: a crash can cut the run short at the journal tail (a
    group commit spanning segments). Recovery holds a run's rows until its last record
    is seen and truncates an incomplete run at the tail before applying anything of it
-   (:meth:`conveyor.engine.recovery.Recovery.recover`), so no reader ever sees part of
+   (:class:`conveyor.engine.recovery.Recovery`), so no reader ever sees part of
    a transaction.
 4. ``seq`` must be >= 1 (a Spark sink sends ``batchId + 1``): sequence 0 would never be
    above "nothing seen", so it could not be deduplicated after a restart.
@@ -29,10 +28,15 @@ Rules:
 
 from __future__ import annotations
 
-from conveyor import errors
-from conveyor import records
+import msgspec
+
+from conveyor import errors, records
 from conveyor.engine.bookmarks import publisher_id
+from conveyor.engine.outbox import Outbox
+from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.protocol import messages as m
+from conveyor.protocol import replies
 
 STAGING_BYTES_MAX_DEFAULT = 256 * 1024 * 1024
 STAGING_IDLE_S = 600.0
@@ -125,49 +129,66 @@ class Staging:
         self.expired += len(idle)
         return len(idle)
 
-    def statistics(self) -> dict:
-        return {"txns": len(self._txns), "bytes": self.bytes, "expired": self.expired}
+    def statistics(self) -> StagingStats:
+        return StagingStats(txns=len(self._txns), bytes=self.bytes, expired=self.expired)
+
+
+class StagingStats(msgspec.Struct, frozen=True):
+    txns: int
+    bytes: int
+    expired: int
 
 
 class Transactions:
-    def _txn_command(self, session, cmd, now: float) -> None:
-        conn = session.conn_id
+    """The transaction commands (rules 2 and 4) over a :class:`Staging`."""
+
+    def __init__(self, publishes: PublishLog, bindings: QueueBindings, outbox: Outbox,
+                 staging: Staging | None = None) -> None:
+        self._publishes = publishes
+        self._bindings = bindings
+        self._outbox = outbox
+        self.staging = staging if staging is not None else Staging()
+
+    def handle(self, conn: int, cmd, now: float) -> None:
         match cmd:
             case m.Stage():
-                topic = self._publish_target.get(cmd.topic, cmd.topic)
-                if not self._recorded(topic):
+                topic = self._bindings.target(cmd.topic)
+                if not self._publishes.recorded(topic):
                     raise errors.NotATransactionLogTopic(
                         f"topic {cmd.topic!r} is not recorded in the transaction log: a transaction needs one"
                     )
                 if not cmd.txn:
                     raise errors.InvalidOption("stage needs a transaction handle (txn)")
-                total = self._staging.stage(cmd.txn, topic, cmd.rows, now)
-                self._send(conn, m.Ack(ack_type="processed", cid=cmd.cid, result={"staged": total}))
+                total = self.staging.stage(cmd.txn, topic, cmd.rows, now)
+                self._outbox.send(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=replies.StageReply(staged=total)))
             case m.AbortTxn():
-                n = self._staging.discard(cmd.txns)
-                self._send(conn, m.Ack(ack_type="processed", cid=cmd.cid, result={"discarded": n}))
+                n = self.staging.discard(cmd.txns)
+                self._outbox.send(conn, m.Ack(ack_type="processed", cid=cmd.cid,
+                                              result=replies.AbortReply(discarded=n)))
             case m.CommitTxn():
-                self._commit_txn(conn, cmd, now)
+                self._commit(conn, cmd, now)
+            case _:
+                raise errors.UnknownCommand(f"not a transaction command: {type(cmd).__name__}")
 
-    def _commit_txn(self, conn: int, cmd: m.CommitTxn, now: float) -> None:
+    def _commit(self, conn: int, cmd: m.CommitTxn, now: float) -> None:
         if cmd.seq < 1:
             raise errors.InvalidOption(f"commit_txn seq must be >= 1, not {cmd.seq} (send batchId + 1)")
         publisher = publisher_id(cmd.publisher)
-        highest = self._highest_seq.get(publisher, 0)
-        if cmd.seq <= highest:
-            self._staging.discard(cmd.txns)
+        publishes = self._publishes
+        if publishes.is_duplicate(publisher, cmd.seq):
+            self.staging.discard(cmd.txns)
+            highest = publishes.highest_seq(publisher)
             ack = m.Ack(ack_type="processed", cid=cmd.cid, status="duplicate", seq=cmd.seq,
-                        reason=f"duplicate: sequence {cmd.seq} is not above {highest}", result={"published": 0})
-            self._send_when_durable(conn, ack)  # the commit it repeats may still be in flight
+                        reason=f"duplicate: sequence {cmd.seq} is not above {highest}",
+                        result=replies.CommitReply(published=0))
+            self._outbox.send_when_durable(conn, ack)  # the commit it repeats may still be in flight
             return
-        rows = self._staging.take(cmd.txns)
+        rows = self.staging.take(cmd.txns)
         n = len(rows)
-        if n:
-            # Rule 2: one synchronous step, so one contiguous run in one group commit.
-            journal, pending, encode, seq = self.journal, self._pending, records.encode, cmd.seq
-            for i, (topic, data) in enumerate(rows):
-                rec = records.PublishRec(topic, publisher, seq, now, data, None, txn_index=i, txn_total=n)
-                pos = journal.append(encode(rec))
-                pending.append((pos, journal.end, topic, publisher, seq, now, data, None))
-            self._highest_seq[publisher] = seq
-        self._send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, seq=cmd.seq, result={"published": n}))
+        # Rule 2: one synchronous step, so one contiguous run in one group commit.
+        for i, (topic, data) in enumerate(rows):
+            publishes.append_record(
+                records.PublishRec(topic, publisher, cmd.seq, now, data, None, txn_index=i, txn_total=n)
+            )
+        self._outbox.send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, seq=cmd.seq,
+                                                   result=replies.CommitReply(published=n)))

@@ -138,7 +138,7 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
     )
 
 
-# --- FileBackedMetadata: queue snapshots and page files (engine/snapshots.py) ---------------
+# --- FileBackedMetadata: queue snapshots and page files (engine/recovery.py) ---------------
 # ``<JournalDirectory>/queues/`` holds, per FileBackedMetadata queue, its page files
 # (``<queue>.<generation>.fbm``) and ``<queue>.snap``, the snapshot of its last checkpoint.
 # A snapshot is written after an fsync of the page file it names (and before queues.ack);

@@ -1,0 +1,361 @@
+"""Queue delivery: which queues need a dispatch, deliveries and their records, consumers,
+acknowledgement (``sow_delete``), the queue view (``sow``) and expiry actions.
+
+Rules:
+
+1. **Dispatch when something changed.** A queue is marked dirty when a message enters,
+   a consumer joins, a backlog slot frees or time passes; :meth:`dispatch` runs expiry due
+   at ``now`` first (a lagging timer must not let an expired message out), refills the
+   TargetQueueDepth window, then delivers all it can.
+2. **Journal before or with the send.** Leases are journaled in one ``LeasedRec`` per
+   dispatch and sent at once; an at-most-once delivery is journaled (``DeliveredRec``) and
+   sent only once that record is durable; a barrier goes to every recipient once its
+   ``BarrierRec`` is durable, and nothing after it overtakes it.
+3. **One backlog across queues.** A queue subscription may take from several queues;
+   its backlog is shared, so a slot freed in one queue marks all of the consumer's queues
+   dirty. The delivery owns which queues each consumer is attached to (and which a
+   ``replace`` detached, still holding its leases).
+4. **Events become records through one table** (:mod:`conveyor.engine.queue_journal`);
+   an expiry is journaled with the dead letters its actions publish, in one record.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Hashable
+
+from conveyor import errors, records
+from conveyor.config.model import Semantics
+from conveyor.engine import queue_journal
+from conveyor.engine.actions import ExpiryActions
+from conveyor.engine.bookmarks import bookmark_positions, format_bookmark
+from conveyor.engine.cache import MessageCache
+from conveyor.engine.filters import compile_filter
+from conveyor.engine.outbox import Outbox
+from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue import AckOption, Consumer, Delivery
+from conveyor.engine.queue_bindings import QueueBinding, QueueBindings, consumer_predicate
+from conveyor.engine.queue_events import Expired
+from conveyor.protocol import messages as m
+from conveyor.protocol.messages import ack_types
+from conveyor.protocol.options import parse_options
+
+log = logging.getLogger("conveyor.engine")
+
+
+class _Attachment:
+    """Rule 3: the queues one consumer takes from, and those a replace left."""
+
+    __slots__ = ("consumer", "queues", "detached")
+
+    def __init__(self, consumer: Consumer, queues: tuple[str, ...]) -> None:
+        self.consumer = consumer
+        self.queues = queues
+        self.detached: tuple[str, ...] = ()
+
+
+class QueueDelivery:
+    def __init__(
+        self, bindings: QueueBindings, journal: Any, cache: MessageCache, outbox: Outbox,
+        publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
+    ) -> None:
+        self._bindings = bindings
+        self._journal = journal
+        self._cache = cache
+        self._outbox = outbox
+        self._publishes = publishes
+        self._actions = actions
+        self._action_publisher = action_publisher
+        self._dirty: set[QueueBinding] = set()
+        self._attached: dict[Hashable, _Attachment] = {}
+        #: Called with (binding, deliveries, now) for every dispatch, before anything is
+        #: sent: the simulations learn each delivery when it is decided (None: off).
+        self.on_dispatch: Callable[[QueueBinding, list[Delivery], float], None] | None = None
+
+    # --- dirtiness (rule 1) -------------------------------------------------------------
+
+    def mark(self, binding: QueueBinding) -> None:
+        self._dirty.add(binding)
+
+    def mark_all(self) -> None:
+        self._dirty.update(self._bindings)
+
+    def mark_consumer(self, key: Hashable) -> None:
+        """A backlog slot of consumer ``key`` freed: its queues may deliver again."""
+        att = self._attached.get(key)
+        if att is not None:
+            for name in att.queues:
+                self._dirty.add(self._bindings.by_name[name])
+
+    # --- consumers (rule 3) ----------------------------------------------------------------
+
+    def attach(self, consumer: Consumer, names: list[str], now: float) -> None:
+        for name in names:
+            binding = self._bindings.by_name[name]
+            binding.queue.add_consumer(consumer, now)
+            self._dirty.add(binding)
+        self._attached[consumer.key] = _Attachment(consumer, tuple(names))
+
+    def replace(self, consumer: Consumer, names: list[str], flt: Any, max_backlog: int, now: float) -> None:
+        """``subscribe`` with replace (spec 000, "Replacing Queue Subscriptions"): atomic;
+        leases and the outstanding count stay; queues left behind deliver nothing more but
+        still take the acknowledgements of what they leased."""
+        att = self._attached[consumer.key]
+        predicate = consumer_predicate(flt)
+        consumer.filter = predicate
+        consumer.max_backlog = max_backlog
+        known = set(att.queues) | set(att.detached)
+        for name in att.queues:
+            if name not in names:
+                self._bindings.by_name[name].queue.detach_consumer(consumer, now)
+        for name in names:
+            binding = self._bindings.by_name[name]
+            if name in known:
+                binding.queue.replace_consumer(consumer, filter=predicate, max_backlog=max_backlog, now=now)
+            else:
+                binding.queue.add_consumer(consumer, now)
+            self._dirty.add(binding)
+        att.detached = tuple(n for n in known if n not in names)
+        att.queues = tuple(names)
+
+    def detach(self, consumer: Consumer, now: float) -> None:
+        """Unsubscribe or disconnect: break the consumer's leases everywhere."""
+        att = self._attached.pop(consumer.key, None)
+        if att is None:
+            return
+        for name in (*att.queues, *att.detached):
+            binding = self._bindings.by_name[name]
+            self.journal_events(binding, binding.queue.remove_consumer(consumer, now), now)
+            self._dirty.add(binding)
+
+    def consumers(self) -> int:
+        return len(self._attached)
+
+    # --- dispatch (rules 1 and 2) -----------------------------------------------------------
+
+    def dispatch(self, now: float) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        journal = self._journal
+        for binding in dirty:
+            queue = binding.queue
+            deadline = queue.next_deadline()
+            if deadline is not None and deadline <= now:
+                self.journal_events(binding, queue.expire(now), now)
+            binding.refill(journal)
+            deliveries = queue.dispatch(now)
+            while deliveries:
+                self._deliver(binding, deliveries, now)
+                if queue.wants() <= 0:
+                    break
+                # delivered messages left the active window (at-most-once): refill it
+                binding.refill(journal)
+                deliveries = queue.dispatch(now)
+
+    def _deliver(self, binding: QueueBinding, deliveries: list[Delivery], now: float) -> None:
+        if self.on_dispatch is not None:
+            self.on_dispatch(binding, deliveries, now)
+        if any(d.barrier for d in deliveries):
+            self._deliver_with_barriers(binding, deliveries)
+            return
+        name = binding.name
+        at_most_once = binding.config.semantics is Semantics.AT_MOST_ONCE
+        out = [self._message(name, d, d.consumer, at_most_once) for d in deliveries]
+        journal, outbox = self._journal, self._outbox
+        if at_most_once:
+            # Journaled before the message is sent (rule 2).
+            journal.append(records.encode(records.DeliveredRec(name, [d.position for d in deliveries])))
+            threshold = journal.end
+            for conn_id, msg in out:
+                outbox.send_when_durable(conn_id, msg, threshold)
+            return
+        rec = records.LeasedRec(name, [d.position for d in deliveries], [d.delivery_count for d in deliveries])
+        journal.append(records.encode(rec))
+        if binding.barrier_until > journal.durable_end:
+            # a barrier of this queue is still waiting for its fsync: do not overtake it
+            for conn_id, msg in out:
+                outbox.send_when_durable(conn_id, msg)
+            return
+        for conn_id, msg in out:
+            outbox.send(conn_id, msg)
+
+    def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool) -> tuple[int, m.Message]:
+        conn_id, sub_id = consumer.key
+        entry = self._cache.get(d.position)
+        msg = m.Message(
+            topic=name,
+            data=entry.data,
+            sub_id=sub_id,
+            bookmark=format_bookmark(entry.publisher, entry.seq, d.position),
+            seq=entry.seq,
+            timestamp=entry.timestamp,
+            lease_deadline=None if at_most_once or d.barrier else d.lease_deadline,
+            correlation_id=entry.correlation_id,
+            queue=None if d.barrier else name,  # a barrier needs no acknowledgement
+            barrier=d.barrier,
+        )
+        return conn_id, msg
+
+    def _deliver_with_barriers(self, binding: QueueBinding, deliveries: list[Delivery]) -> None:
+        """A batch holding barrier messages: each barrier goes to all its recipients once
+        its record is durable, and nothing after it may overtake it, so every message of
+        the batch is journaled in order and sent once durable (rule 2)."""
+        name = binding.name
+        at_most_once = binding.config.semantics is Semantics.AT_MOST_ONCE
+        journal, outbox = self._journal, self._outbox
+        for d in deliveries:
+            if d.barrier:
+                journal.append(records.encode(records.BarrierRec(name, [d.position])))
+                sends = [self._message(name, d, c, at_most_once) for c in d.recipients]
+            elif at_most_once:
+                journal.append(records.encode(records.DeliveredRec(name, [d.position])))
+                sends = [self._message(name, d, d.consumer, at_most_once)]
+            else:
+                journal.append(records.encode(records.LeasedRec(name, [d.position], [d.delivery_count])))
+                sends = [self._message(name, d, d.consumer, at_most_once)]
+            threshold = journal.end
+            for conn_id, msg in sends:
+                outbox.send_when_durable(conn_id, msg, threshold)
+        binding.barrier_until = journal.end
+
+    # --- records (rule 4) --------------------------------------------------------------------
+
+    def journal_events(self, binding: QueueBinding, events, now: float) -> None:
+        """Journal the queue's events: one record per kind, each expiry with its dead letters."""
+        if not events:
+            return
+        groups, expired = queue_journal.batch(events)
+        for ev in expired:
+            self._journal_expiry(binding, ev, now)
+        journal = self._journal
+        for rec_type, group in groups:
+            journal.append(records.encode(queue_journal.record(binding.name, rec_type, group)))
+
+    def _journal_expiry(self, binding: QueueBinding, event: Expired, now: float) -> None:
+        """An expiry, with the dead letters its actions publish (spec 000, "Handling
+        Unprocessed Messages"): the first dead letter carries the expiry itself, so one
+        record makes both durable, or neither."""
+        name = binding.name
+        reasons = tuple(str(r) for r in event.reasons)
+        letters = []
+        if self._actions.watches(name):
+            entry = self._cache.get(event.position)
+            letters = self._actions.dead_letters(
+                name, reasons, entry.data, correlation_id=entry.correlation_id,
+                bookmark=format_bookmark(entry.publisher, entry.seq, event.position),
+            )
+        if not letters:
+            self._journal.append(records.encode(records.ExpiredRec(name, event.position, ",".join(reasons))))
+            return
+        publisher = self._action_publisher
+        publishes = self._publishes
+        for i, letter in enumerate(letters):
+            first = i == 0
+            publishes.append_record(records.PublishRec(
+                letter.topic, publisher, publishes.next_seq(publisher), now, letter.data, None,
+                expired_queue=name if first else None,
+                expired_position=event.position if first else -1,
+                expired_reasons=",".join(reasons) if first else "",
+            ))
+
+    # --- time ------------------------------------------------------------------------------------
+
+    def expire_due(self, now: float) -> list[tuple[QueueBinding, list]]:
+        """Lease and message expiry due at ``now``, journaled; the events per queue."""
+        out = []
+        for binding in self._bindings:
+            queue = binding.queue
+            deadline = queue.next_deadline()
+            if deadline is not None and deadline <= now:
+                events = queue.expire(now)
+                self.journal_events(binding, events, now)
+                self._dirty.add(binding)
+                if events:
+                    # Ended leases free backlog that consumers share across queues.
+                    self.mark_all()
+                out.append((binding, events))
+        return out
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for d in (b.queue.next_deadline() for b in self._bindings) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    # --- commands ----------------------------------------------------------------------------------
+
+    def _binding(self, topic: str, verb: str) -> QueueBinding:
+        binding = self._bindings.get(topic)
+        if binding is None:
+            raise errors.UnknownTopic(
+                f"{verb} needs a queue topic; {topic!r} is not a queue (SOW topics are not supported)"
+            )
+        return binding
+
+    def sow_delete(self, conn_id: int, cmd: m.SowDelete, now: float) -> None:
+        """Acknowledge by bookmark or by filter (spec 000, "Acknowledging Messages")."""
+        binding = self._binding(cmd.topic, "sow_delete")
+        opts = parse_options("sow_delete", cmd.options)
+        if opts.has("cancel") and opts.has("expire"):
+            raise errors.InvalidOption("cancel and expire cannot be combined")
+        option = AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire") else AckOption.NONE
+        queue = binding.queue
+        if cmd.bookmark:
+            result = queue.acknowledge(bookmark_positions(cmd.bookmark), by=conn_id, option=option, now=now)
+        elif cmd.filter:
+            predicate = consumer_predicate(compile_filter(cmd.filter))
+            result = queue.acknowledge_matching(predicate, by=conn_id, option=option, now=now)
+        else:
+            raise errors.ClientError("sow_delete on a queue needs bookmarks or a filter")
+        self.journal_events(binding, result.events, now)
+        self._dirty.add(binding)
+        for key in result.freed:
+            self.mark_consumer(key)
+        # A bookmark ack names messages: a refusal is an error. A filter ack spares the
+        # messages leased to others quietly (Leasing=strict), as a query would.
+        refused = result.error() if cmd.bookmark else None
+        outbox = self._outbox
+        if refused is not None:
+            # Leasing=strict: the rest of the batch took effect; this says what did not.
+            refused.details["records_deleted"] = result.deleted
+            raise refused
+        acks = ack_types(cmd.ack_type)
+        for kind in acks & {"processed", "stats"}:
+            outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted))
+        for kind in acks & {"persisted", "completed"}:
+            outbox.send_when_durable(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted))
+
+    def sow(self, conn_id: int, cmd: m.Sow | m.SowAndSubscribe, now: float) -> None:
+        """The queue as a view (spec 000, "Querying Queues as a View"): its available
+        messages in delivery order, filtered, with ``top_n`` / ``skip_n``."""
+        binding = self._binding(cmd.topic, "sow")
+        opts = parse_options("sow", cmd.options) if isinstance(cmd, m.Sow) else None
+        top_n = cmd.top_n if cmd.top_n is not None else (opts.get("top_n") if opts else None)
+        skip_n = (opts.get("skip_n") if opts else None) or 0
+        flt = compile_filter(cmd.filter)
+        qid = cmd.query_id or cmd.cid
+        out = [m.GroupBegin(query_id=qid, cid=cmd.cid)]
+        returned = skipped = 0
+        cache = self._cache
+        for pos in binding.queue.available():
+            if top_n is not None and returned >= top_n:
+                break
+            entry = cache.get(pos)
+            bookmark = format_bookmark(entry.publisher, entry.seq, pos)
+            if flt is not None and not flt.matches(entry.decoded(), entry.meta(bookmark, now)):
+                continue
+            if skipped < skip_n:
+                skipped += 1
+                continue
+            out.append(
+                m.Message(topic=cmd.topic, data=entry.data, bookmark=bookmark, seq=entry.seq,
+                          timestamp=entry.timestamp, query_id=qid, correlation_id=entry.correlation_id)
+            )
+            returned += 1
+        out.append(m.GroupEnd(query_id=qid, cid=cmd.cid))
+        outbox = self._outbox
+        for msg in out:
+            outbox.send(conn_id, msg)
+        for kind in ack_types(cmd.ack_type) & {"completed", "stats", "processed"}:
+            if isinstance(cmd, m.SowAndSubscribe) and kind == "processed":
+                continue  # the subscribe part acknowledges
+            outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=returned))

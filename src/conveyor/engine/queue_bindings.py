@@ -1,0 +1,175 @@
+"""One binding per queue: the queue and every per-queue fact the engine needs around it.
+
+A :class:`QueueBinding` holds the :class:`~conveyor.engine.queue.Queue` together with its
+compiled ``Filter``, ``Priority`` and ``BarrierExpression``, the barrier fence and the
+FileBackedMetadata replay start; :class:`QueueBindings` routes topics to bindings.
+Rules:
+
+1. **What enters a queue is decided at publish time.** The queue ``Filter``, the
+   ``Priority`` value and the ``BarrierExpression`` are evaluated once, when a durable
+   publish is offered (:meth:`QueueBinding.offer`), with ``now`` = the message's publish
+   time. Recovery offers the same record with the same time, so a restart rebuilds
+   exactly the queue that ran, even for a filter that reads ``UNIX_TIMESTAMP()``.
+2. **TargetQueueDepth refill** (:meth:`QueueBinding.refill`): inactive messages hold no
+   queue state; while the queue wants more, the binding reads the journal from the
+   queue's ``refill_from`` and offers each message of this queue, filtered as at publish.
+3. **Consumer filters** are evaluated when a message is considered for a consumer, with
+   the ``now`` of that decision (:func:`consumer_predicate`).
+4. Routing caches (topic -> bindings) are built lazily; the set of queues is fixed by
+   the configuration, so they never go stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from conveyor import errors, records
+from conveyor.config.model import Config, QueueConfig, topic_matcher
+from conveyor.engine.bookmarks import format_bookmark
+from conveyor.engine.cache import Entry, MessageCache
+from conveyor.engine.filters import compile_filter
+from conveyor.engine.queue import Queue
+
+log = logging.getLogger("conveyor.engine")
+
+View = tuple[Entry, int]  # what a queue's load() returns: the message and its position
+
+
+def consumer_predicate(flt: Any) -> Callable[[View, float], bool] | None:
+    """A consumer's (or a ``sow_delete``'s) filter as the queue calls it (rule 3)."""
+    if flt is None:
+        return None
+
+    def predicate(view: View, now: float) -> bool:
+        entry, position = view
+        return flt.matches(entry.decoded(), entry.meta(format_bookmark(entry.publisher, entry.seq, position), now))
+
+    return predicate
+
+
+def _compiled(qc: QueueConfig, element: str, text: str | None):
+    try:
+        return compile_filter(text)
+    except errors.BadFilter as exc:
+        raise errors.ConfigError(f"invalid {element}: {exc}", path=f"{qc.path}/{element}") from None
+
+
+class QueueBinding:
+    __slots__ = ("queue", "name", "config", "filter", "priority", "barrier", "plain", "barrier_until",
+                 "snapshot_events_from")
+
+    def __init__(self, config: QueueConfig, cache: MessageCache) -> None:
+        self.config = config
+        self.name = config.name
+        self.filter = _compiled(config, "Filter", config.filter)
+        self.priority = _compiled(config, "Priority", config.priority)
+        self.barrier = _compiled(config, "BarrierExpression", config.barrier_expression)
+        # No Filter, Priority or BarrierExpression: recovery enqueues without decoding.
+        self.plain = not (config.filter or config.priority or config.barrier_expression)
+        self.barrier_until = 0  # journal end when this queue's last barrier batch was made
+        self.snapshot_events_from: int | None = None  # FileBackedMetadata: events below are in the snapshot
+
+        def load(position: int) -> View:
+            return cache.get(position), position
+
+        self.queue = Queue(config, load=load)
+
+    def __repr__(self) -> str:
+        return f"<QueueBinding {self.name!r}>"
+
+    def takes_topic(self, topic: str) -> bool:
+        return self.config.takes_from(topic)
+
+    def takes(self, entry: Entry) -> bool:
+        """Whether the message enters the queue (its ``Filter``; rule 1)."""
+        flt = self.filter
+        return flt is None or flt.matches(entry.decoded(), entry.meta(None, entry.timestamp))
+
+    def offer(self, position: int, entry: Entry) -> bool:
+        """Enqueue a message the queue takes, with its priority and barrier flag (rule 1);
+        True if it entered (possibly inactive, beyond TargetQueueDepth)."""
+        if not self.takes(entry):
+            return False
+        priority = None
+        barrier = False
+        if self.priority is not None or self.barrier is not None:
+            data, meta = entry.decoded(), entry.meta(None, entry.timestamp)
+            if self.barrier is not None:
+                barrier = self.barrier.matches(data, meta)
+            if self.priority is not None and not barrier:
+                priority = self.priority.priority(data, meta)
+        self.queue.enqueue(position, entry.timestamp, priority, barrier)
+        return True
+
+    def priority_of(self, entry: Entry) -> int | None:
+        """The message's priority, computed as at enqueue (None: not a priority queue)."""
+        if self.priority is None:
+            return None
+        return self.priority.priority(entry.decoded(), entry.meta(None, entry.timestamp))
+
+    def refill(self, journal: Any, upto: int | None = None) -> None:
+        """TargetQueueDepth: activate inactive messages read back from the journal until
+        the active part is full again (rule 2)."""
+        queue = self.queue
+        while queue.wants() > 0:
+            start = queue.refill_from()
+            if start is None:
+                return
+            activated = False
+            for pos, payload in journal.scan(start, upto):
+                rec = records.decode(payload)
+                if type(rec) is not records.PublishRec or not self.config.takes_from(rec.topic):
+                    continue
+                entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
+                if not self.takes(entry):
+                    continue
+                queue.activate(pos, rec.timestamp)
+                activated = True
+                if queue.wants() <= 0:
+                    return
+            if not activated:
+                log.error("queue %s: %d inactive messages not found in the journal", self.name, queue.wants())
+                return
+
+
+class QueueBindings:
+    """Every configured queue's binding, and routing from topics to them (rule 4)."""
+
+    def __init__(self, config: Config, cache: MessageCache) -> None:
+        self.by_name: dict[str, QueueBinding] = {}
+        self._targets: dict[str, str] = {}  # DefaultPublishTarget: queue name -> topic
+        self._routes: dict[str, tuple[QueueBinding, ...]] = {}
+        for qc in config.queues:
+            self.by_name[qc.name] = QueueBinding(qc, cache)
+            if qc.default_publish_target and qc.default_publish_target != qc.name:
+                self._targets[qc.name] = qc.default_publish_target
+
+    def __iter__(self):
+        return iter(self.by_name.values())
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def get(self, name: str) -> QueueBinding | None:
+        return self.by_name.get(name)
+
+    def queues(self) -> dict[str, Queue]:
+        return {name: b.queue for name, b in self.by_name.items()}
+
+    def target(self, topic: str) -> str:
+        """Where a publish to ``topic`` is recorded: a queue's DefaultPublishTarget."""
+        return self._targets.get(topic, topic)
+
+    def for_topic(self, topic: str) -> tuple[QueueBinding, ...]:
+        """The queues whose underlying topics include ``topic``."""
+        hit = self._routes.get(topic)
+        if hit is None:
+            hit = tuple(b for b in self.by_name.values() if b.config.takes_from(topic))
+            self._routes[topic] = hit
+        return hit
+
+    def matching(self, pattern: str) -> list[str]:
+        """Names of the queues a subscription to ``pattern`` (a name or regex) covers."""
+        match = topic_matcher(pattern)
+        return [name for name in self.by_name if match(name)]
