@@ -212,6 +212,20 @@ class TimedOut(ConveyorError):
     code = "timed_out"
 
 
+class AlreadyAcknowledged(ConveyorError):
+    """A queue message was acknowledged, cancelled or expired a second time (each
+    message is settled once; the first call stands)."""
+
+    code = "already_acknowledged"
+
+
+class ClientStateError(ConveyorError):
+    """The client's connection state was moved in a way its table does not allow (a bug
+    in the client, not in the application)."""
+
+    code = "client_state_error"
+
+
 def _all_subclasses(cls: type[ConveyorError]) -> list[type[ConveyorError]]:
     out = [cls]
     for sub in cls.__subclasses__():

@@ -96,7 +96,7 @@ def test_replace_changes_a_subscription_in_place(server, face):
     client = face("w").connect(server.uri)
     sub = client.subscribe("Jobs", max_backlog=2, sub_id="w")
     held = [sub.get(5) for _ in range(2)]
-    same = client.subscribe("Jobs", sub_id="w", options="replace", max_backlog=6, filter="/n > 4")
+    same = client.subscribe("Jobs", sub_id="w", replace=True, max_backlog=6, filter="/n > 4")
     assert same.state is sub.state  # the same subscription, buffer and all
     for msg in held:
         msg.ack()
@@ -104,7 +104,7 @@ def test_replace_changes_a_subscription_in_place(server, face):
     client.flush()
     assert ns(client.sow("Jobs")) == [2, 3, 4]
     with pytest.raises(errors.UnknownSubscription):
-        client.subscribe("Jobs", sub_id="nope", options="replace")
+        client.subscribe("Jobs", sub_id="nope", replace=True)
 
 
 # --- acknowledgement -------------------------------------------------------------------
@@ -117,7 +117,8 @@ def test_ack_is_a_noop_for_messages_not_from_a_queue(server, face):
     client.flush()
     msg = live.get(5)
     msg.ack()
-    msg.ack("cancel")
+    msg.cancel()
+    msg.expire()
     assert not msg.acked and not msg.is_queue_message
     client.flush()
     stats = client.statistics()
@@ -129,13 +130,34 @@ def test_cancel_redelivers_and_expire_removes(server, face):
     client = face("w").connect(server.uri)
     sub = client.subscribe("Jobs", max_backlog=2)
     first, second = sub.get(5), sub.get(5)
-    first.ack("cancel")
-    second.ack("expire")
+    first.cancel()
+    second.expire()
     again = sub.get(5)
     assert again.bookmark == first.bookmark
     again.ack()
     client.flush()
     assert sub.get(0.3) is None
+    assert client.sow("Jobs") == []
+
+
+def test_a_message_is_settled_once_and_auto_ack_leaves_what_the_application_settled(server, face):
+    fill(face, server, 3)
+    client = face("w", auto_ack=True).connect(server.uri)
+    sub = client.subscribe("Jobs", max_backlog=3)
+    first = sub.get(5)
+    first.cancel()  # settled by the application: asking again must not settle it twice
+    second = sub.get(5)
+    second.ack()
+    with pytest.raises(errors.AlreadyAcknowledged, match="already settled \\(ack\\)"):
+        second.expire()
+    third = sub.get(5)
+    assert third.bookmark != first.bookmark
+    again = sub.get(5)  # auto-acknowledges the third
+    assert again.bookmark == first.bookmark  # the cancel stood: redelivered
+    with pytest.raises(errors.AlreadyAcknowledged):
+        third.ack()
+    again.ack()
+    client.flush()
     assert client.sow("Jobs") == []
 
 

@@ -6,15 +6,10 @@ import pytest
 
 from conveyor import errors
 from conveyor.client.core import ClientCore, parse_uri
-from conveyor.client.message import Message
-from conveyor.client.state import (
-    ConnectionMachine,
-    ConnectionState,
-    IllegalTransition,
-    ReconnectPolicy,
-    make_policy,
-)
-from conveyor.client.subscription import HANDLER, SubState
+from conveyor.client.core import CommandKind
+from conveyor.client.message import AckVerb, Message
+from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectPolicy, make_policy
+from conveyor.client.subscription import DeliveryMode, SubState
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import CommandDecoder, encode_frame
 
@@ -70,13 +65,13 @@ def test_offline_publishes_wait_in_the_store_and_logon_resumes_in_order():
     for n in range(3):
         core.publish("t", {"n": n})
     sent(core)
-    core.ack("Jobs", "7|1|10", None, "q1")
+    core.ack("Jobs", "7|1|10", AckVerb.ACK, "q1")
     replay_sub.last_bookmark = "7|2|20"  # handed to the application
 
     core.connection_lost(errors.ConnectionLost("gone"))
     assert core.epoch == 1 and not core.online
     core.publish("t", {"n": 3})  # offline: stored, not queued
-    core.ack("Jobs", "7|2|20", None, "q1")
+    core.ack("Jobs", "7|2|20", AckVerb.ACK, "q1")
     assert core.outgoing == []
 
     logged_on(core, seq=2)  # the server has sequences 1 and 2
@@ -100,7 +95,7 @@ def test_ack_batches_stay_unconfirmed_until_persisted_and_are_resent():
     core = ClientCore(client_name="c", ack_batch_size=3)
     logged_on(core)
     assert core.ack("Q", "b1") is False
-    assert core.ack("Q", "b2", "cancel") is False
+    assert core.ack("Q", "b2", AckVerb.CANCEL) is False
     assert core.ack("Q", "b3") is True  # the batch is full
     core.flush_acks()
     out = sent(core)
@@ -121,14 +116,14 @@ def test_ack_batch_follows_the_backlog_and_the_outstanding_leases():
     core.add_subscription(sub)
     answer(core, *[delivery("s", n) for n in range(10)])
     assert sub.outstanding == 10
-    assert [core.ack("Q", f"b{n}", None, "s") for n in range(5)] == [False] * 4 + [True]  # backlog // 2
+    assert [core.ack("Q", f"b{n}", AckVerb.ACK, "s") for n in range(5)] == [False] * 4 + [True]  # backlog // 2
     core.flush_acks()
     assert sub.outstanding == 5
     small = SubState("t", "Q", max_backlog=100)
     core.add_subscription(small)
     answer(core, *[delivery("t", n) for n in range(3)])
     # only 3 leased: once all 3 are acked the server waits for us, so send at once
-    assert [core.ack("Q", f"c{n}", None, "t") for n in range(3)] == [False, False, True]
+    assert [core.ack("Q", f"c{n}", AckVerb.ACK, "t") for n in range(3)] == [False, False, True]
 
 
 def test_lost_connection_drops_stale_queue_and_replay_messages_but_keeps_pubsub():
@@ -161,8 +156,8 @@ def test_an_acknowledged_message_is_not_handed_out_again_but_a_cancelled_one_is(
     for msg in got:
         assert sub.accept(msg, core.epoch)
     got[0].ack()
-    got[1].ack("cancel")
-    assert acks == [("7|1|10", None), ("7|2|20", "cancel")]
+    got[1].cancel()
+    assert acks == [("7|1|10", AckVerb.ACK), ("7|2|20", AckVerb.CANCEL)]
     got.clear()
     answer(core, delivery("s", 1), delivery("s", 2))  # redelivered: lease broken, cancel
     assert [sub.accept(msg, core.epoch) for msg in got] == [False, True]
@@ -177,28 +172,48 @@ def test_auto_ack_iterator_and_handler_rules():
     iterator.asking()
     assert iterator.accept(first, 0)
     iterator.asking()  # asking for the next acknowledges the previous
-    assert acks == [("a", None)]
+    assert acks == [("a", AckVerb.ACK)]
     assert iterator.accept(second, 0) and not second.acked
 
-    handler = SubState("h", "Q", auto_ack=True, mode=HANDLER)
+    handler = SubState("h", "Q", auto_ack=True, mode=DeliveryMode.HANDLER)
     handler.acker = handler.wrap_acker(lambda q, b, o: acks.append((b, o)))
     ok = Message("Q", b"{}", bookmark="c", queue="Q", _acker=handler.acker)
     bad = Message("Q", b"{}", bookmark="d", queue="Q", _acker=handler.acker)
     assert handler.accept(ok, 0) and handler.previous is None
     handler.finished(ok, None)
     handler.finished(bad, RuntimeError("boom"))
-    assert acks[1:] == [("c", None), ("d", "cancel")]
+    assert acks[1:] == [("c", AckVerb.ACK), ("d", AckVerb.CANCEL)]
 
 
-def test_message_ack_is_a_noop_off_queues_and_the_second_time():
+def test_auto_ack_leaves_a_message_the_application_settled_itself():
+    acks = []
+    iterator = SubState("i", "Q", auto_ack=True)
+    iterator.acker = iterator.wrap_acker(lambda q, b, v: acks.append((b, v)))
+    first = Message("Q", b"{}", bookmark="a", queue="Q", _acker=iterator.acker)
+    assert iterator.accept(first, 0)
+    first.cancel()  # settled by the application: asking again must not ack it a second time
+    iterator.asking()
+    handler = SubState("h", "Q", auto_ack=True, mode=DeliveryMode.HANDLER)
+    handler.acker = handler.wrap_acker(lambda q, b, v: acks.append((b, v)))
+    expired = Message("Q", b"{}", bookmark="b", queue="Q", _acker=handler.acker)
+    expired.expire()  # inside the handler, which then returns: no second settlement
+    handler.finished(expired, None)
+    assert acks == [("a", AckVerb.CANCEL), ("b", AckVerb.EXPIRE)]
+
+
+def test_message_verbs_are_noops_off_queues_and_a_second_settlement_raises():
     calls = []
     msg = Message("t", b"x", bookmark="1|1|1", _acker=lambda *a: calls.append(a))
     msg.ack()
+    msg.cancel()
+    msg.ack()
     assert calls == [] and not msg.acked
     queued = Message("Q", b"x", bookmark="1|1|1", queue="Q", _acker=lambda *a: calls.append(a))
-    queued.ack("expire")
-    queued.ack()
-    assert calls == [("Q", "1|1|1", "expire")] and queued.acked
+    queued.expire()
+    for verb in (queued.ack, queued.cancel, queued.expire):
+        with pytest.raises(errors.AlreadyAcknowledged, match="already settled \\(expire\\); cannot"):
+            verb()
+    assert calls == [("Q", "1|1|1", AckVerb.EXPIRE)] and queued.acked
 
 
 def test_resubscribe_failure_and_command_results_are_reported():
@@ -208,7 +223,7 @@ def test_resubscribe_failure_and_command_results_are_reported():
     cmd = sent(core)[0]
     answer(core, m.Ack(ack_type="processed", cid=cmd.cid, status="failure", code="bad_filter", reason="no"))
     assert isinstance(pending.error, errors.BadFilter)
-    flush = core.command(m.Flush(cid=core.new_cid(), ack_type="persisted"), "flush-persisted")
+    flush = core.command(m.Flush(cid=core.new_cid(), ack_type="persisted"), CommandKind.FLUSH_PERSISTED)
     answer(core, m.Ack(ack_type="processed", cid=flush_cid(core, flush)))
     assert not flush.done  # a persisted flush completes on its persisted ack only
     lost = core.connection_lost(errors.ConnectionLost("gone"))
@@ -216,7 +231,7 @@ def test_resubscribe_failure_and_command_results_are_reported():
 
 
 def flush_cid(core: ClientCore, pending) -> str:
-    return next(cid for cid, p in core.pending.items() if p is pending)
+    return next(cid for cid, p in core.awaiting_ack.items() if p is pending)
 
 
 def test_duplicate_sub_id_is_refused_locally():
@@ -234,7 +249,7 @@ def test_state_table_refuses_illegal_moves_and_reports_legal_ones():
     seen = []
     machine.listeners.append(lambda change: seen.append((change.previous, change.state)))
     machine.listeners.append(lambda change: 1 / 0)  # a broken listener is logged, not fatal
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(errors.ClientStateError):
         machine.move(S.FAILED)
     assert machine.state is S.DISCONNECTED
     for state in (S.CONNECTED, S.DISCONNECTED, S.RECONNECTING, S.CONNECTED, S.CLOSED):
@@ -269,3 +284,31 @@ def test_servers_are_tried_in_order_then_failover_starts_with_the_next():
             parse_uri(bad)
     with pytest.raises(errors.ClientError):
         core.set_servers([])
+
+
+def test_replace_is_an_argument_not_an_option_string():
+    """An options string is resent on every resubscription, where ``replace`` would fail:
+    it is refused, and ``replace=True`` puts it on one command only."""
+    with pytest.raises(errors.InvalidOption, match="replace=True"):
+        SubState("s", "Q", options="max_backlog=5,replace")
+    sub = SubState("s", "Q", max_backlog=2)
+    with pytest.raises(errors.InvalidOption):
+        sub.replace("Q", filter=None, options="replace", max_backlog=None)
+    sub.replace("Q", filter="/n > 4", options=None, max_backlog=6)
+    assert sub.command("1", replace=True).options == "replace,max_backlog=6"
+    assert sub.command("2").options == "max_backlog=6"  # the resume after a reconnect
+
+
+def test_client_error_codes_are_their_own():
+    """The client's errors are in the one code table, and no other error (the engine's
+    queue state errors included, which live outside errors.py) reuses their codes."""
+    from conveyor.engine import queue_state  # noqa: F401  (defines codes outside errors.py)
+
+    def every(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from every(sub)
+
+    for cls in (errors.AlreadyAcknowledged, errors.ClientStateError, errors.ConnectionLost, errors.TimedOut):
+        assert errors.ERROR_CLASSES[cls.code] is cls
+        assert [c for c in every(errors.ConveyorError) if c.code == cls.code] == [cls]

@@ -23,7 +23,7 @@ def test_jobs_failed_jobs_example(tmp_path):
             for _ in range(3):
                 msg = jobs.get(timeout=5)
                 assert msg.json()["job"] == 1
-                msg.ack("cancel")
+                msg.cancel()
                 client.flush()
             assert jobs.get(timeout=0.5) is None
         server.kill()

@@ -6,11 +6,13 @@ and :mod:`.sync` only move bytes, threads and timers.
 
 from conveyor.client.aio import AsyncClient, AsyncSubscription
 from conveyor.client.core import ClientCore, ClientStatistics, Message
+from conveyor.client.message import AckVerb
 from conveyor.client.state import ConnectionState, ReconnectPolicy, StateChange
 from conveyor.client.store import FilePublishStore, PublishStore
 from conveyor.client.sync import Client, Subscription
 
 __all__ = [
+    "AckVerb",
     "AsyncClient",
     "AsyncSubscription",
     "Client",

@@ -9,19 +9,24 @@ reconnection backoff) and turns the core's pending commands into futures. Rules:
    server list, logs on (the core resumes acks, publishes and subscriptions) and the
    state becomes ``CONNECTED`` again. Until then publishes and acks accumulate;
    ``flush()``, ``subscribe()``, ``sow()`` and the others wait for the connection.
-3. The client is unusable (``_error`` set) only after ``FAILED``, ``CLOSED`` or a
+3. The client is unusable (``error`` set) only after ``FAILED``, ``CLOSED`` or a
    loss with reconnection disabled; it is cleared by a successful ``connect()``.
+4. **Another face plugs in through public hooks**, not private arguments:
+   :meth:`AsyncClient.subscribe_state` subscribes a subscription object the face built
+   (its own buffer, an acker relayed through the face), :meth:`~AsyncClient.on_persisted`
+   and :meth:`~AsyncClient.before_resume` let it follow persisted acks and feed what it
+   queued before a reconnection resumes. The blocking :class:`~conveyor.client.Client`
+   is built on exactly these.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import random
 import socket
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from conveyor import errors
 from conveyor.client.core import (
@@ -29,13 +34,15 @@ from conveyor.client.core import (
     ACK_BATCH_SIZE_DEFAULT,
     ClientCore,
     ClientStatistics,
+    CommandKind,
     Message,
-    PendingAck,
+    PendingCommand,
     parse_uri,
 )
+from conveyor.client.message import Acker, AckVerb
 from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange, make_policy
 from conveyor.client.store import PublishStore
-from conveyor.client.subscription import CALLBACK, HANDLER, ITERATOR, SubState, split_replace
+from conveyor.client.subscription import DeliveryMode, Handler, SubState, SubscriptionBase
 from conveyor.protocol import messages as m
 
 __all__ = ["AsyncClient", "AsyncSubscription", "parse_uri"]
@@ -46,35 +53,26 @@ MAX_INFLIGHT_DEFAULT = 10_000  # unpersisted publishes before publish() waits
 READ_BYTES = 256 * 1024
 DISCONNECT_ACK_SECONDS_MAX = 5.0  # disconnect() waits this long for its acks to be persisted
 S = ConnectionState
-_END = object()  # ends a subscription's buffer
+D = DeliveryMode
 
-Handler = Callable[[Message], "None | Awaitable[None]"]
+#: ``relay(acker) -> acker``: how a face carries a subscription's acknowledgements to the
+#: client (the blocking face hands them over to the loop in order with its publishes).
+Relay = Callable[[Acker], Acker]
 
 
-class AsyncSubscription:
+class AsyncSubscription(SubscriptionBase):
     """The messages of one subscription: ``async for msg in sub`` or ``await sub.get()``.
 
     The server sends up to the subscription's backlog ahead (smart pipelining); they
     wait here, so the next message is ready the moment the application asks for it.
     """
 
-    def __init__(self, client: "AsyncClient", state: SubState, on_end: Callable[[], None] | None = None) -> None:
-        self.client = client
-        self.state = state
+    def __init__(self, client: "AsyncClient", state: SubState) -> None:
+        super().__init__(client, state)
         self.queue: asyncio.Queue = asyncio.Queue()
-        self._ended = False
-        self._stopping = False
-        self._on_end = on_end
-        self._task: asyncio.Task | None = None
 
-    @property
-    def sub_id(self) -> str:
-        return self.state.sub_id
-
-    @property
-    def error(self) -> Exception | None:
-        """Why the subscription ended, if the server refused to resume it."""
-        return self.state.error
+    def _put(self, item: Any) -> None:
+        self.queue.put_nowait(item)
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
@@ -94,54 +92,36 @@ class AsyncSubscription:
         return await self._next(timeout)
 
     async def _next(self, timeout: float | None) -> Message | None:
-        queue, state, core = self.queue, self.state, self.client.core
+        queue = self.queue
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not self._ended:
             if not queue.empty():
-                msg = queue.get_nowait()
+                item = queue.get_nowait()
             elif deadline is None:
-                msg = await queue.get()
+                item = await queue.get()
             else:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None
                 try:
-                    msg = await asyncio.wait_for(queue.get(), remaining)
+                    item = await asyncio.wait_for(queue.get(), remaining)
                 except asyncio.TimeoutError:
                     return None
-            if msg is _END or self._stopping:
-                self._ended = True
-                return None
-            if state.accept(msg, core.epoch):
+            msg = self._take(item)
+            if msg is not None:
                 return msg
         return None
 
     async def unsubscribe(self) -> None:
         await self.client.unsubscribe(self.sub_id)
 
-    def _end(self, error: Exception | None = None) -> None:
-        if error is not None and self.state.error is None:
-            self.state.error = error
-        self.queue.put_nowait(_END)
-        if self._on_end is not None:
-            self._on_end()
-
     async def _run_handler(self, handler: Handler) -> None:
         """Handler mode: one message at a time, in order; auto-ack as the core says."""
-        state = self.state
-        while True:
-            msg = await self._next(None)
-            if msg is None:
-                return
-            try:
-                result = handler(msg)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception as exc:
-                state.finished(msg, exc)
-            else:
-                state.finished(msg, None)
+        while (msg := await self._next(None)) is not None:
+            finishing = self._handle(msg, handler)
+            if finishing is not None:
+                await finishing
 
 
 class AsyncClient:
@@ -153,7 +133,7 @@ class AsyncClient:
     ``max_reconnect_attempts`` and ``reconnect_timeout`` override its limits.
     """
 
-    def __init__(
+    def __init__(  # the blocking Client takes the same arguments and passes them here
         self,
         client_name: str | None = None,
         *,
@@ -182,16 +162,15 @@ class AsyncClient:
         self.timeout = timeout
         self.user_id = user_id
         self.password = password
-        self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task | None = None
         self._reconnect_task: asyncio.Task | None = None
         self._send_scheduled = False
         self._ack_timer: asyncio.TimerHandle | None = None
         self._persist_waiters: list[tuple[int, asyncio.Future]] = []
-        self._persisted_hooks: list[Callable[[int], None]] = []  # the blocking face listens
-        self._before_resume: list[Callable[[], None]] = []  # run just before the core resumes
-        self._subs: dict[str, AsyncSubscription] = {}
+        self._persisted_listeners: list[Callable[[int], None]] = []
+        self._resume_hooks: list[Callable[[], None]] = []
+        self._subs: dict[str, SubscriptionBase] = {}
         self._state_changed = asyncio.Event()
         self._error: errors.ConveyorError | None = None
         self._closing = False
@@ -211,9 +190,29 @@ class AsyncClient:
     def statistics(self) -> ClientStatistics:
         return self.core.statistics()
 
+    @property
+    def error(self) -> errors.ConveyorError | None:
+        """Why the client cannot be used (rule 3: failed, closed, or lost without
+        reconnection), else None. Calls raise it."""
+        return self._error
+
     def on_state(self, callback: Callable[[StateChange], None]) -> Callable[[StateChange], None]:
         """Call ``callback(change)`` on every connection state change (on the loop)."""
         self.core.machine.listeners.append(callback)
+        return callback
+
+    def on_persisted(self, callback: Callable[[int], None]) -> Callable[[int], None]:
+        """Call ``callback(seq)`` (on the loop) each time the server confirms publishes
+        persisted up to ``seq``, and after each logon. It must return quickly."""
+        self._persisted_listeners.append(callback)
+        return callback
+
+    def before_resume(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (on the loop) after each logon, just before the client
+        resends unconfirmed acknowledgements, publishes and subscriptions. A face that
+        queues calls for the loop (the blocking Client) feeds them to the client here,
+        so that they are resumed in order with everything else."""
+        self._resume_hooks.append(callback)
         return callback
 
     # --- connection ----------------------------------------------------------------------
@@ -251,7 +250,7 @@ class AsyncClient:
 
     async def logon(self) -> m.Ack:
         ack = await self._wait(self.core.logon(user_id=self.user_id, password=self.password))
-        for hook in self._before_resume:
+        for hook in self._resume_hooks:
             hook()
         self.core.logged_on(ack)
         self._kick()
@@ -276,7 +275,7 @@ class AsyncClient:
             if self.core.online and self.core.acks_unconfirmed:
                 # Acknowledgements are the consumer's promise: see them persisted.
                 cid = self.core.new_cid()
-                pending = self.core.command(m.Flush(cid=cid, ack_type="persisted"), "flush-persisted")
+                pending = self.core.command(m.Flush(cid=cid, ack_type="persisted"), CommandKind.FLUSH_PERSISTED)
                 try:
                     await self._wait(pending, min(self.timeout, DISCONNECT_ACK_SECONDS_MAX))
                 except errors.ConveyorError:
@@ -320,13 +319,13 @@ class AsyncClient:
             writer.close()
             raise errors.ConnectionLost(f"connection to {uri} lost at once: {exc}") from None
         self.core.connection_opened(index)
-        self._reader, self._writer = reader, writer
+        self._writer = writer
         self._read_task = asyncio.create_task(self._read_loop(reader, writer))
 
     def _drop_transport(self) -> None:
         """Close the socket and stop its reader without reporting a loss."""
         writer, task = self._writer, self._read_task
-        self._writer = self._reader = None
+        self._writer = None
         self._read_task = None
         if writer is not None:
             writer.close()
@@ -355,7 +354,7 @@ class AsyncClient:
     def _lost(self, writer: asyncio.StreamWriter, error: errors.ConveyorError) -> None:
         if writer is not self._writer:
             return  # a connection already replaced or closed
-        self._writer = self._reader = None
+        self._writer = None
         self._read_task = None
         writer.close()
         for pending in self.core.connection_lost(error):
@@ -421,7 +420,7 @@ class AsyncClient:
             if not fut.done():
                 fut.set_exception(error)
         for sub in list(self._subs.values()):
-            sub._end(None if clean else error)
+            sub.end(None if clean else error)
 
     async def _wait_connected(self) -> None:
         """Return when connected; wait while reconnecting; raise when unusable."""
@@ -436,8 +435,7 @@ class AsyncClient:
     async def _stop_handlers(self, current: asyncio.Task | None) -> None:
         tasks = []
         for sub in self._subs.values():
-            sub._stopping = True
-            sub.queue.put_nowait(_END)
+            sub.stop()
             if sub._task is not None and sub._task is not current:
                 tasks.append(sub._task)
         if tasks:
@@ -468,8 +466,8 @@ class AsyncClient:
         if frames:
             writer.writelines(frames)
 
-    def _complete(self, pending: PendingAck) -> None:
-        if pending.kind == "resubscribe":
+    def _complete(self, pending: PendingCommand) -> None:
+        if pending.kind is CommandKind.RESUBSCRIBE:
             if pending.error is not None and not isinstance(pending.error, errors.ConnectionLost):
                 self._resubscribe_failed(pending.sub_id, pending.error)
             return
@@ -485,9 +483,9 @@ class AsyncClient:
         self.core.remove_subscription(sub_id or "")
         sub = self._subs.pop(sub_id or "", None)
         if sub is not None:
-            sub._end(error)
+            sub.end(error)
 
-    async def _wait(self, pending: PendingAck, timeout: float | None = None) -> Any:
+    async def _wait(self, pending: PendingCommand, timeout: float | None = None) -> Any:
         if pending.done:
             if pending.error is not None:
                 raise pending.error
@@ -500,7 +498,7 @@ class AsyncClient:
         except asyncio.TimeoutError:
             raise errors.TimedOut(f"no answer from the server within {timeout or self.timeout} s") from None
 
-    async def _request(self, build: Callable[[], PendingAck], timeout: float | None = None) -> Any:
+    async def _request(self, build: Callable[[], PendingCommand], timeout: float | None = None) -> Any:
         await self._wait_connected()
         return await self._wait(build(), timeout)
 
@@ -523,8 +521,8 @@ class AsyncClient:
 
     def _on_persisted(self, seq: int) -> None:
         self._notify_persisted(seq)
-        for hook in self._persisted_hooks:
-            hook(seq)
+        for listener in self._persisted_listeners:
+            listener(seq)
 
     def _notify_persisted(self, seq: int) -> None:
         if not self._persist_waiters:
@@ -575,7 +573,7 @@ class AsyncClient:
                 raise errors.TimedOut(f"not reconnected within {budget} s") from None
             self.core.flush_acks()
             cid = self.core.new_cid()
-            pending = self.core.command(m.Flush(cid=cid, ack_type="persisted"), "flush-persisted")
+            pending = self.core.command(m.Flush(cid=cid, ack_type="persisted"), CommandKind.FLUSH_PERSISTED)
             try:
                 await self._wait(pending, max(0.001, deadline - loop.time()))
                 break
@@ -599,10 +597,7 @@ class AsyncClient:
         handler: Handler | None = None,
         auto_ack: bool | None = None,
         on_message: Callable[[Message], None] | None = None,
-        _acker: Callable[[str, str, str | None], None] | None = None,
-        _sink: Callable[[Message], None] | None = None,
-        _on_end: Callable[[], None] | None = None,
-        _mode: str | None = None,
+        replace: bool = False,
     ) -> AsyncSubscription:
         """Subscribe to a topic or a queue.
 
@@ -615,29 +610,64 @@ class AsyncClient:
         send ahead of acknowledgements. ``auto_ack`` (default: the client's): iterator,
         asking for the next message acknowledges the previous one; handler/on_message,
         returning acknowledges and raising cancels (the message is redelivered).
+        ``replace=True`` changes the topic, filter and backlog of the existing
+        subscription ``sub_id`` in place (the server swaps them atomically) and returns
+        that subscription, its buffer and handler unchanged.
         """
-        await self._wait_connected()
-        options, replace = split_replace(options)
         if replace:
+            if bookmark is not None or handler is not None or on_message is not None or auto_ack is not None:
+                raise errors.InvalidOption("replace=True changes only the topic, filter, options and backlog")
+            await self._wait_connected()
             if sub_id not in self._subs:
                 raise errors.UnknownSubscription(f"no subscription {sub_id!r} to replace")
-            return await self._replace(self._subs[sub_id], topic, filter, options, max_backlog)
-        sub_id = sub_id or f"sub-{self.core.new_cid()}"
-        mode = _mode or (CALLBACK if on_message is not None else HANDLER if handler is not None else ITERATOR)
-        state = SubState(
-            sub_id, topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog,
-            auto_ack=self.auto_ack if auto_ack is None else auto_ack, mode=mode,
+            subscription = self._subs[sub_id]
+            await self._replace(subscription.state, topic, filter, options, max_backlog)
+            return subscription  # type: ignore[return-value]  # another face's, if it made it
+        mode = D.CALLBACK if on_message is not None else D.HANDLER if handler is not None else D.ITERATOR
+        state = self.subscription_state(
+            topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog,
+            sub_id=sub_id, auto_ack=auto_ack, mode=mode,
         )
+        subscription = AsyncSubscription(self, state)
+        sink = self._inline(subscription, on_message) if on_message is not None else None
+        await self.subscribe_state(subscription, sink=sink)
+        if handler is not None:
+            subscription._task = asyncio.create_task(subscription._run_handler(handler))
+        return subscription
+
+    def subscription_state(self, topic: str, *, sub_id: str | None = None, auto_ack: bool | None = None, **spec: Any) -> SubState:
+        """The record of a new subscription with this client's defaults (a fresh
+        ``sub_id``, the client's ``auto_ack``), for :meth:`subscribe_state`. ``spec``:
+        the rest of :class:`SubState`'s arguments (``filter``, ``options``,
+        ``bookmark``, ``max_backlog``, ``mode``)."""
+        sub_id = sub_id or f"sub-{self.core.new_cid()}"
+        return SubState(sub_id, topic, auto_ack=self.auto_ack if auto_ack is None else auto_ack, **spec)
+
+    async def subscribe_state(
+        self,
+        subscription: SubscriptionBase,
+        *,
+        sink: Callable[[Message], None] | None = None,
+        relay: Relay | None = None,
+    ) -> None:
+        """Subscribe on the server as ``subscription.state`` says, and keep the
+        subscription across reconnections (rule 4: the hook another face builds on).
+
+        Messages go to ``sink`` (on the loop), by default the subscription's buffer
+        (``subscription._put``). The messages' acker batches acknowledgements in this
+        client; ``relay(acker)``, if given, wraps it, so that a face can carry
+        acknowledgements made on other threads to the loop. The client ends the
+        subscription (``end``) when it fails or closes, and stops it (``stop``) on
+        ``unsubscribe`` or ``disconnect``.
+        """
+        await self._wait_connected()
+        state = subscription.state
+        sub_id = state.sub_id
         if sub_id in self._subs:
             raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists in this client")
-        subscription = AsyncSubscription(self, state, _on_end)
-        state.acker = state.wrap_acker(_acker or (lambda q, b, o, _sid=sub_id: self._ack(q, b, o, _sid)))
-        if _sink is not None:
-            state.sink = _sink
-        elif on_message is not None:
-            state.sink = self._inline(state, on_message)
-        else:
-            state.sink = subscription.queue.put_nowait
+        acker: Acker = lambda queue, bookmark, verb: self._ack(queue, bookmark, verb, sub_id)  # noqa: E731
+        state.acker = state.wrap_acker(acker if relay is None else relay(acker))
+        state.sink = sink if sink is not None else subscription._put
         self._subs[sub_id] = subscription
         try:
             await self._wait(self.core.add_subscription(state))
@@ -650,16 +680,12 @@ class AsyncClient:
         except errors.ConveyorError:
             self._forget(sub_id)
             raise
-        if handler is not None and _sink is None:
-            subscription._task = asyncio.create_task(subscription._run_handler(handler))
-        return subscription
 
     async def _replace(
-        self, subscription: AsyncSubscription, topic: str, filter: str | None, options: str | None, max_backlog: int | None
-    ) -> AsyncSubscription:
-        """The ``replace`` option: the same subscription (and buffer) with a new topic,
-        filter or backlog, atomically on the server; resumed as replaced."""
-        state = subscription.state
+        self, state: SubState, topic: str, filter: str | None, options: str | None, max_backlog: int | None
+    ) -> None:
+        """``replace=True``: the same subscription (and buffer) with a new topic, filter
+        or backlog, atomically on the server; resumed as replaced."""
         previous = (state.topic, state.filter, state.options, state.backlog)
         state.replace(topic, filter=filter, options=options, max_backlog=max_backlog)
         try:
@@ -667,20 +693,13 @@ class AsyncClient:
         except errors.ConveyorError:
             state.topic, state.filter, state.options, state.backlog = previous
             raise
-        return subscription
 
-    def _inline(self, state: SubState, callback: Callable[[Message], None]) -> Callable[[Message], None]:
-        core = self.core
+    def _inline(self, subscription: SubscriptionBase, callback: Callable[[Message], None]) -> Callable[[Message], None]:
+        state, core = subscription.state, self.core
 
         def sink(msg: Message) -> None:
-            if not state.accept(msg, core.epoch):
-                return
-            try:
-                callback(msg)
-            except Exception as exc:
-                state.finished(msg, exc)
-            else:
-                state.finished(msg, None)
+            if state.accept(msg, core.epoch):
+                subscription._handle(msg, callback)
 
         return sink
 
@@ -693,8 +712,7 @@ class AsyncClient:
         known = sub_id in self._subs
         sub = self._subs.pop(sub_id, None)
         if sub is not None:
-            sub._stopping = True
-            sub._end()
+            sub.stop()
             task = sub._task
             if task is not None and task is not asyncio.current_task():
                 await asyncio.wait([task], timeout=self.timeout)  # the handler finishes its message
@@ -704,7 +722,8 @@ class AsyncClient:
             return  # the server forgot it with the connection; the resume will not send it
         cid = self.core.new_cid()
         try:
-            await self._request(lambda: self.core.command(m.Unsubscribe(sub_id=sub_id, cid=cid, ack_type="processed"), "unsubscribe"))
+            cmd = m.Unsubscribe(sub_id=sub_id, cid=cid, ack_type="processed")
+            await self._request(lambda: self.core.command(cmd, CommandKind.UNSUBSCRIBE))
         except errors.ConnectionLost:
             if not known:
                 raise
@@ -712,9 +731,10 @@ class AsyncClient:
     async def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None) -> list[Message]:
         """The messages waiting in a queue (a query; nothing is leased)."""
 
-        def build() -> PendingAck:
+        def build() -> PendingCommand:
             cid = self.core.new_cid()
-            return self.core.command(m.Sow(topic=topic, cid=cid, query_id=cid, filter=filter, top_n=top_n, ack_type="completed"), "sow")
+            cmd = m.Sow(topic=topic, cid=cid, query_id=cid, filter=filter, top_n=top_n, ack_type="completed")
+            return self.core.command(cmd, CommandKind.SOW)
 
         await self._wait_connected()
         pending = build()
@@ -728,22 +748,24 @@ class AsyncClient:
         if isinstance(bookmarks, (list, tuple)):
             bookmarks = ",".join(bookmarks)
 
-        def build() -> PendingAck:
+        def build() -> PendingCommand:
             cid = self.core.new_cid()
             cmd = m.SowDelete(topic=topic, bookmark=bookmarks, filter=filter, options=options, cid=cid, ack_type="processed")
-            return self.core.command(cmd, "sow_delete")
+            return self.core.command(cmd, CommandKind.SOW_DELETE)
 
         ack = await self._request(build)
         return ack.records_deleted or 0
 
     # --- acknowledging -------------------------------------------------------------------
 
-    def ack(self, queue: str, bookmark: str, options: str | None = None) -> None:
-        """Batch an acknowledgement; sent when the batch fills or after ack_batch_seconds."""
-        self._ack(queue, bookmark, options, None)
+    def ack(self, queue: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
+        """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
+        cancel or expire, as :class:`Message`'s verbs); sent when the batch fills or
+        after ack_batch_seconds. For a message in hand, call ``msg.ack()`` instead."""
+        self._ack(queue, bookmark, AckVerb(verb), None)
 
-    def _ack(self, queue: str, bookmark: str, options: str | None, sub_id: str | None) -> None:
-        if self.core.ack(queue, bookmark, options, sub_id):
+    def _ack(self, queue: str, bookmark: str, verb: AckVerb, sub_id: str | None) -> None:
+        if self.core.ack(queue, bookmark, verb, sub_id):
             self._send_acks()
         elif self._ack_timer is None and self.loop is not None:
             self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)

@@ -17,11 +17,11 @@ the faces feed it bytes, tell it when a connection opens or is lost, and send wh
    resubscribes every subscription (:mod:`.subscription`). Acks go first so that a
    resubscription is never redelivered what the application already acknowledged.
 3. **Acknowledgements are batched and kept until persisted.** ``ack`` adds a bookmark
-   to a batch per (queue, options); a batch becomes one ``sow_delete`` that asks for a
+   to a batch per (queue, verb); a batch becomes one ``sow_delete`` that asks for a
    ``persisted`` ack, and stays in ``acks_unconfirmed`` until that ack arrives. A lost
    connection loses no acknowledgement: unconfirmed batches are sent again after
    logon (acks are idempotent on the server).
-4. **A lost connection** fails the commands waiting for an answer, drops unsent
+4. **A lost connection** fails the commands awaiting their ack, drops unsent
    frames (publishes and acks are kept elsewhere and resent), resets the frame decoder
    and starts a new *epoch*: messages that arrived on the old connection can be told
    apart from new ones.
@@ -31,6 +31,7 @@ the faces feed it bytes, tell it when a connection opens or is lost, and send wh
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from conveyor import errors
-from conveyor.client.message import Message, to_bytes
+from conveyor.client.message import AckVerb, Message, to_bytes
 from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectPolicy
 from conveyor.client.store import FilePublishStore, PublishStore
 from conveyor.client.subscription import SubState
@@ -46,8 +47,8 @@ from conveyor.protocol import messages as m
 from conveyor.protocol.codec import MessageDecoder, encode_frames
 
 __all__ = [
-    "ACK_BATCH_SECONDS_DEFAULT", "ACK_BATCH_SIZE_DEFAULT", "ClientCore", "ClientStatistics", "FilePublishStore",
-    "Message", "PendingAck", "PublishStore", "SubState", "parse_uri", "to_bytes",
+    "ACK_BATCH_SECONDS_DEFAULT", "ACK_BATCH_SIZE_DEFAULT", "AckVerb", "ClientCore", "ClientStatistics", "CommandKind",
+    "FilePublishStore", "Message", "PendingCommand", "PublishStore", "SubState", "parse_uri", "to_bytes",
 ]
 
 log = logging.getLogger("conveyor.client")
@@ -71,12 +72,28 @@ def parse_uri(uri: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
-class PendingAck:
-    """A command waiting for its ack; the face attaches a future or an event."""
+class CommandKind(enum.Enum):
+    """What a command awaiting its ack is, and the ack type that completes it."""
+
+    LOGON = ("logon", "processed")
+    SUBSCRIBE = ("subscribe", "processed")
+    RESUBSCRIBE = ("resubscribe", "processed")  # sent by the core on logon (rule 2)
+    UNSUBSCRIBE = ("unsubscribe", "processed")
+    SOW = ("sow", "completed")  # the messages come first, then the completed ack
+    SOW_DELETE = ("sow_delete", "processed")
+    FLUSH_PERSISTED = ("flush-persisted", "persisted")  # everything before it is persisted
+
+    def __init__(self, label: str, completed_by: str) -> None:
+        self.label = label
+        self.completed_by = completed_by
+
+
+class PendingCommand:
+    """A command awaiting its ack; the face attaches a future or an event."""
 
     __slots__ = ("kind", "result", "error", "done", "waiter", "messages", "sub_id")
 
-    def __init__(self, kind: str, sub_id: str | None = None) -> None:
+    def __init__(self, kind: CommandKind, sub_id: str | None = None) -> None:
         self.kind = kind
         self.result: m.Ack | None = None
         self.error: errors.ConveyorError | None = None
@@ -119,12 +136,12 @@ class ClientCore:
         self.reconnect = reconnect if reconnect is not None else ReconnectPolicy()
         self.machine = ConnectionMachine()
         self._cids = itertools.count(1)
-        self.pending: dict[str, PendingAck] = {}
+        self.awaiting_ack: dict[str, PendingCommand] = {}  # cid -> command
         self.subscriptions: dict[str, SubState] = {}
         self.next_seq = self.store.last_seq + 1
         self.persisted_seq = 0
         self.outgoing: list = []  # commands waiting to be framed
-        self.acks: dict[tuple[str, str | None], list[str]] = {}  # (queue, options) -> bookmarks
+        self.acks: dict[tuple[str, AckVerb], list[str]] = {}  # (queue, verb) -> bookmarks
         self.acks_count = 0
         self._subs_with_acks: set[SubState] = set()
         self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
@@ -169,7 +186,7 @@ class ClientCore:
         self.decoder = MessageDecoder()
         self.outgoing = []
 
-    def connection_lost(self, error: errors.ConveyorError) -> list[PendingAck]:
+    def connection_lost(self, error: errors.ConveyorError) -> list[PendingCommand]:
         """Rule 4. Returns the commands that failed with ``error``."""
         self.online = False
         self.epoch += 1
@@ -184,17 +201,17 @@ class ClientCore:
     def new_cid(self) -> str:
         return str(next(self._cids))
 
-    def expect(self, cid: str, kind: str, sub_id: str | None = None) -> PendingAck:
-        pending = PendingAck(kind, sub_id)
-        self.pending[cid] = pending
+    def expect(self, cid: str, kind: CommandKind, sub_id: str | None = None) -> PendingCommand:
+        pending = PendingCommand(kind, sub_id)
+        self.awaiting_ack[cid] = pending
         return pending
 
-    def logon(self, *, user_id: str | None = None, password: str | None = None) -> PendingAck:
+    def logon(self, *, user_id: str | None = None, password: str | None = None) -> PendingCommand:
         cid = self.new_cid()
         self.outgoing.append(
             m.Logon(client_name=self.client_name, cid=cid, ack_type="processed", user_id=user_id, password=password)
         )
-        return self.expect(cid, "logon")
+        return self.expect(cid, CommandKind.LOGON)
 
     def logged_on(self, ack: m.Ack) -> None:
         """Rule 2: after the logon ack, resume (acks, then publishes, then subscriptions)."""
@@ -211,7 +228,7 @@ class ClientCore:
         for sub in self.subscriptions.values():
             cid = self.new_cid()
             self.outgoing.append(sub.command(cid))
-            self.expect(cid, "resubscribe", sub.sub_id)
+            self.expect(cid, CommandKind.RESUBSCRIBE, sub.sub_id)
         if self.on_persisted is not None:
             self.on_persisted(self.persisted_seq)
 
@@ -227,22 +244,22 @@ class ClientCore:
             self.outgoing.append(m.Publish(topic=topic, data=body, seq=sequence, ack_type="persisted", correlation_id=correlation_id))
         return sequence
 
-    def command(self, cmd: Any, kind: str) -> PendingAck:
+    def command(self, cmd: Any, kind: CommandKind) -> PendingCommand:
         self.outgoing.append(cmd)
         return self.expect(cmd.cid, kind)
 
-    def add_subscription(self, sub: SubState) -> PendingAck:
+    def add_subscription(self, sub: SubState) -> PendingCommand:
         """Register ``sub`` (so it is resubscribed after a reconnect) and subscribe."""
         if sub.sub_id in self.subscriptions:
             raise errors.DuplicateSubscription(f"subscription {sub.sub_id!r} already exists in this client")
         self.subscriptions[sub.sub_id] = sub
         cid = self.new_cid()
-        return self.command(sub.command(cid), "subscribe")
+        return self.command(sub.command(cid), CommandKind.SUBSCRIBE)
 
-    def replace_subscription(self, sub: SubState) -> PendingAck:
+    def replace_subscription(self, sub: SubState) -> PendingCommand:
         """Send ``sub``'s new topic, filter and options with the ``replace`` option."""
         cid = self.new_cid()
-        return self.command(sub.command(cid, replace=True), "subscribe")
+        return self.command(sub.command(cid, replace=True), CommandKind.SUBSCRIBE)
 
     def remove_subscription(self, sub_id: str) -> SubState | None:
         sub = self.subscriptions.pop(sub_id, None)
@@ -252,9 +269,9 @@ class ClientCore:
 
     # --- acknowledgements (rule 3) -------------------------------------------------------
 
-    def ack(self, queue: str, bookmark: str, options: str | None = None, sub_id: str | None = None) -> bool:
+    def ack(self, queue: str, bookmark: str, verb: AckVerb = AckVerb.ACK, sub_id: str | None = None) -> bool:
         """Batch an acknowledgement; True when the batch should be sent now."""
-        key = (queue, options)
+        key = (queue, verb)
         batch = self.acks.get(key)
         if batch is None:
             self.acks[key] = [bookmark]
@@ -271,11 +288,11 @@ class ClientCore:
         return self.acks_count >= self.ack_batch_size
 
     def flush_acks(self) -> None:
-        """Turn every batch into one ``sow_delete`` per (queue, options)."""
+        """Turn every batch into one ``sow_delete`` per (queue, verb)."""
         if self.acks:
-            for (queue, options), bookmarks in self.acks.items():
+            for (queue, verb), bookmarks in self.acks.items():
                 cid = self.new_cid()
-                cmd = m.SowDelete(topic=queue, bookmark=",".join(bookmarks), options=options, cid=cid, ack_type="persisted")
+                cmd = m.SowDelete(topic=queue, bookmark=",".join(bookmarks), options=verb.option, cid=cid, ack_type="persisted")
                 self.acks_unconfirmed[cid] = cmd
                 self.ack_batches += 1
                 if self.online:
@@ -302,10 +319,10 @@ class ClientCore:
 
     # --- receiving -------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[PendingAck]:
+    def receive_data(self, data: bytes) -> list[PendingCommand]:
         """Feed bytes; returns the pending commands this completed."""
         self.decoder.receive_data(data)
-        done: list[PendingAck] = []
+        done: list[PendingCommand] = []
         for item in self.decoder.next_items():
             match item:
                 case m.Message():
@@ -323,7 +340,7 @@ class ClientCore:
 
     def _deliver(self, item: m.Message) -> None:
         if item.query_id is not None and item.sub_id is None:
-            pending = self.pending.get(item.query_id)
+            pending = self.awaiting_ack.get(item.query_id)
             if pending is not None:
                 pending.messages.append(self._message(item, None))
             return
@@ -337,10 +354,10 @@ class ClientCore:
     def _message(self, item: m.Message, acker: Any) -> Message:
         return Message(
             item.topic, item.data, item.bookmark, item.sub_id, item.seq, item.timestamp,
-            item.lease_deadline, item.correlation_id, item.queue, acker, False, self.epoch,
+            item.lease_deadline, item.correlation_id, item.queue, acker, None, self.epoch,
         )
 
-    def _on_ack(self, ack: m.Ack, done: list[PendingAck]) -> None:
+    def _on_ack(self, ack: m.Ack, done: list[PendingCommand]) -> None:
         cid = ack.cid
         if cid is None:
             # Publishes carry no command id: their persisted acks are conflated (one ack
@@ -360,30 +377,25 @@ class ClientCore:
                 self.acks_refused += 1
                 log.warning("acknowledgement of %s refused: %s", batch.topic, ack.reason)
             return
-        pending = self.pending.get(cid)
+        pending = self.awaiting_ack.get(cid)
         if pending is None:
             return
         if ack.status == "failure":
             pending.error = errors.error_for_code(ack.code or "server_error", ack.reason or "", **(ack.details or {}))
-        elif not self._completes(pending.kind, ack.ack_type):
+        elif ack.ack_type != pending.kind.completed_by:
             return
         pending.result = ack
         pending.done = True
-        del self.pending[cid]
+        del self.awaiting_ack[cid]
         done.append(pending)
 
-    @staticmethod
-    def _completes(kind: str, ack_type: str) -> bool:
-        wanted = {"sow": "completed", "flush": "completed", "flush-persisted": "persisted"}.get(kind, "processed")
-        return ack_type == wanted
-
-    def fail_all(self, error: errors.ConveyorError) -> list[PendingAck]:
+    def fail_all(self, error: errors.ConveyorError) -> list[PendingCommand]:
         done = []
-        for pending in self.pending.values():
+        for pending in self.awaiting_ack.values():
             pending.error = error
             pending.done = True
             done.append(pending)
-        self.pending.clear()
+        self.awaiting_ack.clear()
         return done
 
     # --- views -----------------------------------------------------------------------------

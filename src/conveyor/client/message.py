@@ -1,17 +1,51 @@
-"""A delivered message, and how bodies are encoded."""
+"""A delivered message, how it is settled, and how bodies are encoded.
+
+Rules kept here:
+
+1. **A queue message is settled once**: :meth:`Message.ack`, :meth:`Message.cancel` or
+   :meth:`Message.expire`. A second call of any of them raises
+   :class:`~conveyor.errors.AlreadyAcknowledged` (the first one stands and is already
+   on its way), so a program that settles a message twice learns it at once instead of
+   wondering which call won.
+2. Messages that did not come from a queue (a topic or bookmark subscription, a
+   ``sow``) have nothing to settle: the three verbs do nothing on them, so the same
+   code can consume a topic or a queue.
+3. Settling only hands the message's bookmark to its client's acker (:data:`Acker`),
+   which batches it; nothing here waits or touches the network.
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import msgspec
 
+from conveyor import errors
+
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
 
-#: ``acker(queue, bookmark, options)``: how a message reaches its client's ack batch.
-Acker = Callable[[str, str, "str | None"], None]
+
+class AckVerb(str, enum.Enum):
+    """How an acknowledgement settles a queue message."""
+
+    ACK = "ack"  # done: the message leaves the queue
+    CANCEL = "cancel"  # give it back: redelivered (counts toward MaxCancels)
+    EXPIRE = "expire"  # remove it as expired: the queue's expiry actions run
+
+    @property
+    def option(self) -> str | None:
+        """The ``sow_delete`` option that carries this verb on the wire."""
+        return None if self is AckVerb.ACK else self.value
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: ``acker(queue, bookmark, verb)``: how a message reaches its client's ack batch.
+Acker = Callable[[str, str, AckVerb], None]
 
 
 def to_bytes(data: Any) -> bytes:
@@ -43,7 +77,7 @@ class Message:
     correlation_id: str | None = None
     queue: str | None = None
     _acker: Acker | None = field(default=None, repr=False)
-    _acked: bool = field(default=False, repr=False)
+    _settled: AckVerb | None = field(default=None, repr=False)  # rule 1
     _epoch: int = field(default=0, repr=False)  # the connection it arrived on
 
     def json(self) -> Any:
@@ -56,18 +90,34 @@ class Message:
 
     @property
     def acked(self) -> bool:
-        """True once :meth:`ack` has been called on a queue message."""
-        return self._acked
+        """True once :meth:`ack`, :meth:`cancel` or :meth:`expire` settled this queue message."""
+        return self._settled is not None
 
-    def ack(self, options: str | None = None) -> None:
-        """Acknowledge a queue message (``options``: None, ``"cancel"`` or ``"expire"``).
+    def ack(self) -> None:
+        """Done: the message leaves the queue. Batched by the client (``flush()`` sends
+        at once). Raises AlreadyAcknowledged if the message was settled before."""
+        self._settle(AckVerb.ACK)
 
-        ``cancel`` returns the message to the queue for redelivery; ``expire`` removes
-        it as expired (expiry actions, such as a dead-letter queue, apply). A no-op for
-        messages that did not come from a queue, and for a second call. The client
-        batches acknowledgements; ``flush()`` sends them at once.
-        """
-        if self._acked or self._acker is None or self.queue is None or self.bookmark is None:
-            return
-        self._acked = True
-        self._acker(self.queue, self.bookmark, options)
+    def cancel(self) -> None:
+        """Give the message back: the queue redelivers it (it counts toward the queue's
+        ``MaxCancels``). Raises AlreadyAcknowledged if the message was settled before."""
+        self._settle(AckVerb.CANCEL)
+
+    def expire(self) -> None:
+        """Remove the message as expired: the queue's expiry actions (a dead-letter
+        queue, for instance) run. Raises AlreadyAcknowledged if it was settled before."""
+        self._settle(AckVerb.EXPIRE)
+
+    def _settle(self, verb: AckVerb) -> None:
+        if self._acker is None or self.queue is None or self.bookmark is None:
+            return  # rule 2
+        if self._settled is not None:
+            raise errors.AlreadyAcknowledged(
+                f"message {self.bookmark} of queue {self.queue} was already settled "
+                f"({self._settled}); cannot {verb} it again",
+                bookmark=self.bookmark,
+                queue=self.queue,
+                settled=self._settled.value,
+            )
+        self._settled = verb
+        self._acker(self.queue, self.bookmark, verb)

@@ -4,7 +4,7 @@ Rules kept here (STYLE 3: an enum and a table of transitions, in one module):
 
 1. A client is in exactly one :class:`ConnectionState`. Only
    :meth:`ConnectionMachine.move` changes it, and a pair that is not in ``TRANSITIONS``
-   raises :class:`IllegalTransition` before anything changes.
+   raises :class:`~conveyor.errors.ClientStateError` before anything changes.
 2. A lost connection is always reported as ``DISCONNECTED`` first; then, if the policy
    allows, ``RECONNECTING`` until the client is ``CONNECTED`` again or gives up
    (``FAILED``). ``CLOSED`` is where ``disconnect()`` leads, from any state.
@@ -53,12 +53,6 @@ TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
 }
 
 
-class IllegalTransition(errors.ConveyorError):
-    """A state change the table does not allow (a bug in the client, not in the caller)."""
-
-    code = "illegal_transition"
-
-
 @dataclass(frozen=True, slots=True)
 class StateChange:
     """What an ``on_state`` listener receives."""
@@ -83,7 +77,7 @@ class ConnectionMachine:
     def move(self, state: ConnectionState, *, uri: str | None = None, reason: str | None = None, attempt: int = 0) -> None:
         previous = self.state
         if state not in TRANSITIONS[previous]:
-            raise IllegalTransition(f"connection state {previous} cannot become {state}")
+            raise errors.ClientStateError(f"connection state {previous} cannot become {state}")
         self.state = state
         if state is previous:
             return
@@ -138,9 +132,6 @@ class ReconnectPolicy:
 
     def describe_exhaustion(self, attempts: int, elapsed_seconds: float) -> str:
         return f"gave up reconnecting after {attempts} attempt(s) in {elapsed_seconds:.1f} s"
-
-
-NO_RECONNECT = ReconnectPolicy(enabled=False)
 
 
 class _Unset:

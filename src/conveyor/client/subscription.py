@@ -3,8 +3,9 @@
 Rules kept here (shared by both faces; the faces only move messages between threads):
 
 1. **Resubscribe as subscribed.** After a reconnect the same ``sub_id``, topic, filter
-   and options (as last replaced, without ``replace`` itself) are sent again. A bookmark subscription resumes *after* the last message
-   the application was handed (``last_bookmark``), so nothing is missed or repeated;
+   and options (as last replaced; ``replace`` itself applies to one command only) are
+   sent again. A bookmark subscription resumes *after* the last message the
+   application was handed (``last_bookmark``), so nothing is missed or repeated;
    before any, it starts from its original bookmark.
 2. **Messages buffered from a lost connection are dropped**, if they came from a queue
    (their leases were broken: the server redelivers them) or from a bookmark
@@ -15,10 +16,16 @@ Rules kept here (shared by both faces; the faces only move messages between thre
    dropped. ``cancel`` is not remembered: a cancelled message is meant to come back.
 4. **Auto-ack.** Iterator: asking for the next message acknowledges the previous one.
    Handler: returning acknowledges, raising cancels (so the message is redelivered).
+   A message the application settled itself is left as it is.
 5. **Ack batches follow the backlog.** Acks are sent when ``min(ack_batch_size,
    backlog // 2)`` are waiting for this subscription, or when every message it holds
    is acknowledged (the server will send nothing more until it hears), or after
    ``ack_batch_seconds`` (the face's timer).
+6. **One hand-out rule for both faces.** :class:`SubscriptionBase` decides what leaves
+   a subscription's buffer (the end marker, a stop, rules 2 and 3) and how a handler's
+   outcome settles its message (rule 4). A face adds only the buffer and the waiting:
+   an ``asyncio.Queue`` read on the loop, or a thread-safe queue read on the
+   application's or the handler's thread.
 
 ``accept`` runs on the application's thread in the blocking face, while resubscribing
 runs on the loop thread; ``_guard`` makes "check the connection, record the bookmark"
@@ -27,18 +34,32 @@ and "read the resume point" atomic with respect to each other.
 
 from __future__ import annotations
 
+import enum
+import inspect
 import logging
 import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
-from conveyor.client.message import Acker, Message
+from conveyor import errors
+from conveyor.client.message import Acker, AckVerb, Message
 from conveyor.protocol import messages as m
 
 log = logging.getLogger("conveyor.client")
 
 RECENT_ACKS_MIN = 4096  # acknowledged bookmarks remembered per subscription (rule 3)
-ITERATOR, HANDLER, CALLBACK = "iterator", "handler", "callback"
+END = object()  # put into a subscription's buffer: nothing comes after it
+
+#: ``handler(msg)``: called for each message; the asyncio face also awaits what it returns.
+Handler = Callable[[Message], "None | Awaitable[None]"]
+
+
+class DeliveryMode(enum.Enum):
+    """How the application receives a subscription's messages."""
+
+    ITERATOR = "iterator"  # get() / iteration: auto-ack acknowledges on the next ask
+    HANDLER = "handler"  # a handler, one message at a time, off the network loop
+    CALLBACK = "callback"  # on_message, inline on the loop (asyncio face only)
 
 
 def backlog_from_options(options: str | None) -> int | None:
@@ -55,12 +76,11 @@ def merge_backlog(options: str | None, max_backlog: int | None) -> str | None:
     return f"{options},max_backlog={max_backlog}" if options else f"max_backlog={max_backlog}"
 
 
-def split_replace(options: str | None) -> tuple[str | None, bool]:
-    """(options without ``replace``, whether it was there): ``replace`` applies to one
-    command, never to a resubscription on a new connection (which has nothing to replace)."""
-    parts = [p.strip() for p in (options or "").split(",") if p.strip()]
-    kept = [p for p in parts if p != "replace"]
-    return (",".join(kept) or None), len(kept) != len(parts)
+def refuse_replace_option(options: str | None) -> None:
+    """``replace`` is ``subscribe(..., replace=True)``: it applies to one command, and an
+    options string is resent on every resubscription (rule 1), where it would fail."""
+    if any(part.strip() == "replace" for part in (options or "").split(",")):
+        raise errors.InvalidOption("replace is not an option string here: call subscribe(..., replace=True)")
 
 
 class SubState:
@@ -76,8 +96,9 @@ class SubState:
         bookmark: str | None = None,
         max_backlog: int | None = None,
         auto_ack: bool = False,
-        mode: str = ITERATOR,
+        mode: DeliveryMode = DeliveryMode.ITERATOR,
     ) -> None:
+        refuse_replace_option(options)
         self.sub_id = sub_id
         self.topic = topic
         self.filter = filter
@@ -115,7 +136,8 @@ class SubState:
         )
 
     def replace(self, topic: str, *, filter: str | None, options: str | None, max_backlog: int | None) -> None:
-        """The subscription's new topic, filter and options (the ``replace`` option)."""
+        """The subscription's new topic, filter and options (``replace=True``)."""
+        refuse_replace_option(options)
         self.topic = topic
         self.filter = filter
         self.options = merge_backlog(options, max_backlog)
@@ -129,10 +151,10 @@ class SubState:
     def wrap_acker(self, ack: Acker) -> Acker:
         """The acker messages of this subscription carry: remember, then batch."""
 
-        def acker(queue: str, bookmark: str, options: str | None) -> None:
-            if options != "cancel":
+        def acker(queue: str, bookmark: str, verb: AckVerb) -> None:
+            if verb is not AckVerb.CANCEL:
                 self._note_ack(bookmark)
-            ack(queue, bookmark, options)
+            ack(queue, bookmark, verb)
 
         return acker
 
@@ -149,7 +171,8 @@ class SubState:
         previous = self.previous
         if previous is not None:
             self.previous = None
-            previous.ack()
+            if not previous.acked:
+                previous.ack()
 
     def accept(self, msg: Message, epoch: int) -> bool:
         """Whether ``msg`` may be handed to the application now (rules 2 and 3)."""
@@ -161,16 +184,90 @@ class SubState:
                 if msg._epoch != epoch:
                     return False
                 self.last_bookmark = msg.bookmark
-        if self.auto_ack and self.mode == ITERATOR:
+        if self.auto_ack and self.mode is DeliveryMode.ITERATOR:
             self.previous = msg
         return True
 
     def finished(self, msg: Message, error: BaseException | None) -> None:
-        """A handler returned (``error`` None) or raised: auto-ack or cancel."""
+        """A handler returned (``error`` None) or raised: auto-ack or cancel (rule 4)."""
         if error is not None:
             log.error("handler of subscription %s raised on %s", self.sub_id, msg.bookmark, exc_info=error)
-        if self.auto_ack:
-            msg.ack(None if error is None else "cancel")
+        if self.auto_ack and not msg.acked:
+            if error is None:
+                msg.ack()
+            else:
+                msg.cancel()
+
+
+class SubscriptionBase:
+    """What both faces' subscription objects share (rule 6).
+
+    The client puts each delivered message into the buffer with :meth:`_put` (on its
+    loop), ends the subscription with :meth:`end` and stops a handler with
+    :meth:`stop`; the face reads the buffer and hands each item to :meth:`_take`.
+    ``client`` is the face's client (its ``core`` says the current connection epoch).
+    """
+
+    def __init__(self, client: Any, state: SubState) -> None:
+        self.client = client
+        self.state = state
+        self._ended = False  # the end marker was read: get() returns None from now on
+        self._stopping = False  # hand out nothing more (unsubscribe, disconnect)
+        self._task: Any = None  # the asyncio face's handler task (the blocking face joins threads)
+
+    @property
+    def sub_id(self) -> str:
+        return self.state.sub_id
+
+    @property
+    def error(self) -> Exception | None:
+        """Why the subscription ended, if the server refused to resume it."""
+        return self.state.error
+
+    def _put(self, item: Any) -> None:
+        """Buffer a message (or :data:`END`) for the application: the face's buffer."""
+        raise NotImplementedError
+
+    def end(self, error: Exception | None = None) -> None:
+        """No more messages: the iterator ends after what is buffered."""
+        if error is not None and self.state.error is None:
+            self.state.error = error
+        self._put(END)
+
+    def stop(self) -> None:
+        """Hand out nothing more: a handler finishes the message in hand and returns."""
+        self._stopping = True
+        self._put(END)
+
+    def _take(self, item: Any) -> Message | None:
+        """An item read from the buffer: the message to hand out, or None to read on
+        (after the end marker or a stop, ``_ended`` is set and nothing is handed out)."""
+        if item is END or self._stopping:
+            self._ended = True
+            return None
+        state = self.state
+        return item if state.accept(item, self.client.core.epoch) else None
+
+    def _handle(self, msg: Message, handler: Handler) -> Awaitable[None] | None:
+        """Call ``handler(msg)`` and settle by its outcome (rule 4). A coroutine result
+        comes back as an awaitable that settles once awaited (the asyncio face awaits it)."""
+        try:
+            result = handler(msg)
+        except Exception as exc:
+            self.state.finished(msg, exc)
+            return None
+        if inspect.isawaitable(result):
+            return self._finish_after(msg, result)
+        self.state.finished(msg, None)
+        return None
+
+    async def _finish_after(self, msg: Message, result: Awaitable[None]) -> None:
+        try:
+            await result
+        except Exception as exc:
+            self.state.finished(msg, exc)
+        else:
+            self.state.finished(msg, None)
 
 
 def _drop(msg: Message) -> None:

@@ -15,6 +15,11 @@ the asyncio client uses; this module only carries calls across threads. Rules:
    subscription are handled one at a time, in order.
 4. ``on_state`` listeners run on the loop thread: they must return quickly and must
    not call the blocking client.
+5. **Built on the asyncio client's public hooks** only: a :class:`Subscription` is a
+   subscription object of this face's own, subscribed with
+   :meth:`AsyncClient.subscribe_state` (its acknowledgements relayed through the
+   hand-over); :meth:`AsyncClient.on_persisted` wakes publishers waiting for room and
+   :meth:`AsyncClient.before_resume` keeps rule 2.
 """
 
 from __future__ import annotations
@@ -27,40 +32,30 @@ from collections import deque
 from typing import Any, Callable, Iterator, Sequence
 
 from conveyor import errors
-from conveyor.client.aio import MAX_INFLIGHT_DEFAULT, AsyncClient
-from conveyor.client.core import ACK_BATCH_SECONDS_DEFAULT, ACK_BATCH_SIZE_DEFAULT, ClientCore, ClientStatistics, Message
-from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange
-from conveyor.client.store import PublishStore
-from conveyor.client.subscription import HANDLER, ITERATOR, SubState, split_replace
+from conveyor.client.aio import AsyncClient
+from conveyor.client.core import ClientCore, ClientStatistics, Message
+from conveyor.client.message import Acker, AckVerb
+from conveyor.client.state import ConnectionState, StateChange
+from conveyor.client.subscription import DeliveryMode, SubscriptionBase
 
-_END = object()
 _PUBLISH, _ACK = 0, 1
 HANDLER_JOIN_SECONDS = 5.0  # disconnect() waits this long for a handler to finish its message
 
 
-class Subscription:
+class Subscription(SubscriptionBase):
     """The messages of one subscription: ``for msg in sub`` or ``sub.get(timeout)``.
 
     The server sends up to the subscription's backlog ahead (smart pipelining); they
     wait in this object's buffer, so the next message is ready the moment it is asked for.
     """
 
-    def __init__(self, client: "Client", state: SubState, inbox: queue.SimpleQueue) -> None:
-        self.client = client
-        self.state = state
-        self._inbox = inbox
-        self._ended = False
-        self._stopping = False
+    def __init__(self, client: "Client", state) -> None:
+        super().__init__(client, state)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # filled on the loop thread
         self._thread: threading.Thread | None = None
 
-    @property
-    def sub_id(self) -> str:
-        return self.state.sub_id
-
-    @property
-    def error(self) -> Exception | None:
-        """Why the subscription ended, if the server refused to resume it."""
-        return self.state.error
+    def _put(self, item: Any) -> None:
+        self._inbox.put(item)
 
     def __iter__(self) -> Iterator[Message]:
         while True:
@@ -78,20 +73,18 @@ class Subscription:
         return self._next(timeout)
 
     def _next(self, timeout: float | None) -> Message | None:
-        inbox, state, core = self._inbox, self.state, self.client.core
+        inbox = self._inbox
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ended:
             try:
                 if deadline is None:
-                    msg = inbox.get()
+                    item = inbox.get()
                 else:
-                    msg = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return None
-            if msg is _END or self._stopping:
-                self._ended = True
-                return None
-            if state.accept(msg, core.epoch):
+            msg = self._take(item)
+            if msg is not None:
                 return msg
         return None
 
@@ -105,22 +98,8 @@ class Subscription:
         self._thread.start()
 
     def _run_handler(self, handler: Callable[[Message], None]) -> None:
-        state = self.state
-        while True:
-            msg = self._next(None)
-            if msg is None:
-                return
-            try:
-                handler(msg)
-            except Exception as exc:
-                state.finished(msg, exc)
-            else:
-                state.finished(msg, None)
-
-    def _stop(self) -> None:
-        """Handler: finish the message in hand, take no more."""
-        self._stopping = True
-        self._inbox.put(_END)
+        while (msg := self._next(None)) is not None:
+            self._handle(msg, handler)
 
     def _join(self, timeout: float) -> None:
         thread = self._thread
@@ -129,47 +108,36 @@ class Subscription:
 
 
 class Client:
-    """The blocking client. See docs/client.md; arguments as :class:`AsyncClient`."""
+    """The blocking client. See docs/client.md.
 
-    def __init__(
-        self,
-        client_name: str | None = None,
-        *,
-        publish_store: PublishStore | None = None,
-        auto_ack: bool = False,
-        ack_batch_size: int = ACK_BATCH_SIZE_DEFAULT,
-        ack_batch_seconds: float = ACK_BATCH_SECONDS_DEFAULT,
-        max_inflight: int = MAX_INFLIGHT_DEFAULT,
-        timeout: float = 30.0,
-        reconnect: bool | ReconnectPolicy = True,
-        max_reconnect_attempts: int | None = UNSET,  # type: ignore[assignment]
-        reconnect_timeout: float | None = UNSET,  # type: ignore[assignment]
-        user_id: str | None = None,
-        password: str | None = None,
-    ) -> None:
-        self.timeout = timeout
+    Takes the arguments of :class:`AsyncClient` (``client_name``, then ``publish_store``,
+    ``auto_ack``, ``ack_batch_size``, ``ack_batch_seconds``, ``max_inflight``,
+    ``timeout``, ``reconnect``, ``max_reconnect_attempts``, ``reconnect_timeout``,
+    ``user_id``, ``password``) and passes them to the asyncio client it runs.
+    """
+
+    def __init__(self, client_name: str | None = None, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="conveyor-client", daemon=True)
         self._thread.start()
-        kwargs = dict(
-            publish_store=publish_store, auto_ack=auto_ack, ack_batch_size=ack_batch_size,
-            ack_batch_seconds=ack_batch_seconds, max_inflight=max_inflight, timeout=timeout, reconnect=reconnect,
-            max_reconnect_attempts=max_reconnect_attempts, reconnect_timeout=reconnect_timeout,
-            user_id=user_id, password=password,
-        )
-        self._aio: AsyncClient = self._call(self._make(client_name, kwargs))
+        try:
+            self._aio: AsyncClient = self._call(self._make(client_name, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.timeout = self._aio.timeout
         self._handover: deque = deque()
         self._lock = threading.Lock()
         self._scheduled = False
         self._inflight = threading.Condition()
-        self._aio._persisted_hooks.append(self._on_persisted)
-        self._aio._before_resume.append(self._drain_handover)
-        self._aio.on_state(self._on_state_change)
+        self._aio.on_persisted(self._wake_publishers)
+        self._aio.on_state(self._wake_publishers)
+        self._aio.before_resume(self._drain_handover)  # rule 2
         self._subs: dict[str, Subscription] = {}
 
     @staticmethod
-    async def _make(name: str | None, kwargs: dict) -> AsyncClient:
-        return AsyncClient(name, **kwargs)
+    async def _make(name: str | None, options: dict) -> AsyncClient:
+        return AsyncClient(name, **options)
 
     def _call(self, coro, timeout: float | None = None) -> Any:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -178,6 +146,11 @@ class Client:
         except TimeoutError:
             future.cancel()
             raise errors.TimedOut("the client's loop did not answer in time") from None
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
 
     # --- views ---------------------------------------------------------------------------
 
@@ -216,7 +189,7 @@ class Client:
             return
         handlers = [sub for sub in self._subs.values() if sub._thread is not None]
         for sub in handlers:
-            sub._stop()
+            sub.stop()
         for sub in handlers:
             sub._join(HANDLER_JOIN_SECONDS)
         try:
@@ -224,12 +197,9 @@ class Client:
             self._call(self._aio.disconnect(), timeout=self.timeout + HANDLER_JOIN_SECONDS)
         finally:
             for sub in self._subs.values():
-                sub._inbox.put(_END)
-            with self._inflight:
-                self._inflight.notify_all()
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-            self._loop.close()
+                sub.end()
+            self._wake_publishers()
+            self._stop_loop()
 
     close = disconnect
 
@@ -266,8 +236,8 @@ class Client:
                 except errors.ConveyorError:
                     pass  # the client failed after publish() checked: the next call raises
             else:
-                _, queue_name, bookmark, options, sub_id = item
-                aio._ack(queue_name, bookmark, options, sub_id)
+                _, acker, queue_name, bookmark, verb = item
+                acker(queue_name, bookmark, verb)
 
     def _drain_blocking(self) -> None:
         async def drain() -> None:
@@ -281,17 +251,14 @@ class Client:
         """Publish; returns at once. The message enters the publish store on the client's
         loop thread (at once) and is kept there until the server persists it. Waits only
         while ``max_inflight`` publishes are unpersisted."""
-        if self._aio._error is not None:
-            raise self._aio._error
+        if self._aio.error is not None:
+            raise self._aio.error
         if len(self._aio.core.store) + len(self._handover) > self._aio.max_inflight:
             self._wait_room()
         self._hand_over((_PUBLISH, topic, data, sequence, correlation_id))
 
-    def _on_persisted(self, seq: int) -> None:
-        with self._inflight:
-            self._inflight.notify_all()
-
-    def _on_state_change(self, change: StateChange) -> None:
+    def _wake_publishers(self, *_change: Any) -> None:
+        """A persisted ack or a state change: publishers waiting for room look again."""
         with self._inflight:
             self._inflight.notify_all()
 
@@ -302,8 +269,8 @@ class Client:
         deadline = time.monotonic() + self.timeout
         with self._inflight:
             while len(aio.core.store) + len(self._handover) > limit:
-                if aio._error is not None:
-                    raise aio._error
+                if aio.error is not None:
+                    raise aio.error
                 if aio.core.state is ConnectionState.RECONNECTING:
                     deadline = time.monotonic() + self.timeout
                 remaining = deadline - time.monotonic()
@@ -335,42 +302,44 @@ class Client:
         sub_id: str | None = None,
         handler: Callable[[Message], None] | None = None,
         auto_ack: bool | None = None,
+        replace: bool = False,
     ) -> Subscription:
         """Subscribe to a topic or a queue (arguments as :meth:`AsyncClient.subscribe`).
 
         Without ``handler``, iterate over the result on your thread. With ``handler``,
         it is called for each message on a thread of the subscription's own.
+        ``replace=True``: the subscription ``sub_id``, buffer and handler unchanged,
+        with a new topic, filter or backlog.
         """
-        if split_replace(options)[1]:
-            # The same subscription, buffer and handler, with a new topic/filter/backlog.
-            self._drain_blocking()
-            self._call(self._aio.subscribe(topic, filter=filter, options=options, max_backlog=max_backlog, sub_id=sub_id))
-            return self._subs[sub_id or ""]
-        sub_id = sub_id or f"sub-{self._aio.core.new_cid()}"
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
-
-        def acker(queue_name: str, bookmark_: str, options_: str | None) -> None:
-            self._hand_over((_ACK, queue_name, bookmark_, options_, sub_id))
-
         self._drain_blocking()  # acks handed over so far go first
-        aio_sub = self._call(
-            self._aio.subscribe(
-                topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog, sub_id=sub_id,
-                auto_ack=auto_ack, _acker=acker, _sink=inbox.put, _on_end=lambda: inbox.put(_END),
-                _mode=HANDLER if handler is not None else ITERATOR,
+        if replace:
+            return self._call(
+                self._aio.subscribe(
+                    topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog,
+                    sub_id=sub_id, handler=handler, auto_ack=auto_ack, replace=True,
+                )
             )
+        state = self._aio.subscription_state(
+            topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog, sub_id=sub_id,
+            auto_ack=auto_ack, mode=DeliveryMode.HANDLER if handler is not None else DeliveryMode.ITERATOR,
         )
-        sub = Subscription(self, aio_sub.state, inbox)
-        self._subs[sub_id] = sub
+        sub = Subscription(self, state)
+        self._call(self._aio.subscribe_state(sub, relay=self._relay))
+        self._subs[state.sub_id] = sub
         if handler is not None:
             sub._start_handler(handler)
         return sub
+
+    def _relay(self, acker: Acker) -> Acker:
+        """Acknowledgements made on the application's threads reach the loop through the
+        hand-over, in order with publishes (rule 1)."""
+        return lambda queue_name, bookmark, verb: self._hand_over((_ACK, acker, queue_name, bookmark, verb))
 
     def unsubscribe(self, sub_id: str) -> None:
         """Send batched acks, then end the subscription (a handler finishes its message)."""
         sub = self._subs.pop(sub_id, None)
         if sub is not None:
-            sub._stop()
+            sub.stop()
             sub._join(HANDLER_JOIN_SECONDS)
         self._drain_blocking()
         self._call(self._aio.unsubscribe(sub_id))
@@ -383,6 +352,7 @@ class Client:
     ) -> int:
         return self._call(self._aio.sow_delete(topic, bookmarks=bookmarks, filter=filter, options=options))
 
-    def ack(self, queue_name: str, bookmark: str, options: str | None = None) -> None:
-        """Batch an acknowledgement by queue and bookmark (``Message.ack()`` does this)."""
-        self._hand_over((_ACK, queue_name, bookmark, options, None))
+    def ack(self, queue_name: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
+        """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
+        cancel or expire). For a message in hand, call ``msg.ack()`` instead."""
+        self._hand_over((_ACK, self._aio.ack, queue_name, bookmark, AckVerb(verb)))
