@@ -48,12 +48,19 @@ def write_config(directory: Path, *, queues: str = "", recorded: str = ".*", tra
     return path
 
 
-class ServerProcess:
-    """A `conveyor serve` subprocess; `uri` once it is listening."""
+REPO = Path(__file__).resolve().parent.parent
 
-    def __init__(self, config: Path, *, env: dict | None = None) -> None:
+
+class ServerProcess:
+    """A `conveyor serve` subprocess; `uri` once it is listening.
+
+    ``faults``: run it through tests/faults/launcher.py with these injected faults
+    (``CONVEYOR_TEST_FAULTS`` syntax), the real CLI otherwise unchanged."""
+
+    def __init__(self, config: Path, *, env: dict | None = None, faults: str | None = None) -> None:
         self.config = config
         self.env = env
+        self.faults = faults
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.stderr_lines: list[str] = []
@@ -64,12 +71,17 @@ class ServerProcess:
 
     def start(self, port: int = 0) -> "ServerProcess":
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        program = ["-m", "conveyor"]
+        if self.faults is not None:
+            program = ["-m", "tests.faults.launcher"]
+            env["CONVEYOR_TEST_FAULTS"] = self.faults
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor", "serve", "--config", str(self.config), "--port", str(port)],
+            [sys.executable, *program, "serve", "--config", str(self.config), "--port", str(port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            cwd=REPO,
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         deadline = time.monotonic() + STARTUP_SECONDS_MAX
@@ -102,6 +114,11 @@ class ServerProcess:
             self.proc.send_signal(signal.SIGTERM)
             return self.proc.wait(timeout=30)
         return self.proc.returncode if self.proc else 0
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """The exit code of a server that stops by itself (a failure, a refusal)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
 
     def restart(self) -> "ServerProcess":
         """Start again on the same port (clients can reconnect to the same URI)."""

@@ -167,6 +167,14 @@ class ShuttingDown(ServerError):
     code = "shutting_down"
 
 
+class ServerFailed(ServerError):
+    """The server stopped itself: its background work (the journal writer, the timer)
+    raised, so it could no longer persist or serve. Raised by ``Server.serve_forever``;
+    ``__cause__`` is the original error."""
+
+    code = "server_failed"
+
+
 class BadReply(ServerError):
     """A reply from the server does not have the shape its command promises (client side:
     a server of another version, or a bug)."""

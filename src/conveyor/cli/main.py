@@ -1,7 +1,9 @@
 """The ``conveyor`` command: serve, publish, subscribe, sow, ack, and journal tools.
 
-Exit codes: 0 success, 1 a runtime failure (connection, server error), 2 bad usage or
-bad configuration, 3 a damaged journal (verify found problems / open refused).
+Exit codes: 0 success, 1 a runtime failure (connection, server error; for ``serve``: the
+server stopped itself after a failure of its background work, such as a failed journal
+write or fsync), 2 bad usage or bad configuration, 3 a damaged journal (verify found
+problems / open refused).
 """
 
 from __future__ import annotations
@@ -72,11 +74,14 @@ def _run_server(config) -> int:
             print("queues: " + ", ".join(q.name for q in config.queues), flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def shut_down() -> None:
+            log.info("shutting down")
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("shutting down")
-        await server.stop()
+            loop.add_signal_handler(sig, shut_down)
+        await server.run_until(stop)  # raises ServerFailed (exit 1) if the server fails
 
     uvloop.run(main())
     return EXIT_OK

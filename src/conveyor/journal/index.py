@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
+from .files import write_atomic
 from .format import FILE_HEADER_LEN, FRAME_HEADER_LEN, frame_crc, unpack_frame_header
 from .storage import parse_segment_name
 from .tools import scan_segment
@@ -45,9 +43,6 @@ SUMMARY_VERSION = 1
 
 #: Largest set kept per field; a segment with more distinct values stores null.
 SET_MAX = 1024
-
-#: How long the seal-time writer waits for a sealed segment to reach the disk.
-SEAL_WAIT_S_MAX = 120.0
 
 Describe = Callable[[bytes], tuple]
 
@@ -147,18 +142,11 @@ def summarize_segment(segment_path: str | os.PathLike[str], describe: Describe) 
 
 def write_summary(segment_path: str | os.PathLike[str], summary: SegmentSummary) -> bool:
     """Write the sidecar atomically; False (and nothing written) if that fails."""
-    target = summary_path(segment_path)
-    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
-        with open(tmp, "wb") as f:
-            f.write(_encoder.encode(summary))
-        os.replace(tmp, target)
+        # Not durable: a lost or stale summary only costs the reader a rescan.
+        write_atomic(summary_path(segment_path), _encoder.encode(summary), durable=False)
         return True
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
 
 
@@ -205,45 +193,43 @@ def remove_orphans(directory: str | os.PathLike[str]) -> list[str]:
 
 
 class SealSummarizer:
-    """Set as ``Journal.on_seal``: summarizes every sealed segment in a background thread.
+    """Set as ``Journal.on_seal``: summarizes each segment once it is sealed and durable.
 
-    ``on_seal`` runs on the loop thread when the segment gets its last record, before
-    that record is on disk, so the thread waits for the file to reach its final size
-    (the writer thread writes a segment whole before creating the next). Summaries are
-    an optimisation: any failure is logged and skipped.
+    ``on_seal`` runs on the loop thread after the write that made the segment's last
+    record durable, so the file already has its final size: nothing to wait for.
+    ``run(fn, *args)`` says where the work happens: the server passes its one I/O
+    executor (so summaries queue behind journal writes instead of competing with them
+    on a thread of their own); without it the summary is written at once, on the
+    calling thread (tools and tests). Summaries are an optimisation: any failure is
+    logged and skipped.
     """
 
-    def __init__(self, describe: Describe) -> None:
+    def __init__(self, describe: Describe, run: Callable[..., object] | None = None) -> None:
         self._describe = describe
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._run = run
 
     def __call__(self, path: str, base: int, end: int) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="journal-summaries", daemon=True)
-            self._thread.start()
-        self._queue.put((path, base, end))
+        size = FILE_HEADER_LEN + end - base
+        if self._run is None:
+            self.summarize(path, size)
+        else:
+            self._run(self.summarize, path, size)
 
-    def _run(self) -> None:
-        while True:
-            path, base, end = self._queue.get()
-            try:
-                self.summarize(path, FILE_HEADER_LEN + end - base)
-            except Exception as exc:  # noqa: BLE001 (an optimisation must not kill the thread)
-                log.warning("could not summarize journal segment %s: %s", path, exc)
-
-    def summarize(self, path: str, size: int, wait_s: float = SEAL_WAIT_S_MAX) -> bool:
-        deadline = time.monotonic() + wait_s
-        while os.stat(path).st_size < size:
-            if time.monotonic() > deadline:
+    def summarize(self, path: str, size: int) -> bool:
+        """Write the summary of the sealed segment ``path`` of ``size`` bytes; False when
+        the file is not that segment any more (repaired or removed meanwhile)."""
+        try:
+            if os.stat(path).st_size != size:
                 return False
-            time.sleep(0.05)
-        summary = summarize_segment(path, self._describe)
-        if summary.size != size:
-            return False  # not the segment that was sealed (repaired meanwhile?)
-        ok = write_summary(path, summary)
-        remove_orphans(os.path.dirname(path))
-        return ok
+            summary = summarize_segment(path, self._describe)
+            if summary.size != size:
+                return False
+            ok = write_summary(path, summary)
+            remove_orphans(os.path.dirname(path))
+            return ok
+        except Exception as exc:  # noqa: BLE001 (an optimisation must not stop the server)
+            log.warning("could not summarize journal segment %s: %s", path, exc)
+            return False
 
 
 def _base_of(segment_path: str | os.PathLike[str]) -> int:

@@ -159,9 +159,10 @@ class Journal:
     durable_end: int  # every record before it is on disk (and fsynced)
     first_position: int  # the first retained position
     recovery: RecoveryReport
-    #: ``on_seal(path, base, end)``, called on the loop thread when segment ``base``
-    #: gets its last record (before that record is durable). Must be quick and must
-    #: not raise: the server sets it to write segment summaries (index.py).
+    #: ``on_seal(path, base, end)``, called on the loop thread by :meth:`mark_durable`
+    #: once segment ``base`` is sealed and its last record durable, so the file has its
+    #: final size. Must be quick and must not raise: the server sets it to write segment
+    #: summaries on its I/O thread (index.py).
     on_seal: Callable[[str, int, int], None] | None = None
 
     @classmethod
@@ -224,6 +225,8 @@ class Journal:
         self._buf_create = False
         self._buf_rec0 = 0  # self._records when the buffer started (records per piece)
         self._pieces: list[Piece] = []
+        # Segments sealed by append, not yet durable to their end: (base, end), oldest first.
+        self._sealing: list[tuple[int, int]] = []
         self._batch_start = self.end
         self._records = 0
         # --- write side (writer thread) ---
@@ -274,8 +277,7 @@ class Journal:
 
     def _rotate(self, pos: int) -> None:
         """Start a new segment at ``pos``: the current buffer becomes a finished piece."""
-        if self.on_seal is not None:
-            self.on_seal(self._storage.path(self._seg_base), self._seg_base, pos)
+        self._sealing.append((self._seg_base, pos))
         if self._buf:
             self._pieces.append(
                 Piece(self._seg_base, self._buf_start, self._buf, self._buf_create, self._records - self._buf_rec0)
@@ -375,6 +377,11 @@ class Journal:
             newest = self._bases[bisect_left(self._bases, end) - 1]
             if newest > self._disk_last:
                 self._disk_last = newest
+            sealing = self._sealing
+            while sealing and sealing[0][1] <= end:
+                base, seal_end = sealing.pop(0)
+                if self.on_seal is not None:
+                    self.on_seal(self._storage.path(base), base, seal_end)
 
     def commit(self) -> int:
         """take_batch + write_batch + mark_durable, synchronously; the durable end.
@@ -573,12 +580,13 @@ class Journal:
             fsyncs=self._fsyncs,
         )
 
-    def close(self) -> None:
-        """Commit what is pending, then close every descriptor and the lock."""
+    def close(self, *, commit: bool = True) -> None:
+        """Commit what is pending (unless ``commit=False``: a server that failed writes
+        nothing more), then close every descriptor and the lock."""
         if self._closed:
             return
         try:
-            if self._write_error is None:
+            if commit and self._write_error is None:
                 self.commit()
         finally:
             self._closed = True

@@ -33,6 +33,7 @@ from contextlib import suppress
 import msgspec
 from crc32c import crc32c
 
+from .files import write_atomic
 from .format import FILE_HEADER_LEN
 
 VERIFIED_SUFFIX = ".verified"
@@ -80,7 +81,6 @@ def load(segment_path: str, base: int) -> _Verified | None:
 
 def save(segment_path: str, base: int, records: int, end: int, valid_bytes: int, last_position: int | None, index: array) -> None:
     """Record a clean check of a sealed segment (best effort)."""
-    tmp = sidecar_path(segment_path) + ".tmp"
     try:
         fd = os.open(segment_path, os.O_RDONLY)
         try:
@@ -90,12 +90,10 @@ def save(segment_path: str, base: int, records: int, end: int, valid_bytes: int,
             os.close(fd)
         v = _Verified(FORMAT_VERSION, base, st.st_size, st.st_mtime_ns, st.st_ino, records, end, valid_bytes,
                       last_position, index.tolist())
-        with open(tmp, "wb") as f:
-            f.write(_encoder.encode(v))
-        os.replace(tmp, sidecar_path(segment_path))
+        # Not durable: a lost or torn sidecar only costs the next open a full check.
+        write_atomic(sidecar_path(segment_path), _encoder.encode(v), durable=False)
     except OSError:
-        with suppress(OSError):
-            os.unlink(tmp)
+        pass
 
 
 def remove(segment_path: str) -> None:
@@ -146,12 +144,8 @@ def load_prefix(segment_path: str, base: int) -> _Verified | None:
 def save_prefix(segment_path: str, base: int, records: int, end: int, valid_bytes: int, index: list[int], crc: int) -> None:
     """Save a prefix of the open segment that is durable and whose CRC32C is ``crc``
     (best effort; no fsync: a lost or torn sidecar only costs the next open a full check)."""
-    tmp = segment_path + PREFIX_SUFFIX + ".tmp"
+    v = _Verified(FORMAT_VERSION, base, valid_bytes, 0, 0, records, end, valid_bytes, None, index, crc)
     try:
-        v = _Verified(FORMAT_VERSION, base, valid_bytes, 0, 0, records, end, valid_bytes, None, index, crc)
-        with open(tmp, "wb") as f:
-            f.write(_encoder.encode(v))
-        os.replace(tmp, segment_path + PREFIX_SUFFIX)
+        write_atomic(segment_path + PREFIX_SUFFIX, _encoder.encode(v), durable=False)
     except OSError:
-        with suppress(OSError):
-            os.unlink(tmp)
+        pass

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 
 import msgspec
 
 from conveyor.engine.core import Checkpoint
+from conveyor.journal.files import write_atomic
 
 log = logging.getLogger("conveyor.server")
 
@@ -83,19 +83,8 @@ def read_consumers(directory: Path, *, durable_end: int) -> dict | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    # Durable: recovery trusts these files to skip replaying what they cover.
+    write_atomic(path, data, durable=True)
 
 
 def write_checkpoint(directory: Path, cp: Checkpoint) -> None:

@@ -5,14 +5,28 @@ engine's. The shape of one turn:
 
 1. a connection's bytes arrive -> the codec decodes whole frames -> ``engine.handle``;
 2. records the engine appended sit in the journal's buffer; the **group-commit writer**
-   takes everything buffered, writes and fsyncs it in one worker thread (one write and
-   one fsync per group) while the loop keeps reading, then calls ``engine.on_durable``;
+   takes everything buffered, writes and fsyncs it on the server's one I/O thread (one
+   write and one fsync per group) while the loop keeps reading, then calls
+   ``engine.on_durable``;
 3. after each step the engine's output is taken and written as one frame per connection.
+
+Supervision (trio's rule: exceptions always propagate). The background work (the
+journal writer, the timer, and anything added with :meth:`Server.spawn`) runs under
+one owner. When any of it raises, the server **fails**: the error is logged with its
+traceback, the listeners stop accepting, every connection is closed with the reason,
+nothing more is written to the journal, and :meth:`serve_forever` / :meth:`run_until`
+raise :class:`~conveyor.errors.ServerFailed` (``conveyor serve`` exits 1). A publish
+the journal could not persist is therefore never acknowledged as persisted, and the
+server does not go on accepting publishes it cannot persist.
+
+Disk work happens on ONE I/O thread (``self._io``): journal writes, checkpoint files,
+the verified prefix and segment summaries, in the order they were submitted, so none
+of it competes with the writer for the disk or reads a segment before it is written.
 
 Protection: frames over ``MaxFrameSize`` are refused before buffering (codec); a
 connection whose unsent output passes ``SlowClientDisconnectThreshold`` is closed with a
 logged reason; reading pauses while the journal has more than
-``journal_backlog_bytes_max`` unwritten, so a fast publisher cannot grow memory without
+``JOURNAL_BACKLOG_BYTES_MAX`` unwritten, so a fast publisher cannot grow memory without
 bound; heartbeats and idle timeouts close dead connections; shutdown flushes the journal.
 """
 
@@ -22,20 +36,24 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 from conveyor import errors
 from conveyor.config.model import Config, Transport
 from conveyor.engine.core import Engine
-from conveyor.records.facts import describe_record
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer
 from conveyor.protocol import messages as m
-from conveyor.protocol.codec import CommandDecoder, Rejected, encode_frames
+from conveyor.protocol.codec import Rejected, encode_frames
 from conveyor.protocol.options import parse_options
+from conveyor.records.facts import describe_record
 from conveyor.server.checkpoints import page_files, read_checkpoint, with_snapshots, write_checkpoint
+from conveyor.server.connection import Connection
+
+__all__ = ["CHECKPOINT_INTERVAL_S", "Connection", "Server", "ServerStats"]
 
 log = logging.getLogger("conveyor.server")
 
@@ -45,106 +63,54 @@ HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dea
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerStats:
     connections: int
     frames_in: int
-    commits: int
+    commits: int  # journal groups written and fsynced
     journal_end: int
     journal_durable_end: int
-
-
-class Connection(asyncio.Protocol):
-    def __init__(self, server: "Server", transport_config: Transport) -> None:
-        self.server = server
-        self.config = transport_config
-        self.decoder = CommandDecoder(transport_config.frame_bytes_max)
-        self.transport: asyncio.Transport | None = None
-        self.conn_id = 0
-        self.peer = None
-        self.last_heard = 0.0
-        self.heartbeat_s: float | None = None
-        self.last_beat_sent = 0.0
-        self.closed = False
-
-    # asyncio.Protocol ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.peer = transport.get_extra_info("peername")
-        self.last_heard = self.server.clock()
-        self.server._register(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.last_heard = self.server.clock()
-        self.decoder.receive_data(data)
-        items = self.decoder.next_items()
-        if items:
-            self.server._handle(self, items)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.server._unregister(self)
-
-    def pause_writing(self) -> None:  # the kernel buffer is full; output accumulates
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-    # ----------------------------------------------------------------------------------
-
-    def write_frames(self, frames: list[bytes]) -> None:
-        if self.closed or self.transport is None:
-            return
-        self.transport.writelines(frames)
-        buffered = self.transport.get_write_buffer_size()
-        if buffered > self.config.output_bytes_max:
-            self.close(f"slow consumer: {buffered} bytes unsent, over the limit of {self.config.output_bytes_max}")
-
-    def close(self, reason: str) -> None:
-        if self.closed:
-            return
-        log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, reason)
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort() if "slow consumer" in reason else self.transport.close()
+    failed: bool  # the server stopped itself after a failure (see the module header)
 
 
 class Server:
-    def __init__(
-        self,
-        config: Config,
-        *,
-        clock: Callable[[], float] = time.time,
-        journal=None,
-    ) -> None:
+    def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.clock = clock
         tlog = config.transaction_log
-        if journal is None:
-            if tlog is not None:
-                journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
-                journal.on_seal = SealSummarizer(describe_record)  # sidecars for the Spark journal reader
-            else:
-                journal = MemoryJournal()
-        self.journal = journal
-        self.engine = Engine(config, journal)
+        # The one I/O thread: journal writes, checkpoint files and summaries, in order.
+        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
+        self.journal: Journal
+        if tlog is not None:
+            self.journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
+            # Sidecars for the Spark journal reader, written behind the write that seals a segment.
+            self.journal.on_seal = SealSummarizer(describe_record, run=self._io.submit)
+        else:
+            self.journal = MemoryJournal()
+        self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
+        self.engine = Engine(config, self.journal)
         self.connections: dict[int, Connection] = {}
         self._next_conn_id = 1
         self._servers: list[asyncio.base_events.Server] = []
-        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self._wake_writer = asyncio.Event()
         self._wake_timer = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._writer_task: asyncio.Task | None = None
+        # (position, future) of everyone waiting for the journal to be durable that far;
+        # the writer releases them, a failure fails them.
+        self._durable_waiters: list[tuple[int, asyncio.Future]] = []
+        self._failure: errors.ServerFailed | None = None
+        self._failed = asyncio.Event()
         self._reading_paused = False
         self._pump_scheduled = False
         self._timer_at = 0.0
         self._last_checkpoint = 0.0
         self._checkpointed_end = -1
+        self._recovered = False  # start() rebuilt the engine: a checkpoint may be written
         self._stopping = False
-        self.frames_in = 0
-        self.commits = 0
+        self._stopped = False
+        self._frames_in = 0
+        self._commits = 0
         self.ports: list[int] = []
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -152,16 +118,18 @@ class Server:
     async def start(self) -> None:
         started = time.monotonic()
         checkpoint = None
+        pages = None
         tlog = self.config.transaction_log
-        if tlog is not None and isinstance(self.journal, Journal):
+        if tlog is not None:
             checkpoint = read_checkpoint(
                 tlog.journal_directory, first_position=self.journal.first_position, durable_end=self.journal.durable_end
             )
             checkpoint = with_snapshots(checkpoint, tlog.journal_directory)  # FileBackedMetadata
-        pages = page_files(tlog.journal_directory) if tlog is not None and isinstance(self.journal, Journal) else None
+            pages = page_files(tlog.journal_directory)
         count = self.engine.recover(self.clock(), checkpoint=checkpoint, pages=pages)
         log.info("recovered %d journal records in %.3f s", count, time.monotonic() - started)
-        if tlog is not None and isinstance(self.journal, Journal):
+        self._recovered = True
+        if tlog is not None:
             # Make what recovery resolved durable before serving: a configured
             # RecoveryPoint such as NOW is fixed when the queue is first seen, not again
             # at every start (spec 000, "Startup and Recovery for Queues").
@@ -180,58 +148,156 @@ class Server:
             port = server.sockets[0].getsockname()[1]
             self.ports.append(port)
             log.info("listening on %s:%d (%s)", tc.host, port, tc.name)
-        self._tasks.append(asyncio.create_task(self._writer(), name="journal-writer"))
-        self._tasks.append(asyncio.create_task(self._timer(), name="timer"))
+        self._writer_task = self.spawn(self._writer(), name="journal writer")
+        self.spawn(self._timer(), name="timer")
         self.engine.tick(self.clock())
         self._flush_output()
 
+    def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task:
+        """Run ``coro`` as supervised background work: if it raises (or returns while
+        the server runs), the server fails (see the module header). For the server's own
+        tasks and for modules that hook into it (an admin interface...)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set (then stop gracefully) or the server fails (then
+        stop and raise :class:`~conveyor.errors.ServerFailed`)."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._failed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await self.stop()
+        if self._failure is not None:
+            raise self._failure
+
+    async def serve_forever(self) -> None:
+        """Start, then serve until the server fails (raises ServerFailed) or the task is
+        cancelled (stops gracefully)."""
+        await self.start()
+        await self.run_until(asyncio.Event())
+
     async def stop(self) -> None:
-        """Graceful shutdown: stop accepting, commit what is buffered, close the journal."""
+        """Shutdown: stop accepting, close connections, write what is buffered (unless
+        the server failed: then nothing more is written), checkpoint, close the journal.
+        Returns in bounded time: nothing here waits for a task that may never finish."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._stopping = True
-        for server in self._servers:
-            server.close()
+        self._close_listeners()
         for conn in list(self.connections.values()):
             conn.close("server shutting down")
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+            if task is not self._writer_task:
+                task.cancel()
+        await asyncio.gather(*(t for t in self._tasks if t is not self._writer_task), return_exceptions=True)
         loop = asyncio.get_running_loop()
-        batch = self.journal.take_batch()
-        if batch is not None:
-            self.journal.mark_durable(await loop.run_in_executor(self._io, self.journal.write_batch, batch))
-        await self._checkpoint(force=True)
-        await loop.run_in_executor(self._io, self.journal.close)
-        self._io.shutdown(wait=True)
-        log.info("stopped; journal closed at position %d", self.journal.durable_end)
-
-    async def serve_forever(self) -> None:
-        await self.start()
+        if self._failure is None and self._writer_task is not None:
+            self._wake_writer.set()  # the writer writes what is left, then returns
+            await asyncio.gather(self._writer_task, return_exceptions=True)
+        if self._failure is None and self._recovered:
+            try:
+                await self._drain_journal()  # appended after the writer left (disconnects)
+                await self._checkpoint(final=True)
+            except Exception as exc:  # noqa: BLE001 (reported as the failure it is)
+                self._fail("shutdown", exc)
         try:
-            await asyncio.Event().wait()
-        finally:
-            await self.stop()
+            await loop.run_in_executor(self._io, lambda: self.journal.close(commit=self._failure is None))
+        except Exception as exc:  # noqa: BLE001
+            log.error("could not close the journal: %s", exc)
+        # After a failure the I/O thread may be stuck on a dead disk: do not wait for it.
+        self._io.shutdown(wait=self._failure is None, cancel_futures=self._failure is not None)
+        if self._failure is None:
+            log.info("stopped; journal closed at position %d", self.journal.durable_end)
+        else:
+            log.error("stopped after a failure; journal durable up to position %d", self.journal.durable_end)
+
+    @property
+    def failure(self) -> errors.ServerFailed | None:
+        """Why the server failed, or None."""
+        return self._failure
+
+    # --- supervision ---------------------------------------------------------------------
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            if self._stopping:
+                return
+            exc = RuntimeError("it returned while the server was running")
+        self._fail(f"the {task.get_name()}", exc)
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        """Stop serving loudly: log, stop accepting, close every connection with the
+        reason, fail every durability wait, wake whoever runs the server."""
+        if self._failure is not None:
+            return
+        failure = errors.ServerFailed(f"the server stopped after a failure in {where}: {exc}")
+        failure.__cause__ = exc
+        self._failure = failure
+        log.critical("%s; no further publish is accepted", failure, exc_info=exc)
+        self._close_listeners()
+        for conn in list(self.connections.values()):
+            conn.close(f"server failed: {exc}", abort=True)
+        waiters, self._durable_waiters = self._durable_waiters, []
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(failure)
+        self._failed.set()
+
+    def _close_listeners(self) -> None:
+        for server in self._servers:
+            server.close()
+
+    async def wait_durable(self, position: int) -> None:
+        """Return once the journal is durable up to ``position``; raise ServerFailed if
+        the server fails first (the writer will never get there)."""
+        while self.journal.durable_end < position:
+            if self._failure is not None:
+                raise self._failure
+            fut = asyncio.get_running_loop().create_future()
+            self._durable_waiters.append((position, fut))
+            await fut
+
+    def _release_durable(self) -> None:
+        end = self.journal.durable_end
+        waiting = []
+        for position, fut in self._durable_waiters:
+            if position > end:
+                waiting.append((position, fut))
+            elif not fut.done():
+                fut.set_result(None)
+        self._durable_waiters = waiting
 
     # --- connections ---------------------------------------------------------------------
 
     def _register(self, conn: Connection) -> None:
         conn.conn_id = self._next_conn_id
         self._next_conn_id += 1
+        if self._failure is not None:
+            conn.close(f"server failed: {self._failure.__cause__}", abort=True)
+            return
         self.connections[conn.conn_id] = conn
         self.engine.connect(conn.conn_id)
         if self._reading_paused and conn.transport is not None:
             conn.transport.pause_reading()
 
     def _unregister(self, conn: Connection) -> None:
-        if self.connections.pop(conn.conn_id, None) is not None:
+        if self.connections.pop(conn.conn_id, None) is not None and self._failure is None:
             self.engine.disconnect(conn.conn_id, self.clock())
             self._after_engine()
 
     def _handle(self, conn: Connection, items: list) -> None:
-        self.frames_in += 1
+        if self._failure is not None:
+            return  # the connection is closing: nothing more is accepted
+        self._frames_in += 1
         engine = self.engine
         now = self.clock()
         commands = []
@@ -282,6 +348,8 @@ class Server:
 
     def _pump(self) -> None:
         self._pump_scheduled = False
+        if self._failure is not None:
+            return
         self.engine.pump_replays(self.clock())
         self._after_engine()
 
@@ -303,24 +371,41 @@ class Server:
     # --- group commit --------------------------------------------------------------------
 
     async def _writer(self) -> None:
-        loop = asyncio.get_running_loop()
-        journal = self.journal
+        """Write and fsync each group, then release what waited for it. Returns only
+        once the server is stopping and nothing is left to write; an exception (a failed
+        write or fsync) ends it, and supervision fails the server."""
         flush_interval = self.config.transaction_log.flush_interval_s if self.config.transaction_log else 0.0
         while True:
-            await self._wake_writer.wait()
+            if not self._stopping:
+                await self._wake_writer.wait()
+                if flush_interval and not self._stopping:
+                    await asyncio.sleep(flush_interval)
             self._wake_writer.clear()
-            if flush_interval:
-                await asyncio.sleep(flush_interval)
-            batch = journal.take_batch()
-            if batch is None:
+            if not await self._write_group():
+                if self._stopping:
+                    return
                 continue
-            end = await loop.run_in_executor(self._io, journal.write_batch, batch)
-            journal.mark_durable(end)
-            self.commits += 1
-            self.engine.on_durable(self.clock())
-            if self._reading_paused and journal.end - journal.durable_end < JOURNAL_BACKLOG_BYTES_MAX // 2:
+            if self._reading_paused and self.journal.end - self.journal.durable_end < JOURNAL_BACKLOG_BYTES_MAX // 2:
                 self._pause_reading(False)
             self._after_engine()
+
+    async def _write_group(self) -> bool:
+        """Write what is buffered on the I/O thread and apply it; False when nothing was."""
+        journal = self.journal
+        batch = journal.take_batch()
+        if batch is None:
+            return False
+        end = await asyncio.get_running_loop().run_in_executor(self._io, journal.write_batch, batch)
+        journal.mark_durable(end)
+        self._commits += 1
+        self._release_durable()
+        self.engine.on_durable(self.clock())
+        return True
+
+    async def _drain_journal(self) -> None:
+        """At shutdown, after the writer returned: write what was appended since."""
+        while await self._write_group():
+            self._flush_output()
 
     # --- timers --------------------------------------------------------------------------
 
@@ -347,22 +432,16 @@ class Server:
             except asyncio.TimeoutError:
                 pass
 
-    async def _checkpoint(self, force: bool = False) -> None:
+    async def _checkpoint(self, *, final: bool = False) -> None:
         """Write queues.ack / publishers.seq once durable, then apply retention."""
         tlog = self.config.transaction_log
-        if tlog is None or not isinstance(self.journal, Journal):
+        if tlog is None:
             return
-        if not force and self.journal.end == self._checkpointed_end:
+        if not final and self.journal.end == self._checkpointed_end:
             return
         cp = self.engine.checkpoint()
+        await self.wait_durable(cp.position)  # the writer signals it; a failure raises
         loop = asyncio.get_running_loop()
-        while self.journal.durable_end < cp.position:
-            if force:
-                batch = self.journal.take_batch()
-                if batch is not None:
-                    self.journal.mark_durable(await loop.run_in_executor(self._io, self.journal.write_batch, batch))
-                    continue
-            await asyncio.sleep(0.01)
         try:
             await loop.run_in_executor(self._io, write_checkpoint, tlog.journal_directory, cp)
         except OSError as exc:
@@ -400,4 +479,11 @@ class Server:
             conn.write_frames(encode_frames([m.ServerHeartbeat()]))
 
     def statistics(self) -> ServerStats:
-        return ServerStats(len(self.connections), self.frames_in, self.commits, self.journal.end, self.journal.durable_end)
+        return ServerStats(
+            connections=len(self.connections),
+            frames_in=self._frames_in,
+            commits=self._commits,
+            journal_end=self.journal.end,
+            journal_durable_end=self.journal.durable_end,
+            failed=self._failure is not None,
+        )

@@ -1,0 +1,89 @@
+"""One client connection: bytes in through the codec, frames out, and why it closed.
+
+The connection decides nothing: decoded commands go to :meth:`Server._handle`, and the
+server writes the engine's output with :meth:`write_frames`. Rules it keeps:
+
+- Output beyond the transport's ``output_bytes_max`` (``SlowClientDisconnectThreshold``)
+  closes the connection *at once* (``abort``): buffering more for a reader that does
+  not keep up would only grow memory.
+- Every close names its reason in the log, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from conveyor.config.model import Transport
+from conveyor.protocol.codec import CommandDecoder
+
+if TYPE_CHECKING:
+    from conveyor.server.server import Server
+
+log = logging.getLogger("conveyor.server")
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: Server, transport_config: Transport) -> None:
+        self.server = server
+        self.config = transport_config
+        self.decoder = CommandDecoder(transport_config.frame_bytes_max)
+        self.transport: asyncio.Transport | None = None
+        self.conn_id = 0
+        self.peer = None
+        self.last_heard = 0.0
+        self.heartbeat_s: float | None = None
+        self.last_beat_sent = 0.0
+        self.closed = False
+
+    # asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer = transport.get_extra_info("peername")
+        self.last_heard = self.server.clock()
+        self.server._register(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_heard = self.server.clock()
+        self.decoder.receive_data(data)
+        items = self.decoder.next_items()
+        if items:
+            self.server._handle(self, items)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server._unregister(self)
+
+    def pause_writing(self) -> None:  # the kernel buffer is full; output accumulates
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ----------------------------------------------------------------------------------
+
+    def write_frames(self, frames: list[bytes]) -> None:
+        if self.closed or self.transport is None:
+            return
+        self.transport.writelines(frames)
+        buffered = self.transport.get_write_buffer_size()
+        if buffered > self.config.output_bytes_max:
+            self.close(
+                f"slow consumer: {buffered} bytes unsent, over the limit of {self.config.output_bytes_max}",
+                abort=True,
+            )
+
+    def close(self, reason: str, *, abort: bool = False) -> None:
+        """Close with a logged ``reason``. ``abort`` drops unsent output and closes now;
+        otherwise the output already written is sent first."""
+        if self.closed:
+            return
+        log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, reason)
+        self.closed = True
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()

@@ -1,0 +1,158 @@
+"""Background work is supervised: when the journal writer fails, the server fails loudly.
+
+The writer's failure used to end its task silently: publishes kept being accepted and
+were never persisted, and ``stop()`` spun for ever waiting for a durable end that would
+never come. Now the failure is logged, every connection is closed with the reason, the
+listeners stop accepting, nothing is acknowledged as persisted, ``stop()`` returns, and
+``conveyor serve`` exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from conveyor import errors
+from conveyor.config import load_file
+from conveyor.protocol import MessageDecoder, encode_frame
+from conveyor.protocol import messages as m
+from conveyor.server.server import Server
+from tests.serverproc import ServerProcess, write_config
+
+STOP_S_MAX = 10.0  # a bound for stop(), far above what it takes; it used to be infinite
+
+
+def publishes(n: int, first_seq: int = 1) -> bytes:
+    return encode_frame(
+        [m.Publish(topic="t", data=b'{"n": %d}' % (first_seq - 1 + i), seq=first_seq + i, ack_type="persisted")
+         for i in range(n)]
+    )
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> list:
+    """Everything the server sent until it closed (or reset) the connection."""
+    decoder = MessageDecoder()
+    items = []
+    while True:
+        try:
+            data = await asyncio.wait_for(reader.read(65536), STOP_S_MAX)
+        except ConnectionResetError:
+            return items
+        if not data:
+            return items
+        decoder.receive_data(data)
+        items.extend(decoder.next_items())
+
+
+def persisted_acks(items: list) -> list:
+    return [x for x in items if isinstance(x, m.Ack) and x.ack_type == "persisted"]
+
+
+def test_a_failing_write_batch_fails_the_server_and_acknowledges_nothing(tmp_path, caplog):
+    config = load_file(write_config(tmp_path, recorded="t"))
+
+    async def scenario() -> None:
+        server = Server(config)
+        await server.start()
+        written = []
+
+        def write_batch(batch):
+            written.append(batch)
+            raise RuntimeError("injected: the disk controller is on fire")
+
+        server.journal.write_batch = write_batch
+        serving = asyncio.create_task(server.run_until(asyncio.Event()))
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
+        writer.write(encode_frame([m.Logon(client_name="pub", cid="logon", ack_type="processed")]))
+        writer.write(publishes(50))
+        items = await read_until_closed(reader)  # the server closes the connection
+        assert written, "the writer never ran"
+        assert persisted_acks(items) == []
+        with pytest.raises(errors.ServerFailed, match="disk controller is on fire") as failed:
+            await asyncio.wait_for(serving, STOP_S_MAX)  # run_until stopped the server, then raised
+        assert isinstance(failed.value.__cause__, RuntimeError)
+        assert server.statistics().failed
+        assert server.journal.durable_end < server.journal.end  # the 50 publishes were never persisted
+        with pytest.raises(OSError):  # the listener no longer accepts
+            await asyncio.open_connection("127.0.0.1", server.ports[0])
+        await asyncio.wait_for(server.stop(), STOP_S_MAX)  # a second stop() is harmless
+        writer.close()
+
+    with caplog.at_level(logging.WARNING, logger="conveyor.server"):
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert "server failed: injected: the disk controller is on fire" in caplog.text  # the connection's close reason
+    assert any(r.levelno == logging.CRITICAL and r.exc_info for r in caplog.records)  # logged with its traceback
+
+
+def test_stop_during_a_failing_writer_returns_in_bounded_time(tmp_path):
+    """stop() while the writer is failing: it neither spins nor writes anything more."""
+    config = load_file(write_config(tmp_path, recorded="t"))
+
+    async def scenario() -> None:
+        server = Server(config)
+        await server.start()
+        attempted = threading.Event()
+
+        def write_batch(batch):
+            attempted.set()
+            raise OSError(5, "Input/output error")
+
+        server.journal.write_batch = write_batch
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
+        writer.write(encode_frame([m.Logon(client_name="pub", cid="logon", ack_type="processed")]) + publishes(10))
+        assert await asyncio.get_running_loop().run_in_executor(None, attempted.wait, STOP_S_MAX)
+        await asyncio.wait_for(server.stop(), STOP_S_MAX)
+        assert persisted_acks(await read_until_closed(reader)) == []
+        writer.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_the_cli_exits_1_when_the_writer_fails(tmp_path):
+    from conveyor import Client
+
+    server = ServerProcess(write_config(tmp_path, recorded="t"), faults="write_batch=raise@4").start()
+
+    async def publish_until_closed() -> list:
+        """One frame of 10 publishes at a time, each waited for: one group per frame."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(encode_frame([m.Logon(client_name="pub", cid="logon", ack_type="processed")]))
+        decoder = MessageDecoder()
+        items: list = []
+        for k in range(20):
+            writer.write(publishes(10, first_seq=1 + 10 * k))
+            while not any(a.seq == 10 * (k + 1) for a in persisted_acks(items)):
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), STOP_S_MAX)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    writer.close()
+                    return items
+                decoder.receive_data(data)
+                items.extend(decoder.next_items())
+        writer.close()
+        return items
+
+    try:
+        items = asyncio.run(publish_until_closed())
+        assert server.wait(timeout=STOP_S_MAX) == 1
+    finally:
+        server.kill()
+    assert "the server stopped after a failure in the journal writer" in server.log
+    assert "injected failure in write_batch" in server.log
+    assert "Traceback" in server.log  # the cause, for the operator
+    acked = max((a.seq for a in persisted_acks(items)), default=0)
+    # Restart: everything acknowledged as persisted before the failure is there.
+    server.faults = None
+    server.start()
+    with Client("reader").connect(server.uri) as reader:
+        sub = reader.subscribe("t", bookmark="0")
+        got = []
+        while (msg := sub.get(timeout=1.0)) is not None:
+            got.append(msg.json()["n"])
+    server.kill()
+    assert acked > 0 and got[:acked] == list(range(acked))
