@@ -58,6 +58,19 @@ def test_malformed_frame_gets_protocol_error_and_connection_stays(server):
     assert_still_serving(server)
 
 
+def test_deeply_nested_frame_gets_protocol_error_and_connection_stays(server):
+    raw = Raw(server.port)
+    body = b"\x91" * 1000 + b"\xc0"
+    raw.send(len(body).to_bytes(4, "big") + body)
+    (ack,) = raw.read()
+    assert ack.status == "failure" and ack.code == "protocol_error" and "nested" in ack.reason
+    raw.frame([{"c": "flush", "cid": "f1", "a": "processed"}])
+    (ack,) = raw.read()
+    assert ack.cid == "f1" and ack.status == "success"
+    assert "Traceback" not in server.log
+    assert_still_serving(server)
+
+
 def test_unknown_command_names_it(server):
     raw = Raw(server.port)
     raw.frame([{"c": "launch_missiles", "cid": "7"}])
@@ -155,6 +168,37 @@ def test_bad_config_refuses_to_start_with_path(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "LeasePeriod" in proc.stderr and "configuration error" in proc.stderr
+
+
+def serve_with_address(tmp_path, address: str) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "listen.xml"
+    cfg.write_text(
+        "<AMPSConfig><Transports><Transport><Name>clients</Name><Type>tcp</Type>"
+        f"<InetAddr>{address}</InetAddr><Protocol>amps</Protocol></Transport></Transports>"
+        f"<TransactionLog><JournalDirectory>{tmp_path / 'journal'}</JournalDirectory></TransactionLog></AMPSConfig>"
+    )
+    return subprocess.run([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_port_in_use_is_a_configuration_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = serve_with_address(tmp_path, f"127.0.0.1:{port}")
+    assert proc.returncode == 2, proc.stderr
+    assert "configuration error" in proc.stderr and "Transport[1]/InetAddr" in proc.stderr
+    assert f"127.0.0.1:{port}" in proc.stderr and "in use" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_host_that_does_not_resolve_is_a_configuration_error(tmp_path):
+    proc = serve_with_address(tmp_path, "no-such-host.invalid:9007")
+    assert proc.returncode == 2, proc.stderr
+    assert "configuration error" in proc.stderr and "Transport[1]/InetAddr" in proc.stderr
+    assert "no-such-host.invalid" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_heartbeat_silence_closes_the_connection(server):

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conveyor import Client
+from tests.integration.test_durability import replay_all
 
 
 def run(*args, input=None, timeout=60):
@@ -70,3 +71,41 @@ def test_journal_dump_verify_and_corruption_exit_code(server_factory, tmp_path):
     seg.write_bytes(bytes(raw))
     proc = run("journal", "verify", str(journal))
     assert proc.returncode == 3, proc.stdout + proc.stderr
+
+
+def test_damage_in_the_open_segment_refuses_to_start_until_repaired(server_factory, tmp_path):
+    """Issue 15, item 1: one flipped byte in the middle of the only (open) segment. The
+    server used to start with a warning and drop every record after it, intact or not;
+    now it refuses (exit 3) and `journal repair` says what it would drop first."""
+    server = server_factory(recorded="t")
+    with Client("p").connect(server.uri) as client:
+        for n in range(2000):
+            client.publish("t", {"n": n})
+        client.flush()
+    assert server.stop() == 0
+    journal = tmp_path / "journal"
+    [segment] = sorted(journal.glob("*.log"))
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    segment.write_bytes(bytes(raw))
+
+    proc = run("serve", "--config", str(server.config), "--port", "0", timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert str(segment) in proc.stderr and "conveyor journal repair" in proc.stderr
+    assert "still check out" in proc.stderr and "Traceback" not in proc.stderr
+    assert segment.read_bytes() == bytes(raw)  # nothing was dropped
+
+    plan = run("journal", "repair", str(journal))
+    assert plan.returncode == 3
+    assert "would keep the log up to position" in plan.stdout and "--apply" in plan.stdout
+    assert "record(s) that still check out" in plan.stdout
+    assert segment.read_bytes() == bytes(raw)  # a plan changes nothing
+
+    done = run("journal", "repair", "--apply", str(journal))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kept the log up to position" in done.stdout
+    assert run("journal", "verify", str(journal)).returncode == 0
+    server.restart()  # starts on what is left
+    with Client("r").connect(server.uri) as reader:
+        got = [msg.json()["n"] for msg in replay_all(reader, "t", idle=1.0)]
+    assert 0 < len(got) < 2000 and got == list(range(len(got)))

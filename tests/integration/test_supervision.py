@@ -20,6 +20,7 @@ from conveyor.config import load_file
 from conveyor.protocol import MessageDecoder, encode_frame
 from conveyor.protocol import messages as m
 from conveyor.server.server import Server
+from tests.integration.test_durability import replay_all
 from tests.serverproc import ServerProcess, write_config
 
 STOP_S_MAX = 10.0  # a bound for stop(), far above what it takes; it used to be infinite
@@ -150,9 +151,6 @@ def test_the_cli_exits_1_when_the_writer_fails(tmp_path):
     server.faults = None
     server.start()
     with Client("reader").connect(server.uri) as reader:
-        sub = reader.subscribe("t", bookmark="0")
-        got = []
-        while (msg := sub.get(timeout=1.0)) is not None:
-            got.append(msg.json()["n"])
+        got = [msg.json()["n"] for msg in replay_all(reader, "t", idle=1.0)]
     server.kill()
     assert acked > 0 and got[:acked] == list(range(acked))

@@ -141,7 +141,11 @@ def flip_bits(data: bytes, offsets: list[int], bits: list[int]) -> bytes:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_bit_flips_in_the_last_records_keep_the_records_before_the_first_damaged_one(pristine, data):
+def test_bit_flips_in_the_last_records_trim_only_a_torn_tail(pristine, data):
+    """Flips in the last records of the open segment. When a record after the first
+    damaged one is intact, that is damage, not a torn write: the open refuses and
+    changes nothing (it used to drop every record from the damage on, intact or not).
+    Otherwise the damage is indistinguishable from a torn last write, and it is trimmed."""
     records, files = pristine
     name, base = last_segment(files)
     tail = [(p, v) for p, v in records if p >= base][-3:]
@@ -153,6 +157,11 @@ def test_bit_flips_in_the_last_records_keep_the_records_before_the_first_damaged
     damaged = flip_bits(damaged, offsets, [b for _, b in flips])
     first_bad = base + min(offsets) - FILE_HEADER_LEN  # a position inside the first damaged frame
     kept = [(p, v) for p, v in records if p + FRAME_HEADER_LEN + len(v) <= first_bad]
+
+    def hit(p: int, v: bytes) -> bool:
+        return any(p <= base + o - FILE_HEADER_LEN < p + FRAME_HEADER_LEN + len(v) for o in offsets)
+
+    intact_after = [(p, v) for p, v in tail if p > first_bad and not hit(p, v)]
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         restore(directory, {**files, name: damaged})
@@ -160,24 +169,79 @@ def test_bit_flips_in_the_last_records_keep_the_records_before_the_first_damaged
         logger = logging.getLogger("test.journal.flips")
         logger.addHandler(handler)
         try:
+            if intact_after:
+                with pytest.raises(JournalCorrupt) as err:
+                    Journal.open(directory, segment_bytes=SEGMENT_BYTES, fsync=False, logger=logger)
+                message = str(err.value)
+                assert str(directory / name) in message and "conveyor journal repair" in message
+                assert "still check out" in message
+                assert snapshot(directory) == {**files, name: damaged}  # nothing dropped
+                return
             j = Journal.open(directory, segment_bytes=SEGMENT_BYTES, fsync=False, logger=logger)
         finally:
             logger.removeHandler(handler)
         assert list(j.scan()) == kept
         assert len(handler.records) == 1
         assert str(directory / name) in handler.records[0].getMessage()
-        # One flip in a payload or CRC (not a length) of a record that is not the last:
-        # the records behind it still check out, and the warning says so.
-        [bad] = [i for i, (p, v) in enumerate(tail) if p <= first_bad < p + FRAME_HEADER_LEN + len(v)]
-        in_length = first_bad - tail[bad][0] < 4
-        if len(flips) == 1 and not in_length and bad < len(tail) - 1:
-            assert j.recovery.records_after_damage == len(tail) - 1 - bad
-            assert "still checked out" in handler.records[0].getMessage()
+        assert j.recovery.records_after_damage == 0
         j.append(b"after")
         j.close()
         j = Journal.open(directory, fsync=False)
         assert list(j.scan()) == [*kept, (j.end - 13, b"after")]
         j.close()
+
+
+def durable_prefix_journal(directory: Path, count: int = 20) -> tuple[list[tuple[int, bytes]], Path]:
+    """One segment of ``count`` records, all durable, with the verified prefix saved
+    (what a running server leaves at each checkpoint)."""
+    j = Journal.open(directory, fsync=False)
+    records = [(j.append(payload_for(i)), payload_for(i)) for i in range(count)]
+    j.commit()
+    assert j.save_prefix()
+    j._storage.close()  # a crash: no close, the prefix stays what the checkpoint saved
+    return records, directory / segment_name(0)
+
+
+@pytest.mark.parametrize("which", ["last", "middle"])
+def test_damage_inside_the_durable_prefix_refuses_to_open(tmp_path, which):
+    """The issue's second trial: damage at the tail, but in bytes the verified prefix
+    recorded as durable. They were acknowledged: trimming them would lose (or, for an
+    at-most-once queue, redeliver) messages. The open refuses, even for the last record."""
+    records, path = durable_prefix_journal(tmp_path)
+    p, v = records[-1] if which == "last" else records[10]
+    before = bytearray(path.read_bytes())
+    before[FILE_HEADER_LEN + p + FRAME_HEADER_LEN + len(v) // 2] ^= 0x10
+    path.write_bytes(bytes(before))
+    with pytest.raises(JournalCorrupt) as err:
+        Journal.open(tmp_path, fsync=False)
+    message = str(err.value)
+    assert str(path) in message and f"offset {FILE_HEADER_LEN + p}" in message
+    assert "durable" in message and "conveyor journal repair" in message
+    assert path.read_bytes() == bytes(before)
+
+
+def test_a_torn_tail_after_the_durable_prefix_is_trimmed(tmp_path, caplog):
+    records, path = durable_prefix_journal(tmp_path)
+    j = Journal.open(tmp_path, fsync=False)
+    more = [(j.append(payload_for(100 + i)), payload_for(100 + i)) for i in range(3)]
+    j.commit()
+    j._storage.close()
+    os.truncate(path, os.path.getsize(path) - 3)  # the last write, torn
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        j = Journal.open(tmp_path, fsync=False)
+    assert list(j.scan()) == records + more[:-1]
+    [line] = warnings_of(caplog)
+    assert "torn" in line.getMessage()
+    j.close()
+
+
+def test_a_segment_shorter_than_its_durable_prefix_refuses_to_open(tmp_path):
+    records, path = durable_prefix_journal(tmp_path)
+    p, _ = records[-5]
+    os.truncate(path, FILE_HEADER_LEN + p)  # whole records gone, at a record boundary
+    with pytest.raises(JournalCorrupt, match="shorter than the durable end") as err:
+        Journal.open(tmp_path, fsync=False)
+    assert "conveyor journal repair" in str(err.value)
 
 
 class _Capture(logging.Handler):

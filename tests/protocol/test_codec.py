@@ -64,6 +64,27 @@ def test_garbage_frame_is_a_protocol_error():
     assert isinstance(item.error, errors.ProtocolError)
 
 
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param(b"", id="the frame itself"),
+        pytest.param(b"\x91\x81\xa1c", id="a command name"),
+        pytest.param(b"\x91\x82\xa1c\xa7publish\xa1d", id="a publish body"),
+    ],
+)
+def test_deep_nesting_is_a_protocol_error_not_a_crash(where, depth):
+    """A thousand nested arrays used to raise RecursionError out of the decoder (and the
+    server aborted the connection with a traceback): it is a malformed frame."""
+    body = where + b"\x91" * depth + b"\xc0"
+    dec = CommandDecoder(frame_bytes_max=1 << 20)
+    dec.receive_data(len(body).to_bytes(4, "big") + body + encode_frame([m.Flush(cid="after")]))
+    bad, after = dec.next_items()
+    assert isinstance(bad, Rejected) and bad.error.code == "protocol_error"
+    assert "nested" in str(bad.error)
+    assert after == m.Flush(cid="after")
+
+
 def test_unknown_keys_are_ignored_for_forward_compatibility():
     dec = CommandDecoder()
     dec.receive_data(frame([{"c": "flush", "cid": "1", "future_key": 3}]))

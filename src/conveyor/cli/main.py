@@ -164,10 +164,14 @@ def cmd_journal_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_journal_repair(args: argparse.Namespace) -> int:
+    """Without --apply: say what repair would drop, change nothing, exit 3 if there is
+    anything to repair. With --apply: do it (the same plan, under the journal's lock)."""
     from conveyor.journal import repair
 
-    report = repair(args.directory, logger=logging.getLogger("conveyor.journal"))
+    report = repair(args.directory, logger=logging.getLogger("conveyor.journal"), apply=args.apply)
     print(report)
+    if report.problem is not None and not report.applied:
+        return EXIT_JOURNAL
     return EXIT_OK
 
 
@@ -246,11 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("journal", help="transaction log tools")
     jsub = p.add_subparsers(dest="journal_command", required=True)
-    j = jsub.add_parser("verify", help="check every record (read-only); exit 3 on damage")
+    j = jsub.add_parser("verify", help="check every record (read-only, safe beside a running server); exit 3 on damage")
     j.add_argument("directory")
     j.set_defaults(func=cmd_journal_verify)
-    j = jsub.add_parser("repair", help="truncate the log at the first damaged record")
+    j = jsub.add_parser(
+        "repair",
+        help="say what truncating the log at its first damaged record would drop; --apply does it",
+    )
     j.add_argument("directory")
+    j.add_argument("--apply", action="store_true", help="truncate and remove what the plan names (default: only show it)")
     j.set_defaults(func=cmd_journal_repair)
     j = jsub.add_parser("dump", help="print records as JSON lines")
     j.add_argument("directory")

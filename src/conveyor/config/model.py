@@ -72,6 +72,9 @@ class Transport:
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT  # <MaxFrameSize>
     output_bytes_max: int = OUTPUT_BYTES_MAX_DEFAULT  # <SlowClientDisconnectThreshold>
     idle_timeout_s: float | None = None  # <IdleTimeout>: close connections silent this long
+    # Element path in the XML, for errors found when the server binds it (not part of
+    # what the transport is: two equal transports may sit at different paths).
+    path: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ def _read_transport(doc: Document, node: Node, index: int) -> Transport:
         values["idle_timeout_s"] = doc.duration(n)
     name_node = kids.one("Name")
     name = doc.text(name_node) if name_node is not None else f"transport-{index}"
-    return Transport(name=name, **values)  # type: ignore[arg-type]
+    return Transport(name=name, path=node.path, **values)  # type: ignore[arg-type]
 
 
 def read_admin(doc: Document, node: Node) -> Admin:

@@ -5,17 +5,23 @@ Rules (STYLE 10: the log is append-only and says what it lost):
 - Every segment is read in full and every record's CRC checked, in order, except a
   sealed segment that an earlier open verified and that has not changed since
   (verified.py): its ``.verified`` sidecar stands in for the read.
-- The **last** segment may end in a torn or damaged record: a crash while a group
-  was being written leaves exactly that, and none of those records had been reported
-  durable. It is truncated at the first invalid record and ONE warning names the
-  file, the offset and the bytes dropped, with a note when later bytes still looked
-  like valid records (which hints at damage rather than a torn write).
+- Only a **torn tail** is trimmed: the last segment ends in an invalid record (a
+  crash while a group was being written leaves exactly that), nothing valid follows
+  it, and it starts at or after the last durable point the server recorded (the
+  ``.prefix`` sidecar, verified.py). None of those bytes had been reported durable. The
+  segment is truncated there and ONE warning names the file, the offset and the bytes
+  dropped.
 - A torn **file header** on the last segment (a crash while it was being created) is
-  rewritten from the file name, unless valid records follow it.
+  rewritten from the file name, unless valid records follow it or a durable prefix
+  was recorded for it.
 - Anything else refuses to start with :class:`~conveyor.errors.JournalCorrupt`, which
   names the file and offset and points at ``conveyor journal repair``: an invalid
-  record in a sealed segment, a damaged header, a gap or an overlap between segments.
-  Those were durable once; dropping them silently would lose acknowledged messages.
+  record in a sealed segment; an invalid record in the last segment with valid records
+  after it (damage, not a torn write) or inside its recorded durable prefix; a last
+  segment shorter than its recorded durable prefix; a damaged header; a gap or an
+  overlap between segments. Those were durable once; dropping them silently would lose
+  acknowledged messages (or deliver an at-most-once message twice), so a person
+  decides, with ``repair`` saying what it will drop before it drops it.
 - A header that checks out but carries a version or flag this code does not know
   raises :class:`~conveyor.errors.JournalError` and is never repaired: it was written
   by a newer conveyor.
@@ -55,7 +61,10 @@ RESYNC_WINDOW_BYTES = 1024 * 1024
 
 logger_default = logging.getLogger("conveyor.journal")
 
-REPAIR_HINT = "run `conveyor journal verify` to inspect it and `conveyor journal repair` to truncate it there"
+REPAIR_HINT = (
+    "run `conveyor journal repair DIRECTORY` to see what truncating the log there would drop, "
+    "then `conveyor journal repair --apply DIRECTORY` to do it"
+)
 
 
 class Storage(Protocol):  # what recovery needs from storage.py
@@ -216,8 +225,9 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         last = i == len(bases) - 1
         if prev is not None and base != prev.end:
             raise _gap_error(prev, base, storage.path(base))
+        durable_bytes = FILE_HEADER_LEN
         if last:
-            check, index, tail_crc = _check_last(storage, base)
+            check, index, tail_crc, durable_bytes = _check_last(storage, base)
         else:
             check, index = _check_sealed(storage, base)
         if check.problem is not None:
@@ -227,10 +237,21 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
                     "conveyor: upgrade, or move the journal aside",
                     path=check.path,
                 )
-            if not last or (check.header_problem and not torn_creation(storage, check)):
+            if not last:
                 raise corrupt_error(check)
+            why = tail_damage(storage, check, durable_bytes)
+            if why is not None:
+                raise corrupt_error(check, why)
             # The check already describes the valid prefix that truncation keeps.
             report_tail = _truncate_tail(storage, check, logger)
+        elif last and check.size < durable_bytes:
+            raise JournalCorrupt(
+                f"journal segment {check.path} is {check.size} bytes, shorter than the durable end "
+                f"recorded at the last checkpoint (offset {durable_bytes}): acknowledged records are "
+                f"missing, so it will not be opened: {REPAIR_HINT} (records from position "
+                f"{check.end} on are lost)",
+                path=check.path, offset=check.size, position=check.end,
+            )
         records += check.records
         segments.append((base, check.end, index))
         prev = check
@@ -247,16 +268,20 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
     return report, segments
 
 
-def _check_last(storage: Storage, base: int) -> tuple[SegmentCheck, array, int | None]:
+def _check_last(storage: Storage, base: int) -> tuple[SegmentCheck, array, int | None, int]:
     """The last segment: a prefix saved by the running server (verified.save_prefix) is
     trusted when its CRC32C still matches the file; the rest is checked record by
     record. Also returns the CRC32C of the valid records (for the writer to continue),
-    or None when it is not known (in-memory storage, a damaged header)."""
+    or None when it is not known (in-memory storage, a damaged header), and the file
+    offset up to which the server recorded the segment durable (FILE_HEADER_LEN when it
+    recorded nothing), whether or not the bytes still match."""
     if not isinstance(storage, FileStorage):
         check, index = check_segment(storage, base)
-        return check, index, None
+        return check, index, None, FILE_HEADER_LEN
     path = storage.path(base)
-    v = verified.load_prefix(path, base)
+    claim = verified.read_prefix(path, base)
+    durable_bytes = claim.valid_bytes if claim is not None else FILE_HEADER_LEN
+    v = verified.load_prefix(path, base) if claim is not None else None
     if v is None:
         check, index = check_segment(storage, base)
         crc_from, crc = FILE_HEADER_LEN, 0
@@ -264,8 +289,32 @@ def _check_last(storage: Storage, base: int) -> tuple[SegmentCheck, array, int |
         check, index = check_segment(storage, base, resume=(v.valid_bytes, v.records, array("q", v.index)))
         crc_from, crc = v.valid_bytes, v.prefix_crc
     if check.header_problem:
-        return check, index, None
-    return check, index, verified.file_crc(path, crc_from, check.valid_bytes, crc)
+        return check, index, None, durable_bytes
+    return check, index, verified.file_crc(path, crc_from, check.valid_bytes, crc), durable_bytes
+
+
+def tail_damage(storage: Storage, check: SegmentCheck, durable_bytes: int) -> str | None:
+    """Why the invalid end of the last segment ``check`` is damage that must not be
+    trimmed, or None when it is a torn tail: nothing valid after it, and at or after
+    ``durable_bytes`` (the durable point the server recorded)."""
+    if check.header_problem:
+        if durable_bytes > FILE_HEADER_LEN:
+            return f"the server recorded the segment durable up to offset {durable_bytes}"
+        if not torn_creation(storage, check):
+            return "valid records follow it, so this is damage, not a torn creation"
+        return None
+    after, after_offset = probe_after(storage, check.base, check.valid_bytes, check.size)
+    if after:
+        return (
+            f"{after} record(s) from offset {after_offset} on still check out, so this is damage, "
+            "not a torn write"
+        )
+    if check.valid_bytes < durable_bytes:
+        return (
+            f"the server recorded the segment durable up to offset {durable_bytes}, so the "
+            "damaged record was acknowledged"
+        )
+    return None
 
 
 def _check_sealed(storage: Storage, base: int) -> tuple[SegmentCheck, array]:
@@ -308,31 +357,24 @@ def _truncate_tail(storage: Storage, check: SegmentCheck, logger: logging.Logger
             problem=check.problem, truncated_path=check.path, truncated_offset=0,
             truncated_position=check.base, bytes_dropped=dropped,
         )
-    after, after_offset = probe_after(storage, check.base, check.valid_bytes, check.size)
-    note = ""
-    if after:
-        note = (
-            f"; {after} record(s) from offset {after_offset} on still checked out, so this looks "
-            "like damage rather than a torn write"
-        )
     storage.truncate(check.base, check.valid_bytes)
     logger.warning(
-        "journal: %s in %s at offset %d (position %d): truncated the segment there, dropping %d bytes%s",
-        check.problem, check.path, check.valid_bytes, check.end, check.bytes_after, note,
+        "journal: %s in %s at offset %d (position %d): a torn last write, never reported durable; "
+        "truncated the segment there, dropping %d bytes",
+        check.problem, check.path, check.valid_bytes, check.end, check.bytes_after,
     )
     return dict(
         problem=check.problem, truncated_path=check.path, truncated_offset=check.valid_bytes,
-        truncated_position=check.end, bytes_dropped=check.bytes_after, records_after_damage=after,
+        truncated_position=check.end, bytes_dropped=check.bytes_after,
     )
 
 
-def corrupt_error(check: SegmentCheck) -> JournalCorrupt:
+def corrupt_error(check: SegmentCheck, why: str = "the log is damaged before its tail") -> JournalCorrupt:
     where = 0 if check.header_problem else check.valid_bytes
     what = "the file header" if check.header_problem else f"the record at offset {where} (position {check.end})"
     return JournalCorrupt(
-        f"journal segment {check.path}: {check.problem} in {what}; the log is damaged before "
-        f"its tail, so it will not be opened: {REPAIR_HINT} (records from position "
-        f"{check.end} on are lost)",
+        f"journal segment {check.path}: {check.problem} in {what}; {why}, so it will not be "
+        f"opened: {REPAIR_HINT} (records from position {check.end} on would be lost)",
         path=check.path, offset=where, position=check.end,
     )
 

@@ -172,6 +172,11 @@ class FileStorage:
 
     def truncate(self, base: int, size: int) -> None:
         self._forget_reader(base)
+        # Sidecars describe the segment before the cut (a durable prefix past the new
+        # end would make the next open refuse a log that is now consistent): drop them
+        # first, so a crash part-way leaves at worst a segment without sidecars.
+        verified.remove(self.path(base))
+        self._sync_dir()
         fd = os.open(self.path(base), os.O_WRONLY)
         try:
             os.ftruncate(fd, size)

@@ -1,7 +1,10 @@
 """Offline tools over a journal directory, for the CLI and the Spark reader.
 
-- :func:`verify` reads everything and changes nothing; it may run beside a live
-  server (whose last record may then show as torn).
+- :func:`verify` reads everything and changes nothing; it takes no lock, so it runs
+  beside a live server (``conveyor journal verify`` is the operator's scrub). A torn
+  tail of the last segment (what a write in progress, or a crash, leaves: the next
+  start trims it) is a note, not a problem; damage anywhere else is a problem.
+- :func:`plan_repair` says what :func:`repair` would do, changing nothing.
 - :func:`repair` takes the directory lock, truncates the log at its first invalid
   record wherever it is, removes every later segment, and reports exactly that.
 - :func:`dump` yields the records that ``Journal.open`` would keep.
@@ -18,8 +21,17 @@ from pathlib import Path
 
 from conveyor.errors import JournalCorrupt, JournalError
 
+from . import verified
 from .format import FILE_HEADER_LEN, FrameReader, decode_header
-from .recovery import SegmentCheck, check_segment, corrupt_error, logger_default, probe_after, torn_creation
+from .recovery import (
+    SegmentCheck,
+    check_segment,
+    corrupt_error,
+    logger_default,
+    probe_after,
+    tail_damage,
+    torn_creation,
+)
 from .storage import FileStorage, SegmentReader, parse_segment_name
 
 
@@ -32,6 +44,7 @@ class VerifyReport:
     last_position: int | None  # position of the last valid record
     end: int | None  # position after the last valid record of the last segment
     problems: tuple[str, ...]  # each names a file and an offset
+    notes: tuple[str, ...] = ()  # a torn tail: not damage (the next start trims it)
 
     @property
     def ok(self) -> bool:
@@ -46,6 +59,7 @@ class VerifyReport:
             f"positions {self.first_position} to {self.end}"
             + (f", last record at {self.last_position}" if self.last_position is not None else ""),
         ]
+        lines += [f"note: {n}" for n in self.notes]
         lines += [f"problem: {p}" for p in self.problems] or ["no problem found"]
         return "\n".join(lines)
 
@@ -62,19 +76,30 @@ class RepairReport:
     bytes_dropped: int = 0  # file bytes removed, headers of removed segments included
     records_dropped: int = 0  # records after the damage that still checked out
     segments_removed: tuple[str, ...] = ()
+    applied: bool = True  # False: a plan (plan_repair); nothing was changed
 
     @property
     def repaired(self) -> bool:
-        return self.problem is not None
+        return self.problem is not None and self.applied
 
     def describe(self) -> str:
         if self.problem is None:
             return f"journal {self.directory}: nothing to repair"
-        removed = f", removed {len(self.segments_removed)} later segment(s)" if self.segments_removed else ""
+        if self.applied:
+            removed = f", removed {len(self.segments_removed)} later segment(s)" if self.segments_removed else ""
+            return (
+                f"journal {self.directory}: {self.problem}; kept the log up to position "
+                f"{self.position} ({self.path} truncated at offset {self.offset}){removed}; dropped "
+                f"{self.bytes_dropped} bytes, among them {self.records_dropped} record(s) that still checked out"
+            )
+        removed = "".join(f"\n  remove {path}" for path in self.segments_removed)
         return (
-            f"journal {self.directory}: {self.problem}; kept the log up to position "
-            f"{self.position} ({self.path} truncated at offset {self.offset}){removed}; dropped "
-            f"{self.bytes_dropped} bytes, among them {self.records_dropped} record(s) that still checked out"
+            f"journal {self.directory}: {self.problem}\n"
+            f"repair would keep the log up to position {self.position} and drop everything after it:\n"
+            f"  truncate {self.path} at offset {self.offset}{removed}\n"
+            f"  {self.bytes_dropped} bytes dropped, among them {self.records_dropped} record(s) that still "
+            "check out (they were valid, and are lost)\n"
+            "nothing was changed; run again with --apply to do it"
         )
 
     __str__ = describe
@@ -86,34 +111,58 @@ def _open_storage(directory: str | os.PathLike[str], *, lock: bool) -> FileStora
     return FileStorage(directory, fsync=True, lock=lock)
 
 
-def _check_all(storage: FileStorage) -> tuple[list[SegmentCheck], list[str], int | None]:
-    """Check every segment; return the checks, the problems, and the index of the first
-    segment that cannot stay as it is (a bad segment, or the later side of a gap)."""
+@dataclass(frozen=True)
+class _Finding:
+    index: int  # the segment (in list order) that cannot stay as it is
+    kind: str  # "gap", "damage", "torn" (a torn tail), "short" (shorter than its durable prefix)
+    text: str
+
+
+def _check_all(storage: FileStorage) -> tuple[list[SegmentCheck], list[_Finding]]:
+    """Check every segment; return the checks and what is wrong, in log order."""
     checks: list[SegmentCheck] = []
-    problems: list[str] = []
-    first_bad = None
-    for base in storage.list_bases():
+    findings: list[_Finding] = []
+    bases = storage.list_bases()
+    for i, base in enumerate(bases):
         check, _index = check_segment(storage, base)
+        last = i == len(bases) - 1
         # After a damaged segment its end says nothing about where the next should start.
         if checks and checks[-1].ok and base != checks[-1].end:
             prev = checks[-1]
-            problems.append(f"{check.path} starts at position {base} but {prev.path} ends at {prev.end}")
-            if first_bad is None:
-                first_bad = len(checks)
+            findings.append(_Finding(len(checks), "gap", f"{check.path} starts at position {base} but {prev.path} ends at {prev.end}"))
+        durable_bytes = _durable_bytes(storage, base) if last else FILE_HEADER_LEN
         if check.problem is not None:
             at = 0 if check.header_problem else check.valid_bytes
-            problems.append(f"{check.path}: {check.problem} at offset {at} (position {check.end})")
-            if first_bad is None:
-                first_bad = len(checks)
+            where = f"{check.path}: {check.problem} at offset {at} (position {check.end})"
+            why = None
+            if not last:
+                why = "a sealed segment"
+            elif not check.unsupported:
+                why = tail_damage(storage, check, durable_bytes)
+            if why is None and not check.unsupported:
+                findings.append(_Finding(len(checks), "torn", f"{where}: a torn last write (the next start trims it)"))
+            else:
+                findings.append(_Finding(len(checks), "damage", f"{where}{f'; {why}' if why else ''}"))
+        elif last and check.size < durable_bytes:
+            findings.append(_Finding(
+                len(checks), "short",
+                f"{check.path} is {check.size} bytes, shorter than the durable end recorded at the last "
+                f"checkpoint (offset {durable_bytes}): acknowledged records are missing",
+            ))
         checks.append(check)
-    return checks, problems, first_bad
+    return checks, findings
+
+
+def _durable_bytes(storage: FileStorage, base: int) -> int:
+    claim = verified.read_prefix(storage.path(base), base)
+    return claim.valid_bytes if claim is not None else FILE_HEADER_LEN
 
 
 def verify(directory: str | os.PathLike[str]) -> VerifyReport:
     """Check every segment and record; change nothing."""
     storage = _open_storage(directory, lock=False)
     try:
-        checks, problems, _ = _check_all(storage)
+        checks, findings = _check_all(storage)
     finally:
         storage.close()
     last = next((c.last_position for c in reversed(checks) if c.last_position is not None), None)
@@ -124,52 +173,68 @@ def verify(directory: str | os.PathLike[str]) -> VerifyReport:
         first_position=checks[0].base if checks else None,
         last_position=last,
         end=checks[-1].end if checks else None,
-        problems=tuple(problems),
+        problems=tuple(f.text for f in findings if f.kind != "torn"),
+        notes=tuple(f.text for f in findings if f.kind == "torn"),
     )
 
 
-def repair(directory: str | os.PathLike[str], logger: logging.Logger | None = None) -> RepairReport:
-    """Truncate the log at its first invalid record and remove every later segment."""
+def plan_repair(directory: str | os.PathLike[str]) -> RepairReport:
+    """What :func:`repair` would drop, with ``applied=False``; changes nothing."""
+    return repair(directory, apply=False)
+
+
+def repair(
+    directory: str | os.PathLike[str], logger: logging.Logger | None = None, *, apply: bool = True
+) -> RepairReport:
+    """Truncate the log at its first invalid record and remove every later segment
+    (``apply=False``: only say so)."""
     log = logger or logger_default
     storage = _open_storage(directory, lock=True)
     try:
-        checks, problems, first_bad = _check_all(storage)
-        if first_bad is None:
+        checks, findings = _check_all(storage)
+        if not findings:
             return RepairReport(str(directory), None)
-        bad = checks[first_bad]
+        first = findings[0]
+        bad = checks[first.index]
         if bad.unsupported:
             raise JournalError(f"{bad.path}: {bad.problem}; written by a newer conveyor, repair refuses to touch it")
-        gap = first_bad > 0 and bad.base != checks[first_bad - 1].end
-        later = checks[first_bad + 1 :]
-        # Remove the newest first: a crash part-way leaves a log that repair can finish.
-        for check in reversed(later):
-            storage.remove(check.base)
+        later = checks[first.index + 1 :]
         dropped = sum(c.size for c in later)
         records = sum(c.records for c in later)
-        if gap:
-            prev = checks[first_bad - 1]
-            storage.remove(bad.base)
+        removed = tuple(c.path for c in later)
+        if first.kind == "gap":
+            prev = checks[first.index - 1]
             report = RepairReport(
-                str(directory), problems[0], prev.path, prev.size, prev.end,
-                dropped + bad.size, records + bad.records,
-                tuple(c.path for c in [bad, *later]),
+                str(directory), first.text, prev.path, prev.size, prev.end,
+                dropped + bad.size, records + bad.records, (bad.path, *removed), apply,
             )
+        elif first.kind == "short":
+            report = RepairReport(str(directory), first.text, bad.path, bad.size, bad.end, 0, 0, removed, apply)
         elif bad.header_problem:
-            storage.create_empty(bad.base)
             report = RepairReport(
-                str(directory), problems[0], bad.path, 0, bad.base,
-                dropped + bad.size - min(bad.size, FILE_HEADER_LEN), records,
-                tuple(c.path for c in later),
+                str(directory), first.text, bad.path, 0, bad.base,
+                dropped + bad.size - min(bad.size, FILE_HEADER_LEN), records, removed, apply,
             )
         else:
             # The record at valid_bytes is the bad one; count what checked out behind it.
             after, _ = probe_after(storage, bad.base, bad.valid_bytes, bad.size)
-            storage.truncate(bad.base, bad.valid_bytes)
             report = RepairReport(
-                str(directory), problems[0], bad.path, bad.valid_bytes, bad.end,
-                dropped + bad.bytes_after, records + after,
-                tuple(c.path for c in later),
+                str(directory), first.text, bad.path, bad.valid_bytes, bad.end,
+                dropped + bad.bytes_after, records + after, removed, apply,
             )
+        if not apply:
+            return report
+        # Remove the newest first: a crash part-way leaves a log that repair can finish.
+        for check in reversed(later):
+            storage.remove(check.base)
+        if first.kind == "gap":
+            storage.remove(bad.base)
+        elif first.kind == "short":
+            verified.remove(bad.path)  # the shorter log is accepted: forget the durable end
+        elif bad.header_problem:
+            storage.create_empty(bad.base)
+        else:
+            storage.truncate(bad.base, bad.valid_bytes)
         log.warning("%s", report.describe())
         return report
     finally:

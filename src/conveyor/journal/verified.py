@@ -125,18 +125,31 @@ def file_crc(path: str, start: int, end: int, crc: int = 0) -> int:
     return crc
 
 
-def load_prefix(segment_path: str, base: int) -> _Verified | None:
-    """The saved prefix of a segment, if the file still starts with exactly those bytes."""
+def read_prefix(segment_path: str, base: int) -> _Verified | None:
+    """The saved prefix sidecar of a segment as written, without checking the segment
+    against it: what the server recorded as durable (``valid_bytes``), for recovery to
+    tell a torn last write (after it) from damage to acknowledged records (before it)."""
     try:
         with open(segment_path + PREFIX_SUFFIX, "rb") as f:
             v = _decoder.decode(f.read())
-        if v.version != FORMAT_VERSION or v.base != base or v.prefix_crc < 0 or not v.index or v.index[0] != base:
-            return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if v.version != FORMAT_VERSION or v.base != base or v.prefix_crc < 0 or not v.index or v.index[0] != base:
+        return None
+    return v
+
+
+def load_prefix(segment_path: str, base: int) -> _Verified | None:
+    """The saved prefix of a segment, if the file still starts with exactly those bytes."""
+    v = read_prefix(segment_path, base)
+    if v is None:
+        return None
+    try:
         if os.stat(segment_path).st_size < v.valid_bytes:
             return None
         if file_crc(segment_path, FILE_HEADER_LEN, v.valid_bytes) != v.prefix_crc:
             return None
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+    except OSError:
         return None
     return v
 

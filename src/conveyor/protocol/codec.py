@@ -9,7 +9,10 @@ frame. Rules:
   :class:`~conveyor.errors.FrameTooLarge` once, so the connection stays usable.
 - A frame that is not valid MessagePack, or an entry that is not a known message,
   yields a :class:`Rejected` entry naming the error; the other entries of the batch
-  are still decoded, so one bad command does not cost the good ones.
+  are still decoded, so one bad command does not cost the good ones. That includes
+  values nested deeper than the decoder's recursion allows (about a thousand levels,
+  far beyond any command): msgspec raises ``RecursionError`` there, which is reported
+  as a malformed frame, never raised to the caller.
 - ``receive_data`` only buffers; ``next_items`` decodes. Nothing here touches a socket.
 """
 
@@ -31,6 +34,10 @@ FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # large enough for a batch of 1,000 
 T = TypeVar("T")
 
 _encoder = msgspec.msgpack.Encoder()
+
+#: What msgspec raises for bad input: malformed bytes, a wrong type, or nesting deeper
+#: than the interpreter's recursion limit (``RecursionError``, e.g. 1,000 nested arrays).
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +114,7 @@ class _Decoder(Generic[T]):
             body = memoryview(buf)[offset + FRAME_HEADER_LEN : end]
             try:
                 out.extend(self._batch.decode(body))
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except _DECODE_ERRORS:
                 out.extend(self._decode_slowly(body))
             body.release()
             offset = end
@@ -119,20 +126,20 @@ class _Decoder(Generic[T]):
         """Decode entry by entry so a bad entry is reported alone."""
         try:
             raws = self._raw.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return [Rejected(ProtocolError(f"malformed frame: {exc}"))]
+        except _DECODE_ERRORS as exc:
+            return [Rejected(ProtocolError(f"malformed frame: {_why(exc)}"))]
         out: list[T | Rejected] = []
         for raw in raws:
             try:
                 out.append(self._one.decode(raw))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except _DECODE_ERRORS as exc:
                 out.append(self._explain(raw, exc))
         return out
 
     def _explain(self, raw: msgspec.Raw, exc: Exception) -> Rejected:
         try:
             entry = msgspec.msgpack.decode(raw)
-        except msgspec.DecodeError:
+        except _DECODE_ERRORS:
             entry = None
         cid = None
         if isinstance(entry, dict):
@@ -140,7 +147,13 @@ class _Decoder(Generic[T]):
             name = entry.get("c")
             if isinstance(name, str) and name not in COMMAND_NAMES and self._one.type is Command:
                 return Rejected(UnknownCommand(f"unknown command {name!r}", command=name), cid)
-        return Rejected(ProtocolError(f"invalid command: {exc}"), cid)
+        return Rejected(ProtocolError(f"invalid command: {_why(exc)}"), cid)
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "values nested too deeply"
+    return str(exc)
 
 
 class CommandDecoder(_Decoder[Command]):

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
+import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -71,6 +73,14 @@ class ServerStats:
     journal_end: int
     journal_durable_end: int
     failed: bool  # the server stopped itself after a failure (see the module header)
+
+
+def _bind_problem(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "the address is already in use"
+    if isinstance(exc, socket.gaierror):
+        return f"the host name does not resolve ({exc.strerror})"
+    return exc.strerror or str(exc)
 
 
 class Server:
@@ -116,6 +126,47 @@ class Server:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Bind the listeners, recover the engine from the journal, then serve.
+
+        Binding comes first, so an address that cannot be used is refused (ConfigError,
+        naming the transport's element) before a long recovery; connections are
+        accepted only once recovery is done."""
+        try:
+            await self._bind()
+            self._recover()
+        except BaseException:
+            self._stopped = True  # nothing was served: there is nothing for stop() to do
+            self._close_listeners()
+            self.journal.close(commit=False)
+            self._io.shutdown(wait=True)
+            raise
+        for server in self._servers:
+            await server.start_serving()
+        self._writer_task = self.spawn(self._writer(), name="journal writer")
+        self.spawn(self._timer(), name="timer")
+        self.engine.tick(self.clock())
+        self._flush_output()
+
+    async def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        transports = self.config.transports or (Transport(name="default"),)
+        for tc in transports:
+            try:
+                server = await loop.create_server(
+                    lambda tc=tc: Connection(self, tc), tc.host, tc.port, start_serving=False
+                )
+            except OSError as exc:  # socket.gaierror too: a host name that does not resolve
+                raise errors.ConfigError(
+                    f"cannot listen on {tc.host}:{tc.port}: {_bind_problem(exc)}",
+                    path=f"{tc.path or 'Transports/Transport'}/InetAddr",
+                    hint="choose a free port and an address of this machine",
+                ) from None
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+            self.ports.append(port)
+            log.info("listening on %s:%d (%s)", tc.host, port, tc.name)
+
+    def _recover(self) -> None:
         started = time.monotonic()
         checkpoint = None
         pages = None
@@ -140,18 +191,6 @@ class Server:
                     break  # on_durable may append (expiries): commit those too
             write_checkpoint(tlog.journal_directory, self.engine.checkpoint())
             self.journal.save_prefix()  # the next open re-reads what recovery checked in one CRC pass
-        loop = asyncio.get_running_loop()
-        transports = self.config.transports or (Transport(name="default"),)
-        for tc in transports:
-            server = await loop.create_server(lambda tc=tc: Connection(self, tc), tc.host, tc.port)
-            self._servers.append(server)
-            port = server.sockets[0].getsockname()[1]
-            self.ports.append(port)
-            log.info("listening on %s:%d (%s)", tc.host, port, tc.name)
-        self._writer_task = self.spawn(self._writer(), name="journal writer")
-        self.spawn(self._timer(), name="timer")
-        self.engine.tick(self.clock())
-        self._flush_output()
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task:
         """Run ``coro`` as supervised background work: if it raises (or returns while
