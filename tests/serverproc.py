@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 STARTUP_SECONDS_MAX = 60.0
+CHECKPOINT_SECONDS_MAX = 30.0  # the server checkpoints every 5 s while its log moves
 
 BASE_CONFIG = """\
 <AMPSConfig>
@@ -137,3 +138,23 @@ class ServerProcess:
                 return self.log
             time.sleep(0.02)
         raise AssertionError(f"{text!r} not in the server log:\n{self.log[-3000:]}")
+
+
+def checkpoint_mark(journal: Path) -> tuple[int, int] | None:
+    """Which checkpoint ``journal``/queues.ack holds now (it is replaced by a rename,
+    so inode and modification time change with every checkpoint), None before any."""
+    try:
+        st = (journal / "queues.ack").stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def wait_checkpoint(journal: Path, since: tuple[int, int] | None, timeout: float = CHECKPOINT_SECONDS_MAX) -> None:
+    """Until the server has written a checkpoint after the one marked ``since`` (queues.ack
+    is written last, after the queue snapshots and publishers.seq)."""
+    deadline = time.monotonic() + timeout
+    while checkpoint_mark(journal) == since:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no checkpoint in {journal} within {timeout} s")
+        time.sleep(0.02)

@@ -1,52 +1,85 @@
 """One conformance suite for both faces of the client (STYLE 12).
 
 Every test runs twice, with the blocking ``Client`` and with the ``AsyncClient``
-(see faces.py), against a real server subprocess.
+(see faces.py), against a real server subprocess. "Nothing more comes" is proved with
+a round trip or a sentinel (tests/settle.py), never by waiting for the clock.
+
+One server serves the module (starting one per test cost more than the tests); each
+test gets names of its own on it (a queue, its underlying topic and a plain topic), so
+no test sees another's messages. Tests that kill the server start their own.
 """
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
 
 import pytest
 
 from conveyor import errors
 from conveyor.client import ConnectionState, ReconnectPolicy
+from tests.settle import barrier, buffered, take_all, until_sentinel
+from tests.serverproc import ServerProcess, write_config
 
 S = ConnectionState
 
-QUEUES = """
+QUEUE = """
 <Queue>
-    <Name>Jobs</Name>
+    <Name>{queue}</Name>
     <MessageType>json</MessageType>
-    <UnderlyingTopic>jobs</UnderlyingTopic>
+    <UnderlyingTopic>{topic}</UnderlyingTopic>
     <Semantics>at-least-once</Semantics>
     <LeasePeriod>30s</LeasePeriod>
     <MaxPerSubscriptionBacklog>500</MaxPerSubscriptionBacklog>
 </Queue>
 """
+SLOTS = 64  # queues of the shared server: one per test that uses it
+_slots = itertools.count()
+
+
+@dataclass(frozen=True)
+class Space:
+    """A test's names on a server: a queue, its underlying topic, a topic no queue takes."""
+
+    server: ServerProcess
+    queue: str
+    topic: str
+    live: str
+
+    @property
+    def uri(self) -> str:
+        return self.server.uri
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    queues = "".join(QUEUE.format(queue=f"Jobs{i}", topic=f"jobs{i}") for i in range(SLOTS))
+    server = ServerProcess(write_config(tmp_path_factory.mktemp("conformance"), queues=queues)).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def server(shared_server) -> Space:
+    slot = next(_slots)
+    assert slot < SLOTS, "more tests than SLOTS: raise it"
+    return Space(shared_server, f"Jobs{slot}", f"jobs{slot}", f"t{slot}")
+
+
+@pytest.fixture
+def own_server(server_factory) -> Space:
+    """A server of the test's own, for tests that kill it."""
+    return Space(server_factory(queues=QUEUE.format(queue="Jobs", topic="jobs")), "Jobs", "jobs", "t")
 
 
 def ns(messages) -> list[int]:
     return [m.json()["n"] for m in messages]
 
 
-def drain(sub, idle: float = 0.5, ack: bool = False) -> list:
-    out = []
-    while (msg := sub.get(idle)) is not None:
-        out.append(msg)
-        if ack:
-            msg.ack()
-    return out
-
-
-@pytest.fixture
-def server(server_factory):
-    return server_factory(queues=QUEUES)
-
-
-def fill(face, server, count: int, topic: str = "jobs") -> None:
+def fill(face, server: Space, count: int) -> None:
     pub = face("filler").connect(server.uri)
     for n in range(count):
-        pub.publish(topic, {"n": n})
+        pub.publish(server.topic, {"n": n})
     pub.flush()
 
 
@@ -56,24 +89,24 @@ def fill(face, server, count: int, topic: str = "jobs") -> None:
 def test_publishes_are_persisted_and_queued_in_order(server, face):
     client = face("pub").connect(server.uri)
     for n in range(20):
-        client.publish("jobs", {"n": n})
+        client.publish(server.topic, {"n": n})
     client.flush()
     assert client.statistics().unpersisted == 0
-    assert ns(client.sow("Jobs")) == list(range(20))
+    assert ns(client.sow(server.queue)) == list(range(20))
 
 
 def test_live_replay_and_resume_after_a_bookmark(server, face):
     client = face("c").connect(server.uri)
-    live = client.subscribe("t")
+    live = client.subscribe(server.live)
     for n in range(5):
-        client.publish("t", {"n": n})
+        client.publish(server.live, {"n": n})
     client.flush()
     assert ns(live.get(5) for _ in range(5)) == list(range(5))
-    replay = client.subscribe("t", bookmark="0")
-    got = drain(replay)
+    replay = client.subscribe(server.live, bookmark="0")
+    got = until_sentinel(client, replay, server.live)
     assert ns(got) == list(range(5))
-    after = client.subscribe("t", bookmark=got[1].bookmark)
-    assert ns(drain(after)) == [2, 3, 4]
+    after = client.subscribe(server.live, bookmark=got[1].bookmark)
+    assert ns(until_sentinel(client, after, server.live)) == [2, 3, 4]
 
 
 @pytest.mark.parametrize("how", [{"max_backlog": 5}, {"options": "max_backlog=5"}])
@@ -82,11 +115,12 @@ def test_backlog_keeps_the_next_messages_ready(server, face, how):
     and the client buffers them, before the application asks."""
     fill(face, server, 12)
     client = face("w").connect(server.uri)
-    sub = client.subscribe("Jobs", **how)
+    sub = client.subscribe(server.queue, **how)
     assert client.wait_until(lambda: sub.state.outstanding == 5)
     held = [sub.get(5) for _ in range(5)]
     assert ns(held) == [0, 1, 2, 3, 4]
-    assert sub.get(0.3) is None  # nothing beyond the backlog until an ack
+    barrier(client)
+    assert buffered(sub) == []  # nothing beyond the backlog until an ack
     held[0].ack()
     assert ns([sub.get(5)]) == [5]
 
@@ -94,17 +128,17 @@ def test_backlog_keeps_the_next_messages_ready(server, face, how):
 def test_replace_changes_a_subscription_in_place(server, face):
     fill(face, server, 10)
     client = face("w").connect(server.uri)
-    sub = client.subscribe("Jobs", max_backlog=2, sub_id="w")
+    sub = client.subscribe(server.queue, max_backlog=2, sub_id="w")
     held = [sub.get(5) for _ in range(2)]
-    same = client.subscribe("Jobs", sub_id="w", replace=True, max_backlog=6, filter="/n > 4")
+    same = client.subscribe(server.queue, sub_id="w", replace=True, max_backlog=6, filter="/n > 4")
     assert same.state is sub.state  # the same subscription, buffer and all
     for msg in held:
         msg.ack()
-    assert ns(drain(sub, ack=True)) == [5, 6, 7, 8, 9]
+    assert ns(take_all(client, sub)) == [5, 6, 7, 8, 9]
     client.flush()
-    assert ns(client.sow("Jobs")) == [2, 3, 4]
+    assert ns(client.sow(server.queue)) == [2, 3, 4]
     with pytest.raises(errors.UnknownSubscription):
-        client.subscribe("Jobs", sub_id="nope", replace=True)
+        client.subscribe(server.queue, sub_id="nope", replace=True)
 
 
 # --- acknowledgement -------------------------------------------------------------------
@@ -112,8 +146,8 @@ def test_replace_changes_a_subscription_in_place(server, face):
 
 def test_ack_is_a_noop_for_messages_not_from_a_queue(server, face):
     client = face("c").connect(server.uri)
-    live = client.subscribe("t")
-    client.publish("t", {"n": 1})
+    live = client.subscribe(server.live)
+    client.publish(server.live, {"n": 1})
     client.flush()
     msg = live.get(5)
     msg.ack()
@@ -128,22 +162,22 @@ def test_ack_is_a_noop_for_messages_not_from_a_queue(server, face):
 def test_cancel_redelivers_and_expire_removes(server, face):
     fill(face, server, 2)
     client = face("w").connect(server.uri)
-    sub = client.subscribe("Jobs", max_backlog=2)
+    sub = client.subscribe(server.queue, max_backlog=2)
     first, second = sub.get(5), sub.get(5)
     first.cancel()
     second.expire()
     again = sub.get(5)
     assert again.bookmark == first.bookmark
     again.ack()
-    client.flush()
-    assert sub.get(0.3) is None
-    assert client.sow("Jobs") == []
+    barrier(client)
+    assert buffered(sub) == []
+    assert client.sow(server.queue) == []
 
 
 def test_a_message_is_settled_once_and_auto_ack_leaves_what_the_application_settled(server, face):
     fill(face, server, 3)
     client = face("w", auto_ack=True).connect(server.uri)
-    sub = client.subscribe("Jobs", max_backlog=3)
+    sub = client.subscribe(server.queue, max_backlog=3)
     first = sub.get(5)
     first.cancel()  # settled by the application: asking again must not settle it twice
     second = sub.get(5)
@@ -158,14 +192,14 @@ def test_a_message_is_settled_once_and_auto_ack_leaves_what_the_application_sett
         third.ack()
     again.ack()
     client.flush()
-    assert client.sow("Jobs") == []
+    assert client.sow(server.queue) == []
 
 
 def test_acks_are_batched_far_fewer_frames_than_messages(server, face):
     total = 1000
     fill(face, server, total)
     client = face("w").connect(server.uri)
-    sub = client.subscribe("Jobs", max_backlog=200)
+    sub = client.subscribe(server.queue, max_backlog=200)
     before = client.statistics()
     for _ in range(total):
         sub.get(5).ack()
@@ -175,7 +209,7 @@ def test_acks_are_batched_far_fewer_frames_than_messages(server, face):
     batches = after.ack_batches - before.ack_batches
     assert frames <= total // 20, frames  # one frame per batch of up to 100 acks
     assert batches <= total // 20, batches
-    assert client.sow("Jobs") == []
+    assert client.sow(server.queue) == []
 
 
 def test_batched_acks_are_sent_by_unsubscribe_flush_and_disconnect(server, face):
@@ -183,7 +217,7 @@ def test_batched_acks_are_sent_by_unsubscribe_flush_and_disconnect(server, face)
     client = face("w", ack_batch_size=1000, ack_batch_seconds=60).connect(server.uri)
 
     def take_three_and_ack(queued: int):
-        sub = client.subscribe("Jobs", max_backlog=100)
+        sub = client.subscribe(server.queue, max_backlog=100)
         assert client.wait_until(lambda: sub.state.outstanding == queued)
         for _ in range(3):
             sub.get(5).ack()
@@ -192,30 +226,31 @@ def test_batched_acks_are_sent_by_unsubscribe_flush_and_disconnect(server, face)
         return sub
 
     take_three_and_ack(12).unsubscribe()
-    assert len(client.sow("Jobs")) == 9  # the unacknowledged leases went back
+    assert len(client.sow(server.queue)) == 9  # the unacknowledged leases went back
     sub = take_three_and_ack(9)
     client.flush()
     sub.unsubscribe()
-    assert len(client.sow("Jobs")) == 6
+    assert len(client.sow(server.queue)) == 6
     take_three_and_ack(6)
     client.disconnect()
     checker = face("check").connect(server.uri)
-    assert len(checker.sow("Jobs")) == 3
+    assert len(checker.sow(server.queue)) == 3
 
 
 def test_auto_ack_iterator_acknowledges_the_previous_message_on_asking(server, face):
     fill(face, server, 5)
     client = face("w", auto_ack=True).connect(server.uri)
-    sub = client.subscribe("Jobs", max_backlog=10)
+    sub = client.subscribe(server.queue, max_backlog=10)
     first = sub.get(5)
     assert not first.acked
     second = sub.get(5)
     assert first.acked and not second.acked
     rest = [sub.get(5) for _ in range(3)]
-    assert sub.get(0.3) is None  # asking again acknowledges the last one
+    barrier(client)
+    assert sub.get(0) is None  # nothing more; asking again acknowledges the last one
     assert all(m.acked for m in rest)
     client.flush()
-    assert client.sow("Jobs") == []
+    assert client.sow(server.queue) == []
 
 
 def test_auto_ack_handler_acks_on_return_and_cancels_on_exception(server, face):
@@ -229,11 +264,11 @@ def test_auto_ack_handler_acks_on_return_and_cancels_on_exception(server, face):
             raise RuntimeError("first attempt fails")
 
     client = face("w", auto_ack=True).connect(server.uri)
-    client.subscribe("Jobs", handler=handler, max_backlog=10)
+    client.subscribe(server.queue, handler=handler, max_backlog=10)
     assert client.wait_until(lambda: len(seen) >= 4)
     client.flush()
     assert sorted(seen) == [0, 1, 1, 2]  # 1 was cancelled, so redelivered
-    assert client.sow("Jobs") == []
+    assert client.sow(server.queue) == []
 
 
 # --- errors ------------------------------------------------------------------------------
@@ -242,7 +277,7 @@ def test_auto_ack_handler_acks_on_return_and_cancels_on_exception(server, face):
 def test_errors_are_typed(server, face):
     client = face("c").connect(server.uri)
     with pytest.raises(errors.BadFilter):
-        client.subscribe("t", filter="/x = = 1")
+        client.subscribe(server.live, filter="/x = = 1")
     with pytest.raises(errors.UnknownTopic):
         client.sow("not-a-queue")
     with pytest.raises(errors.ConnectionLost, match="cannot connect"):
@@ -258,53 +293,55 @@ def test_connect_takes_the_first_server_that_answers(server, face):
 # --- failover ------------------------------------------------------------------------------
 
 
-def test_reconnect_resumes_publishes_subscriptions_and_acks(server, face):
+def test_reconnect_resumes_publishes_subscriptions_and_acks(own_server, face):
     """SIGKILL the server: the client reconnects, republishes what was not persisted,
     resubscribes, and a bookmark subscription resumes after the last message handed to
     the application: nothing missed, nothing repeated."""
+    server = own_server
     client = face("c").connect(server.uri)
     states: list[S] = []
     client.on_state(lambda change: states.append(change.state))
     for n in range(10):
-        client.publish("t", {"n": n})
-        client.publish("jobs", {"n": n})
+        client.publish(server.live, {"n": n})
+        client.publish(server.topic, {"n": n})
     client.flush()
-    replay = client.subscribe("t", bookmark="0")
-    jobs = client.subscribe("Jobs", max_backlog=4)
+    replay = client.subscribe(server.live, bookmark="0")
+    jobs = client.subscribe(server.queue, max_backlog=4)
     assert ns(replay.get(5) for _ in range(6)) == list(range(6))
     taken = [jobs.get(5) for _ in range(4)]
     for msg in taken[:2]:
         msg.ack()
 
-    server.kill()
+    server.server.kill()
     assert client.wait_until(lambda: client.state is S.RECONNECTING)
     for msg in taken[2:]:
         msg.ack()  # acked during the outage: resent after the reconnection
     for n in range(10, 15):
-        client.publish("t", {"n": n})  # stored, republished after the reconnection
-    server.restart()
+        client.publish(server.live, {"n": n})  # stored, republished after the reconnection
+    server.server.restart()
     assert client.wait_until(lambda: client.state is S.CONNECTED, 20)
     client.flush()
 
-    assert ns(drain(replay)) == list(range(6, 15))
-    rest = drain(jobs, ack=True)
+    assert ns(until_sentinel(client, replay, server.live)) == list(range(6, 15))
+    rest = take_all(client, jobs)
     assert ns(rest) == list(range(4, 10))  # the four acked ones never come back
     client.flush()
-    assert client.sow("Jobs") == []
+    assert client.sow(server.queue) == []
     assert states == [S.DISCONNECTED, S.RECONNECTING, S.CONNECTED]
     assert client.statistics().reconnects == 1
 
 
-def test_gives_up_after_max_reconnect_attempts(server, face):
+def test_gives_up_after_max_reconnect_attempts(own_server, face):
+    server = own_server
     policy = ReconnectPolicy(delay_seconds=0.01, delay_max_seconds=0.02, max_attempts=3)
     client = face("c", reconnect=policy).connect(server.uri)
     changes = []
     client.on_state(changes.append)
-    sub = client.subscribe("t")
-    server.kill()
+    sub = client.subscribe(server.live)
+    server.server.kill()
     assert client.wait_until(lambda: client.state is S.FAILED)
     assert [c.state for c in changes] == [S.DISCONNECTED, S.RECONNECTING, S.FAILED]
     assert changes[-1].attempt == 3 and "gave up" in changes[-1].reason
     assert sub.get(1) is None  # the subscription ended
     with pytest.raises(errors.ConnectionLost):
-        client.publish("t", {"n": 1})
+        client.publish(server.live, {"n": 1})

@@ -13,6 +13,7 @@ from conveyor import errors
 from conveyor.client import AsyncClient, Client, ConnectionState, ReconnectPolicy
 from tests.client.conftest import FAST_RECONNECT
 from tests.serverproc import ServerProcess, write_config
+from tests.settle import take_all
 
 S = ConnectionState
 QUEUE = """
@@ -154,10 +155,7 @@ def test_failover_to_the_next_server_in_the_list(tmp_path):
             for n in range(5, 10):
                 client.publish("jobs", {"n": n})
             client.flush()
-            got = []
-            while (msg := jobs.get(1.0)) is not None:
-                got.append(msg.json()["n"])
-                msg.ack()
+            got = [msg.json()["n"] for msg in take_all(client, jobs)]
             assert got == list(range(5, 10))  # the second server has only what came after
             assert client.statistics().server == second.uri
     finally:

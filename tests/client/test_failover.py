@@ -5,17 +5,24 @@ What must hold (at-least-once queue): every publish is persisted in the end and
 delivered; every message the consumer acknowledged stays acknowledged (it is never
 handed to the application again); nothing is lost. Redeliveries of messages that were
 never acknowledged are allowed and counted.
+
+Everything is paced by events, not the clock: the publisher stays at most
+``PUBLISH_AHEAD_MAX`` messages ahead of the consumer (so both are mid-stream when a
+kill lands), each kill waits for the consumer to reach its mark, and each restart
+for the consumer to see the outage.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 from conveyor.client import Client, ConnectionState, ReconnectPolicy
+from tests.settle import until_sentinel
 
 TOTAL = 2000
+PUBLISH_AHEAD_MAX = 300  # unacknowledged publishes: the kills land mid-stream for both
+PROGRESS_SECONDS_MAX = 30.0  # no progress for this long is a failure, not a wait
 QUEUE = """
 <Queue>
     <Name>Jobs</Name>
@@ -37,24 +44,41 @@ def test_publisher_and_consumer_survive_server_sigkills(server_factory):
     consumer_states: list[ConnectionState] = []
     publisher_states: list[ConnectionState] = []
     failures: list[BaseException] = []
+    progress = threading.Condition()  # notified on every acknowledgement and state change
+
+    def notify() -> None:
+        with progress:
+            progress.notify_all()
+
+    def wait_for(predicate) -> None:
+        with progress:
+            assert progress.wait_for(lambda: predicate() or failures, PROGRESS_SECONDS_MAX), "no progress"
+
+    def note(states: list):
+        def listener(change) -> None:
+            states.append(change.state)
+            notify()
+
+        return listener
 
     def publish() -> None:
         try:
             with Client("publisher", reconnect=POLICY) as pub:
-                pub.on_state(lambda change: publisher_states.append(change.state))
+                pub.on_state(note(publisher_states))
                 pub.connect(server.uri)
                 for n in range(TOTAL):
+                    if n % 20 == 0:
+                        wait_for(lambda n=n: n - len(acked) < PUBLISH_AHEAD_MAX)
                     pub.publish("jobs", {"n": n})
-                    if n % 20 == 19:
-                        time.sleep(0.01)  # ~2 s of publishing: the kills land mid-stream
                 pub.flush(timeout=60)
         except BaseException as exc:  # reported by the main thread
             failures.append(exc)
+            notify()
 
     def consume() -> None:
         try:
             with Client("worker", reconnect=POLICY) as worker:
-                worker.on_state(lambda change: consumer_states.append(change.state))
+                worker.on_state(note(consumer_states))
                 worker.connect(server.uri)
                 sub = worker.subscribe("Jobs", max_backlog=20)
                 while len(acked) < TOTAL:
@@ -66,19 +90,19 @@ def test_publisher_and_consumer_survive_server_sigkills(server_factory):
                         acked_then_redelivered.append(n)
                     msg.ack()
                     acked.add(n)
+                    notify()
                 worker.flush(timeout=60)
         except BaseException as exc:
             failures.append(exc)
+            notify()
 
     threads = [threading.Thread(target=publish), threading.Thread(target=consume)]
     for t in threads:
         t.start()
-    for fraction in (0.25, 0.6):
-        deadline = time.monotonic() + 30
-        while len(acked) < TOTAL * fraction and time.monotonic() < deadline and not failures:
-            time.sleep(0.005)
+    for kill, fraction in enumerate((0.25, 0.6), 1):
+        wait_for(lambda: len(acked) >= TOTAL * fraction)
         server.kill()
-        time.sleep(0.1)
+        wait_for(lambda: consumer_states.count(ConnectionState.RECONNECTING) == kill)
         server.restart()
     for t in threads:
         t.join(timeout=90)
@@ -95,7 +119,5 @@ def test_publisher_and_consumer_survive_server_sigkills(server_factory):
     with Client("check").connect(server.uri) as check:
         assert check.sow("Jobs") == []
         replay = check.subscribe("jobs", bookmark="0")
-        published = []
-        while (msg := replay.get(timeout=1.0)) is not None:
-            published.append(msg.json()["n"])
+        published = [msg.json()["n"] for msg in until_sentinel(check, replay, "jobs")]
     assert sorted(published) == list(range(TOTAL))  # every publish persisted exactly once

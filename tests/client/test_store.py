@@ -15,6 +15,7 @@ from conveyor import errors
 from conveyor.client import Client, FilePublishStore, PublishStore
 from conveyor.client import store as store_module
 from conveyor.client.core import ClientCore
+from tests.settle import until_sentinel
 
 
 def entries(store: PublishStore) -> list[int]:
@@ -137,9 +138,7 @@ def test_killed_client_restarts_from_its_store_file_and_everything_lands_once(se
 
     with Client("reader").connect(server.uri) as reader:
         replay = reader.subscribe("orders", bookmark="0")
-        got = []
-        while (msg := replay.get(timeout=1.0)) is not None:
-            got.append((msg.seq, msg.json()["n"]))
+        got = [(msg.seq, msg.json()["n"]) for msg in until_sentinel(reader, replay, "orders")]
     assert sorted(n for _, n in got) == list(range(2 * half + 50))
     assert sorted(seq for seq, _ in got) == list(range(1, 2 * half + 51))
     with FilePublishStore(path) as store:

@@ -1,4 +1,6 @@
 """A queue worker process for integration tests: prints each message's n, then acks it.
+A message ``{"stop": true}`` is acknowledged and ends the worker (no idle timeout: the
+test publishes one per worker after the work, and a FIFO queue hands it out last).
 
 usage: python -m tests.integration.consumer_proc URI QUEUE NAME BACKLOG [DELAY]
 """
@@ -15,11 +17,12 @@ def main() -> None:
     with Client(name).connect(uri) as client:
         sub = client.subscribe(queue, max_backlog=backlog)
         print("ready", flush=True)
-        while True:
-            msg = sub.get(timeout=3.0)
-            if msg is None:
+        for msg in sub:
+            body = msg.json()
+            if body.get("stop"):
+                msg.ack()
                 break
-            print(msg.json()["n"], flush=True)
+            print(body["n"], flush=True)
             if delay:
                 time.sleep(delay)
             msg.ack()

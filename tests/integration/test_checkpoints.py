@@ -4,9 +4,10 @@ detection or an unacknowledged message."""
 
 import json
 import re
-import time
 
 from conveyor import Client
+from tests.serverproc import checkpoint_mark, wait_checkpoint
+from tests.settle import take_all
 
 QUEUE = """
 <Queue>
@@ -18,16 +19,10 @@ QUEUE = """
 """
 
 
-def drain(client: Client, queue: str, ack: bool = True, idle: float = 1.0) -> list:
+def drain(client: Client, queue: str) -> list:
+    """Take and acknowledge everything in ``queue`` (tests/settle.py: no idle wait)."""
     sub = client.subscribe(queue, max_backlog=1000)
-    out = []
-    while True:
-        msg = sub.get(timeout=idle)
-        if msg is None:
-            break
-        out.append(msg.json()["n"])
-        if ack:
-            msg.ack()
+    out = [msg.json()["n"] for msg in take_all(client, sub)]
     client.flush()
     sub.unsubscribe()
     return out
@@ -64,9 +59,10 @@ def test_checkpoint_after_sigkill_is_still_safe(server_factory, tmp_path):
         for n in range(100):
             client.publish("jobs", {"n": n})
         client.flush()
+        mark = checkpoint_mark(tmp_path / "journal")
         got = drain(client, "Jobs")
         assert len(got) == 100
-        time.sleep(6)  # let a periodic checkpoint happen
+        wait_checkpoint(tmp_path / "journal", mark)  # a periodic one, after the acks
         for n in range(100, 150):
             client.publish("jobs", {"n": n})
         client.flush()
@@ -88,8 +84,7 @@ def test_retention_removes_segments_nothing_needs_and_keeps_duplicate_detection(
             client.publish("jobs", {"n": n, "pad": payload})
         client.flush()
         assert len(drain(client, "Jobs")) == 3000
-    time.sleep(6)  # a checkpoint, then retention
-    server.wait_log("retention removed journal segment")
+    server.wait_log("retention removed journal segment", timeout=30)  # after the next checkpoint
     segments = sorted((tmp_path / "journal").glob("*.log"))
     assert segments[0].name != "00000000000000000000.log"
     server.kill()

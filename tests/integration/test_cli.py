@@ -43,7 +43,7 @@ def test_publish_subscribe_sow_ack_round_trip(server_factory):
     assert proc.returncode == 0 and "1 message(s) acknowledged" in proc.stderr
     proc = run("subscribe", "Q", "--server", server.uri, "--count", "2", "--ack", "--timeout", "5")
     assert [json.loads(x)["n"] for x in proc.stdout.splitlines()] == [2, 3]
-    proc = run("subscribe", "work", "--server", server.uri, "--bookmark", "0", "--timeout", "1")
+    proc = run("subscribe", "work", "--server", server.uri, "--bookmark", "0", "--count", "3", "--timeout", "5")
     assert [json.loads(x)["n"] for x in proc.stdout.splitlines()] == [1, 2, 3]
 
 

@@ -4,16 +4,12 @@ republishing the same sequence numbers adds nothing (spec 002, duplicate detecti
 import time
 
 from conveyor import Client
+from tests.settle import until_sentinel
 
 
-def replay_all(client: Client, topic: str, idle: float = 1.5) -> list:
-    sub = client.subscribe(topic, bookmark="0")
-    out = []
-    while True:
-        msg = sub.get(timeout=idle)
-        if msg is None:
-            return out
-        out.append(msg)
+def replay_all(client: Client, topic: str) -> list:
+    """The whole topic from the log (up to a sentinel published now: tests/settle.py)."""
+    return until_sentinel(client, client.subscribe(topic, bookmark="0"), topic)
 
 
 def test_ten_thousand_persisted_survive_sigkill_and_replay_in_order(server_factory):
@@ -108,7 +104,7 @@ def test_replay_seam_has_no_gap_and_no_duplicate(server_factory):
                 assert msg is not None, f"stalled after {len(got)}"
                 got.append(msg.json()["n"])
             t.join()
-            assert sub.get(timeout=0.5) is None
+            assert until_sentinel(sub_client, sub, "live") == []
     assert got == list(range(total))
 
 
@@ -118,11 +114,11 @@ def test_replay_from_a_bookmark_resumes_after_it(server_factory):
         for i in range(10):
             client.publish("t", {"n": i})
         client.flush()
-        first = replay_all(client, "t", idle=0.5)
+        first = replay_all(client, "t")
         sub = client.subscribe("t", bookmark=first[4].bookmark)
         got = [sub.get(timeout=5).json()["n"] for _ in range(5)]
         assert got == [5, 6, 7, 8, 9]
-        assert sub.get(timeout=0.3) is None
+        assert until_sentinel(client, sub, "t") == []
 
 
 def test_graceful_shutdown_flushes_and_restarts_cleanly(server_factory):
@@ -135,7 +131,7 @@ def test_graceful_shutdown_flushes_and_restarts_cleanly(server_factory):
     server.wait_log("journal closed")
     server.restart()
     with Client("r").connect(server.uri) as reader:
-        assert len(replay_all(reader, "t", idle=0.5)) == 100
+        assert len(replay_all(reader, "t")) == 100
     assert "dropped" not in server.log
 
 
@@ -155,7 +151,7 @@ def test_replay_from_a_timestamp(server_factory):
         client.flush()
         sub = client.subscribe("t", bookmark=since)
         assert [sub.get(timeout=5).json()["n"] for _ in range(3)] == [5, 6, 7]
-        assert sub.get(timeout=0.3) is None
+        assert until_sentinel(client, sub, "t") == []
         live = client.subscribe("t", bookmark="NOW")
         client.publish("t", {"n": 8})
         assert live.get(timeout=5).json()["n"] == 8

@@ -4,9 +4,10 @@ and replays only the journal after it; everything is still delivered, exactly as
 without FileBackedMetadata."""
 
 import re
-import time
 
 from conveyor import Client
+from tests.serverproc import checkpoint_mark, wait_checkpoint
+from tests.settle import take_all
 
 N = 50_000  # 12 chunks of 4,096: most are paged out
 
@@ -27,16 +28,18 @@ def recovered_records(log: str) -> int:
     return int(re.findall(r"recovered (\d+) journal records", log)[-1])
 
 
-def take(client: Client, n: int | None = None, idle: float = 2.0) -> list[int]:
-    """Take and acknowledge ``n`` messages (all of them when None)."""
+def take(client: Client, n: int | None = None) -> list[int]:
+    """Take and acknowledge ``n`` messages (all of them when None: tests/settle.py)."""
     sub = client.subscribe("Jobs", max_backlog=1000)
-    out = []
-    while n is None or len(out) < n:
-        msg = sub.get(timeout=idle)
-        if msg is None:
-            break
-        out.append(msg.json()["n"])
-        msg.ack()
+    if n is None:
+        out = [msg.json()["n"] for msg in take_all(client, sub)]
+    else:
+        out = []
+        for _ in range(n):
+            msg = sub.get(timeout=10)
+            assert msg is not None, f"stalled after {len(out)}"
+            out.append(msg.json()["n"])
+            msg.ack()
     client.flush()
     sub.unsubscribe()
     return out
@@ -44,12 +47,14 @@ def take(client: Client, n: int | None = None, idle: float = 2.0) -> list[int]:
 
 def run(server_factory, tmp_path, fbm: bool) -> tuple[list[int], int]:
     server = server_factory(queues=queue(fbm), recorded="jobs")
+    journal = server.config.parent / "journal"
     with Client("p").connect(server.uri) as client:
         for n in range(N):
             client.publish("jobs", {"n": n})
         client.flush()
+        mark = checkpoint_mark(journal)
         first = take(client, 1000)
-    time.sleep(6)  # a periodic checkpoint: the snapshot
+    wait_checkpoint(journal, mark)  # a periodic checkpoint after the acks: the snapshot
     with Client("p").connect(server.uri) as client:
         for n in range(N, N + 10):
             client.publish("jobs", {"n": n})

@@ -3,6 +3,7 @@
 import pytest
 
 from conveyor import Client, errors
+from tests.settle import barrier, buffered
 
 QUEUE = "<Queue><Name>Orders</Name><MessageType>json</MessageType><UnderlyingTopic>orders</UnderlyingTopic></Queue>"
 
@@ -19,7 +20,8 @@ def test_filtered_subscribe_and_replay(server_factory):
         live = client.subscribe("orders", filter="/region = 'EU' AND /qty > 100")
         fill(client)
         assert [live.get(timeout=5).json()["n"] for _ in range(2)] == [2, 4]
-        assert live.get(timeout=0.3) is None
+        barrier(client)
+        assert buffered(live) == []
         replay = client.subscribe("orders", bookmark="0", filter="/region IN ('US', 'APAC')")
         assert [replay.get(timeout=5).json()["n"] for _ in range(2)] == [1, 3]
 

@@ -5,6 +5,7 @@ import sys
 import time
 
 from conveyor import Client
+from tests.settle import barrier, buffered, take_all
 
 ALO = """
 <Queue>
@@ -53,6 +54,10 @@ def test_workers_one_killed_mid_stream_every_message_processed(server_factory):
         victim_seen.append(int(victim.stdout.readline()))
     victim.kill()
     victim.wait()
+    with Client("stopper").connect(server.uri) as client:  # after the work: handed out last
+        for _ in workers:
+            client.publish("jobs", {"stop": True})
+        client.flush()
     outputs = [w.communicate(timeout=120)[0] for w in workers]
     processed = [int(x) for out in outputs for x in out.split()]
     assert set(processed) | set(victim_seen) == set(range(total))
@@ -82,14 +87,7 @@ def test_restart_recovers_unacknowledged_and_forgets_acknowledged(server_factory
     server.restart()
     with Client("worker-2").connect(server.uri) as client:
         sub = client.subscribe("Jobs", max_backlog=100)
-        got = []
-        while True:
-            msg = sub.get(timeout=1.5)
-            if msg is None:
-                break
-            got.append(msg.json()["n"])
-            msg.ack()
-        client.flush()
+        got = [msg.json()["n"] for msg in take_all(client, sub)]
     assert sorted(got) == sorted(set(range(100)) - set(acked))
     assert set(held) <= set(got)
 
@@ -106,13 +104,7 @@ def test_at_most_once_delivered_messages_never_come_back(server_factory):
     server.restart()
     with Client("taker-2").connect(server.uri) as client:
         sub = client.subscribe("Once", max_backlog=100)
-        rest = []
-        while True:
-            msg = sub.get(timeout=1.5)
-            if msg is None:
-                break
-            rest.append(msg.json()["n"])
-            msg.ack()
+        rest = [msg.json()["n"] for msg in take_all(client, sub)]
     assert sorted(taken + rest) == list(range(50))
     assert not set(taken) & set(rest)
 
@@ -130,5 +122,5 @@ def test_lease_expiry_redelivers(server_factory):
         again = sub.get(timeout=5)  # not acknowledged: comes back after the lease
         assert again.bookmark == first.bookmark
         again.ack()
-        client.flush()
-        assert sub.get(timeout=1) is None
+        barrier(client)
+        assert buffered(sub) == []
