@@ -441,3 +441,28 @@ class ModelQueue:
             for p, m in self.msgs.items()
             if m.active
         ]
+
+
+# --- replaying into the real queue ------------------------------------------------------------
+
+
+def replay(queue, event, now: float) -> None:
+    """Apply one journaled event to a real :class:`Queue` through the replay verb the
+    engine's recovery maps its journal record to (queue_recovery rule 1)."""
+    match event:
+        case Leased(position=p, count=count):
+            queue.replay_delivered(p, now, count=count)
+        case DeliveredAtMostOnce(position=p):
+            queue.replay_delivered(p, now)
+        case Acknowledged(position=p):
+            queue.replay_acknowledged(p)
+        case Cancelled(position=p, cancels=cancels):
+            queue.replay_cancelled(p, cancels=cancels)
+        case LeaseExpired(position=p) | Returned(position=p):
+            queue.replay_returned(p)
+        case Expired(position=p):
+            queue.replay_expired(p)
+        case BarrierDelivered(position=p):
+            queue.replay_barrier_delivered(p)
+        case _:
+            raise TypeError(f"not a queue event: {event!r}")

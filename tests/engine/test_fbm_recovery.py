@@ -102,7 +102,10 @@ def check_ledger(h: Harness, *, final: bool) -> None:
 def state(h: Harness) -> list:
     out = []
     for name, q in sorted(h.engine.queues.items()):
-        out.append((name, list(q.available()), sorted(q._leases), dict(q._deliveries), dict(q._cancels),
+        rows = q.details().messages
+        out.append((name, list(q.available()), sorted(r.position for r in rows if r.state == "leased"),
+                    {r.position: r.deliveries for r in rows if r.deliveries},
+                    {r.position: r.cancels for r in rows if r.cancels},
                     q.statistics().inactive_message_count))
     return out, h.engine.checkpoint().queues  # the recovery points as stored
 
@@ -255,9 +258,10 @@ def test_restart_replays_only_after_the_snapshot(tmp_path, monkeypatch):
     for n in range(10_000, 10_010):
         h.publish(pub, "Jobs", {"n": n, "k": 0, "b": 0})
     h.commit()
-    assert h.engine.queues["Jobs"]._store.paged_chunks > 0
+    assert h.engine.queues["Jobs"].paged_chunks > 0
     jobs = h.engine.queues["Jobs"]
-    before = sorted([*jobs.available(), *jobs._leases])  # the leases come back
+    leased = [r.position for r in jobs.details().messages if r.state == "leased"]
+    before = sorted([*jobs.available(), *leased])  # the leases come back
     h.crash()
     assert h.recovered < 100  # the 10 publishes, the leases and acks after the checkpoint
     assert list(h.engine.queues["Jobs"].available()) == before

@@ -19,6 +19,8 @@ from conveyor.engine.queue import (
     Returned,
 )
 
+from .queue_model import replay
+
 ALO, AMO = Semantics.AT_LEAST_ONCE, Semantics.AT_MOST_ONCE
 NONE, EXPIRE = AckOption.NONE, AckOption.EXPIRE
 
@@ -87,7 +89,7 @@ class BBench:
             if rec[0] == "pub":
                 self._enqueue(q, rec[1], rec[2])
             else:
-                q.replay(rec[1], now)
+                replay(q, rec[1], now)
         q.end_replay(now)
         self.q = q
         return q

@@ -1,6 +1,7 @@
 """FileBackedMetadata paging (queue_paging) and snapshots (queue_snapshot): the paged
-store against a sorted dict with tiny chunks and two resident chunks, so every path
-pages; the queue with a paged store against the same queue in memory; snapshots."""
+store against a sorted dict with tiny chunks (``chunk_slots=4``) and two resident
+chunks, so every path pages; the queue with a paged store against the same queue in
+memory; snapshots."""
 
 from __future__ import annotations
 
@@ -19,10 +20,8 @@ def PageFile(directory, queue, generation, *, fresh):  # noqa: N802
     return PageFiles(directory).open(queue, generation, fresh=fresh)
 
 
-@pytest.fixture
-def tiny_chunks(monkeypatch):
-    monkeypatch.setattr(queue_store, "CHUNK_SLOTS", 4)
-    monkeypatch.setattr(queue_store, "_COMPACT_MIN_SLOTS", 2)
+#: Messages per chunk where every path of the paged store must be reached.
+TINY = 4
 
 
 def check(store: queue_store.MessageStore, model: dict[int, float]) -> None:
@@ -37,9 +36,9 @@ def check(store: queue_store.MessageStore, model: dict[int, float]) -> None:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_paged_store_matches_a_dict(tmp_path, tiny_chunks, seed):
+def test_paged_store_matches_a_dict(tmp_path, seed):
     rng = random.Random(seed)
-    store = PagedMessageStore(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    store = PagedMessageStore(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2, chunk_slots=TINY)
     model: dict[int, float] = {}
     gone: list[int] = []
     nxt = 0
@@ -136,8 +135,16 @@ def config(**kw) -> QueueConfig:
     return QueueConfig(name="Q", message_type="json", file_backed_metadata=True, **kw)
 
 
-def drive(rng: random.Random, queues: list[Queue], steps: int = 250) -> None:
-    """The same random calls on every queue; every answer must be the same."""
+def counts(q: Queue) -> tuple[dict, dict]:
+    """(delivery counts, cancel counts) of the messages in the queue."""
+    rows = q.details().messages
+    return ({r.position: r.deliveries for r in rows if r.deliveries},
+            {r.position: r.cancels for r in rows if r.cancels})
+
+
+def drive(rng: random.Random, queues: list[Queue], steps: int = 250) -> list[list[Consumer]]:
+    """The same random calls on every queue; every answer must be the same. The
+    consumers of each queue."""
     consumers = [[Consumer((1, f"s{i}"), 1, filter=None if i else (lambda v, now: v[0] % 3 == 0), max_backlog=5)
                   for i in range(2)] for _ in queues]
     for q, cs in zip(queues, consumers):
@@ -155,7 +162,7 @@ def drive(rng: random.Random, queues: list[Queue], steps: int = 250) -> None:
             out = [[(d.consumer.key, d.position) for d in q.dispatch(now)] for q in queues]
             assert out[0] == out[1]
         elif op < 0.85:
-            leased = [p for p, _ in sorted(queues[0]._leases.items())]
+            leased = sorted(r.position for r in queues[0].details().messages if r.state == "leased")
             pick = rng.sample(leased, min(len(leased), 3))
             opt = rng.choice([AckOption.NONE, AckOption.CANCEL])
             res = [q.acknowledge(pick, by=None, option=opt, now=now).events for q in queues]
@@ -176,42 +183,41 @@ def drive(rng: random.Random, queues: list[Queue], steps: int = 250) -> None:
                 q.add_consumer(cs[0], now)
         assert list(queues[0].available()) == list(queues[1].available())
         assert queues[0].recovery_point() == queues[1].recovery_point()
+    return consumers
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_paged_queue_behaves_as_in_memory(tmp_path, tiny_chunks, seed):
+def test_paged_queue_behaves_as_in_memory(tmp_path, seed):
     rng = random.Random(seed)
     load = lambda p: (p,)  # noqa: E731
-    paged = Queue(config(), load=load)
-    paged.page_to(PageFile(tmp_path, "Q", 0, fresh=True))
-    paged._store.resident_max = 2
-    plain = Queue(config(), load=load)
+    paged = Queue(config(), load=load, chunk_slots=TINY)
+    paged.page_to(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    plain = Queue(config(), load=load, chunk_slots=TINY)
     drive(rng, [paged, plain])
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_snapshot_restores_the_state_replay_would_build(tmp_path, tiny_chunks, seed):
+def test_snapshot_restores_the_state_replay_would_build(tmp_path, seed):
     """A snapshot then restore equals the queue with every lease broken (rule 2)."""
     rng = random.Random(seed)
     load = lambda p: (p,)  # noqa: E731
     cfg = config(barrier_expression="/b = 1") if seed % 2 else config()
-    q = Queue(cfg, load=load)
-    q.page_to(PageFile(tmp_path, "Q", 0, fresh=True))
-    q._store.resident_max = 2
-    twin = Queue(cfg, load=load)
-    drive(rng, [q, twin], steps=200)
+    q = Queue(cfg, load=load, chunk_slots=TINY)
+    q.page_to(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    twin = Queue(cfg, load=load, chunk_slots=TINY)
+    consumers = drive(rng, [q, twin], steps=200)[1]
     snap = q.snapshot(events_from=10**9, publishes_from=10**9)
     snap = queue_snapshot.decode(queue_snapshot.encode(snap))
-    restored = Queue(cfg, load=load)
+    restored = Queue(cfg, load=load, chunk_slots=TINY)
     file = PageFile(tmp_path, "Q", 0, fresh=False)
     queue_snapshot.check(snap, cfg, file)
     restored.page_to(file)
     restored.restore_snapshot(snap)
     assert restored.end_replay(1e6) is not None
-    for consumer in list(twin._seat_of.values()):
-        twin.remove_consumer(consumer.consumer, 1e6)
+    for consumer in consumers:
+        twin.remove_consumer(consumer, 1e6)
     assert list(restored.available()) == list(twin.available())
-    assert restored._deliveries == twin._deliveries and restored._cancels == twin._cancels
+    assert counts(restored) == counts(twin)
     assert restored.recovery_point() == twin.recovery_point()
     assert restored.last_position == twin.last_position
 

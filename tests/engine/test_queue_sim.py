@@ -19,7 +19,10 @@ at-most-once is delivered twice; a backlog is never exceeded except after a repl
 lowered it; every delivery is the first message in delivery order (highest priority,
 then oldest) the consumer's filter matches, and none is after a pending barrier; a
 barrier is never delivered while an earlier message is unacknowledged; the active part
-of a TargetQueueDepth queue never exceeds the target.
+of a TargetQueueDepth queue never exceeds the target. The queue's own invariants
+(``Queue.check_invariants``: the parts agree with each other) are checked after every
+step, and every transition checks, under ``__debug__``, that the message is where the
+calling branch believes it is.
 
 A failure names its seed. Replay one: ``CONVEYOR_SIM_SEED=123 pytest tests/engine/test_queue_sim.py``.
 More seeds (nightly): ``CONVEYOR_SIM_SEEDS=200000``.
@@ -45,7 +48,7 @@ from conveyor.engine.queue_events import (
 )
 from conveyor.engine.queue_state import MessageState
 
-from .queue_model import MConsumer, ModelQueue
+from .queue_model import MConsumer, ModelQueue, replay
 
 SEEDS_DEFAULT = 2000
 BATCH = 100  # seeds per test case: a failing case still names the exact seed
@@ -418,7 +421,7 @@ class World:
                     if lossy:
                         _replay_lossy(q, rec[2], self.now)
                     else:
-                        q.replay(rec[2], self.now)
+                        replay(q, rec[2], self.now)
                     self.refill_queue(qid, q)  # as live: the window refills as it drains
             got = q.end_replay(self.now)
             want = self.models[qid].crash(self.now)
@@ -434,6 +437,7 @@ class World:
 
     def check(self) -> None:
         for qid, (q, m) in enumerate(zip(self.queues, self.models)):
+            q.check_invariants()  # the parts agree with each other (AssertionError if not)
             avail = list(q.available())
             self.expect(avail == m.available(), f"q{qid} view: {avail} != {m.available()}")
             rows = [

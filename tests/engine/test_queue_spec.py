@@ -31,6 +31,8 @@ from conveyor.errors import (
     UnknownSubscription,
 )
 
+from .queue_model import replay
+
 ALO, AMO = Semantics.AT_LEAST_ONCE, Semantics.AT_MOST_ONCE
 NONE, CANCEL, EXPIRE = AckOption.NONE, AckOption.CANCEL, AckOption.EXPIRE
 
@@ -353,7 +355,7 @@ def test_message_flow_returned_message_is_again_the_oldest():
 
 def test_message_flow_filter_that_raises_is_no_match():
     b = Bench()
-    p1, p2 = b.pub(), b.pub(k=1)
+    _, p2 = b.pub(), b.pub(k=1)
     b.consumer("A", flt=lambda d, now: d["k"] == 1)  # KeyError on p1
     assert b.deliver() == [("A", p2)]
     assert b.q.statistics().filter_errors == 1
@@ -455,7 +457,7 @@ def test_acknowledging_leasing_strict_refuses_ack_of_message_leased_to_another()
 
 def test_acknowledging_leasing_strict_refuses_filtered_ack_of_others_leases():
     b = Bench(leasing=Leasing.STRICT)
-    p1, p2 = b.pub(k=1), b.pub(k=1)
+    _, p2 = b.pub(k=1), b.pub(k=1)
     b.consumer("A", owner="conn1")
     b.deliver()
     r = b.q.acknowledge_matching(k_is(1), by="conn2", option=NONE, now=0.0)
@@ -607,7 +609,7 @@ def rebuild(b: Bench, journal: list, now: float, start: int = 0) -> tuple[Queue,
             if rest[0] >= start:
                 q.enqueue(rest[0], rest[1])
         else:
-            q.replay(rest[0], now)
+            replay(q, rest[0], now)
     return q, q.end_replay(now)
 
 
@@ -679,7 +681,7 @@ def test_recovery_without_end_replay_the_next_expire_reports_the_events():
     p = b.pub()
     q = Queue(b.config, load=b.data.__getitem__)
     q.enqueue(p, 0.0)
-    q.replay(Leased(p, "A", 1), 0.0)
+    q.replay_delivered(p, 0.0, count=1)
     assert q.next_deadline() == -math.inf
     q.add_consumer(Consumer("B", "B"), 1.0)  # the first live call settles the replay
     assert q.dispatch(1.0) == []
@@ -692,7 +694,7 @@ def test_recovery_replay_into_a_queue_with_consumers_is_refused():
     p = b.pub()
     b.consumer("A")
     with pytest.raises(QueueStateError):
-        b.q.replay(Leased(p, "A", 1), 0.0)
+        b.q.replay_delivered(p, 0.0, count=1)
 
 
 def test_recovery_point_is_the_oldest_unfinished_message():
@@ -818,7 +820,7 @@ def test_consumers_are_known_by_key():
 
 def test_statistics_follow_reference_d1():
     b = Bench(lease_period_s=10.0)
-    p1, _ = b.pub(t=1.0), b.pub(t=2.0)
+    b.pub(t=1.0), b.pub(t=2.0)
     b.consumer("A")
     b.deliver(3.0)
     s = b.q.statistics(5.0)

@@ -1,20 +1,15 @@
-"""The compact message store, against a sorted dict (with tiny chunks to reach the
-split and compaction paths)."""
+"""The compact message store, against a sorted dict (with tiny chunks,
+``chunk_slots=4``, to reach the split and compaction paths); its snapshot images."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.engine import queue_store
-from conveyor.engine.queue_store import MessageStore
+from conveyor.engine.queue_store import ChunkImage, MessageStore
 
-
-@pytest.fixture
-def tiny_chunks(monkeypatch):
-    monkeypatch.setattr(queue_store, "CHUNK_SLOTS", 4)
-    monkeypatch.setattr(queue_store, "_COMPACT_MIN_SLOTS", 2)
+TINY = 4
 
 
 def check(store: MessageStore, model: dict[int, float]) -> None:
@@ -38,11 +33,10 @@ ops = st.lists(
 )
 
 
-# The fixture only patches constants; it is the same for every example.
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None)
 @given(ops=ops)
-def test_store_matches_a_sorted_dict(tiny_chunks, ops):
-    store, model, gone, nxt = MessageStore(), {}, {}, 0
+def test_store_matches_a_sorted_dict(ops):
+    store, model, gone, nxt = MessageStore(chunk_slots=TINY), {}, {}, 0
     for op, r in ops:
         if op == "append":
             nxt += 1 + r % 3
@@ -71,20 +65,20 @@ def test_store_restore_of_an_available_position_is_refused():
         store.restore(1, 0.0)
 
 
-def test_store_compacts_and_drops_chunks(tiny_chunks):
-    store = MessageStore()
+def test_store_compacts_and_drops_chunks():
+    store = MessageStore(chunk_slots=TINY)
     for p in range(40):
         store.append(p, 0.0)
     for p in range(0, 40, 2):
         store.discard(p)
-    assert all(len(ch.positions) <= 4 for ch in store._chunks)
+    assert all(len(image.positions) <= TINY for image in store.export_chunks())
     for p in range(1, 40, 2):
         store.discard(p)
-    assert store._chunks == [] and store.head() is None
+    assert store.export_chunks() == [] and store.head() is None
 
 
-def test_store_splits_an_overfull_chunk(tiny_chunks):
-    store = MessageStore()
+def test_store_splits_an_overfull_chunk():
+    store = MessageStore(chunk_slots=TINY)
     for p in range(0, 40, 10):
         store.append(p, 0.0)
     for p in range(0, 40, 10):
@@ -93,5 +87,23 @@ def test_store_splits_an_overfull_chunk(tiny_chunks):
         store.restore(p, 1.0)
     for p in range(1, 10):
         store.restore(p, 2.0)
-    assert all(len(ch.positions) <= 8 for ch in store._chunks)
+    assert all(len(image.positions) <= 2 * TINY for image in store.export_chunks())
     assert [p for p, _ in store.items()] == sorted(list(range(0, 40, 10)) + list(range(1, 10)))
+
+
+def test_exported_chunks_are_adopted_by_an_empty_store():
+    """A snapshot sees the store only as ChunkImages; adopting them gives the same store
+    (and a store that does not page refuses paged-out images)."""
+    store = MessageStore(chunk_slots=TINY)
+    for p in range(30):
+        store.append(p, float(p))
+    for p in (0, 1, 7, 12, 13):
+        store.discard(p)
+    images = store.export_chunks()
+    other = MessageStore(chunk_slots=TINY)
+    other.adopt(images)
+    assert list(other.items()) == list(store.items()) and len(other) == len(store)
+    with pytest.raises(ValueError):
+        other.adopt(images)  # only an empty store
+    with pytest.raises(ValueError):
+        MessageStore().adopt([ChunkImage(0, None, None, (0, 3, 0))])

@@ -15,11 +15,12 @@ from conveyor.engine.queue import (
     AckOption,
     Consumer,
     Expired,
-    Leased,
     MessageState,
     Queue,
     QueueStateError,
 )
+
+from .queue_model import replay
 
 ALO, AMO = Semantics.AT_LEAST_ONCE, Semantics.AT_MOST_ONCE
 NONE, CANCEL, EXPIRE = AckOption.NONE, AckOption.CANCEL, AckOption.EXPIRE
@@ -100,7 +101,7 @@ class TBench:
             if rec[0] == "pub":
                 q.enqueue(p, rec[1])
             elif rec[0] == "ev":
-                q.replay(rec[1], now)
+                replay(q, rec[1], now)
                 self.refill(q, upto=p)
         self.journal_events(q.end_replay(now))
         self.refill(q)
@@ -362,9 +363,9 @@ def test_replayed_delivery_of_an_inactive_message_means_the_engine_did_not_refil
     q = Queue(b.config, load=b.data.__getitem__)
     q.enqueue(p1, 0.0)
     q.enqueue(p2, 0.0)
-    q.replay(Acknowledged(p1), 0.0)
+    q.replay_acknowledged(p1)
     with pytest.raises(QueueStateError, match="refill"):
-        q.replay(Leased(p2, "A", 1), 0.0)
+        q.replay_delivered(p2, 0.0, count=1)
 
 
 def test_inactive_messages_cost_no_memory():

@@ -56,12 +56,30 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
 9. TargetQueueDepth: the active window, deferred acks and the engine's refill:
    :mod:`conveyor.engine.queue_window`.
 10. Recovery (Startup and Recovery): the engine replays the journaled events, in order
-   and interleaved with the enqueues, through :meth:`replay`. No lease survives a
-   restart, so a replayed lease has already ended (LEASE then RETURN): the message is
+   and interleaved with the enqueues, through the ``replay_*`` verbs. No lease survives
+   a restart, so a replayed lease has already ended (LEASE then RETURN): the message is
    available again with its delivery and cancel counts, and :meth:`end_replay` expires
    those at MaxCancels / MaxDeliveries by rule 2. Acknowledged, expired and
-   at-most-once-delivered messages never come back (the replay methods and their rules
+   at-most-once-delivered messages never come back (the replay verbs and their rules
    are in :mod:`conveyor.engine.queue_recovery`).
+
+The queue is an orchestrator of parts that own their state; it moves each message
+through the transition table (:class:`~conveyor.engine.queue_state.Transitions`: the
+state is derived from the part that holds the message, and checked under
+``__debug__``) and tells the parts what happened:
+
+- :class:`~conveyor.engine.queue_order.DeliveryOrder`: the available messages (the
+  store), the priority epochs and the pending barriers;
+- :class:`~conveyor.engine.queue_leases.LeaseTable`: leases, deadlines, delivery and
+  cancel counts, at-most-once deliveries awaiting their ack, the backlogs;
+- :class:`~conveyor.engine.queue_seats.Seats`: the consumers, fairness and the filtered
+  consumers' cursors;
+- :class:`~conveyor.engine.queue_window.ActiveWindow`: TargetQueueDepth;
+- :class:`~conveyor.engine.queue_recovery.QueueReplayer`: the replay verbs.
+
+A snapshot (FileBackedMetadata) goes through :meth:`export_state` and
+:meth:`restore_state` (:class:`~conveyor.engine.queue_events.QueueState`), never through
+the parts' fields.
 
 Complexity (n available messages, C consumers of this queue, L leased messages):
 enqueue O(1) amortized; acknowledge by bookmark O(1) for a leased message, O(log n)
@@ -78,17 +96,14 @@ objects only for leased, returned or awaiting-ack messages, which the backlogs b
 
 from __future__ import annotations
 
-import enum
 import math
-from bisect import bisect_left
-from heapq import heapify, heappop, heappush
-from typing import Callable, Hashable, Iterable, Iterator
+from typing import Callable, Hashable, Iterable, Iterator, NamedTuple
 
 from conveyor import expr
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
-from conveyor.engine.queue_consumer import Consumer, choose, effective_backlog
+from conveyor.engine import queue_snapshot
+from conveyor.engine.queue_consumer import Consumer, effective_backlog
 from conveyor.engine.queue_events import (
-    REASON_ORDER,
     Acknowledged,
     AckOption,
     AckResult,
@@ -103,29 +118,27 @@ from conveyor.engine.queue_events import (
     LeaseExpired,
     MessageDetail,
     QueueDetails,
+    QueueState,
     QueueStats,
     Returned,
+    TakeBack,
 )
+from conveyor.engine.queue_leases import LeaseTable
+from conveyor.engine.queue_order import DeliveryOrder
+from conveyor.engine.queue_paging import PageFile
+from conveyor.engine.queue_priority import KEY_END, POSITION_MASK, order_key, priority_of_key
+from conveyor.engine.queue_recovery import QueueReplayer
+from conveyor.engine.queue_seats import Seat, Seats
 from conveyor.engine.queue_state import (
-    TRANSITIONS,
     IllegalTransition,
     MessageState,
     PositionOutOfOrder,
     QueueStateError,
+    Transitions,
     Verb,
-    advance,
 )
-from conveyor.engine.queue_priority import (
-    KEY_END,
-    POSITION_MASK,
-    PriorityIndex,
-    order_key,
-    priority_of_key,
-)
-from conveyor.engine.queue_recovery import QueueRecovery
-from conveyor.engine.queue_store import MessageStore
-from conveyor.engine.queue_window import QueueWindow
-from conveyor.errors import ConfigError, DuplicateSubscription, InvalidOption, UnknownSubscription
+from conveyor.engine.queue_window import ActiveWindow
+from conveyor.errors import ConfigError, InvalidOption
 
 __all__ = [
     "AckOption",
@@ -147,6 +160,7 @@ __all__ = [
     "PositionOutOfOrder",
     "Queue",
     "QueueDetails",
+    "QueueState",
     "QueueStateError",
     "QueueStats",
     "Returned",
@@ -155,80 +169,70 @@ __all__ = [
     "effective_backlog",
 ]
 
-_AVAILABLE, _LEASED = MessageState.AVAILABLE, MessageState.LEASED
-_TIME_LIMIT = ExpiryReason.TIME_LIMIT
+_ABSENT, _AVAILABLE = MessageState.ABSENT, MessageState.AVAILABLE
+_LEASED, _INACTIVE = MessageState.LEASED, MessageState.INACTIVE
+_TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 _FORCED = (ExpiryReason.FORCED_EXPIRE,)
-#: Stale lease deadlines (acked before they fell due) are swept out of the heap once they
-#: outnumber the live ones by this factor, so the heap stays O(leases).
-_HEAP_SLACK = 2
-_HEAP_SLACK_MIN = 64
-#: A filtered consumer's heap of candidates collects an entry each time a message comes
-#: back behind its cursor, and drops stale ones only when they reach the top (which never
-#: happens while the consumer is full). Past twice its last pruned size it is rebuilt
-#: from the entries still available, without duplicates, so it stays O(returned messages).
-_CANDIDATES_SLACK_MIN = 32
 
 
-class TakeBack(enum.Enum):
-    """What :meth:`Queue.take_back` found (a named consumer's re-offer)."""
-
-    RENEWED = "renewed"  # it held the lease: the deadline moved
-    TAKEN = "taken"  # the message was available: leased to it again
-    ELSEWHERE = "elsewhere"  # leased to another subscriber, or inactive
-    DONE = "done"  # acknowledged or expired
+class _LeaseEnd(NamedTuple):
+    event: Callable[[int, int], Event]  # (position, cancel count) -> the event to journal
+    counter: str  # the QueueCounters field it adds one to
+    cancels: bool  # it counts as a cancel (MaxCancels)
 
 
-class _Seat:
-    """A consumer as seen by one queue."""
-
-    __slots__ = ("consumer", "filter_seen", "cursor", "candidates", "prune_at", "held", "active")
-
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-        self.filter_seen = consumer.filter  # the filter the cursor was built for
-        self.cursor = -(2**63)  # every available position below it was evaluated
-        self.candidates: list[int] = []  # heap: evaluated matches below the cursor
-        self.prune_at = _CANDIDATES_SLACK_MIN  # prune stale/duplicate candidates past this
-        self.held: set[int] = set()  # leased here, or consumed here awaiting the ack
-        self.active = True  # False once detached: keeps its leases, takes nothing new
-
-    def reset_cursor(self) -> None:
-        self.filter_seen = self.consumer.filter
-        self.cursor = -(2**63)
-        self.candidates = []
-        self.prune_at = _CANDIDATES_SLACK_MIN
+#: How a lease ends other than by an acknowledgement (rule 2), by verb.
+_LEASE_ENDS = {
+    Verb.CANCEL: _LeaseEnd(Cancelled, "cancelled", True),
+    Verb.LEASE_EXPIRE: _LeaseEnd(lambda p, _: LeaseExpired(p), "expired_leases", False),
+    Verb.RETURN: _LeaseEnd(lambda p, _: Returned(p), "returned", False),
+}
 
 
-class _Lease:
-    __slots__ = ("seat", "deadline", "published_at", "key")
+class QueueCounters:
+    """The cumulative counters of :class:`QueueStats` (since this Queue was built)."""
 
-    def __init__(self, seat: _Seat, deadline: float, published_at: float, key: int) -> None:
-        self.seat = seat
-        self.deadline = deadline
-        self.published_at = published_at
-        self.key = key  # order key: the position, or (priority queue) rank and position
+    __slots__ = (
+        "enqueued", "delivered", "acknowledged", "expired", "expired_leases", "returned",
+        "cancelled", "filter_errors", "barriers_delivered",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def add(self, name: str) -> None:
+        setattr(self, name, getattr(self, name) + 1)
 
 
 class _Tally:
     """What one acknowledge call did; becomes an AckResult."""
 
-    __slots__ = ("counts", "events", "freed", "refused")
+    __slots__ = (
+        "acknowledged", "cancelled", "expired", "released", "ignored", "deferred",
+        "cancels_expired", "events", "freed", "refused",
+    )
 
     def __init__(self) -> None:
-        self.counts = dict.fromkeys(
-            ("acknowledged", "cancelled", "expired", "released", "ignored", "deferred"), 0
-        )
+        self.acknowledged = self.cancelled = self.expired = 0
+        self.released = self.ignored = self.deferred = 0
+        self.cancels_expired = 0  # cancels over a limit: counted in cancelled and expired
         self.events: list[Event] = []
         self.freed: dict[Hashable, None] = {}  # an ordered set
         self.refused: list[int] = []
 
-    def result(self) -> AckResult:
+    def result(self, asked: int) -> AckResult:
+        if __debug__:  # each position asked about has exactly one outcome
+            outcomes = (
+                self.acknowledged + self.cancelled + self.expired - self.cancels_expired
+                + self.released + len(self.refused) + self.ignored + self.deferred
+            )
+            assert outcomes == asked, f"{asked} positions acknowledged, {outcomes} outcomes"
         return AckResult(
-            refused=len(self.refused),
-            events=tuple(self.events),
-            freed=tuple(self.freed),
-            refused_positions=tuple(self.refused),
-            **self.counts,
+            acknowledged=self.acknowledged, cancelled=self.cancelled, expired=self.expired,
+            released=self.released, refused=len(self.refused), ignored=self.ignored,
+            events=tuple(self.events), freed=tuple(self.freed),
+            refused_positions=tuple(self.refused), deferred=self.deferred,
         )
 
 
@@ -267,71 +271,51 @@ def check_config(config: QueueConfig) -> None:
             raise bad(f"{name} must be >= 1, not {value}")
 
 
-class Queue(QueueRecovery, QueueWindow):
+class Queue:
     """One queue (spec 000). See the module header for the rules it keeps."""
 
     def __init__(
-        self, config: QueueConfig, *, load: Callable[[int], object], start: int = 0
+        self,
+        config: QueueConfig,
+        *,
+        load: Callable[[int], object],
+        start: int = 0,
+        chunk_slots: int | None = None,
     ) -> None:
-        """``start``: the recovery point replay begins at (every message below it is done)."""
+        """``start``: the recovery point replay begins at (every message below it is done).
+        ``chunk_slots``: messages per chunk of the store (``queue_store.CHUNK_SLOTS``)."""
         check_config(config)
         self.config = config
         self._load = load
-        self._semantics = config.semantics
-        self._table = TRANSITIONS[config.semantics]
         self._at_least_once = config.semantics is Semantics.AT_LEAST_ONCE
         self._strict = config.leasing is Leasing.STRICT
         self._fairness = config.fairness
         self._lease_period = config.lease_period_s
         self._expiration = config.expiration_s
-        self._max_cancels = config.max_cancels
-        self._max_deliveries = config.max_deliveries
         self._priority = config.priority is not None
         self._barrier_on = config.barrier_expression is not None
         self._target = config.target_queue_depth
-
-        self._store = MessageStore()  # available messages
-        # Priority: the delivery order of each epoch (the messages between two pending
-        # barriers); only the first is deliverable. FIFO queues deliver in store order.
-        self._epochs: list[PriorityIndex] = (
-            [PriorityIndex(self._store.__contains__)] if self._priority else []
-        )
-        self._barriers: list[int] = []  # pending barrier positions, ascending
-        self._leases: dict[int, _Lease] = {}
-        self._deadlines: list[tuple[float, int]] = []  # heap of lease deadlines (some stale)
-        self._deliveries: dict[int, int] = {}  # delivered at least once, still in the queue
-        self._cancels: dict[int, int] = {}
-        self._consumed: dict[int, _Seat] = {}  # at-most-once deliveries awaiting the ack
-        self._replayed = False  # replay happened: end_replay's limit check is due
-        self._pending: list[Event] = []  # events of that check not yet handed out
-
-        self._seats: list[_Seat] = []  # active seats, in subscription order
-        self._consumers: list[Consumer] = []  # their consumers, same order
-        self._seat_of: dict[Hashable, _Seat] = {}  # every seat, detached ones too
-        self._rr_next = 0  # round-robin: index following the last consumer served
-
         self._start = start
         self._last_position = start - 1
         self._last_time = -math.inf
-        # TargetQueueDepth (queue_window): inactive messages are only counted.
-        self._inactive = 0
-        self._offered = start - 1  # last position that entered the active part (or offered)
-        self._refill_from: int | None = None
-        self._deferred: set[int] = set()  # deferred acks (positions in the inactive part)
-        self._deferred_heap: list[int] = []
-        self._n = dict.fromkeys(
-            (
-                "enqueued",
-                "delivered",
-                "acknowledged",
-                "expired",
-                "expired_leases",
-                "returned",
-                "cancelled",
-                "filter_errors",
-                "barriers_delivered",
-            ),
-            0,
+        self._counters = QueueCounters()
+
+        self._transitions = Transitions(config.semantics, self.state_of)
+        self._move = self._transitions.move
+        self._seats = Seats(config.name, priority=self._priority, matches=self._matches)
+        self._order = DeliveryOrder(
+            priority=self._priority, chunk_slots=chunk_slots,
+            on_first_epoch_grew=self._seats.reset_cursors,
+        )
+        self._leases = LeaseTable(
+            expiration_s=config.expiration_s, max_cancels=config.max_cancels,
+            max_deliveries=config.max_deliveries,
+        )
+        self._window = ActiveWindow(self._target, start)
+        self._replay = QueueReplayer(
+            config.name, at_least_once=self._at_least_once, state_of=self.state_of,
+            transitions=self._transitions, order=self._order, leases=self._leases,
+            window=self._window, seats=self._seats, expired=self._expire_gone,
         )
 
     @property
@@ -345,8 +329,8 @@ class Queue(QueueRecovery, QueueWindow):
 
     def __repr__(self) -> str:
         return (
-            f"<Queue {self.name!r} {self._semantics.value}: {len(self._store)} available, "
-            f"{len(self._leases)} leased, {len(self._seats)} consumers>"
+            f"<Queue {self.name!r} {self.config.semantics.value}: {len(self._order.store)} "
+            f"available, {len(self._leases.leased)} leased, {len(self._seats)} consumers>"
         )
 
     # --- messages in ----------------------------------------------------------------------
@@ -380,57 +364,53 @@ class Queue(QueueRecovery, QueueWindow):
             raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
         if barrier and not self._barrier_on:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
-        key = position
-        if self._priority:
-            if barrier:
-                pass  # a barrier is not in the priority order
-            elif priority is None:
-                raise QueueStateError(
-                    f"queue {self.name!r} has a Priority: enqueue needs the message's priority",
-                    position=position,
-                )
-            else:
-                try:
-                    key = order_key(priority, position)
-                except ValueError as exc:
-                    raise QueueStateError(f"queue {self.name!r}: {exc}", position=position) from None
-        elif priority is not None:
-            raise QueueStateError(f"queue {self.name!r} has no Priority")
-        self._n["enqueued"] += 1
-        if self._target is not None and (
-            self._inactive or len(self._store) + len(self._leases) >= self._target
-        ):
-            self._hold(position)
+        key = self._order_key(position, priority, barrier)
+        self._counters.enqueued += 1
+        if self._target is not None and self._window.holds_back(self._active()):
+            self._move(position, Verb.HOLD, _ABSENT)
+            self._window.hold(position)
+            self._last_position = position
             return False
-        advance(self._table, self._semantics, position, MessageState.ABSENT, Verb.ENQUEUE)
+        self._move(position, Verb.ENQUEUE, _ABSENT)
         if published_at < self._last_time:
             published_at = self._last_time
         self._last_position = position
-        self._offered = position
         self._last_time = published_at
-        self._store.append(position, published_at)
-        if barrier:
-            self._barriers.append(position)
-            if self._priority:
-                self._epochs.append(PriorityIndex(self._store.__contains__))
-        elif self._priority:
-            self._epochs[-1].add(key)
-            if len(self._epochs) == 1:
-                self._came_back(key, published_at)  # it may sort before a filtered consumer's cursor
+        if self._target is not None:
+            self._window.enter(position)
+        if self._order.append(position, published_at, key, barrier):
+            # it may sort before a filtered consumer's cursor; enqueue has no now: the
+            # filters decide at the message's publish time
+            self._seats.came_back(key, self._order.store.__contains__, published_at)
         return True
+
+    def _order_key(self, position: int, priority: int | None, barrier: bool) -> int:
+        if not self._priority:
+            if priority is not None:
+                raise QueueStateError(f"queue {self.name!r} has no Priority")
+            return position
+        if barrier:
+            return position  # a barrier is not in the priority order
+        if priority is None:
+            raise QueueStateError(
+                f"queue {self.name!r} has a Priority: enqueue needs the message's priority",
+                position=position,
+            )
+        try:
+            return order_key(priority, position)
+        except ValueError as exc:
+            raise QueueStateError(f"queue {self.name!r}: {exc}", position=position) from None
+
+    def _active(self) -> int:
+        """Messages in the active part: available and leased (TargetQueueDepth)."""
+        return len(self._order.store) + len(self._leases.leased)
 
     # --- consumers --------------------------------------------------------------------------
 
     def add_consumer(self, consumer: Consumer, now: float) -> None:
         """A new subscription whose topic matches this queue."""
         self._settle(now)
-        if consumer.key in self._seat_of:
-            raise DuplicateSubscription(
-                f"queue {self.name!r} already has consumer {consumer.key!r}", key=consumer.key
-            )
-        seat = _Seat(consumer)
-        self._seat_of[consumer.key] = seat
-        self._activate(seat)
+        self._seats.add(consumer)
 
     def replace_consumer(
         self,
@@ -447,7 +427,7 @@ class Queue(QueueRecovery, QueueWindow):
         that was detached from this queue is attached again. The engine calls this on
         every queue the consumer stays in (the shared consumer is updated idempotently).
         """
-        seat = self._seat(consumer)
+        seat = self._seats.of(consumer)
         if max_backlog < 0:
             raise InvalidOption(f"max_backlog must be >= 0, not {max_backlog}")
         consumer.filter = filter
@@ -456,32 +436,29 @@ class Queue(QueueRecovery, QueueWindow):
             seat.reset_cursor()
         if not seat.active:
             seat.reset_cursor()
-            self._activate(seat)
+            self._seats.attach(seat)
 
     def detach_consumer(self, consumer: Consumer, now: float) -> None:
         """A replace moved the subscription's topic off this queue: deliver it nothing
         more, but keep its leases (spec 000: a replace does not break leases). Its acks
         still work; :meth:`remove_consumer` breaks what is left."""
-        seat = self._seat(consumer)
+        seat = self._seats.of(consumer)
         if seat.active:
-            self._deactivate(seat)
+            self._seats.detach(seat)
 
     def remove_consumer(self, consumer: Consumer, now: float) -> list[Event]:
         """Unsubscribe or disconnect: break the consumer's leases (spec 000, "Delivery
         Semantics"); each message returns to the queue, or expires if over a limit."""
-        seat = self._seat(consumer)
-        if seat.active:
-            self._deactivate(seat)
-        del self._seat_of[consumer.key]
+        seat = self._seats.of(consumer)
+        self._seats.remove(seat)
         events: list[Event] = []
+        leases = self._leases
         for p in sorted(seat.held):
-            lease = self._leases.get(p)
-            if lease is not None:
-                self._end_lease(p, lease, Verb.RETURN, now, events)
+            if p in leases.leased:
+                self._end_lease(p, Verb.RETURN, now, events)
             else:
-                del self._consumed[p]
-                self._release(seat, p)
-        self._trim_deadlines()
+                leases.release(p)
+        leases.trim()
         return events
 
     # --- delivery ---------------------------------------------------------------------------
@@ -494,32 +471,30 @@ class Queue(QueueRecovery, QueueWindow):
         """
         self._settle(now)
         out: list[Delivery] = []
-        seats, consumers, store = self._seats, self._consumers, self._store
-        barriers, priority = self._barriers, self._priority
+        seats, order, leases = self._seats, self._order, self._leases
+        active, consumers, store = seats.active, seats.consumers, order.store
+        contains, next_for = store.__contains__, seats.next_for
+        end = KEY_END if self._priority else self._active_end() + 1
+        deliverable = order.deliverable()
         budget = -1 if max_deliveries is None else max_deliveries
-        while budget != 0 and store and seats:
+        while budget != 0 and store and active:
             gate = None
-            if barriers:
-                b = barriers[0]
-                if store.head() == b and not self._leases and not self._consumed:
+            if order.barriers:
+                b = order.barrier_due()
+                if b is not None and not leases.leased and not leases.consumed:
                     out.append(self._release_barrier(b, now))
                     budget -= 1
+                    deliverable = order.deliverable()  # the first epoch may have changed
                     continue
-                if not priority:
-                    gate = b  # FIFO: nothing at or after the first barrier goes
-            if priority:
-                head = self._epochs[0].head()  # the first epoch: before every barrier
-            else:
-                head = store.head()
-                if gate is not None and head >= gate:
-                    head = None
+                gate = order.gate()
+            head = order.head()
             best = None
             eligible: list[int] = []
-            for i, seat in enumerate(seats):
+            for i, seat in enumerate(active):
                 c = consumers[i]
                 if c.outstanding >= c.max_backlog:
                     continue
-                nxt = head if c.filter is None else self._next_for(seat, now)
+                nxt = head if c.filter is None else next_for(seat, contains, deliverable, end, now)
                 if nxt is None or (gate is not None and nxt >= gate):
                     continue
                 if best is None or nxt < best:
@@ -528,75 +503,41 @@ class Queue(QueueRecovery, QueueWindow):
                     eligible.append(i)
             if best is None:
                 break
-            i = choose(self._fairness, eligible, consumers, self._rr_next)
-            self._rr_next = i + 1
-            out.append(self._deliver(seats[i], best, now))
+            i = seats.choose(self._fairness, eligible)
+            out.append(self._deliver(active[i], best, now))
             budget -= 1
         return out
 
-    def _next_for(self, seat: _Seat, now: float) -> int | None:
-        """The first available message in delivery order (order key) that a filtered
-        consumer matches."""
-        flt = seat.consumer.filter
-        if flt is not seat.filter_seen:
-            seat.reset_cursor()
-        store, candidates = self._store, seat.candidates
-        mask = POSITION_MASK if self._priority else -1
-        while candidates:
-            k = candidates[0]
-            if k & mask in store:
-                return k
-            heappop(candidates)
-        found = None
-        order = self._epochs[0] if self._priority else store
-        for k in order.scan(seat.cursor):
-            if self._matches(flt, k & mask, now):
-                found = k
-                break
-        if found is None:
-            # Past every active message (inactive ones enter behind it, in order).
-            seat.cursor = KEY_END if self._priority else self._offered + 1
-            return None
-        seat.cursor = found + 1
-        heappush(candidates, found)
-        return found
+    def _active_end(self) -> int:
+        """The last position that entered the active part."""
+        return self._window.offered if self._target is not None else self._last_position
 
-    def _deliver(self, seat: _Seat, key: int, now: float) -> Delivery:
-        c = seat.consumer
-        if self._priority:
-            p = key & POSITION_MASK
-            self._epochs[0].remove(key)
-        else:
-            p = key
+    def _deliver(self, seat: Seat, key: int, now: float) -> Delivery:
+        p = key & POSITION_MASK if self._priority else key
         if self._at_least_once:
-            advance(self._table, self._semantics, p, _AVAILABLE, Verb.LEASE)
-            t = self._store.discard(p)
-            n = self._deliveries.get(p, 0) + 1
-            self._deliveries[p] = n
+            self._move(p, Verb.LEASE, _AVAILABLE)
+            t = self._order.take(key)
             deadline: float | None = now + self._lease_period
-            self._leases[p] = _Lease(seat, deadline, t, key)
-            heappush(self._deadlines, (deadline, p))
+            n = self._leases.lease(p, seat, deadline, t, key, delivery=True)
         else:
-            advance(self._table, self._semantics, p, _AVAILABLE, Verb.DELIVER)
-            self._store.discard(p)
-            self._consumed[p] = seat
+            self._move(p, Verb.DELIVER, _AVAILABLE)
+            self._order.take(key)
+            self._leases.consume(p, seat)
             n, deadline = 1, None
-        seat.held.add(p)
-        c.outstanding += 1
-        self._n["delivered"] += 1
-        return Delivery(c, p, deadline, n)
+        self._counters.delivered += 1
+        return Delivery(seat.consumer, p, deadline, n)
 
     def _release_barrier(self, b: int, now: float) -> Delivery:
         """Everything before barrier ``b`` is acknowledged: it goes to every current
         consumer whose filter matches, backlog or not, and leaves the queue (rule 8)."""
-        advance(self._table, self._semantics, b, _AVAILABLE, Verb.DELIVER_BARRIER)
+        self._move(b, Verb.DELIVER_BARRIER, _AVAILABLE)
         recipients = tuple(
             seat.consumer
-            for seat in self._seats
+            for seat in self._seats.active
             if seat.consumer.filter is None or self._matches(seat.consumer.filter, b, now)
         )
-        self._unstore(b)
-        self._n["barriers_delivered"] += 1
+        self._order.remove(b)
+        self._counters.barriers_delivered += 1
         return Delivery(None, b, None, 0, barrier=True, recipients=recipients)
 
     # --- acknowledgement ---------------------------------------------------------------------
@@ -607,10 +548,14 @@ class Queue(QueueRecovery, QueueWindow):
         """``sow_delete`` by bookmark. ``by``: the acking connection (None: the server)."""
         self._settle(now)
         tally = _Tally()
+        if not self._at_least_once:
+            option = AckOption.NONE  # options have no effect at-most-once (rule 3)
+        asked = 0
         for p in positions:
             self._ack_one(p, by, option, now, tally)
-        self._trim_deadlines()
-        return tally.result()
+            asked += 1
+        self._leases.trim()
+        return tally.result(asked)
 
     def acknowledge_matching(
         self,
@@ -623,35 +568,97 @@ class Queue(QueueRecovery, QueueWindow):
         """``sow_delete`` with a filter: every matching message in the queue, leased or not
         (as Leasing allows). At-most-once deliveries are no longer in the queue."""
         self._settle(now)
-        hits = [p for p, _ in self._store.items() if self._matches(predicate, p, now)]
-        hits += [p for p in self._leases if self._matches(predicate, p, now)]
+        matches = self._matches
+        hits = [p for p, _ in self._order.store.items() if matches(predicate, p, now)]
+        hits += [p for p in self._leases.leased if matches(predicate, p, now)]
         hits.sort()
-        tally = _Tally()
-        for p in hits:
-            self._ack_one(p, by, option, now, tally)
-        self._trim_deadlines()
-        return tally.result()
+        return self.acknowledge(hits, by=by, option=option, now=now)
+
+    def _ack_one(
+        self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally
+    ) -> None:
+        """One position of an acknowledgement, by where the message is (rules 3 and 5)."""
+        leases = self._leases
+        lease = leases.leased.get(p)
+        if lease is not None:
+            seat = lease.seat
+            if self._strict and by is not None and by != seat.consumer.owner:
+                tally.refused.append(p)
+                return
+            if option is AckOption.NONE:
+                self._move(p, Verb.ACKNOWLEDGE, _LEASED)
+                leases.acknowledge(p)
+                tally.events.append(Acknowledged(p))
+                tally.acknowledged += 1
+                self._counters.acknowledged += 1
+            elif option is AckOption.CANCEL:
+                tally.cancelled += 1
+                if self._end_lease(p, Verb.CANCEL, now, tally.events):
+                    tally.expired += 1
+                    tally.cancels_expired += 1
+            else:
+                self._move(p, Verb.EXPIRE, _LEASED)
+                leases.end(p)
+                self._expire_gone(p, _FORCED, tally.events)
+                tally.expired += 1
+            tally.freed[seat.consumer.key] = None
+            return
+        seat = leases.consumed.get(p)
+        if seat is not None:
+            # At-most-once: the message is gone; the ack only frees the backlog slot.
+            if self._strict and by is not None and by != seat.consumer.owner:
+                tally.refused.append(p)
+                return
+            leases.release(p)
+            tally.released += 1
+            tally.freed[seat.consumer.key] = None
+            return
+        if p in self._order.store:
+            self._ack_available(p, option, tally)
+            return
+        window = self._window
+        if option is AckOption.NONE and window.is_inactive(p) and not window.acked(p):
+            # TargetQueueDepth: held until the message would become active (rule 9).
+            self._move(p, Verb.ACKNOWLEDGE, _INACTIVE)
+            window.defer_ack(p)
+            tally.events.append(Acknowledged(p))
+            tally.deferred += 1
+            self._counters.acknowledged += 1
+            return
+        tally.ignored += 1
+
+    def _ack_available(self, p: int, option: AckOption, tally: _Tally) -> None:
+        if option is AckOption.CANCEL:
+            tally.ignored += 1  # not leased: nothing to return
+            return
+        if option is AckOption.NONE:
+            self._move(p, Verb.ACKNOWLEDGE, _AVAILABLE)
+            self._order.remove(p)
+            self._leases.forget(p)
+            tally.events.append(Acknowledged(p))
+            tally.acknowledged += 1
+            self._counters.acknowledged += 1
+        else:
+            self._move(p, Verb.EXPIRE, _AVAILABLE)
+            self._order.remove(p)
+            self._expire_gone(p, _FORCED, tally.events)
+            tally.expired += 1
 
     # --- named consumers (the Spark connector; docs/spark-server.md) ---------------------------
-    # A named consumer is a seat in _seat_of that is never active: dispatch offers it
-    # nothing, it takes messages only through these calls, with deadlines of its own.
-    # Its leases are ordinary leases: they expire (LEASE_EXPIRE, journaled as any other),
-    # count as deliveries, and under Leasing=strict refuse acks from anyone else. A
-    # barrier is never leased to it (FIFO: nothing at or after the first pending
-    # barrier; priority: the first epoch only), and at-most-once queues have none.
+    # A named consumer has a seat that is never active: dispatch offers it nothing, it
+    # takes messages only through these calls, with deadlines of its own. Its leases are
+    # ordinary leases: they expire (LEASE_EXPIRE, journaled as any other), count as
+    # deliveries, and under Leasing=strict refuse acks from anyone else. A barrier is
+    # never leased to it (FIFO: nothing at or after the first pending barrier; priority:
+    # the first epoch only), and at-most-once queues have none.
 
     def named_consumer(self, name: str) -> Consumer:
         """The :class:`Consumer` of named consumer ``name``, made on first use (after
         replay: a replay refuses a queue with consumers)."""
+        if not self._at_least_once:
+            raise QueueStateError(f"queue {self.name!r}: named consumers need at-least-once")
         key = ("named", name)
-        seat = self._seat_of.get(key)
-        if seat is None:
-            if not self._at_least_once:
-                raise QueueStateError(f"queue {self.name!r}: named consumers need at-least-once")
-            seat = _Seat(Consumer(key, key, max_backlog=0))
-            seat.active = False
-            self._seat_of[key] = seat
-        return seat.consumer
+        return self._seats.named(key, lambda: Consumer(key, key, max_backlog=0)).consumer
 
     def lease_next(
         self, consumer: Consumer, n: int | None, now: float, deadline: float, upto: int | None = None
@@ -659,162 +666,56 @@ class Queue(QueueRecovery, QueueWindow):
         """Lease up to ``n`` (None: every) available messages to named ``consumer`` until
         ``deadline``, in delivery order, never one at a position >= ``upto``."""
         self._settle(now)
-        seat = self._seat(consumer)
-        limit = math.inf if upto is None else upto
-        if self._priority:
-            keys = []
-            for k in self._epochs[0]:
-                if n is not None and len(keys) >= n:
-                    break
-                if k & POSITION_MASK < limit:
-                    keys.append(k)
-        else:
-            if self._barriers:
-                limit = min(limit, self._barriers[0])
-            keys = []
-            for p in self._store.scan(-1):
-                if p >= limit or (n is not None and len(keys) >= n):
-                    break
-                keys.append(p)
+        seat = self._seats.of(consumer)
+        keys = self._order.leasable(n, math.inf if upto is None else upto)
         out = []
         for k in keys:
-            p = self._lease_to(seat, k, deadline)
-            count = self._deliveries.get(p, 0) + 1
-            self._deliveries[p] = count
-            self._n["delivered"] += 1
+            p, count = self._lease_to(seat, k, deadline, delivery=True)
+            self._counters.delivered += 1
             out.append(Delivery(consumer, p, deadline, count))
         return out
 
     def renew(self, consumer: Consumer, positions: Iterable[int] | None, deadline: float) -> int:
         """Move the lease deadline of each of ``positions`` (None: all) still leased to
         ``consumer`` to ``deadline``; how many were."""
-        seat = self._seat(consumer)
-        renewed = 0
-        for p in list(seat.held) if positions is None else positions:
-            lease = self._leases.get(p)
-            if lease is not None and lease.seat is seat:
-                if lease.deadline != deadline:
-                    lease.deadline = deadline
-                    heappush(self._deadlines, (deadline, p))
-                renewed += 1
-        self._trim_deadlines()
-        return renewed
+        return self._leases.renew_held(self._seats.of(consumer), positions, deadline)
 
     def take_back(
         self, consumer: Consumer, position: int, now: float, deadline: float, priority: int | None = None
     ) -> TakeBack:
-        """Lease message ``position`` to ``consumer`` again (a re-offer): RENEWED (it
-        held the lease: deadline moved), TAKEN (the message was available: leased
-        again, not counted as a new delivery), ELSEWHERE (leased to another
-        subscriber, or inactive) or DONE (acknowledged or expired). ``priority``: the
-        message's priority, needed in a priority queue to find it in the order."""
+        """Lease message ``position`` to ``consumer`` again (a re-offer); what it did
+        (:class:`TakeBack`). ``priority``: the message's priority, needed in a priority
+        queue to find it in the order."""
         self._settle(now)
-        seat = self._seat(consumer)
-        lease = self._leases.get(position)
+        seat = self._seats.of(consumer)
+        leases = self._leases
+        lease = leases.leased.get(position)
         if lease is not None:
             if lease.seat is not seat:
                 return TakeBack.ELSEWHERE
             if lease.deadline != deadline:
-                lease.deadline = deadline
-                heappush(self._deadlines, (deadline, position))
-                self._trim_deadlines()
+                leases.renew(position, lease, deadline)
+                leases.trim()
             return TakeBack.RENEWED
-        if position in self._store and not (self._barriers and position in self._barriers):
+        order = self._order
+        if position in order.store and not order.is_barrier(position):
             key = position
             if self._priority:
                 if priority is None:
                     raise QueueStateError(f"queue {self.name!r}: take_back needs the priority")
                 key = order_key(priority, position)
-            self._lease_to(seat, key, deadline)
+            self._lease_to(seat, key, deadline, delivery=False)
             return TakeBack.TAKEN
-        if position in self._consumed or self.state_of(position) is MessageState.INACTIVE:
+        if position in leases.consumed or self.state_of(position) is _INACTIVE:
             return TakeBack.ELSEWHERE
         return TakeBack.DONE
 
-    def _lease_to(self, seat: _Seat, key: int, deadline: float) -> int:
-        """AVAILABLE --LEASE--> LEASED for a named consumer's seat; the position."""
+    def _lease_to(self, seat: Seat, key: int, deadline: float, *, delivery: bool) -> tuple[int, int]:
+        """AVAILABLE --LEASE--> LEASED for a named consumer's seat: (position, count)."""
         p = key & POSITION_MASK if self._priority else key
-        advance(self._table, self._semantics, p, _AVAILABLE, Verb.LEASE)
-        if self._priority:
-            # exact removal (queue_priority rule 4): the message may come back later
-            self._epochs[bisect_left(self._barriers, p)].remove(key)
-        t = self._store.discard(p)
-        self._leases[p] = _Lease(seat, deadline, t, key)
-        heappush(self._deadlines, (deadline, p))
-        seat.held.add(p)
-        seat.consumer.outstanding += 1
-        return p
-
-    def _ack_one(
-        self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally
-    ) -> None:
-        counts = tally.counts
-        lease = self._leases.get(p)
-        if lease is not None:
-            seat = lease.seat
-            if self._strict and by is not None and by != seat.consumer.owner:
-                tally.refused.append(p)
-                return
-            key = seat.consumer.key
-            if option is AckOption.NONE:
-                advance(self._table, self._semantics, p, _LEASED, Verb.ACKNOWLEDGE)
-                del self._leases[p]
-                self._release(seat, p)
-                self._forget(p)
-                tally.events.append(Acknowledged(p))
-                counts["acknowledged"] += 1
-                self._n["acknowledged"] += 1
-            elif option is AckOption.CANCEL:
-                counts["cancelled"] += 1
-                if self._end_lease(p, lease, Verb.CANCEL, now, tally.events):
-                    counts["expired"] += 1
-            else:
-                advance(self._table, self._semantics, p, _LEASED, Verb.EXPIRE)
-                del self._leases[p]
-                self._release(seat, p)
-                self._expire_gone(p, _FORCED, tally.events)
-                counts["expired"] += 1
-            tally.freed[key] = None
-            return
-        seat = self._consumed.get(p)
-        if seat is not None:
-            # At-most-once: the message is gone; the ack only frees the backlog slot.
-            if self._strict and by is not None and by != seat.consumer.owner:
-                tally.refused.append(p)
-                return
-            del self._consumed[p]
-            self._release(seat, p)
-            counts["released"] += 1
-            tally.freed[seat.consumer.key] = None
-            return
-        if p in self._store:
-            if option is AckOption.NONE or not self._at_least_once:
-                advance(self._table, self._semantics, p, _AVAILABLE, Verb.ACKNOWLEDGE)
-                self._unstore(p)
-                self._forget(p)
-                tally.events.append(Acknowledged(p))
-                counts["acknowledged"] += 1
-                self._n["acknowledged"] += 1
-            elif option is AckOption.CANCEL:
-                counts["ignored"] += 1  # not leased: nothing to return
-            else:
-                advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-                self._unstore(p)
-                self._expire_gone(p, _FORCED, tally.events)
-                counts["expired"] += 1
-            return
-        if (
-            self._inactive
-            and self._is_inactive(p)
-            and (option is AckOption.NONE or not self._at_least_once)
-            and self._defer_ack(p)
-        ):
-            # TargetQueueDepth: held until the message would become active (rule 9).
-            tally.events.append(Acknowledged(p))
-            counts["deferred"] += 1
-            self._n["acknowledged"] += 1
-            return
-        counts["ignored"] += 1
+        self._move(p, Verb.LEASE, _AVAILABLE)
+        t = self._order.take(key)
+        return p, self._leases.lease(p, seat, deadline, t, key, delivery=delivery)
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -823,43 +724,31 @@ class Queue(QueueRecovery, QueueWindow):
 
         Leases go in (deadline, position) order, expirations in position order.
         """
-        self._settle(now)
-        events, self._pending = self._pending, []
-        heap, leases = self._deadlines, self._leases
-        while heap and heap[0][0] <= now:
-            d, p = heappop(heap)
-            lease = leases.get(p)
-            if lease is None or lease.deadline != d:
-                continue  # stale: acknowledged or re-leased since
-            self._end_lease(p, lease, Verb.LEASE_EXPIRE, now, events)
+        events = self._replay.take_events(now)
+        for p, _ in self._leases.due(now):
+            self._end_lease(p, Verb.LEASE_EXPIRE, now, events)
         if self._expiration is not None:
-            store, expiration = self._store, self._expiration
+            store, expiration = self._order.store, self._expiration
             while store:
-                t = store.head_time()
-                if now < t + expiration:
+                if now < store.head_time() + expiration:
                     break
                 p = store.head()
-                advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-                self._unstore(p)
-                self._expire_gone(p, (_TIME_LIMIT,), events)
+                self._move(p, Verb.EXPIRE, _AVAILABLE)
+                self._order.remove(p)
+                self._expire_gone(p, _TIME_LIMIT, events)
         return events
 
     def next_deadline(self) -> float | None:
         """The earliest lease or Expiration deadline: when :meth:`expire` has work
         (``-inf`` after a replay until :meth:`end_replay` or :meth:`expire` ran)."""
-        if self._replayed or self._pending:
+        if self._replay.has_events:
             return -math.inf
-        heap, leases = self._deadlines, self._leases
-        while heap:
-            d, p = heap[0]
-            lease = leases.get(p)
-            if lease is not None and lease.deadline == d:
-                break
-            heappop(heap)  # stale: dropping it changes no state
-        deadlines = [heap[0][0]] if heap else []
-        if self._expiration is not None and self._store:
-            deadlines.append(self._store.head_time() + self._expiration)
-        return min(deadlines) if deadlines else None
+        deadline = self._leases.next_deadline()
+        store = self._order.store
+        if self._expiration is not None and store:
+            t = store.head_time() + self._expiration
+            deadline = t if deadline is None else min(deadline, t)
+        return deadline
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -868,65 +757,55 @@ class Queue(QueueRecovery, QueueWindow):
         in delivery order (priority order within each barrier epoch, each pending barrier
         after the messages before it), leased and inactive ones excluded. Read-only; do
         not change the queue while iterating (RuntimeError)."""
-        if not self._priority:
-            for p, _ in self._store.items():
-                yield p
-            return
-        store = self._store
-        version = store.version
-        barriers = self._barriers
-        for e, index in enumerate(self._epochs):
-            for k in index:
-                yield k & POSITION_MASK
-                if store.version != version:
-                    raise RuntimeError("queue changed during iteration")
-            if e < len(barriers):
-                yield barriers[e]
-                if store.version != version:
-                    raise RuntimeError("queue changed during iteration")
+        return iter(self._order)
 
     def state_of(self, position: int) -> MessageState:
-        """ABSENT for messages never enqueued, before the recovery point, or done.
-        INACTIVE for a position in the inactive part of a TargetQueueDepth queue (the
-        queue cannot tell whether one of its messages is there)."""
-        if position in self._leases:
+        """Where the message is. ABSENT for messages never enqueued, before the recovery
+        point, or done. INACTIVE for a position in the inactive part of a TargetQueueDepth
+        queue (the queue cannot tell whether one of its messages is there)."""
+        if position > self._last_position:
+            return _ABSENT  # nothing above the last enqueued position is held anywhere
+        leases = self._leases
+        if position in leases.leased:
             return _LEASED
-        if position in self._consumed:
+        if position in leases.consumed:
             return MessageState.CONSUMED
-        if position in self._store:
+        if position in self._order.store:
             return _AVAILABLE
-        if self._inactive and self._is_inactive(position) and position not in self._deferred:
-            return MessageState.INACTIVE
-        return MessageState.ABSENT
+        window = self._window
+        if window.inactive and window.is_inactive(position) and not window.acked(position):
+            return _INACTIVE
+        return _ABSENT
 
     def recovery_point(self) -> int:
         """The highest P such that every message of this queue below P is done
         (acknowledged, expired or delivered at-most-once): stored in ``queues.ack``.
         Never past :meth:`refill_from` while messages are inactive."""
-        low = [p for p in (self._store.head(),) if p is not None]
-        if self._leases:
-            low.append(min(self._leases))
-        if self._inactive:
-            low.append(self._refill_from)
+        low = [p for p in (self._order.store.head(),) if p is not None]
+        if self._leases.leased:
+            low.append(min(self._leases.leased))
+        if self._window.inactive:
+            low.append(self._window.refill_from())
         if low:
             return min(low)
         return max(self._start, self._last_position + 1)
 
     def statistics(self, now: float | None = None) -> QueueStats:
+        leased, store, counters = self._leases.leased, self._order.store, self._counters
         lease_start = None
-        if self._leases:
-            lease_start = min(l.deadline for l in self._leases.values()) - self._lease_period
-        oldest = [l.published_at for l in self._leases.values()]
-        if self._store:
-            oldest.append(self._store.head_time())
+        if leased:
+            lease_start = min(lease.deadline for lease in leased.values()) - self._lease_period
+        oldest = [lease.published_at for lease in leased.values()]
+        if store:
+            oldest.append(store.head_time())
         cfg = self.config
         return QueueStats(
             name=cfg.name,
-            semantics=self._semantics.value,
-            queue_depth=len(self._store) + len(self._leases),
-            available=len(self._store),
-            backlog=len(self._leases),
-            awaiting_ack=len(self._consumed),
+            semantics=cfg.semantics.value,
+            queue_depth=len(store) + len(leased),
+            available=len(store),
+            backlog=len(leased),
+            awaiting_ack=len(self._leases.consumed),
             consumers=len(self._seats),
             max_backlog=cfg.max_backlog,
             target_queue_depth=cfg.target_queue_depth,
@@ -934,222 +813,256 @@ class Queue(QueueRecovery, QueueWindow):
                 None if now is None or lease_start is None else max(0.0, now - lease_start)
             ),
             seconds_behind=None if now is None or not oldest else max(0.0, now - min(oldest)),
-            inactive_message_count=self._inactive,
-            deferred_ack_count=len(self._deferred),
-            barriers_pending=len(self._barriers),
-            **self._n,
+            inactive_message_count=self._window.inactive,
+            deferred_ack_count=self._window.deferred_ack_count,
+            barriers_pending=len(self._order.barriers),
+            **{name: getattr(counters, name) for name in QueueCounters.__slots__},
         )
 
     def details(self) -> QueueDetails:
         """Every tracked message and consumer; O(queue), for the admin ``details``."""
-        rows = []
-        priorities: dict[int, int] = {}
-        for index in self._epochs:
-            for k in index:
-                priorities[k & POSITION_MASK] = priority_of_key(k)
-        barriers = set(self._barriers)
-        for p, t in self._store.items():
-            rows.append(
-                MessageDetail(
-                    p, "available", t, self._deliveries.get(p, 0), self._cancels.get(p, 0),
-                    None, None, priorities.get(p), p in barriers,
-                )
+        leases, order = self._leases, self._order
+        priorities = order.priorities()
+        barriers = set(order.barriers)
+        rows = [
+            MessageDetail(
+                p, "available", t, leases.deliveries_of(p), leases.cancels_of(p), None, None,
+                priorities.get(p), p in barriers,
             )
-        for p, lease in self._leases.items():
+            for p, t in order.store.items()
+        ]
+        for p, lease in leases.leased.items():
             rows.append(
                 MessageDetail(
-                    p, "leased", lease.published_at, self._deliveries.get(p, 0),
-                    self._cancels.get(p, 0),
-                    lease.seat.consumer.key,
-                    lease.deadline,
+                    p, "leased", lease.published_at, leases.deliveries_of(p), leases.cancels_of(p),
+                    lease.seat.consumer.key, lease.deadline,
                     priority_of_key(lease.key) if self._priority else None,
                 )
             )
         rows.sort(key=lambda r: r.position)
         return QueueDetails(
             messages=tuple(rows),
-            awaiting_ack=tuple(sorted((p, s.consumer.key) for p, s in self._consumed.items())),
+            awaiting_ack=tuple(sorted((p, s.consumer.key) for p, s in leases.consumed.items())),
             consumers=tuple(
                 (s.consumer.key, s.consumer.outstanding, s.consumer.max_backlog)
-                for s in self._seat_of.values()
+                for s in self._seats.every()
             ),
         )
 
-    # --- helpers ------------------------------------------------------------------------------------
+    @property
+    def paged_chunks(self) -> int:
+        """Chunks of available messages paged out to the page file (FileBackedMetadata)."""
+        store = self._order.store
+        return store.paged_chunks if store.page_generation is not None else 0
 
+    # --- TargetQueueDepth (queue_window) ----------------------------------------------------
 
-    def _seat(self, consumer: Consumer) -> _Seat:
-        seat = self._seat_of.get(consumer.key)
-        if seat is None or seat.consumer is not consumer:
-            raise UnknownSubscription(
-                f"queue {self.name!r} has no consumer {consumer.key!r}", key=consumer.key
+    def wants(self) -> int:
+        """How many inactive messages the queue would activate now (0 without
+        TargetQueueDepth): the engine refills while this is above 0 (queue_window rule 3)."""
+        return self._window.wants(self._active()) if self._target is not None else 0
+
+    def refill_from(self) -> int | None:
+        """The journal position (a record boundary) to read inactive messages from, or
+        None when nothing is inactive."""
+        return self._window.refill_from()
+
+    def activate(self, position: int, published_at: float) -> bool:
+        """Offer the message at ``position``, read back from the log (queue_window rule 3).
+        True if it became active; False if it was offered before (ignored) or an
+        acknowledgement was waiting for it (consumed: it never becomes active)."""
+        window = self._window
+        if self._target is None:
+            raise QueueStateError(f"queue {self.name!r} has no TargetQueueDepth")
+        if position <= window.offered:
+            return False
+        if not window.is_inactive(position):
+            raise QueueStateError(
+                f"queue {self.name!r}: position {position} is not an inactive message",
+                position=position,
             )
-        return seat
+        if published_at != published_at:
+            raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
+        if not window.acked(position):
+            if self._active() >= self._target:
+                raise QueueStateError(
+                    f"queue {self.name!r}: no room to activate {position} (check wants())",
+                    position=position,
+                )
+            self._move(position, Verb.ACTIVATE, _INACTIVE)
+        if not window.offer(position):
+            return False
+        if published_at < self._last_time:
+            published_at = self._last_time
+        self._last_time = published_at
+        self._order.append(position, published_at, position, False)
+        return True
 
-    def _activate(self, seat: _Seat) -> None:
-        seat.active = True
-        self._seats.append(seat)
-        self._consumers.append(seat.consumer)
+    # --- recovery (queue_recovery) -----------------------------------------------------------
 
-    def _deactivate(self, seat: _Seat) -> None:
-        i = self._seats.index(seat)
-        del self._seats[i]
-        del self._consumers[i]
-        if i < self._rr_next:
-            self._rr_next -= 1
-        seat.active = False
+    def replay_delivered(self, position: int, now: float, *, count: int | None = None) -> None:
+        """Leased (``count``: its delivery count) or DeliveredAtMostOnce."""
+        self._replay.delivered(position, now, count=count)
 
-    def _release(self, seat: _Seat, p: int) -> None:
-        seat.held.discard(p)
-        seat.consumer.outstanding -= 1
+    def replay_acknowledged(self, position: int) -> None:
+        self._replay.acknowledged(position)
 
-    def _forget(self, p: int) -> None:
-        self._deliveries.pop(p, None)
-        self._cancels.pop(p, None)
+    def replay_expired(self, position: int) -> None:
+        self._replay.expired(position)
+
+    def replay_barrier_delivered(self, position: int) -> None:
+        self._replay.barrier_delivered(position)
+
+    def replay_cancelled(self, position: int, *, cancels: int | None = None) -> None:
+        self._replay.cancelled(position, cancels=cancels)
+
+    def replay_returned(self, position: int) -> None:
+        """LeaseExpired / Returned (the engine may skip them)."""
+        self._replay.returned(position)
+
+    def end_replay(self, now: float) -> list[Event]:
+        """Events to journal after a replay: the leases broken by the restart are over, and
+        a message whose lease ended at MaxCancels / MaxDeliveries expires (rule 2). This
+        also catches a torn journal tail and limits lowered since.
+
+        If the engine does not call it, the first live call does the same and
+        :meth:`expire` returns the events (:meth:`next_deadline` is then ``-inf``).
+        """
+        return self._replay.take_events(now)
+
+    def _settle(self, now: float) -> None:
+        if self._replay.due:
+            self._replay.settle(now)
+
+    # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
+
+    def page_to(self, file: PageFile, *, resident_max: int | None = None) -> None:
+        """Keep the available messages in a paged store over ``file`` (a
+        :class:`~conveyor.engine.queue_paging.PageFile`), at most ``resident_max`` chunks
+        in memory (``queue_paging.RESIDENT_MAX``): memory bounded whatever the depth. Only
+        before the first message, and not for a priority queue (whose delivery index is
+        not paged)."""
+        if self._priority or self._order.store or self._last_position >= self._start:
+            raise QueueStateError(f"queue {self.name!r}: paging must be set up on an empty FIFO queue")
+        self._order.page_to(file, resident_max)
+
+    def export_state(self) -> QueueState:
+        """The state a snapshot keeps (FIFO queues: queue_snapshot rule 5)."""
+        if self._priority:
+            raise QueueStateError(f"queue {self.name!r}: a priority queue's state is not exported")
+        chunks, barriers = self._order.export()
+        deliveries, cancels = self._leases.counts()
+        inactive, refill_from, acks = self._window.export()
+        return QueueState(
+            start=self._start,
+            last_position=self._last_position,
+            last_time=self._last_time,
+            chunks=tuple(chunks),
+            page_file=self._order.store.page_generation,
+            leased=tuple(sorted((p, lease.published_at) for p, lease in self._leases.leased.items())),
+            deliveries=deliveries,
+            cancels=cancels,
+            barriers=tuple(barriers),
+            offered=self._active_end(),
+            inactive=inactive,
+            refill_from=refill_from,
+            deferred_acks=acks,
+        )
+
+    def restore_state(self, state: QueueState) -> None:
+        """Load an exported state into this new queue (after :meth:`page_to`, if the state
+        has pages), as a replay would leave it: the leases it lists were broken by the
+        restart, their messages are available again; :meth:`end_replay` applies the
+        limits. Then replay the journal from the snapshot's positions."""
+        if self._seats.any() or self._order.store or self._last_position >= self._start:
+            raise QueueStateError(f"queue {self.name!r}: a state restores a new queue")
+        if self._priority:
+            raise QueueStateError(f"queue {self.name!r}: a priority queue's state is not restored")
+        self._order.adopt(list(state.chunks), list(state.barriers))
+        for p, t in state.leased:
+            self._order.put_back(p, t, p)
+        self._start = state.start
+        self._last_position = state.last_position
+        self._last_time = state.last_time
+        self._leases.restore_counts(state.deliveries, state.cancels)
+        self._window.restore(
+            offered=state.offered, inactive=state.inactive, refill_from=state.refill_from,
+            acks=state.deferred_acks, last=state.last_position,
+        )
+        self._replay.restored()
+
+    def snapshot(self, *, events_from: int, publishes_from: int) -> queue_snapshot.QueueSnapshot:
+        """The state as replaying the journal would rebuild it (queue_snapshot rule 1)."""
+        return queue_snapshot.take(
+            self.export_state(), self.config, events_from=events_from, publishes_from=publishes_from
+        )
+
+    def restore_snapshot(self, snap: queue_snapshot.QueueSnapshot) -> None:
+        """Load a snapshot (checked with ``queue_snapshot.check``) into this new queue,
+        then replay the journal from the snapshot's positions."""
+        self.restore_state(queue_snapshot.state(snap))
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _end_lease(self, p: int, verb: Verb, now: float, events: list[Event]) -> bool:
+        """Cancel, lease expiry or broken lease: back to the queue, or expired when over a
+        limit (then True)."""
+        end = _LEASE_ENDS[verb]
+        state = self._move(p, verb, _LEASED)
+        leases = self._leases
+        lease = leases.end(p)
+        events.append(end.event(p, leases.cancel(p) if end.cancels else 0))
+        self._counters.add(end.counter)
+        reasons = leases.limit_reasons(p, lease.published_at, now)
+        if reasons:
+            self._transitions.step(p, Verb.EXPIRE, state)
+            self._expire_gone(p, reasons, events)
+            return True
+        self._order.put_back(p, lease.published_at, lease.key)
+        self._seats.came_back(lease.key, self._order.store.__contains__, now)
+        return False
 
     def _expire_gone(self, p: int, reasons: tuple[str, ...], events: list[Event]) -> None:
         """Bookkeeping for a message that has just moved to EXPIRED."""
-        self._forget(p)
+        self._leases.forget(p)
         events.append(Expired(p, reasons))
-        self._n["expired"] += 1
-
-    def _limit_reasons(self, p: int, published_at: float, now: float) -> tuple[str, ...]:
-        """Why a message coming back to the queue must expire instead (rule 2)."""
-        found = []
-        if self._expiration is not None and now >= published_at + self._expiration:
-            found.append(ExpiryReason.TIME_LIMIT)
-        if self._max_cancels is not None and self._cancels.get(p, 0) >= self._max_cancels:
-            found.append(ExpiryReason.MAX_CANCELS)
-        if (
-            self._max_deliveries is not None
-            and self._deliveries.get(p, 0) >= self._max_deliveries
-        ):
-            found.append(ExpiryReason.MAX_DELIVERIES)
-        return tuple(r for r in REASON_ORDER if r in found)
-
-    def _end_lease(
-        self, p: int, lease: _Lease, verb: Verb, now: float, events: list[Event]
-    ) -> bool:
-        """Cancel, lease expiry or broken lease: back to the queue, or expired when over a
-        limit (then True)."""
-        advance(self._table, self._semantics, p, _LEASED, verb)
-        del self._leases[p]
-        self._release(lease.seat, p)
-        if verb is Verb.CANCEL:
-            n = self._cancels.get(p, 0) + 1
-            self._cancels[p] = n
-            events.append(Cancelled(p, n))
-            self._n["cancelled"] += 1
-        elif verb is Verb.LEASE_EXPIRE:
-            events.append(LeaseExpired(p))
-            self._n["expired_leases"] += 1
-        else:
-            events.append(Returned(p))
-            self._n["returned"] += 1
-        reasons = self._limit_reasons(p, lease.published_at, now)
-        if reasons:
-            advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-            self._expire_gone(p, reasons, events)
-            return True
-        self._store.restore(p, lease.published_at)
-        if self._priority:
-            self._epochs[0].add(lease.key)  # a leased message was in the first epoch
-        self._came_back(lease.key, now)
-        return False
-
-    def _came_back(self, key: int, now: float) -> None:
-        """A message (order ``key``) is available again, or new in a priority queue,
-        behind some filtered cursors: offer it to those consumers."""
-        p = key & POSITION_MASK if self._priority else key
-        for seat in self._seats:
-            flt = seat.consumer.filter
-            if flt is None or flt is not seat.filter_seen or key >= seat.cursor:
-                continue
-            if self._matches(flt, p, now):
-                heappush(seat.candidates, key)
-                if len(seat.candidates) > seat.prune_at:
-                    self._prune(seat)
-
-    def _prune(self, seat: _Seat) -> None:
-        store = self._store
-        mask = POSITION_MASK if self._priority else -1
-        seat.candidates = sorted({k for k in seat.candidates if k & mask in store})  # a heap
-        seat.prune_at = 2 * len(seat.candidates) + _CANDIDATES_SLACK_MIN
-
-    def _unstore(self, p: int) -> float | None:
-        """An available message leaves the queue other than by a delivery (ack, expiry,
-        barrier release, replayed removal): the store, and the delivery order."""
-        t = self._store.discard(p)
-        barriers = self._barriers
-        if barriers and p >= barriers[0]:
-            i = bisect_left(barriers, p)
-            if i < len(barriers) and barriers[i] == p:
-                self._drop_barrier(i)
-                return t
-        if self._priority:
-            self._epochs[bisect_left(barriers, p)].forget()  # lazily (queue_priority rule 4)
-        return t
-
-    def _drop_barrier(self, i: int) -> None:
-        """Pending barrier ``i`` is gone: the epochs on either side of it are one."""
-        del self._barriers[i]
-        if not self._priority:
-            return  # FIFO: the gate is the first barrier, the cursors stay valid
-        epochs = self._epochs
-        left, right = epochs[i], epochs[i + 1]
-        if not left:
-            del epochs[i]
-        elif right:
-            left.merge(right)
-            del epochs[i + 1]
-        else:
-            del epochs[i + 1]
-            return
-        if i == 0:
-            # The first epoch has new messages, possibly before the filtered cursors.
-            for seat in self._seat_of.values():
-                seat.reset_cursor()
+        self._counters.expired += 1
 
     def _matches(self, flt: Callable[[object, float], bool], p: int, now: float) -> bool:
         # A filter (or load) that raises is "no match", counted in filter_errors: one bad
         # message must not stop delivery of the others, nor lose the deliveries already
-        # made in this dispatch.
+        # made in this dispatch. ``now``: the time of the decision (filters may use it).
         try:
             return bool(flt(self._load(p), now))
         except Exception:
-            self._n["filter_errors"] += 1
+            self._counters.filter_errors += 1
             return False
 
-    def _trim_deadlines(self) -> None:
-        heap = self._deadlines
-        if len(heap) > _HEAP_SLACK * len(self._leases) + _HEAP_SLACK_MIN:
-            heap[:] = [(l.deadline, p) for p, l in self._leases.items()]
-            heapify(heap)
+    def check_invariants(self) -> None:
+        """Every rule too costly to check on each call (AssertionError, with or without
+        ``-O``): the parts hold disjoint sets of messages, every lease has its deadline,
+        counts are kept only for messages in the queue, each seat holds exactly what is
+        leased or delivered to it. O(queue); the simulations call it after every step."""
+        leases, store = self._leases, self._order.store
+        both = [p for p in leases.leased if p in store]
+        _require(not both, f"leased and available at once: {both}")
+        leases.check(lambda p: p in store or p in leases.leased)
+        for seat in self._seats.every():
+            for p in seat.held:
+                lease = leases.leased.get(p)
+                _require(
+                    (lease is not None and lease.seat is seat) or leases.consumed.get(p) is seat,
+                    f"{seat.consumer.key!r} holds {p}, which is not leased or delivered to it",
+                )
+        _require(all(p in store for p in self._order.barriers), "a pending barrier is not available")
+        if self._target is not None:
+            _require(self._active() <= self._target, "over the target depth")
+        _require(
+            all(getattr(self._counters, name) >= 0 for name in QueueCounters.__slots__),
+            "a counter below 0",
+        )
 
-    # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
 
-    def page_to(self, file) -> None:
-        """Keep the available messages in a paged store over ``file`` (a
-        :class:`~conveyor.engine.queue_paging.PageFile`): memory bounded whatever the
-        depth. Only before the first message, and not for a priority queue (whose
-        delivery index is not paged)."""
-        from conveyor.engine.queue_paging import PagedMessageStore
-
-        if self._priority or self._store or self._last_position >= self._start:
-            raise QueueStateError(f"queue {self.name!r}: paging must be set up on an empty FIFO queue")
-        self._store = PagedMessageStore(file)
-
-    def snapshot(self, *, events_from: int, publishes_from: int):
-        """The state as replaying the journal would rebuild it (queue_snapshot rule 1)."""
-        from conveyor.engine import queue_snapshot
-
-        return queue_snapshot.take(self, events_from=events_from, publishes_from=publishes_from)
-
-    def restore_snapshot(self, snap) -> None:
-        """Load a snapshot (checked with ``queue_snapshot.check``) into this new queue,
-        then replay the journal from the snapshot's positions."""
-        from conveyor.engine import queue_snapshot
-
-        if self._seat_of or self._store or self._last_position >= self._start:
-            raise QueueStateError(f"queue {self.name!r}: a snapshot restores a new queue")
-        queue_snapshot.restore(self, snap)
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(what)

@@ -3,7 +3,8 @@
 Every record is frozen and typed (STYLE item 6). Events are ``msgspec.Struct`` so the
 engine can encode them as journal records without a copy; each event is exactly one
 transition of :mod:`conveyor.engine.queue_state`, and replaying the journaled events in
-order (interleaved with the enqueues) through :meth:`Queue.replay` rebuilds the queue.
+order (interleaved with the enqueues) through the queue's ``replay_*`` verbs
+(:mod:`conveyor.engine.queue_recovery`) rebuilds the queue.
 
 Fields are only ever appended, with defaults (STYLE item 7).
 """
@@ -16,6 +17,7 @@ from typing import Any, Hashable, Union
 
 import msgspec
 
+from conveyor.engine.queue_store import ChunkImage
 from conveyor.errors import NotLeaseHolder
 
 
@@ -104,6 +106,15 @@ Event = Union[
 
 
 # --- results --------------------------------------------------------------------------
+
+
+class TakeBack(enum.Enum):
+    """What ``Queue.take_back`` (a named consumer's re-offer) did with one message."""
+
+    RENEWED = "renewed"  # the consumer held the lease: its deadline moved
+    TAKEN = "taken"  # it was available: leased again (not counted as a new delivery)
+    ELSEWHERE = "elsewhere"  # leased or delivered to another subscriber, or inactive
+    DONE = "done"  # acknowledged or expired
 
 
 class Delivery(msgspec.Struct, frozen=True):
@@ -220,3 +231,31 @@ class QueueDetails:
     messages: tuple[MessageDetail, ...]  # position order
     awaiting_ack: tuple[tuple[int, Hashable], ...]  # at-most-once (position, consumer key)
     consumers: tuple[tuple[Hashable, int, int], ...]  # (key, outstanding, max_backlog)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A FIFO queue's state as a snapshot keeps it (``Queue.export_state``): what
+    replaying the journal would rebuild, given that no lease survives a restart.
+
+    ``chunks``: the available messages (:meth:`MessageStore.export_chunks`), paged-out
+    chunks in page file generation ``page_file``. ``leased``: (position, publish time) of
+    every leased message, available again after a restart. The TargetQueueDepth window:
+    ``offered`` (the last position that entered the active part), ``inactive``,
+    ``refill_from`` and the deferred acknowledgements; ``offered`` is ``last_position``
+    in a queue without one.
+    """
+
+    start: int
+    last_position: int
+    last_time: float
+    chunks: tuple[ChunkImage, ...]
+    page_file: int | None
+    leased: tuple[tuple[int, float], ...]
+    deliveries: dict[int, int]
+    cancels: dict[int, int]
+    barriers: tuple[int, ...]
+    offered: int
+    inactive: int = 0
+    refill_from: int | None = None
+    deferred_acks: tuple[int, ...] = ()

@@ -36,7 +36,7 @@ import zlib
 from array import array
 from typing import Protocol
 
-from conveyor.engine.queue_store import MessageStore, _Chunk
+from conveyor.engine.queue_store import _NO_HINT, MessageStore, _Chunk
 
 #: Resident chunks (head and tail included): 8 x 4,096 x 16 B = 512 KiB per queue.
 RESIDENT_MAX = 8
@@ -77,23 +77,15 @@ def decode_page(data: bytes, count: int, crc: int, where: str) -> tuple[array, a
     return positions, times
 
 
-def live_arrays(ch: _Chunk) -> tuple[array, array]:
-    """The chunk's messages still in the queue (a removed one has a NaN time)."""
-    positions, times = ch.positions, ch.times
-    if ch.live != len(positions):
-        keep = [k for k in range(ch.start, len(positions)) if times[k] == times[k]]
-        positions = array("q", [positions[k] for k in keep])
-        times = array("d", [times[k] for k in keep])
-    return positions, times
-
-
 class PagedMessageStore(MessageStore):
     """The message store with chunks paged out to a :class:`PageFile` (rules 1-3)."""
 
     __slots__ = ("file", "resident_max", "_lru")
 
-    def __init__(self, file: PageFile, *, resident_max: int | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self, file: PageFile, *, resident_max: int | None = None, chunk_slots: int | None = None
+    ) -> None:
+        super().__init__(chunk_slots=chunk_slots)
         resident_max = RESIDENT_MAX if resident_max is None else resident_max
         if resident_max < 2:
             raise ValueError("resident_max must be >= 2 (the head and the tail)")
@@ -102,6 +94,10 @@ class PagedMessageStore(MessageStore):
         self._lru: dict[_Chunk, None] = {}  # resident chunks, oldest page-in first
 
     # --- statistics ------------------------------------------------------------------
+
+    @property
+    def page_generation(self) -> int | None:
+        return self.file.generation
 
     @property
     def resident_chunks(self) -> int:
@@ -159,8 +155,9 @@ class PagedMessageStore(MessageStore):
             self._page_out(ch)
 
     def _page_out(self, ch: _Chunk) -> None:
+        self._hint = _NO_HINT  # it may name a slot of this chunk
         if ch.page is None:
-            positions, times = live_arrays(ch)
+            positions, times = ch.live_arrays()
             data, crc = encode_page(positions, times)
             ch.page = (self.file.append(data), len(positions), crc)
             self._maybe_compact()
@@ -187,12 +184,9 @@ class PagedMessageStore(MessageStore):
         old.close()  # deleted once a snapshot names the new generation (rule 3)
         self.file = new
 
-    # --- snapshots (queue_snapshot) ----------------------------------------------------
-
-    def adopt(self, chunks: list[_Chunk], firsts: list[int], live: int) -> None:
-        """Take over chunks read from a snapshot (paged ones have ``page`` set)."""
-        self._chunks, self._firsts, self._live = chunks, firsts, live
-        self._version += 1
-        self._lru = {ch: None for ch in chunks if ch.positions is not None}
+    def _adopted(self) -> None:
+        """Chunks taken over from a snapshot (``MessageStore.adopt``; paged ones have
+        ``page`` set): resident as rule 1 wants."""
+        self._lru = {ch: None for ch in self._chunks if ch.positions is not None}
         self._pin_ends()
         self._evict()

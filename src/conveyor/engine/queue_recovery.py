@@ -1,12 +1,16 @@
 """Recovery of a queue: replaying its journaled events (spec 000, "Startup and Recovery").
 
-A mixin of :class:`conveyor.engine.queue.Queue`, kept apart because it is a concept of
-its own: the live calls decide, replay only re-applies what was decided. Rules:
+:class:`QueueReplayer` is a part of :class:`conveyor.engine.queue.Queue`, kept apart
+because it is a concept of its own: the live calls decide, replay only re-applies what
+was decided. It owns only the replay's own state (whether the end-of-replay limit check
+is due, and the events it produced); it changes messages through the queue's checked
+transitions and the other parts' methods. The queue's ``replay_*`` verbs are these
+methods; the engine maps each journal record to one of them. Rules:
 
 1. The engine replays, from the queue's recovery point, the publishes (``enqueue``, queue
-   filter applied) and the events (:meth:`replay` or the ``replay_*`` methods), in
-   journal order, before any consumer is added; then it calls :meth:`end_replay` and
-   journals the events that returns.
+   filter applied) and the events (the ``replay_*`` verbs), in journal order, before any
+   consumer is added; then it calls ``end_replay`` and journals the events that
+   returns.
 2. No lease survives a restart. A replayed ``Leased`` is a lease that has already ended:
    LEASE then RETURN through the transition table, and the message is available again
    with its delivery count. A replayed ``Cancelled`` sets the cancel count; ``Returned``
@@ -15,9 +19,10 @@ its own: the live calls decide, replay only re-applies what was decided. Rules:
 3. Replay is idempotent per message: an event for a message before the recovery point
    (ABSENT) is ignored, and a terminal event may come before the ``Cancelled`` /
    ``Returned`` of the same call (an engine that batches records by kind).
-4. :meth:`end_replay` applies the lease-end limits to the leases the restart broke
-   (rule 2 of the queue): a message at MaxCancels / MaxDeliveries expires. If the engine
-   does not call it, the first live call does, and :meth:`expire` hands out the events.
+4. ``end_replay`` applies the lease-end limits to the leases the restart broke (rule 2
+   of the queue): a message at MaxCancels / MaxDeliveries expires. If the engine does
+   not call it, the first live call does (:meth:`settle`), and ``expire`` hands out the
+   events. A restored snapshot is a replay too (queue_snapshot rule 2).
 5. Priority and barriers: the engine enqueues again with the same ``priority`` and
    ``barrier`` (it evaluates the expressions again; they are pure). A replayed
    ``BarrierDelivered`` removes the barrier for good (it is never sent again); a barrier
@@ -31,139 +36,149 @@ its own: the live calls decide, replay only re-applies what was decided. Rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from conveyor.engine.queue_events import (
-    Acknowledged,
-    BarrierDelivered,
-    Cancelled,
-    DeliveredAtMostOnce,
-    Event,
-    Expired,
-    ExpiryReason,
-    Leased,
-    LeaseExpired,
-    Returned,
-)
-from conveyor.engine.queue_state import MessageState, QueueStateError, Verb, advance
+from conveyor.engine.queue_events import Event, ExpiryReason
+from conveyor.engine.queue_state import MessageState, QueueStateError, Transitions, Verb
 
 if TYPE_CHECKING:
-    from conveyor.engine.queue import Queue
+    from conveyor.engine.queue_leases import LeaseTable
+    from conveyor.engine.queue_order import DeliveryOrder
+    from conveyor.engine.queue_seats import Seats
+    from conveyor.engine.queue_window import ActiveWindow
 
-_AVAILABLE = MessageState.AVAILABLE
-_TIME_LIMIT = ExpiryReason.TIME_LIMIT
+_ABSENT, _AVAILABLE, _INACTIVE = MessageState.ABSENT, MessageState.AVAILABLE, MessageState.INACTIVE
+_TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 
 
-class QueueRecovery:
-    """Replay methods of :class:`Queue` (which provides the state they change)."""
+class QueueReplayer:
+    """Rules 1-6. ``state_of``: the queue's; ``expired(position, reasons, events)``:
+    the queue's bookkeeping for a message that has just expired."""
 
-    def replay(self: Queue, event: Event, now: float) -> None:
-        """Apply one journaled event (after its message was enqueued again)."""
-        match event:
-            case Leased(position=p, count=count):
-                self.replay_delivered(p, now, count=count)
-            case DeliveredAtMostOnce(position=p):
-                self.replay_delivered(p, now)
-            case Acknowledged(position=p):
-                self.replay_acknowledged(p)
-            case Cancelled(position=p, cancels=cancels):
-                self.replay_cancelled(p, cancels=cancels)
-            case LeaseExpired(position=p) | Returned(position=p):
-                self.replay_returned(p)
-            case Expired(position=p):
-                self.replay_expired(p)
-            case BarrierDelivered(position=p):
-                self.replay_barrier_delivered(p)
-            case _:
-                raise TypeError(f"not a queue event: {event!r}")
+    __slots__ = (
+        "due", "_events", "_name", "_at_least_once", "_state_of", "_transitions", "_order",
+        "_leases", "_window", "_seats", "_expired",
+    )
 
-    def replay_delivered(self: Queue, position: int, now: float, *, count: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        at_least_once: bool,
+        state_of: Callable[[int], MessageState],
+        transitions: Transitions,
+        order: DeliveryOrder,
+        leases: LeaseTable,
+        window: ActiveWindow,
+        seats: Seats,
+        expired: Callable[[int, tuple[str, ...], list[Event]], None],
+    ) -> None:
+        self.due = False  # a replay happened: the limit check of rule 4 is due
+        self._events: list[Event] = []  # events of that check not yet handed out
+        self._name = name
+        self._at_least_once = at_least_once
+        self._state_of = state_of
+        self._transitions = transitions
+        self._order = order
+        self._leases = leases
+        self._window = window
+        self._seats = seats
+        self._expired = expired
+
+    @property
+    def has_events(self) -> bool:
+        """Whether the limit check is due or has events not yet handed out."""
+        return self.due or bool(self._events)
+
+    # --- the replay verbs --------------------------------------------------------------------
+
+    def delivered(self, position: int, now: float, *, count: int | None = None) -> None:
         """Leased / DeliveredAtMostOnce. No lease survives a restart, so a replayed lease
         has already ended: LEASE then RETURN, the message stays available with its
         delivery count (``count`` from the event, else one more)."""
-        state = self._replay_state(position)
-        if state is MessageState.ABSENT:
+        state = self._state(position)
+        if state is _ABSENT:
             return  # done before the recovery point
+        step = self._transitions.step
         if self._at_least_once:
-            leased = advance(self._table, self._semantics, position, state, Verb.LEASE)
-            advance(self._table, self._semantics, position, leased, Verb.RETURN)
-            self._deliveries[position] = (
-                count if count is not None else self._deliveries.get(position, 0) + 1
-            )
+            step(position, Verb.RETURN, step(position, Verb.LEASE, state))
+            self._leases.set_deliveries(position, count)
         else:
-            advance(self._table, self._semantics, position, state, Verb.DELIVER)
-            self._unstore(position)
-            self._forget(position)
+            step(position, Verb.DELIVER, state)
+            self._order.remove(position)
+            self._leases.forget(position)
 
-    def replay_acknowledged(self: Queue, position: int) -> None:
-        self._replay_removal(position, Verb.ACKNOWLEDGE)
+    def acknowledged(self, position: int) -> None:
+        self._removal(position, Verb.ACKNOWLEDGE)
 
-    def replay_expired(self: Queue, position: int) -> None:
-        self._replay_removal(position, Verb.EXPIRE)
+    def expired(self, position: int) -> None:
+        self._removal(position, Verb.EXPIRE)
 
-    def replay_barrier_delivered(self: Queue, position: int) -> None:
+    def barrier_delivered(self, position: int) -> None:
         """BarrierDelivered: the barrier left the queue for good (rule 5)."""
-        self._replay_removal(position, Verb.DELIVER_BARRIER)
+        self._removal(position, Verb.DELIVER_BARRIER)
 
-    def replay_cancelled(self: Queue, position: int, *, cancels: int | None = None) -> None:
-        """The lease it cancelled has already ended (see replay_delivered): only the cancel
-        count changes (``cancels`` from the event, else one more)."""
-        if self._replay_state(position) is MessageState.AVAILABLE:
-            self._cancels[position] = (
-                cancels if cancels is not None else self._cancels.get(position, 0) + 1
-            )
+    def cancelled(self, position: int, *, cancels: int | None = None) -> None:
+        """The lease it cancelled has already ended (see :meth:`delivered`): only the
+        cancel count changes (``cancels`` from the event, else one more)."""
+        if self._state(position) is _AVAILABLE:
+            self._leases.set_cancels(position, cancels)
 
-    def replay_returned(self: Queue, position: int) -> None:
+    def returned(self, position: int) -> None:
         """LeaseExpired / Returned: nothing to do, the replayed lease has already ended.
         The engine may skip these records."""
-        self._replay_state(position)
+        self._state(position)
 
-    def _replay_state(self: Queue, position: int, *, removal: bool = False) -> MessageState:
-        if self._seat_of:
-            raise QueueStateError(f"queue {self.name!r}: replay into a queue with consumers")
-        self._replayed = True
-        state = self.state_of(position)  # ABSENT, AVAILABLE or INACTIVE in replay
-        if state is MessageState.INACTIVE and not removal:
+    def _state(self, position: int, *, removal: bool = False) -> MessageState:
+        if self._seats.any():
+            raise QueueStateError(f"queue {self._name!r}: replay into a queue with consumers")
+        self.due = True
+        state = self._state_of(position)  # ABSENT, AVAILABLE or INACTIVE in replay
+        if state is _INACTIVE and not removal:
             raise QueueStateError(
-                f"queue {self.name!r}: a replayed delivery, cancel or return of {position}, "
+                f"queue {self._name!r}: a replayed delivery, cancel or return of {position}, "
                 "which is inactive: refill the window during the replay (wants())",
                 position=position,
             )
         return state
 
-    def _replay_removal(self: Queue, position: int, verb: Verb) -> None:
-        state = self._replay_state(position, removal=True)
-        if state is MessageState.ABSENT:
+    def _removal(self, position: int, verb: Verb) -> None:
+        state = self._state(position, removal=True)
+        if state is _ABSENT:
             return
-        if state is MessageState.INACTIVE:
-            self._defer_ack(position)  # TargetQueueDepth: a deferred ack again (rule 6)
+        if state is _INACTIVE:
+            # TargetQueueDepth: a deferred ack again (rule 6)
+            self._transitions.step(position, Verb.ACKNOWLEDGE, state)
+            self._window.defer_ack(position)
             return
-        advance(self._table, self._semantics, position, state, verb)
-        self._unstore(position)
-        self._forget(position)
+        self._transitions.step(position, verb, state)
+        self._order.remove(position)
+        self._leases.forget(position)
 
-    def end_replay(self: Queue, now: float) -> list[Event]:
-        """Events to journal after a replay: the leases broken by the restart are over, and
-        a message whose lease ended at MaxCancels / MaxDeliveries expires (rule 2). This
-        also catches a torn journal tail and limits lowered since.
+    # --- the end of a replay -------------------------------------------------------------------
 
-        If the engine does not call it, the first live call does the same and
-        :meth:`expire` returns the events (:meth:`next_deadline` is then ``-inf``).
-        """
-        self._settle(now)
-        events, self._pending = self._pending, []
-        return events
+    def restored(self) -> None:
+        """A snapshot was loaded: its leases were broken as a replay's are (rule 4)."""
+        self.due = True
 
-    def _settle(self: Queue, now: float) -> None:
-        if not self._replayed:
-            return
-        self._replayed = False
-        for p in sorted(self._deliveries.keys() | self._cancels.keys()):
-            t = self._store.time_of(p)
+    def settle(self, now: float) -> None:
+        """Rule 4: the leases the restart broke are over; a message at MaxCancels /
+        MaxDeliveries expires (its events wait for :meth:`take_events`)."""
+        self.due = False
+        leases, store, move = self._leases, self._order.store, self._transitions.move
+        for p in leases.counted():
+            t = store.time_of(p)
             if t is None:
                 continue
-            reasons = self._limit_reasons(p, t, now)
-            if reasons and reasons != (_TIME_LIMIT,):
-                advance(self._table, self._semantics, p, _AVAILABLE, Verb.EXPIRE)
-                self._unstore(p)
-                self._expire_gone(p, reasons, self._pending)
+            reasons = leases.limit_reasons(p, t, now)
+            if reasons and reasons != _TIME_LIMIT:
+                move(p, Verb.EXPIRE, _AVAILABLE)
+                self._order.remove(p)
+                self._expired(p, reasons, self._events)
+
+    def take_events(self, now: float) -> list[Event]:
+        """The events of the limit check (settled first if it is due)."""
+        if self.due:
+            self.settle(now)
+        events, self._events = self._events, []
+        return events

@@ -2,7 +2,9 @@
 of the journal (spec 000, "Startup and Recovery for Queues"; reference.md A.2).
 
 A :class:`QueueSnapshot` is what replaying the journal would rebuild, at a point of the
-journal. Rules:
+journal: the queue's exported :class:`~conveyor.engine.queue_events.QueueState`
+(``Queue.export_state`` / ``Queue.restore_state``) in a versioned, checksummed format.
+This module sees nothing of the queue but that state. Rules:
 
 1. **Two positions.** Every queue event (``Leased``, ``Acknowledged``, ...) journaled
    below ``events_from`` and every publish below ``publishes_from`` is in the state.
@@ -12,9 +14,9 @@ journal. Rules:
    and events at or above ``events_from``, nothing twice.
 2. **As replay would leave it.** No lease survives a restart, so a leased message is
    stored as available with its delivery count (``returned``), as a replayed ``Leased``
-   would make it; at-most-once deliveries are gone. :meth:`Queue.end_replay` then
-   applies the limits as after any replay. Counters (statistics) restart at zero, as
-   after a replay.
+   would make it; at-most-once deliveries are gone. ``Queue.end_replay`` then applies
+   the limits as after any replay. Counters (statistics) restart at zero, as after a
+   replay.
 3. **Pages by reference.** A paged-out chunk is stored as ``(offset, count, crc)`` in
    the page file generation ``page_file``; pages are immutable
    (:mod:`conveyor.engine.queue_paging`, rule 2), so the reference stays valid. The
@@ -22,8 +24,10 @@ journal. Rules:
    before the snapshot naming it is written.
 4. **Valid or ignored.** A snapshot is used only for the same queue configuration
    (``fingerprint``: what decides which messages are in the queue and what the state
-   means) and only if it checks (its own crc, every page's crc); otherwise recovery
-   replays from the queue's recovery point, which is always correct.
+   means), the same format (``version``: a change of the fields below bumps
+   ``FORMAT_VERSION``, and an older snapshot is then ignored) and only if it checks
+   (its own crc, every page's crc); otherwise recovery replays from the queue's recovery
+   point, which is always correct.
 5. Priority queues are not snapshotted (their delivery index is not paged or saved):
    they recover by replay, FileBackedMetadata or not.
 """
@@ -37,12 +41,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from conveyor.engine.queue_paging import PagedMessageStore, PageFile, PageCorrupt, decode_page, encode_page, live_arrays
-from conveyor.engine.queue_store import _Chunk
+from conveyor.engine.queue_events import QueueState
+from conveyor.engine.queue_paging import PageCorrupt, PageFile, decode_page, encode_page
+from conveyor.engine.queue_store import ChunkImage
 
 if TYPE_CHECKING:
     from conveyor.config.model import QueueConfig
-    from conveyor.engine.queue import Queue
 
 FORMAT_VERSION = 1
 
@@ -86,40 +90,37 @@ def supported(config: QueueConfig) -> bool:
     return config.file_backed_metadata and config.priority is None  # rule 5
 
 
-def take(queue: Queue, *, events_from: int, publishes_from: int) -> QueueSnapshot:
-    """The queue's state now (rule 1: valid for those two positions). O(resident chunks
-    + side tables), on the engine's thread."""
-    store = queue._store
+def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_from: int) -> QueueSnapshot:
+    """The snapshot of a queue's exported ``state`` (rule 1: valid for those two
+    positions). O(resident chunks + side tables), on the engine's thread."""
     chunks = []
-    for first, ch in zip(store._firsts, store._chunks):
-        if ch.positions is None:
-            offset, count, crc = ch.page
-            chunks.append((first, offset, count, crc, b""))
-            continue
-        positions, times = live_arrays(ch)
-        data, crc = encode_page(positions, times)
-        chunks.append((first, -1, len(positions), crc, data))
-    leased = sorted((p, lease.published_at) for p, lease in queue._leases.items())
+    for image in state.chunks:
+        if image.page is not None:
+            offset, count, crc = image.page
+            chunks.append((image.first, offset, count, crc, b""))
+        else:
+            data, crc = encode_page(image.positions, image.times)
+            chunks.append((image.first, -1, len(image.positions), crc, data))
+    leased = state.leased
     returned = array("q", [p for p, _ in leased]).tobytes() + array("d", [t for _, t in leased]).tobytes()
-    paged = isinstance(store, PagedMessageStore)
     return QueueSnapshot(
-        queue=queue.name,
-        fingerprint=fingerprint(queue.config),
+        queue=config.name,
+        fingerprint=fingerprint(config),
         events_from=events_from,
         publishes_from=publishes_from,
-        start=queue._start,
-        last_position=queue._last_position,
-        last_time=queue._last_time,
-        offered=queue._offered,
-        page_file=store.file.generation if paged else None,
+        start=state.start,
+        last_position=state.last_position,
+        last_time=state.last_time,
+        offered=state.offered,
+        page_file=state.page_file,
         chunks=chunks,
         returned=returned,
-        deliveries=dict(queue._deliveries),
-        cancels=dict(queue._cancels),
-        barriers=list(queue._barriers),
-        inactive=queue._inactive,
-        refill_from=queue._refill_from,
-        deferred=sorted(queue._deferred),
+        deliveries=dict(state.deliveries),
+        cancels=dict(state.cancels),
+        barriers=list(state.barriers),
+        inactive=state.inactive,
+        refill_from=state.refill_from,
+        deferred=list(state.deferred_acks),
     )
 
 
@@ -143,41 +144,33 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
             raise SnapshotInvalid("an empty chunk")
 
 
-def restore(queue: Queue, snap: QueueSnapshot) -> None:
-    """Load a checked snapshot into a new queue (before any replay)."""
-    store = queue._store
-    chunks, firsts, live = [], [], 0
+def state(snap: QueueSnapshot) -> QueueState:
+    """The queue state a checked snapshot holds (for ``Queue.restore_state``)."""
+    chunks = []
     for first, offset, count, crc, data in snap.chunks:
         if offset >= 0:
-            ch = _Chunk(None, None)
-            ch.live, ch.page = count, (offset, count, crc)
+            chunks.append(ChunkImage(first, None, None, (offset, count, crc)))
         else:
-            ch = _Chunk(*decode_page(data, count, crc, "inline"))
-        chunks.append(ch)
-        firsts.append(first)
-        live += count
-    if isinstance(store, PagedMessageStore):
-        store.adopt(chunks, firsts, live)
-    else:
-        store._chunks, store._firsts, store._live = chunks, firsts, live
+            chunks.append(ChunkImage(first, *decode_page(data, count, crc, "inline")))
     n = len(snap.returned) // 16
     positions, times = array("q"), array("d")
     positions.frombytes(snap.returned[: 8 * n])
     times.frombytes(snap.returned[8 * n :])
-    for p, t in zip(positions, times):
-        store.restore(p, t)
-    queue._start = snap.start
-    queue._last_position = snap.last_position
-    queue._last_time = snap.last_time
-    queue._offered = snap.offered
-    queue._deliveries = dict(snap.deliveries)
-    queue._cancels = dict(snap.cancels)
-    queue._barriers = list(snap.barriers)
-    queue._inactive = snap.inactive
-    queue._refill_from = snap.refill_from
-    queue._deferred = set(snap.deferred)
-    queue._deferred_heap = sorted(snap.deferred)
-    queue._replayed = True  # end_replay applies the limits to the broken leases (rule 2)
+    return QueueState(
+        start=snap.start,
+        last_position=snap.last_position,
+        last_time=snap.last_time,
+        chunks=tuple(chunks),
+        page_file=snap.page_file,
+        leased=tuple(zip(positions, times)),
+        deliveries=dict(snap.deliveries),
+        cancels=dict(snap.cancels),
+        barriers=tuple(snap.barriers),
+        offered=snap.offered,
+        inactive=snap.inactive,
+        refill_from=snap.refill_from,
+        deferred_acks=tuple(sorted(snap.deferred)),
+    )
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -1,10 +1,16 @@
 """The life of one message in a queue: its states, the verbs that move it, and the table.
 
 Rule 1: every change to the state of a queued message in :mod:`conveyor.engine.queue`
-goes through :func:`advance` with the state the message is in and the verb (named after
-the spec's words) that moves it. A pair that is not in the table raises
+goes through :meth:`Transitions.move` with the state the message is in and the verb
+(named after the spec's words) that moves it. A pair that is not in the table raises
 :class:`IllegalTransition` *before* anything changes, so a refused move leaves the queue
-exactly as it was (STYLE item 3).
+exactly as it was (STYLE item 3). The state is where the message is: which part of the
+queue holds it (``Queue.state_of``); under ``__debug__`` each move checks that the state
+the caller names is that one, so a branch that is wrong about a message fails at once
+(the simulations run with the checks on) instead of corrupting counts. A second move in
+the same call (:meth:`Transitions.step`: a cancel over a limit, CANCEL then EXPIRE)
+starts from the state the first one left, which no part holds in between; so does a move
+from a state the caller has just derived with ``state_of`` (replay).
 
 Rule 2: each verb is one journal event (:mod:`conveyor.engine.queue_events`), so
 replaying the journal replays the same transitions through the same table:
@@ -55,7 +61,7 @@ from __future__ import annotations
 
 import enum
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from conveyor.config.model import Semantics
 from conveyor.errors import ServerError
@@ -173,3 +179,38 @@ def advance(
         return table[(state, verb)]
     except KeyError:
         raise IllegalTransition(position, state, verb, semantics) from None
+
+
+class Transitions:
+    """The table of one queue's semantics, checked against where each message is
+    (rule 1). ``locate(position)``: the state the queue's parts say the message is in."""
+
+    __slots__ = ("_table", "_semantics", "_locate")
+
+    def __init__(self, semantics: Semantics, locate: Callable[[int], MessageState]) -> None:
+        self._table = TRANSITIONS[semantics]
+        self._semantics = semantics
+        self._locate = locate
+
+    def move(self, position: int, verb: Verb, state: MessageState) -> MessageState:
+        """The state ``verb`` moves the message at ``position``, which is in ``state``, to;
+        or :class:`IllegalTransition`. Under ``__debug__``, AssertionError when the
+        message is not in ``state``."""
+        if __debug__:
+            where = self._locate(position)
+            assert where is state, (
+                f"message at position {position} is {where.value}, not {state.value}: "
+                f"cannot {verb.value} it as if it were"
+            )
+        try:
+            return self._table[(state, verb)]
+        except KeyError:
+            raise IllegalTransition(position, state, verb, self._semantics) from None
+
+    def step(self, position: int, verb: Verb, state: MessageState) -> MessageState:
+        """A move whose ``state`` needs no check: the previous move of the same call
+        returned it, or the caller has just derived it (``state_of``)."""
+        try:
+            return self._table[(state, verb)]
+        except KeyError:
+            raise IllegalTransition(position, state, verb, self._semantics) from None

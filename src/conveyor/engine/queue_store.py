@@ -15,6 +15,9 @@ Python object. Rules:
 - ``head`` is the oldest available message and ``head_time`` its publish time. Publish
   times never decrease along positions (the queue clamps them), so the head is also the
   next message to reach its Expiration.
+- A lookup of the head costs O(1), and the slot of the last position found is kept until
+  the store changes (or, paged, a chunk is paged out): the queue asks whether a message
+  is available just before it removes it, and that is one search, not two.
 
 A FIFO queue delivers in this order. A priority queue keeps this store for bookmark
 lookups, expiry, the view's membership test and the recovery point, and adds a delivery
@@ -23,22 +26,29 @@ index on top (:mod:`conveyor.engine.queue_priority`).
 Paging (FileBackedMetadata, :mod:`conveyor.engine.queue_paging`) is a subclass: a chunk
 may be *paged out* (``positions is None``; ``live`` slots on disk, no tombstones). The
 few places that touch a chunk other than the head or the tail page it in through
-:meth:`_page_in`; the hooks ``_added`` / ``_dropped`` tell the subclass about chunks that
-appear or go. The base store never pages, and those checks cost it nothing measurable.
+:meth:`_page_in`; the hooks ``_added`` / ``_dropped`` / ``_adopted`` tell the subclass
+about chunks that appear or go. The base store never pages, and those checks cost it
+nothing measurable.
+
+Snapshots (:mod:`conveyor.engine.queue_snapshot`) see the chunks only as
+:class:`ChunkImage` values (:meth:`export_chunks`, :meth:`adopt`), never as the store's
+own objects.
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
-#: Slots per chunk. An insert moves at most 2 x 4096 x 8 bytes; the chunk's own overhead
-#: (two array headers, one list slot) is under 0.1 byte per message.
+#: Slots per chunk (the default of ``MessageStore(chunk_slots=)``). An insert moves at most
+#: 2 x 4096 x 8 bytes; the chunk's own overhead (two array headers, one list slot) is under
+#: 0.1 byte per message.
 CHUNK_SLOTS = 4096
 #: A chunk is compacted when more than this share of its slots are tombstones.
 _COMPACT_RATIO = 0.5
-#: Chunks smaller than this are not compacted (the copy would cost more than it frees).
+#: Chunks smaller than this are not compacted (the copy would cost more than it frees);
+#: half the chunk size when chunks are smaller (tests use tiny chunks to reach every path).
 _COMPACT_MIN_SLOTS = 64
 
 _NAN = float("nan")
@@ -54,15 +64,45 @@ class _Chunk:
         self.start = 0  # index of the first live slot
         self.page = None  # paging: where an up-to-date copy is on disk, if any
 
+    def live_arrays(self) -> tuple[array, array]:
+        """The chunk's messages still in the queue (a removed one has a NaN time)."""
+        positions, times = self.positions, self.times
+        if self.live != len(positions):
+            keep = [k for k in range(self.start, len(positions)) if times[k] == times[k]]
+            positions = array("q", [positions[k] for k in keep])
+            times = array("d", [times[k] for k in keep])
+        return positions, times
+
+
+class ChunkImage(NamedTuple):
+    """One chunk as a snapshot sees it: either resident (``positions`` and ``times`` of
+    its live messages) or paged out (``page``: ``(offset, count, crc32)`` in the store's
+    page file). ``first`` bounds the chunk from below (no position of an earlier chunk is
+    at or above it)."""
+
+    first: int
+    positions: array | None
+    times: array | None
+    page: tuple[int, int, int] | None = None
+
+
+_NO_HINT = (-1, None, -1, -1)
+
 
 class MessageStore:
-    __slots__ = ("_chunks", "_firsts", "_live", "_version")
+    __slots__ = ("chunk_slots", "_compact_min_slots", "_chunks", "_firsts", "_live", "_version", "_hint")
 
-    def __init__(self) -> None:
+    def __init__(self, *, chunk_slots: int | None = None) -> None:
+        chunk_slots = CHUNK_SLOTS if chunk_slots is None else chunk_slots
+        if chunk_slots < 2:
+            raise ValueError(f"chunk_slots must be >= 2, not {chunk_slots}")
+        self.chunk_slots = chunk_slots
+        self._compact_min_slots = min(_COMPACT_MIN_SLOTS, chunk_slots // 2)
         self._chunks: list[_Chunk] = []
         self._firsts: list[int] = []  # _chunks[i].positions[0], for bisect
         self._live = 0
         self._version = 0  # bumped on every change, to catch mutation during iteration
+        self._hint = _NO_HINT  # (version, position, chunk, slot) of the last position found
 
     def __len__(self) -> int:
         return self._live
@@ -90,18 +130,33 @@ class MessageStore:
         ch = self._chunks[0]
         return ch.times[ch.start]
 
+    @property
+    def page_generation(self) -> int | None:
+        """The generation of the page file the paged-out chunks are in (None: in memory)."""
+        return None
+
     def _find(self, position: int) -> tuple[int, int]:
         """(chunk index, slot index) of a live ``position``, or (-1, -1)."""
+        chunks = self._chunks
+        if chunks:  # the head: what a FIFO queue delivers, expires and usually acknowledges
+            ch = chunks[0]
+            j = ch.start
+            if ch.positions[j] == position:
+                return 0, j
+        hint = self._hint
+        if hint[1] == position and hint[0] == self._version:
+            return hint[2], hint[3]
         i = bisect_right(self._firsts, position) - 1
         if i < 0:
             return -1, -1
-        ch = self._chunks[i]
+        ch = chunks[i]
         if ch.positions is None:
             ch = self._page_in(i)
         j = bisect_left(ch.positions, position)
         if j < len(ch.positions) and ch.positions[j] == position:
             t = ch.times[j]
             if t == t:  # not NaN: live
+                self._hint = (self._version, position, i, j)
                 return i, j
         return -1, -1
 
@@ -158,7 +213,7 @@ class MessageStore:
         chunks = self._chunks
         if chunks:
             ch = chunks[-1]
-            if len(ch.positions) < CHUNK_SLOTS:
+            if len(ch.positions) < self.chunk_slots:
                 ch.positions.append(position)
                 ch.times.append(t)
                 ch.live += 1
@@ -193,7 +248,7 @@ class MessageStore:
                 k += 1
             ch.start = k
         size = len(ch.positions)
-        if size >= _COMPACT_MIN_SLOTS and size - ch.live > size * _COMPACT_RATIO:
+        if size >= self._compact_min_slots and size - ch.live > size * _COMPACT_RATIO:
             self._compact(i)
         return t
 
@@ -204,7 +259,7 @@ class MessageStore:
         i = bisect_right(firsts, position) - 1
         if i < 0:
             # Before every chunk: the chunks that held it were dropped.
-            if chunks and len(chunks[0].positions) < CHUNK_SLOTS:
+            if chunks and len(chunks[0].positions) < self.chunk_slots:
                 ch = chunks[0]  # the head: always in memory
                 ch.page = None
                 ch.positions.insert(0, position)
@@ -235,7 +290,7 @@ class MessageStore:
         self._live += 1
         if j <= ch.start:
             ch.start = j
-        if len(ch.positions) > 2 * CHUNK_SLOTS:
+        if len(ch.positions) > 2 * self.chunk_slots:
             self._split(i)
 
     def _compact(self, i: int) -> None:
@@ -254,9 +309,10 @@ class MessageStore:
     def _split(self, i: int) -> None:
         """Cut an over-full chunk in two; recount both halves, drop an empty one."""
         ch = self._chunks[i]
-        tail = _Chunk(ch.positions[CHUNK_SLOTS:], ch.times[CHUNK_SLOTS:])
-        del ch.positions[CHUNK_SLOTS:]
-        del ch.times[CHUNK_SLOTS:]
+        cut = self.chunk_slots
+        tail = _Chunk(ch.positions[cut:], ch.times[cut:])
+        del ch.positions[cut:]
+        del ch.times[cut:]
         halves = []
         for part in (ch, tail):
             live = [k for k, t in enumerate(part.times) if t == t]
@@ -270,6 +326,38 @@ class MessageStore:
         if ch not in halves:
             self._dropped(ch)
 
+    # --- snapshots (queue_snapshot) --------------------------------------------------------
+
+    def export_chunks(self) -> list[ChunkImage]:
+        """Every chunk, in order: paged-out ones by reference, the others by value."""
+        out = []
+        for first, ch in zip(self._firsts, self._chunks):
+            if ch.positions is None:
+                out.append(ChunkImage(first, None, None, ch.page))
+            else:
+                out.append(ChunkImage(first, *ch.live_arrays()))
+        return out
+
+    def adopt(self, images: list[ChunkImage]) -> None:
+        """Take over the chunks of a snapshot (:meth:`export_chunks`), into an empty store."""
+        if self._chunks:
+            raise ValueError("a store adopts chunks only when it is empty")
+        chunks, firsts, live = [], [], 0
+        for image in images:
+            if image.page is not None:
+                ch = _Chunk(None, None)
+                ch.live, ch.page = image.page[1], image.page
+            else:
+                ch = _Chunk(image.positions, image.times)
+            if ch.live == 0:
+                raise ValueError("an empty chunk")
+            chunks.append(ch)
+            firsts.append(image.first)
+            live += ch.live
+        self._chunks, self._firsts, self._live = chunks, firsts, live
+        self._version += 1
+        self._adopted()
+
     # --- paging hooks (queue_paging.PagedMessageStore) ------------------------------------
 
     def _page_in(self, i: int) -> _Chunk:
@@ -280,3 +368,8 @@ class MessageStore:
 
     def _dropped(self, ch: _Chunk) -> None:
         """A chunk left the list (emptied)."""
+
+    def _adopted(self) -> None:
+        """The chunks were replaced by :meth:`adopt`."""
+        if any(ch.positions is None for ch in self._chunks):
+            raise ValueError("this store does not page: a snapshot with pages needs a paged store")

@@ -1,7 +1,11 @@
 """TargetQueueDepth: the active window of a queue (spec 000, "Limiting Currently
 Deliverable Messages").
 
-A mixin of :class:`conveyor.engine.queue.Queue`. Rules:
+A part of :class:`conveyor.engine.queue.Queue`: :class:`ActiveWindow` owns the target,
+the count of inactive messages, the last position offered to the active part, where
+the refill reads from, and the deferred acknowledgements. The queue moves messages
+through the transition table (HOLD, ACTIVATE, ACKNOWLEDGE of an INACTIVE one) and tells
+the window. Rules:
 
 1. Only the first ``TargetQueueDepth`` unacknowledged messages (in position order) are
    **active**: deliverable, in the view (``available``), reachable by a filtered
@@ -16,10 +20,10 @@ A mixin of :class:`conveyor.engine.queue.Queue`. Rules:
 3. "As messages are acknowledged from the queue, AMPS will add messages to the active
    part of the queue until the active part of the queue once again reaches the
    TargetQueueDepth." The queue cannot read the log, so the engine refills it:
-   while :meth:`wants` > 0, read the journal from :meth:`refill_from` and offer each
-   message of this queue (topic and queue filter, as at publish) in order to
-   :meth:`activate`. Offering a position already offered is a no-op, so the engine may
-   always scan from :meth:`refill_from` (the last position offered, or the first
+   while ``Queue.wants()`` > 0, read the journal from ``Queue.refill_from()`` and offer
+   each message of this queue (topic and queue filter, as at publish) in order to
+   ``Queue.activate``. Offering a position already offered is a no-op, so the engine
+   may always scan from ``refill_from`` (the last position offered, or the first
    inactive one: a record boundary).
 4. Deferred acknowledgements: an acknowledgement (``AckOption.NONE``) of a position in
    the inactive part is kept (``deferred_ack_count``) and journaled at once as
@@ -34,108 +38,123 @@ A mixin of :class:`conveyor.engine.queue.Queue`. Rules:
 5. Inactive messages do not expire (the queue does not know their age); a message that
    is too old when activated expires at the next ``expire(now)``.
 6. Recovery: the engine replays as it runs, refilling during the replay whenever
-   :meth:`wants` > 0 (after each replayed event of this queue: an event can only free
+   ``wants()`` > 0 (after each replayed event of this queue: an event can only free
    room), from a second read of the journal behind the main scan. Replayed this way the
    window covers at least the live one at every record, so a replayed delivery, cancel
    or return always finds its message active; one that finds it inactive raises
    :class:`QueueStateError` (the engine did not refill). A replayed acknowledgement or
    expiry of an inactive message is a deferred ack again. ``recovery_point`` never
-   passes :meth:`refill_from` while anything is inactive.
+   passes ``refill_from`` while anything is inactive.
 """
 
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING
-
-from conveyor.engine.queue_state import MessageState, QueueStateError, Verb, advance
-
-if TYPE_CHECKING:
-    from conveyor.engine.queue import Queue
-
-_INACTIVE = MessageState.INACTIVE
+from typing import Iterable
 
 
-class QueueWindow:
-    """TargetQueueDepth methods of :class:`Queue` (which provides the state they change)."""
+class ActiveWindow:
+    """The TargetQueueDepth window of one queue (rules 1-6); ``target`` None: no window,
+    every message is active."""
 
-    def wants(self: Queue) -> int:
-        """How many inactive messages the queue would activate now (0 without
-        TargetQueueDepth): the engine refills while this is above 0 (rule 3)."""
-        if not self._inactive:
+    __slots__ = (
+        "target", "inactive", "offered", "_last_held", "_refill_from", "_deferred_acks",
+        "_deferred_ack_heap",
+    )
+
+    def __init__(self, target: int | None, start: int) -> None:
+        self.target = target
+        self.inactive = 0  # messages beyond the window: only counted (rule 1)
+        self.offered = start - 1  # the last position that entered the active part
+        self._last_held = start - 1  # the last inactive position
+        self._refill_from: int | None = None
+        self._deferred_acks: set[int] = set()  # deferred acknowledgements (rule 4)
+        self._deferred_ack_heap: list[int] = []  # the same, to drop the ones a refill passed
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def holds_back(self, active: int) -> bool:
+        """Rule 2: a message enqueued now is inactive (``active``: available + leased)."""
+        return bool(self.inactive) or active >= self.target
+
+    def wants(self, active: int) -> int:
+        """Rule 3: how many inactive messages the queue would activate now."""
+        if not self.inactive:
             return 0
-        room = self._target - len(self._store) - len(self._leases)
-        return min(room, self._inactive) if room > 0 else 0
+        room = self.target - active
+        return min(room, self.inactive) if room > 0 else 0
 
     def refill_from(self) -> int | None:
-        """The journal position (a record boundary) to read inactive messages from, or
-        None when nothing is inactive."""
-        return self._refill_from if self._inactive else None
+        """Rule 3: the journal position to read inactive messages from (None: none)."""
+        return self._refill_from if self.inactive else None
 
-    def activate(self: Queue, position: int, published_at: float) -> bool:
-        """Offer the message at ``position``, read back from the log (rule 3). True if it
-        became active; False if it was offered before (ignored) or an acknowledgement
-        was waiting for it (consumed: it never becomes active)."""
-        if self._target is None:
-            raise QueueStateError(f"queue {self.name!r} has no TargetQueueDepth")
-        if position <= self._offered:
-            return False
-        if not self._inactive or position > self._last_position:
-            raise QueueStateError(
-                f"queue {self.name!r}: position {position} is not an inactive message",
-                position=position,
-            )
-        if published_at != published_at:
-            raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
-        deferred, heap = self._deferred, self._deferred_heap
-        acked = position in deferred
-        if not acked:
-            if len(self._store) + len(self._leases) >= self._target:
-                raise QueueStateError(
-                    f"queue {self.name!r}: no room to activate {position} (check wants())",
-                    position=position,
-                )
-            advance(self._table, self._semantics, position, _INACTIVE, Verb.ACTIVATE)
-        self._offered = position
-        self._refill_from = position
-        while heap and heap[0] < position:
-            deferred.discard(heappop(heap))  # passed: not a message of this queue
-        if acked:
-            deferred.discard(position)
-            heappop(heap)
-            self._inactive -= 1
-            self._caught_up()
-            return False
-        if published_at < self._last_time:
-            published_at = self._last_time
-        self._last_time = published_at
-        self._store.append(position, published_at)
-        self._inactive -= 1
-        self._caught_up()
-        return True
+    def is_inactive(self, position: int) -> bool:
+        """``position`` is in the inactive part (it may or may not be a message of this
+        queue, or have a deferred ack)."""
+        return bool(self.inactive) and self.offered < position <= self._last_held
 
-    def _hold(self: Queue, position: int) -> None:
-        """``enqueue`` of a message beyond the window (rule 2)."""
-        advance(self._table, self._semantics, position, MessageState.ABSENT, Verb.HOLD)
-        if not self._inactive:
+    def acked(self, position: int) -> bool:
+        """An acknowledgement of inactive ``position`` is deferred (rule 4)."""
+        return position in self._deferred_acks
+
+    @property
+    def deferred_ack_count(self) -> int:
+        return len(self._deferred_acks)
+
+    # --- changing --------------------------------------------------------------------------
+
+    def hold(self, position: int) -> None:
+        """Rule 2: ``position`` is enqueued beyond the window (after HOLD)."""
+        if not self.inactive:
             self._refill_from = position
-        self._inactive += 1
-        self._last_position = position
+        self.inactive += 1
+        self._last_held = position
 
-    def _is_inactive(self: Queue, position: int) -> bool:
-        return bool(self._inactive) and self._offered < position <= self._last_position
+    def enter(self, position: int) -> None:
+        """Rule 2: ``position`` is enqueued into the active part (after ENQUEUE)."""
+        self.offered = position
 
-    def _defer_ack(self: Queue, position: int) -> bool:
-        """An acknowledgement of an inactive position (rule 4); False if already held."""
-        if position in self._deferred:
-            return False
-        advance(self._table, self._semantics, position, _INACTIVE, Verb.ACKNOWLEDGE)
-        self._deferred.add(position)
-        heappush(self._deferred_heap, position)
-        return True
-
-    def _caught_up(self: Queue) -> None:
-        if not self._inactive:
-            self._deferred.clear()
-            self._deferred_heap.clear()
+    def offer(self, position: int) -> bool:
+        """Rule 3: inactive ``position`` was read back from the log (and, unless its ack
+        was deferred, has moved by ACTIVATE). False: its deferred ack consumed it, it
+        never becomes active."""
+        self.offered = position
+        self._refill_from = position
+        acks, heap = self._deferred_acks, self._deferred_ack_heap
+        while heap and heap[0] < position:
+            acks.discard(heappop(heap))  # passed: not a message of this queue
+        acked = position in acks
+        if acked:
+            acks.discard(position)
+            heappop(heap)
+        self.inactive -= 1
+        if __debug__:
+            assert self.inactive >= 0, "more messages activated than held"
+        if not self.inactive:  # caught up: nothing deferred can match any more (rule 4)
+            acks.clear()
+            heap.clear()
             self._refill_from = None
+        return not acked
+
+    def defer_ack(self, position: int) -> None:
+        """Rule 4: an acknowledgement of inactive ``position`` (after INACTIVE
+        --ACKNOWLEDGE-->); not already deferred."""
+        if __debug__:
+            assert self.is_inactive(position) and position not in self._deferred_acks
+        self._deferred_acks.add(position)
+        heappush(self._deferred_ack_heap, position)
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def export(self) -> tuple[int, int | None, tuple[int, ...]]:
+        """(inactive, refill_from, deferred acks ascending)."""
+        return self.inactive, self._refill_from, tuple(sorted(self._deferred_acks))
+
+    def restore(
+        self, *, offered: int, inactive: int, refill_from: int | None, acks: Iterable[int], last: int
+    ) -> None:
+        """Load an exported window; ``last``: the queue's last position."""
+        self.offered, self.inactive, self._refill_from = offered, inactive, refill_from
+        self._last_held = last if inactive else offered
+        self._deferred_acks = set(acks)
+        self._deferred_ack_heap = sorted(self._deferred_acks)

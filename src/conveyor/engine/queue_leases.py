@@ -1,0 +1,247 @@
+"""The lease table of a queue: who holds which delivered message, until when, and how
+often each message was delivered and cancelled (spec 000, "Delivery Semantics",
+"Handling Unprocessed Messages").
+
+A part of :class:`conveyor.engine.queue.Queue`, which moves messages through the
+transition table (:mod:`conveyor.engine.queue_state`) and tells this table what
+happened; the table itself knows no message state. Rules:
+
+1. It owns the leases (at-least-once: position -> :class:`Lease`), the heap of lease
+   deadlines, the delivery and cancel counts, and the at-most-once deliveries awaiting
+   their acknowledgement (``consumed``: position -> seat). Others read ``leased`` and
+   ``consumed``; only this table changes them.
+2. It is the only part that changes a seat's ``held`` set and its consumer's
+   ``outstanding`` (the backlog): a lease or an at-most-once delivery adds one, its end
+   or acknowledgement takes it away, exactly once. ``outstanding`` never goes below 0.
+3. Deadlines: each lease (and each renewal) pushes ``(deadline, position)``; an entry
+   whose lease has ended or moved is stale and skipped when it reaches the top. Stale
+   entries are swept once they outnumber the live ones by ``HEAP_SLACK`` (plus
+   ``HEAP_SLACK_MIN``), so the heap stays O(leases). Every live lease has its entry.
+4. Counts are kept only for messages still in the queue (available or leased): the queue
+   calls :meth:`forget` when a message is done, so they cost nothing once it is.
+5. :meth:`limit_reasons`: why a message coming back to the queue must expire instead
+   (queue rule 2): ``time_limit`` (Expiration), ``max_cancels``, ``max_deliveries``, in
+   the order of ``REASON_ORDER``.
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+from conveyor.engine.queue_events import REASON_ORDER, ExpiryReason
+
+if TYPE_CHECKING:
+    from conveyor.engine.queue_seats import Seat
+
+#: Stale lease deadlines (acked before they fell due) are swept out of the heap once they
+#: outnumber the live ones by this factor, so the heap stays O(leases).
+HEAP_SLACK = 2
+HEAP_SLACK_MIN = 64
+
+
+class Lease:
+    __slots__ = ("seat", "deadline", "published_at", "key")
+
+    def __init__(self, seat: Seat, deadline: float, published_at: float, key: int) -> None:
+        self.seat = seat
+        self.deadline = deadline
+        self.published_at = published_at
+        self.key = key  # order key: the position, or (priority queue) rank and position
+
+
+class LeaseTable:
+    """Leases, deadlines, delivery and cancel counts, at-most-once deliveries awaiting
+    their ack (rules 1-5)."""
+
+    __slots__ = (
+        "leased", "consumed", "_deadlines", "_deliveries", "_cancels",
+        "_expiration", "_max_cancels", "_max_deliveries",
+    )
+
+    def __init__(
+        self, *, expiration_s: float | None, max_cancels: int | None, max_deliveries: int | None
+    ) -> None:
+        self.leased: dict[int, Lease] = {}
+        self.consumed: dict[int, Seat] = {}  # at-most-once deliveries awaiting the ack
+        self._deadlines: list[tuple[float, int]] = []  # heap (rule 3; some entries stale)
+        self._deliveries: dict[int, int] = {}  # delivered at least once, still in the queue
+        self._cancels: dict[int, int] = {}
+        self._expiration = expiration_s
+        self._max_cancels = max_cancels
+        self._max_deliveries = max_deliveries
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def lease(
+        self, p: int, seat: Seat, deadline: float, published_at: float, key: int, *, delivery: bool
+    ) -> int:
+        """Lease ``p`` to ``seat`` until ``deadline``: a new delivery (counted) or a
+        re-offer (``delivery=False``). Its delivery count."""
+        self.leased[p] = Lease(seat, deadline, published_at, key)
+        heappush(self._deadlines, (deadline, p))
+        seat.held.add(p)
+        seat.consumer.outstanding += 1
+        deliveries = self._deliveries
+        if delivery:
+            n = deliveries[p] = deliveries.get(p, 0) + 1
+            return n
+        return deliveries.get(p, 0)
+
+    def end(self, p: int) -> Lease:
+        """The lease of ``p`` is over (cancelled, expired, broken)."""
+        lease = self.leased.pop(p)
+        self._release(lease.seat, p)
+        return lease
+
+    def acknowledge(self, p: int) -> None:
+        """The lease of ``p`` is over and ``p`` is done (:meth:`end` and :meth:`forget`,
+        in one call: the hot path of an acknowledgement)."""
+        self._release(self.leased.pop(p).seat, p)
+        self._deliveries.pop(p, None)
+        self._cancels.pop(p, None)
+
+    def renew(self, p: int, lease: Lease, deadline: float) -> None:
+        if lease.deadline != deadline:
+            lease.deadline = deadline
+            heappush(self._deadlines, (deadline, p))
+
+    def renew_held(self, seat: Seat, positions: Iterable[int] | None, deadline: float) -> int:
+        """Move the deadline of each of ``positions`` (None: all) still leased to ``seat``;
+        how many were."""
+        renewed = 0
+        leased = self.leased
+        for p in list(seat.held) if positions is None else positions:
+            lease = leased.get(p)
+            if lease is not None and lease.seat is seat:
+                self.renew(p, lease, deadline)
+                renewed += 1
+        self.trim()
+        return renewed
+
+    def consume(self, p: int, seat: Seat) -> None:
+        """An at-most-once delivery: gone from the queue, in the backlog until its ack."""
+        self.consumed[p] = seat
+        seat.held.add(p)
+        seat.consumer.outstanding += 1
+
+    def release(self, p: int) -> Seat:
+        """The ack of an at-most-once delivery (or its consumer left): the backlog slot
+        is free again."""
+        seat = self.consumed.pop(p)
+        self._release(seat, p)
+        return seat
+
+    def _release(self, seat: Seat, p: int) -> None:
+        if __debug__:
+            assert p in seat.held, f"position {p} is not held by {seat.consumer.key!r}"
+        seat.held.discard(p)
+        c = seat.consumer
+        c.outstanding -= 1
+        if __debug__:
+            assert c.outstanding >= 0, f"consumer {c.key!r}: outstanding below 0"
+
+    # --- deadlines --------------------------------------------------------------------------
+
+    def due(self, now: float) -> Iterator[tuple[int, Lease]]:
+        """The leases whose deadline is at or before ``now``, in (deadline, position)
+        order. The caller ends each one before asking for the next."""
+        heap, leased = self._deadlines, self.leased
+        while heap and heap[0][0] <= now:
+            d, p = heappop(heap)
+            lease = leased.get(p)
+            if lease is None or lease.deadline != d:
+                continue  # stale: acknowledged or re-leased since
+            yield p, lease
+
+    def next_deadline(self) -> float | None:
+        """The earliest live lease deadline."""
+        heap, leased = self._deadlines, self.leased
+        while heap:
+            d, p = heap[0]
+            lease = leased.get(p)
+            if lease is not None and lease.deadline == d:
+                return d
+            heappop(heap)  # stale: dropping it changes no state
+        return None
+
+    def trim(self) -> None:
+        """Rule 3: sweep the stale deadlines once they dominate."""
+        heap, leased = self._deadlines, self.leased
+        if len(heap) > HEAP_SLACK * len(leased) + HEAP_SLACK_MIN:
+            heap[:] = [(lease.deadline, p) for p, lease in leased.items()]
+            heapify(heap)
+
+    @property
+    def deadlines_size(self) -> int:
+        """Entries in the deadline heap, stale ones included (rule 3 bounds it)."""
+        return len(self._deadlines)
+
+    # --- counts ---------------------------------------------------------------------------
+
+    def deliveries_of(self, p: int) -> int:
+        return self._deliveries.get(p, 0)
+
+    def cancels_of(self, p: int) -> int:
+        return self._cancels.get(p, 0)
+
+    def cancel(self, p: int) -> int:
+        """One more cancel of ``p``; the new count."""
+        n = self._cancels[p] = self._cancels.get(p, 0) + 1
+        return n
+
+    def set_deliveries(self, p: int, count: int | None) -> None:
+        """Replay: ``count`` from the journaled event, else one more."""
+        self._deliveries[p] = count if count is not None else self._deliveries.get(p, 0) + 1
+
+    def set_cancels(self, p: int, cancels: int | None) -> None:
+        """Replay: ``cancels`` from the journaled event, else one more."""
+        self._cancels[p] = cancels if cancels is not None else self._cancels.get(p, 0) + 1
+
+    def forget(self, p: int) -> None:
+        """``p`` is done (rule 4)."""
+        self._deliveries.pop(p, None)
+        self._cancels.pop(p, None)
+
+    def counted(self) -> list[int]:
+        """Every position with a delivery or cancel count, ascending."""
+        return sorted(self._deliveries.keys() | self._cancels.keys())
+
+    def counts(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(deliveries, cancels): copies, for a snapshot."""
+        return dict(self._deliveries), dict(self._cancels)
+
+    def restore_counts(self, deliveries: dict[int, int], cancels: dict[int, int]) -> None:
+        self._deliveries, self._cancels = dict(deliveries), dict(cancels)
+
+    def limit_reasons(self, p: int, published_at: float, now: float) -> tuple[str, ...]:
+        """Rule 5: why ``p``, coming back to the queue, must expire instead."""
+        found = []
+        if self._expiration is not None and now >= published_at + self._expiration:
+            found.append(ExpiryReason.TIME_LIMIT)
+        if self._max_cancels is not None and self._cancels.get(p, 0) >= self._max_cancels:
+            found.append(ExpiryReason.MAX_CANCELS)
+        if self._max_deliveries is not None and self._deliveries.get(p, 0) >= self._max_deliveries:
+            found.append(ExpiryReason.MAX_DELIVERIES)
+        return tuple(r for r in REASON_ORDER if r in found)
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def check(self, tracked: Callable[[int], bool]) -> None:
+        """Every rule above that is too costly to check on each call (AssertionError,
+        with or without ``-O``). ``tracked(p)``: whether ``p`` is still in the queue
+        (available or leased)."""
+        live = set(self._deadlines)
+        for p, lease in self.leased.items():
+            _require((lease.deadline, p) in live, f"lease of {p} missing from the deadline heap")
+            _require(p in lease.seat.held, f"lease of {p} not held by its seat")
+            _require(p not in self.consumed, f"{p} is both leased and consumed")
+        for p, seat in self.consumed.items():
+            _require(p in seat.held, f"consumed {p} not held by its seat")
+        for p in self._deliveries.keys() | self._cancels.keys():
+            _require(tracked(p), f"counts kept for {p}, which is no longer in the queue")
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise AssertionError(what)

@@ -1,0 +1,257 @@
+"""The queue's parts alone: the lease table, the seats, the active window, the delivery
+order and the checked transitions (each module's rules, without a Queue around them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.config.model import Fairness, Semantics
+from conveyor.engine import queue_priority
+from conveyor.engine.queue_consumer import Consumer
+from conveyor.engine.queue_events import ExpiryReason
+from conveyor.engine.queue_leases import HEAP_SLACK, HEAP_SLACK_MIN, LeaseTable
+from conveyor.engine.queue_order import DeliveryOrder
+from conveyor.engine.queue_priority import order_key
+from conveyor.engine.queue_seats import CANDIDATES_SLACK_MIN, Seats
+from conveyor.engine.queue_state import IllegalTransition, MessageState, Transitions, Verb
+from conveyor.engine.queue_window import ActiveWindow
+
+S = MessageState
+
+
+def table(**limits) -> LeaseTable:
+    return LeaseTable(
+        expiration_s=limits.get("expiration_s"), max_cancels=limits.get("max_cancels"),
+        max_deliveries=limits.get("max_deliveries"),
+    )
+
+
+def seats(*consumers: Consumer, matches=lambda flt, p, now: flt(p)) -> tuple[Seats, list]:
+    s = Seats("Q", priority=False, matches=matches)
+    return s, [s.add(c) for c in consumers]
+
+
+# --- LeaseTable (queue_leases) ---------------------------------------------------------------
+
+
+def test_lease_table_keeps_the_backlog_and_the_held_set():
+    """Rule 2: a lease or an at-most-once delivery takes a backlog slot, its end gives it
+    back, exactly once."""
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=5))
+    t = table()
+    assert t.lease(1, seat, 10.0, 0.0, 1, delivery=True) == 1
+    t.consume(2, seat)
+    assert seat.held == {1, 2} and seat.consumer.outstanding == 2
+    assert t.end(1).deadline == 10.0
+    assert t.release(2) is seat
+    assert seat.held == set() and seat.consumer.outstanding == 0
+    t.check(lambda p: p == 1)  # 1 is back in the queue, with its delivery count
+
+
+def test_lease_table_counts_deliveries_but_not_re_offers():
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=5))
+    t = table()
+    assert t.lease(1, seat, 1.0, 0.0, 1, delivery=True) == 1
+    t.end(1)
+    assert t.lease(1, seat, 2.0, 0.0, 1, delivery=True) == 2
+    t.end(1)
+    assert t.lease(1, seat, 3.0, 0.0, 1, delivery=False) == 2  # a take_back
+    assert t.deliveries_of(1) == 2
+
+
+def test_lease_deadline_heap_stays_bounded_and_due_skips_stale_entries():
+    """Rule 3: acked and renewed leases leave stale entries; they are swept so the heap
+    stays O(leases), and due() yields only live leases, in deadline order."""
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=10_000))
+    t = table()
+    for p in range(1000):
+        t.lease(p, seat, 100.0 + p, 0.0, p, delivery=True)
+        if p < 990:
+            t.acknowledge(p)
+        t.trim()
+    assert t.deadlines_size <= HEAP_SLACK * 10 + HEAP_SLACK_MIN
+    t.renew(995, t.leased[995], 50.0)  # earlier than every other
+    assert t.next_deadline() == 50.0
+    due = []
+    for p, _ in t.due(1094.0):  # the caller ends each lease due
+        due.append(p)
+        t.end(p)
+    assert due == [995, 990, 991, 992, 993, 994]
+    t.check(lambda p: p in t.leased or p in due)
+
+
+def test_lease_table_renews_only_the_seats_own_leases():
+    s, (a, b) = seats(Consumer("A", "A", max_backlog=5), Consumer("B", "B", max_backlog=5))
+    t = table()
+    t.lease(1, a, 1.0, 0.0, 1, delivery=True)
+    t.lease(2, b, 1.0, 0.0, 2, delivery=True)
+    assert t.renew_held(a, [1, 2, 3], 9.0) == 1
+    assert (t.leased[1].deadline, t.leased[2].deadline) == (9.0, 1.0)
+    assert t.renew_held(b, None, 7.0) == 1 and t.next_deadline() == 7.0
+
+
+def test_lease_table_limit_reasons_in_reason_order():
+    """Rule 5: every limit a returning message is over, in REASON_ORDER."""
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=5))
+    t = table(expiration_s=5.0, max_cancels=1, max_deliveries=1)
+    t.lease(1, seat, 1.0, 0.0, 1, delivery=True)
+    t.end(1)
+    t.cancel(1)
+    assert t.limit_reasons(1, 0.0, 5.0) == (
+        ExpiryReason.TIME_LIMIT, ExpiryReason.MAX_CANCELS, ExpiryReason.MAX_DELIVERIES,
+    )
+    assert t.limit_reasons(1, 0.0, 4.9) == (ExpiryReason.MAX_CANCELS, ExpiryReason.MAX_DELIVERIES)
+    t.forget(1)
+    assert t.limit_reasons(1, 0.0, 0.0) == () and t.counted() == []
+
+
+def test_lease_table_check_finds_counts_of_a_message_that_left():
+    """Rule 4, checked: counts are kept only for messages still in the queue."""
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=5))
+    t = table()
+    t.lease(1, seat, 1.0, 0.0, 1, delivery=True)
+    t.end(1)  # ... and the queue forgot to call forget(1)
+    with pytest.raises(AssertionError, match="counts kept"):
+        t.check(lambda p: False)
+
+
+# --- Seats (queue_seats) ---------------------------------------------------------------------
+
+
+def test_round_robin_cursor_moves_back_when_a_consumer_before_it_leaves():
+    """Rule 2: nobody is skipped when the consumer list shrinks."""
+    s, (a, b, c) = seats(*(Consumer(k, k, max_backlog=5) for k in "ABC"))
+    assert s.choose(Fairness.ROUND_ROBIN, [0, 1, 2]) == 0
+    assert s.choose(Fairness.ROUND_ROBIN, [0, 1, 2]) == 1  # next: C (index 2)
+    s.remove(a)  # C is now index 1
+    assert [x.consumer.key for x in s.active] == ["B", "C"]
+    assert s.active[s.choose(Fairness.ROUND_ROBIN, [0, 1])].consumer.key == "C"
+
+
+def test_filtered_cursor_evaluates_each_message_once():
+    """Rule 3: a message before the cursor is not evaluated again."""
+    calls = []
+
+    def matches(flt, p, now):
+        calls.append(p)
+        return flt(p)
+
+    store = DeliveryOrder(priority=False, chunk_slots=None, on_first_epoch_grew=lambda: None).store
+    for p in range(10):
+        store.append(p, 0.0)
+    s, (seat,) = seats(Consumer("A", "A", filter=lambda p: p % 3 == 2), matches=matches)
+    assert s.next_for(seat, store.__contains__, store, 10, 0.0) == 2
+    assert s.next_for(seat, store.__contains__, store, 10, 0.0) == 2  # from the candidate heap
+    store.discard(2)
+    assert s.next_for(seat, store.__contains__, store, 10, 0.0) == 5
+    assert calls == [0, 1, 2, 3, 4, 5]
+    for p in (5, 8):
+        store.discard(p)
+    assert s.next_for(seat, store.__contains__, store, 10, 0.0) is None and seat.cursor == 10
+
+
+def test_candidates_of_a_full_filtered_consumer_stay_bounded():
+    """Rule 4: messages that keep coming back behind a full consumer's cursor do not grow
+    its candidate heap without bound."""
+    store = DeliveryOrder(priority=False, chunk_slots=None, on_first_epoch_grew=lambda: None).store
+    for p in range(4):
+        store.append(p, 0.0)
+    s, (seat,) = seats(Consumer("slow", "s", filter=lambda p: True))
+    seat.cursor = 4  # it evaluated everything before 4
+    for _ in range(500):
+        for p in range(3):
+            s.came_back(p, store.__contains__, 0.0)
+    assert len(seat.candidates) <= 2 * 3 + CANDIDATES_SLACK_MIN + 1
+
+
+# --- ActiveWindow (queue_window) ---------------------------------------------------------------
+
+
+def test_window_holds_in_order_and_a_deferred_ack_is_consumed_by_its_offer():
+    """Rules 2 and 4: once one message is inactive every later one is; an offer of a
+    position whose ack was deferred never activates it; passed deferred acks are dropped."""
+    w = ActiveWindow(2, start=0)
+    assert not w.holds_back(1) and w.holds_back(2)
+    w.enter(0)
+    for p in (3, 5, 7):
+        w.hold(p)
+    assert w.holds_back(0) and w.inactive == 3 and w.refill_from() == 3
+    assert w.is_inactive(5) and not w.is_inactive(0) and not w.is_inactive(8)
+    w.defer_ack(4)  # a position the queue cannot tell is not one of its messages
+    w.defer_ack(5)
+    assert w.deferred_ack_count == 2 and w.wants(0) == 2
+    assert w.offer(3) is True
+    assert w.offer(5) is False  # consumed by its deferred ack; 4 was passed: dropped
+    assert w.deferred_ack_count == 0 and w.inactive == 1
+    assert w.offer(7) is True
+    assert w.inactive == 0 and w.refill_from() is None and w.wants(0) == 0
+
+
+def test_window_export_and_restore():
+    w = ActiveWindow(1, start=10)
+    w.enter(10)
+    w.hold(11)
+    w.hold(12)
+    w.defer_ack(12)
+    inactive, refill_from, acks = w.export()
+    other = ActiveWindow(1, start=0)
+    other.restore(offered=w.offered, inactive=inactive, refill_from=refill_from, acks=acks, last=12)
+    assert (other.inactive, other.refill_from(), other.acked(12), other.is_inactive(11)) == (
+        2, 11, True, True,
+    )
+
+
+# --- DeliveryOrder (queue_order) ----------------------------------------------------------------
+
+
+def test_fifo_order_stops_at_the_first_barrier():
+    """Rule 3: nothing at or after the first pending barrier is deliverable."""
+    o = DeliveryOrder(priority=False, chunk_slots=None, on_first_epoch_grew=lambda: None)
+    for p, barrier in ((1, False), (2, True), (3, False)):
+        o.append(p, 0.0, p, barrier)
+    assert o.head() == 1 and o.gate() == 2 and o.barrier_due() is None
+    assert o.take(1) == 0.0
+    assert o.head() is None and o.barrier_due() == 2
+    o.remove(2)
+    assert o.head() == 3 and o.barriers == [] and list(o) == [3]
+
+
+def test_priority_epochs_join_when_a_barrier_leaves(monkeypatch):
+    """Rules 2 and 4: a barrier that leaves joins its epochs; the first one grew, so the
+    filtered cursors are rebuilt. queue_priority rule 4: lazily removed entries are
+    swept once they outnumber the live ones."""
+    monkeypatch.setattr(queue_priority, "_STALE_SLACK", 8)
+    grew = []
+    o = DeliveryOrder(priority=True, chunk_slots=None, on_first_epoch_grew=lambda: grew.append(1))
+    o.append(1, 0.0, order_key(1, 1), False)
+    o.append(2, 0.0, 2, True)
+    o.append(3, 0.0, order_key(9, 3), False)
+    assert o.head() == order_key(1, 1) and list(o) == [1, 2, 3]
+    o.remove(2)
+    assert grew == [1] and o.head() == order_key(9, 3) and list(o) == [3, 1]
+    keys = [order_key(p % 7, p) for p in range(10, 410)]
+    for p, k in zip(range(10, 410), keys):
+        o.append(p, 0.0, k, False)
+    for p in range(10, 410):
+        if p % 5:
+            o.remove(p)
+    index = o.deliverable()
+    assert len(index) == 82 and index.stale <= len(index) + 8
+
+
+# --- Transitions (queue_state) ----------------------------------------------------------------
+
+
+def test_a_move_checks_where_the_message_is():
+    """queue_state rule 1: under __debug__, a move from a state the message is not in
+    fails before anything changes; step() trusts its caller; the table refuses a pair
+    it does not have."""
+    where = {7: S.AVAILABLE}
+    t = Transitions(Semantics.AT_LEAST_ONCE, lambda p: where.get(p, S.ABSENT))
+    assert t.move(7, Verb.LEASE, S.AVAILABLE) is S.LEASED
+    if __debug__:
+        with pytest.raises(AssertionError, match="is available, not leased"):
+            t.move(7, Verb.ACKNOWLEDGE, S.LEASED)
+    assert t.step(7, Verb.RETURN, S.LEASED) is S.AVAILABLE
+    with pytest.raises(IllegalTransition):
+        t.move(7, Verb.DELIVER, S.AVAILABLE)  # at-least-once has no DELIVER
