@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test install install-test bench clean demo
+.PHONY: run test test-slow install install-test bench clean demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,18 +27,24 @@ install-test: $(TEST_STAMP)
 run: $(STAMP)
 	$(BIN)/conveyor serve
 
-# Run the whole test suite.
+# Run the whole test suite (CI), without the tests marked slow.
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# The tests marked slow (nightly): e.g. the full driver-SIGKILL chain of tests/spark.
+test-slow: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow
 
 bench: $(TEST_STAMP)
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run_all
 
 # Orders through the server and a PySpark streaming job, exactly once (needs Java 17).
+# `make demo CLUSTER=1`: on a Spark standalone cluster (a master and two workers on
+# loopback) instead of local mode.
 demo: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[spark]'
-	$(BIN)/python examples/demo_pipeline.py
+	$(BIN)/python examples/demo_pipeline.py $(if $(CLUSTER),--cluster)
 
 clean:
 	rm -rf $(VENV) data build *.egg-info src/*.egg-info

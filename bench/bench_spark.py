@@ -52,10 +52,11 @@ def orders(n: int, start: int = 0) -> list[bytes]:
     ]
 
 
-def start_server(workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_server(workdir: Path, config: str = CONFIG) -> tuple[subprocess.Popen, str]:
+    """``conveyor serve`` with ``config`` (``{port}``, ``{journal}`` filled in); (process, uri)."""
     port = free_port()
     cfg = workdir / "conveyor.xml"
-    cfg.write_text(CONFIG.format(port=port, journal=workdir / "journal"))
+    cfg.write_text(config.format(port=port, journal=workdir / "journal"))
     proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     for line in proc.stdout:  # type: ignore[union-attr]

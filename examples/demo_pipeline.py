@@ -1,5 +1,9 @@
 """Demo: orders through conveyor and PySpark, exactly once (``make demo``; docs/spark.md).
 
+``--cluster`` (``make demo CLUSTER=1``) runs it on a Spark standalone cluster started
+here (a master and two workers on loopback, conveyor.spark.standalone) instead of
+``local[2]``; ``--master URL`` uses a cluster that is already running.
+
 1. Starts ``conveyor serve`` with the embedded default configuration (topic ``Work``,
    at-least-once queue ``WorkToDo`` over it, topic ``Results``; port 9007; journal under
    ./data of a scratch directory).
@@ -19,7 +23,7 @@
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import random
 import shutil
@@ -57,30 +61,43 @@ def publish_orders() -> None:
     print(f"published {ORDERS} orders to Work")
 
 
-def run_pipeline(spark, checkpoint: str) -> None:
+ENRICH = """
+    SELECT to_json(named_struct(
+             'order', o.order, 'customer', o.customer,
+             'region', element_at(map(0, 'north', 1, 'south', 2, 'east', 3, 'west'), o.customer % 4),
+             'amount', round(o.qty * o.price, 2),
+             'size', CASE WHEN o.qty * o.price >= 200 THEN 'large' ELSE 'small' END,
+             'source', bookmark)) AS value,
+           fence  -- the source's fencing token: a newer query on this consumer fences this one exactly
+    FROM (SELECT from_json(data, 'order INT, customer INT, qty INT, price DOUBLE') AS o, bookmark, fence
+          FROM {view})
+"""
+
+
+def start_enrichment(spark, *, uri: str = URI, queue: str = "WorkToDo", consumer: str = "demo-enricher",
+                     checkpoint: str, topic: str = "Results", max_records: int = 1000, partitions: int = 2):
+    """The demo's streaming query (also timed by bench/bench_spark_cluster.py)."""
     orders = (
         spark.readStream.format("conveyor")
-        .option("server", URI).option("queue", "WorkToDo").option("consumer", "demo-enricher")
-        .option("maxRecordsPerBatch", "1000").option("numPartitions", "2")
+        .option("server", uri).option("queue", queue).option("consumer", consumer)
+        .option("maxRecordsPerBatch", str(max_records)).option("numPartitions", str(partitions))
         .load()
     )
-    orders.createOrReplaceTempView("orders_raw")
-    enriched = spark.sql("""
-        SELECT to_json(named_struct(
-                 'order', o.order, 'customer', o.customer,
-                 'region', element_at(map(0, 'north', 1, 'south', 2, 'east', 3, 'west'), o.customer % 4),
-                 'amount', round(o.qty * o.price, 2),
-                 'size', CASE WHEN o.qty * o.price >= 200 THEN 'large' ELSE 'small' END,
-                 'source', bookmark)) AS value
-        FROM (SELECT from_json(data, 'order INT, customer INT, qty INT, price DOUBLE') AS o, bookmark FROM orders_raw)
-    """)
-    query = (
-        enriched.writeStream.format("conveyor")
-        .option("server", URI).option("topic", "Results")  # mode txn: the default
+    view = f"orders_raw_{consumer.replace('-', '_')}"
+    orders.createOrReplaceTempView(view)
+    return (
+        spark.sql(ENRICH.format(view=view)).writeStream.format("conveyor")
+        .option("server", uri).option("topic", topic)  # mode txn: the default
         .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True).start()
     )
+
+
+def run_pipeline(spark, checkpoint: str) -> None:
+    query = start_enrichment(spark, checkpoint=checkpoint)
     query.awaitTermination()
+    if query.exception() is not None:
+        raise SystemExit(f"the streaming query failed: {query.exception()}")
     batches = [p["batchId"] for p in query.recentProgress if p["numInputRows"]]
     print(f"streaming query done: {sum(p['numInputRows'] for p in query.recentProgress)} orders in micro-batches {batches}")
 
@@ -120,31 +137,58 @@ def audit(spark, journal: Path) -> None:
     print(f"Results: {check.results} messages for {check.distinct_orders} distinct orders of {ORDERS}: {verdict}")
 
 
+def session(master: str, extra: dict[str, str]):
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master).appName("conveyor-demo")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    if master.startswith("spark://"):  # executors on this machine: talk over loopback
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        builder = builder.config("spark.executor.cores", "1").config("spark.executor.memory", "512m")
+    for key, value in extra.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cluster", action="store_true", help="start a standalone cluster (master + 2 workers) and use it")
+    p.add_argument("--master", default="local[2]", help="a Spark master URL (default local[2])")
+    a = p.parse_args()
     started = time.monotonic()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers import conveyor
     workdir = Path(tempfile.mkdtemp(prefix="conveyor-demo-"))
+    cluster = None
     server = start_server(workdir)
     try:
         publish_orders()
-        from pyspark.sql import SparkSession
+        import msgspec
 
         from conveyor.client.rpc import RpcClient
         from conveyor.spark import register
 
-        spark = (
-            SparkSession.builder.master("local[2]").appName("conveyor-demo")
-            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2").getOrCreate()
-        )
+        master, extra = a.master, {}
+        if a.cluster:
+            from conveyor.spark.standalone import LocalCluster
+
+            cluster = LocalCluster(workers=2, workdir=str(workdir / "cluster")).start()
+            master, extra = cluster.url, cluster.session_conf()
+        print(f"master {master}")
+        spark = session(master, extra)
         spark.sparkContext.setLogLevel("ERROR")
         print("formats:", ", ".join(register(spark)))
         run_pipeline(spark, str(workdir / "checkpoint"))
         with RpcClient(URI) as rpc:
-            print("consumer demo-enricher:", json.dumps(rpc.consumer_info("WorkToDo", "demo-enricher")))
+            info = rpc.consumer_info("WorkToDo", "demo-enricher")
+        print("consumer demo-enricher:", msgspec.json.encode(info).decode())
         audit(spark, workdir / "data")
         spark.stop()
     finally:
+        if cluster is not None:
+            cluster.stop()
         server.terminate()
         server.wait(30)
         shutil.rmtree(workdir, ignore_errors=True)

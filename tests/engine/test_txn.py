@@ -263,3 +263,64 @@ def test_a_conflicting_duplicate_fails_loudly():
     h.publish(pub, "Work", {"i": 2}, seq=1, fingerprint=222, ack_type="processed")
     h.commit()
     assert last_ack(h, pub).code == "duplicate_conflict"
+
+
+def _named(h: Harness, conn: int, cmd):
+    h.handle(conn, cmd)
+    h.commit()
+    ack = last_ack(h, conn)
+    assert ack.status == "success", (ack.code, ack.reason)
+    return ack.result
+
+
+def test_a_fenced_commit_publishes_nothing_and_a_current_one_acks_its_deliveries():
+    """Rule 5: the commit checks the named consumer's epoch, and acknowledges the
+    deliveries it derives from together with its rows."""
+    h = harness()
+    w = watcher(h)
+    pub, old, new = h.connect("pub"), h.connect("old-query"), h.connect("new-query")
+    for i in range(4):
+        h.publish(pub, "Work", {"i": i})
+    h.commit()
+    e1 = _named(h, old, m.Claim(queue="Q", consumer="c", token="old")).epoch
+    assert _named(h, old, m.Lease(queue="Q", consumer="c", after=0, max=2, ttl=30, epoch=e1)).d == 2
+    stage(h, old, "old/0", [10, 11])
+    e2 = _named(h, new, m.Claim(queue="Q", consumer="c", token="new")).epoch  # fences the old query
+    h.messages(w)  # the four published above
+    fence = m.ConsumerFence("Q", "c", e1, 2)
+    h.handle(old, m.CommitTxn(publisher="sink/old", seq=1, txns=["old/0"], fences=[fence]))
+    h.commit()
+    ack = last_ack(h, old)
+    assert (ack.status, ack.code) == ("failure", "fenced")
+    assert h.messages(w) == []
+    assert [r.publisher for r in publishes(h)].count(publisher_id("sink/old")) == 0
+    # the newer holder re-offers deliveries 1..2 and commits them with its epoch: acked with the rows
+    assert _named(h, new, m.Lease(queue="Q", consumer="c", after=0, max=2, ttl=30, epoch=e2)).d == 2
+    stage(h, new, "new/0", [20, 21])
+    h.handle(new, m.CommitTxn(publisher="sink/new", seq=1, txns=["new/0"], fences=[m.ConsumerFence("Q", "c", e2, 2)]))
+    h.commit()
+    assert last_ack(h, new).result == replies.CommitReply(published=2)
+    assert _named(h, new, m.ConsumerInfo(queue="Q", consumer="c")).acked == 2
+    # a fence beyond the consumer's deliveries is refused before anything is published
+    stage(h, new, "new/1", [30])
+    h.handle(new, m.CommitTxn(publisher="sink/new", seq=2, txns=["new/1"], fences=[m.ConsumerFence("Q", "c", e2, 9)]))
+    h.commit()
+    assert last_ack(h, new).code == "bad_delivery_range"
+    assert [r.seq for r in publishes(h) if r.publisher == publisher_id("sink/new")] == [1, 1]
+
+
+def test_the_acknowledgement_of_a_fenced_commit_survives_a_crash():
+    h = harness()
+    pub, sink = h.connect("pub"), h.connect("sink")
+    for i in range(3):
+        h.publish(pub, "Work", {"i": i})
+    h.commit()
+    e = _named(h, sink, m.Claim(queue="Q", consumer="c", token="t")).epoch
+    _named(h, sink, m.Lease(queue="Q", consumer="c", after=0, max=3, ttl=30, epoch=e))
+    stage(h, sink, "a", [1])
+    h.handle(sink, m.CommitTxn(publisher="sink/q", seq=1, txns=["a"], fences=[m.ConsumerFence("Q", "c", e, 3)]))
+    h.commit()
+    assert last_ack(h, sink).status == "success"
+    h.crash(checkpoint=False)
+    sink = h.connect("sink")
+    assert _named(h, sink, m.ConsumerInfo(queue="Q", consumer="c")) == replies.ConsumerInfoReply(d=3, acked=3, epoch=e, unacked=0)

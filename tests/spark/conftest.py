@@ -1,5 +1,5 @@
 """Spark tests: one local SparkSession per test process (``local[2,4]``: 2 cores, and
-up to 4 attempts per task, since ``local[n]`` alone never retries, SPARK.md 6.8)."""
+up to 4 attempts per task, since ``local[n]`` alone never retries)."""
 
 from __future__ import annotations
 

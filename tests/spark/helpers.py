@@ -8,6 +8,7 @@ from collections import Counter
 
 from conveyor import Client
 from conveyor.client.rpc import RpcClient
+from conveyor.protocol.replies import ConsumerInfoReply
 
 QUEUE = "In"
 QUEUES = """
@@ -22,12 +23,12 @@ QUEUES = """
 
 
 def publish_numbers(uri: str, start: int, count: int, topic: str = "in", name: str = "numbers") -> None:
-    """Publish {"n": start..start+count-1} to ``topic`` (persisted when this returns)."""
+    """Publish {"n": start..start+count-1} to ``topic`` (persisted when this returns),
+    message n with sequence number n+1: calls with one ``name`` must publish increasing
+    ranges."""
     with RpcClient(uri, client_name=name) as rpc:
-        rpc.head(QUEUE)  # logs on: highest_seq is known
-        first = rpc.highest_seq + 1
         rows = [json.dumps({"n": n}).encode() for n in range(start, start + count)]
-        accepted, _ = rpc.publish_batch(topic, rows, first_seq=first)
+        accepted, _ = rpc.publish_batch(topic, rows, first_seq=start + 1)
         assert accepted == count
 
 
@@ -56,6 +57,6 @@ def assert_exactly_once(rows: list[dict], numbers: range) -> None:
     assert len(rows) == len(numbers)
 
 
-def consumer_info(uri: str, consumer: str) -> dict:
+def consumer_info(uri: str, consumer: str) -> ConsumerInfoReply:
     with RpcClient(uri) as rpc:
         return rpc.consumer_info(QUEUE, consumer)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-# n from the payload, plus where it came from: a map-only transformation.
+# n from the payload, plus where it came from: a map-only transformation. The source's
+# fence column goes along to the sink (exact fencing, conveyor.spark.fencing).
 SELECT = (
-    "to_json(named_struct('n', CAST(get_json_object(data, '$.n') AS INT), 'bm', bookmark, 'd', delivery)) AS value"
+    "to_json(named_struct('n', CAST(get_json_object(data, '$.n') AS INT), 'bm', bookmark, 'd', delivery)) AS value",
+    "fence",
 )
 
 
@@ -20,7 +22,7 @@ def start(spark, *, uri: str, consumer: str, checkpoint: str, topic: str = "out"
         .load()
     )
     writer = (
-        df.selectExpr(SELECT).writeStream.format("conveyor")
+        df.selectExpr(*SELECT).writeStream.format("conveyor")
         .option("server", uri).option("topic", topic).option("mode", mode)
         .options(**(sink_extra or {}))
         .option("checkpointLocation", checkpoint)

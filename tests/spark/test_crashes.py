@@ -1,10 +1,13 @@
-"""SIGKILL of the driver at the points SPARK.md 4 names, with a job in a subprocess.
+"""SIGKILL of the driver at every crash point of the connector, with a job in a
+subprocess (tests/spark/job.py).
 
 One chain of runs (txn mode) on one checkpoint: every run is killed at the first fault
 point still armed (each fires once), the next run restarts from the checkpoint, with
-another partition count (4.4); the last run finishes. The output must hold every input
-message exactly once. (Direct mode's replay deduplication is the same mechanism as its
-task retry, tested in test_stream.py; each run here costs a JVM start.)
+another partition count; the last run finishes. The output must hold every input
+message exactly once. Each run costs a JVM start, so CI runs the SHORT chain (each crash
+point once, on the standalone cluster of tests/spark/test_cluster.py) and ``make
+test-slow`` the FULL chain here, in local mode. (Direct mode's replay deduplication is
+the same mechanism as its task retry, tested in test_stream.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.spark.helpers import (
     assert_exactly_once,
@@ -24,48 +30,64 @@ from tests.spark.helpers import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-TOTAL = 200
-
-CHAINS = {
-    # batches of 50: run 0 dies mid-batch 1 (4.5: partition 1 killed after writing, partition
-    # 0 may have staged); run 1 replays batch 1 and dies after leasing batch 2, before
-    # the offset log (4.1); run 2 dies after the server committed batch 2, before
-    # Spark's commit log (4.6); run 3 replays batch 2 (the commit answers "duplicate")
-    # and finishes. Partition counts alternate 2, 3, 2, 3 (4.4).
-    "txn": "sink.written.b1.p1=kill,source.leased.d150=kill,sink.committed.b2=kill",
-}
+RUN_S_MAX = 300
 
 
-def run_job(uri: str, tmp: Path, mode: str, partitions: int) -> subprocess.CompletedProcess:
-    args = [
-        sys.executable, "-m", "tests.spark.job", "--server", uri, "--checkpoint", str(tmp / "ck"),
-        "--mode", mode, "--partitions", str(partitions), "--faults", CHAINS[mode], "--fault-dir", str(tmp),
-    ]
-    proc = subprocess.Popen(args, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@dataclass(frozen=True)
+class Chain:
+    total: int  # messages
+    batch: int  # maxRecordsPerBatch
+    faults: str
+
+    @property
+    def kills(self) -> int:
+        return self.faults.count("=kill")
+
+
+# Batches of 20 over 60 messages: run 0 dies mid-batch 1 (partition 1 killed after
+# staging, partition 0 may have staged); run 1 replays batch 1 and dies after leasing
+# batch 2, before the offset log; run 2 dies after the server committed batch 2, before
+# Spark's commit log; run 3 replays batch 2 (the commit answers "duplicate", and the
+# source reads nothing: the sink acknowledged it with its output) and finishes.
+SHORT = Chain(60, 20, "sink.written.b1.p1=kill,source.leased.d60=kill,sink.committed.b2=kill")
+# The same over 4 batches of 50, plus an executor-side kill in the middle of a read.
+FULL = Chain(200, 50, "sink.written.b1.p1=kill,source.leased.d150=kill,sink.committed.b2=kill,read.d200.p1=kill")
+
+
+def run_job(uri: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """One driver run of tests/spark/job.py in a session of its own; whatever is left of
+    its process group is SIGKILLed when it ends."""
+    cmd = [sys.executable, "-m", "tests.spark.job", "--server", uri, "--checkpoint", str(tmp / "ck"),
+           "--fault-dir", str(tmp), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=RUN_S_MAX)
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of that run's group
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def test_driver_sigkill_chain_is_exactly_once(conveyor_server, tmp_path, mode="txn"):
-    uri = conveyor_server.uri
-    publish_numbers(uri, 0, TOTAL)
-    kills = CHAINS[mode].count("=kill")
-    for run in range(kills + 1):
+def run_chain(uri: str, tmp: Path, chain: Chain, *extra: str) -> None:
+    publish_numbers(uri, 0, chain.total)
+    for run in range(chain.kills + 1):
         started = time.monotonic()
-        result = run_job(uri, tmp_path, mode, partitions=2 + run % 2)
+        result = run_job(uri, tmp, "--max-records", str(chain.batch), "--partitions", str(2 + run % 2),
+                         "--faults", chain.faults, *extra)
         print(f"run {run}: exit {result.returncode} after {time.monotonic() - started:.1f}s, fired "
-              f"{sorted(p.name for p in tmp_path.glob('fired-*'))}")
-        if run < kills:
+              f"{sorted(p.name for p in tmp.glob('fired-*'))}")
+        if run < chain.kills:
             assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
         else:
             assert result.returncode == 0 and "DONE" in result.stdout, result.stderr[-3000:]
-    assert len(list(tmp_path.glob("fired-*"))) == kills
-    assert_exactly_once(read_topic(uri, "out", TOTAL), range(TOTAL))
+    assert len(list(tmp.glob("fired-*"))) == chain.kills
+    assert_exactly_once(read_topic(uri, "out", chain.total), range(chain.total))
     info = consumer_info(uri, "etl")
-    assert (info["d"], info["acked"]) == (TOTAL, TOTAL)
+    assert (info.d, info.acked) == (chain.total, chain.total)
+
+
+@pytest.mark.slow
+def test_driver_sigkill_full_chain_is_exactly_once(conveyor_server, tmp_path):
+    run_chain(conveyor_server.uri, tmp_path, FULL)

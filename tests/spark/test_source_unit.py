@@ -8,6 +8,8 @@ import pickle
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from conveyor import errors
+from conveyor.spark import fencing
 from conveyor.spark import options as opt
 from conveyor.spark.source import (
     ConsumerFenced,
@@ -56,16 +58,17 @@ def test_offsets_partitions_read_and_ack(conveyor_server):
     parts = r.partitions(start, end)
     assert [(p.lo, p.hi) for p in parts] == [(0, 5), (5, 10)]
     executor = pickle.loads(pickle.dumps(r))  # what Spark ships: no live connection inside
-    assert executor._rpc is None and executor._heartbeat is None
+    assert executor._rpc is None and executor._heartbeat is None and executor.options == r.options
     assert rows(executor, parts) == list(range(10))
     batch = next(iter(executor.read(parts[0])))
-    assert batch.schema.names == ["data", "topic", "bookmark", "publisher", "sequence", "timestamp", "delivery"]
+    assert batch.schema.names == ["data", "topic", "bookmark", "publisher", "sequence", "timestamp", "delivery", "fence"]
     assert batch.column("delivery").to_pylist() == [1, 2, 3, 4, 5]
+    assert set(batch.column("fence").to_pylist()) == {fencing.token(QUEUE, "etl", 1, 10)}  # epoch 1, through 10
     # the next latestOffset acks the previous batch
     end2 = r.latestOffset(end, ReadAllAvailable())
-    assert end2["d"] == 25 and consumer_info(uri, "etl")["acked"] == 10
+    assert end2["d"] == 25 and consumer_info(uri, "etl").acked == 10
     assert r.latestOffset(end2, ReadAllAvailable()) is end2  # nothing new: `start` itself
-    assert consumer_info(uri, "etl")["acked"] == 25
+    assert consumer_info(uri, "etl").acked == 25
 
 
 def test_crash_after_lease_reoffers_and_replay_keeps_its_split(conveyor_server):
@@ -91,8 +94,9 @@ def test_an_older_reader_is_fenced_out(conveyor_server):
     start = old.initialOffset()
     new = reader(uri)
     new.initialOffset()  # claims the consumer: a newer epoch
-    with pytest.raises(ConsumerFenced, match="fenced out"):
+    with pytest.raises(ConsumerFenced, match="fenced out") as info:
         old.latestOffset(start, ReadMaxRows(5))
+    assert isinstance(info.value, errors.Fenced) and info.value.code == "fenced"
 
 
 def test_checkpoint_of_another_consumer_and_bad_options(conveyor_server):

@@ -7,7 +7,7 @@ from processes Spark creates and kills at will, and objects that are pickled. Ru
 1. **No thread, no event loop, no background work.** One socket, used only while a
    method runs. It connects (and logs on) lazily, on the first call, so an ``RpcClient``
    can be created anywhere; still, create it inside methods of Spark objects, never in
-   their ``__init__`` (they are pickled, SPARK.md 1.1).
+   their ``__init__`` (Spark pickles them and ships them to other processes).
 2. **At most one retry.** A lost connection raises :class:`~conveyor.errors.ConnectionLost`
    and the next call connects again; Spark retries tasks and the operator restarts
    queries. Only a single-answer command on a connection that was already open (which
@@ -18,6 +18,17 @@ from processes Spark creates and kills at will, and objects that are pickled. Ru
 3. **A failure Ack raises** the exception of its code (:func:`conveyor.errors.error_for_code`).
 4. Frames stay below the server's frame limit: ``stage`` and ``publish_batch`` split
    large row lists.
+5. **Typed replies.** Every named-consumer and transaction call returns the struct of
+   :mod:`conveyor.protocol.replies` for its command, decoded at this seam: a reply of
+   the wrong shape raises :class:`~conveyor.errors.BadReply` here, not a ``KeyError``
+   deep inside a Spark task.
+6. **A list of servers.** ``server`` may name several instances, comma separated
+   (``tcp://a:9007,tcp://b:9007``). A connection goes to the first one that accepts it,
+   trying them in order from the one that last worked; a lost connection moves on the
+   same way at the next connect. Nothing is replayed on the new instance beyond rule 2:
+   the state the calls rely on (a named consumer's deliveries, acked pointer and epoch,
+   publishers' highest sequences) is journaled, while staged rows are not and fail the
+   commit with ``unknown_txn`` (docs/spark.md, "Failover between instances").
 """
 
 from __future__ import annotations
@@ -32,11 +43,22 @@ from collections.abc import Iterable, Iterator, Sequence
 from conveyor import errors
 from conveyor.client.core import parse_uri
 from conveyor.protocol import messages as m
+from conveyor.protocol import replies as r
 from conveyor.protocol.codec import MessageDecoder, encode_frame
 
 FRAME_BYTES_TARGET = 4 * 1024 * 1024  # well under the server's 16 MiB default limit
 ROWS_PER_FRAME_MAX = 5000
 RECV_BYTES = 1 << 20
+
+
+def parse_servers(servers: str) -> list[tuple[str, tuple[str, int]]]:
+    """``"tcp://a:1,tcp://b:2"`` -> [(uri, (host, port)), ...]; ClientError if none or
+    one is malformed."""
+    uris = [u.strip() for u in servers.split(",") if u.strip()]
+    if not uris:
+        raise errors.ClientError("no server URI given (e.g. tcp://127.0.0.1:9007, or several, comma separated)")
+    return [(u, parse_uri(u)) for u in uris]
+
 
 def fingerprint(data: bytes) -> int:
     """The payload hash sent with a direct-mode publish: 63 bits, never 0 (0 = none)."""
@@ -59,11 +81,10 @@ class RpcClient:
     """Blocking calls to one conveyor server; see the module rules."""
 
     def __init__(self, server: str, *, client_name: str | None = None, timeout: float = 30.0) -> None:
-        self.server = server
-        self.address = parse_uri(server)
+        self.servers = parse_servers(server)
+        self._at = 0  # index of the server that last accepted a connection (rule 6)
         self.client_name = client_name or f"conveyor-rpc-{uuid.uuid4().hex[:12]}"
         self.timeout = timeout
-        self.highest_seq = 0  # the server's highest sequence for this client name (logon)
         self._sock: socket.socket | None = None
         self._decoder = MessageDecoder()
         self._items: list = []
@@ -85,23 +106,36 @@ class RpcClient:
             except OSError:
                 pass
 
+    @property
+    def server(self) -> str:
+        """The URI of the instance in use (or tried last)."""
+        return self.servers[self._at][0]
+
     def _connected(self) -> socket.socket:
         if self._sock is not None:
             return self._sock
-        try:
-            sock = socket.create_connection(self.address, timeout=self.timeout)
-        except OSError as exc:
-            raise errors.ConnectionLost(f"cannot connect to {self.server}: {exc}") from None
+        failures = []
+        for i in range(len(self.servers)):  # rule 6: from the last that worked, in order
+            at = (self._at + i) % len(self.servers)
+            uri, address = self.servers[at]
+            try:
+                sock = socket.create_connection(address, timeout=self.timeout)
+            except OSError as exc:
+                failures.append(f"{uri}: {exc}")
+                continue
+            self._at = at
+            break
+        else:
+            raise errors.ConnectionLost(f"cannot connect to {'; '.join(failures)}")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._decoder, self._items = sock, MessageDecoder(), []
         logon = m.Logon(client_name=self.client_name, cid=self._cid(), ack_type="processed")
         try:
             self._send([logon])
-            ack = self._wait(logon.cid)
+            self._wait(logon.cid)
         except errors.ConveyorError:
             self.close()
             raise
-        self.highest_seq = ack.seq or 0
         return sock
 
     def _cid(self) -> str:
@@ -171,20 +205,20 @@ class RpcClient:
         self._send([cmd])
         return self._wait(cmd.cid)
 
-    def _result(self, cmd) -> dict:
-        return dict(self._call(cmd).result or {})
+    def _reply(self, cmd, reply_type: type[r.R]) -> r.R:
+        return r.decode(self._call(cmd).result, reply_type)
 
-    # --- named consumers (SPARK.md 2.2) --------------------------------------------------
+    # --- named consumers (docs/spark-server.md) ------------------------------------------
 
-    def claim(self, queue: str, consumer: str, token: str) -> dict:
-        """{"epoch", "d", "acked"}: fence every older holder of the consumer."""
-        return self._result(m.Claim(queue=queue, consumer=consumer, token=token, cid=self._cid()))
+    def claim(self, queue: str, consumer: str, token: str) -> r.ClaimReply:
+        """Fence every older holder of the consumer: a new epoch."""
+        return self._reply(m.Claim(queue=queue, consumer=consumer, token=token, cid=self._cid()), r.ClaimReply)
 
-    def lease(self, queue: str, consumer: str, after: int, max: int, ttl: float, upto: int | None = None, epoch: int = 0) -> dict:
-        """{"d", "leased", "reoffered"}."""
-        return self._result(
-            m.Lease(queue=queue, consumer=consumer, after=after, max=max, ttl=ttl, upto=upto, epoch=epoch, cid=self._cid())
-        )
+    def lease(
+        self, queue: str, consumer: str, after: int, max: int, ttl: float, upto: int | None = None, epoch: int = 0
+    ) -> r.LeaseReply:
+        cmd = m.Lease(queue=queue, consumer=consumer, after=after, max=max, ttl=ttl, upto=upto, epoch=epoch, cid=self._cid())
+        return self._reply(cmd, r.LeaseReply)
 
     def fetch(self, queue: str, consumer: str, lo: int, hi: int, page: int = 10000) -> Iterator[m.Message]:
         """The messages of deliveries ``lo < d <= hi`` in d order, ``page`` deliveries per
@@ -219,6 +253,7 @@ class RpcClient:
                         if item.status == "failure":
                             self._raise(item)
                         if item.ack_type == "processed":
+                            r.decode(item.result, r.FetchDone)
                             break
             finished = True
         finally:
@@ -230,29 +265,27 @@ class RpcClient:
             self._connected()
         self._send([cmd])
 
-    def ack_through(self, queue: str, consumer: str, d: int, epoch: int = 0) -> dict:
-        """{"acked"}: cumulative and idempotent."""
-        return self._result(m.AckThrough(queue=queue, consumer=consumer, d=d, epoch=epoch, cid=self._cid()))
+    def ack_through(self, queue: str, consumer: str, d: int, epoch: int = 0) -> r.AckThroughReply:
+        """Cumulative and idempotent."""
+        return self._reply(m.AckThrough(queue=queue, consumer=consumer, d=d, epoch=epoch, cid=self._cid()), r.AckThroughReply)
 
-    def extend(self, queue: str, consumer: str, ttl: float, epoch: int = 0) -> dict:
-        """{"renewed"}: renew every unacked lease of the consumer."""
-        return self._result(m.Extend(queue=queue, consumer=consumer, ttl=ttl, epoch=epoch, cid=self._cid()))
+    def extend(self, queue: str, consumer: str, ttl: float, epoch: int = 0) -> r.ExtendReply:
+        """Renew every unacked lease of the consumer."""
+        return self._reply(m.Extend(queue=queue, consumer=consumer, ttl=ttl, epoch=epoch, cid=self._cid()), r.ExtendReply)
 
-    def reclaim(self, queue: str, consumer: str, lo: int, hi: int, ttl: float, epoch: int = 0) -> dict:
-        """{"renewed", "held_elsewhere", "done"} for deliveries ``lo < d <= hi``."""
-        return self._result(
-            m.Reclaim(queue=queue, consumer=consumer, lo=lo, hi=hi, ttl=ttl, epoch=epoch, cid=self._cid())
-        )
+    def reclaim(self, queue: str, consumer: str, lo: int, hi: int, ttl: float, epoch: int = 0) -> r.ReclaimReply:
+        """Renew the leases of deliveries ``lo < d <= hi`` (a replayed batch)."""
+        cmd = m.Reclaim(queue=queue, consumer=consumer, lo=lo, hi=hi, ttl=ttl, epoch=epoch, cid=self._cid())
+        return self._reply(cmd, r.ReclaimReply)
 
-    def head(self, queue: str) -> int:
-        """The journal position bounding what is queued now (AvailableNow's ``upto``)."""
-        return int(self._result(m.Head(queue=queue, cid=self._cid()))["upto"])
+    def head(self, queue: str) -> r.HeadReply:
+        """``upto``: the journal position bounding what is queued now (AvailableNow)."""
+        return self._reply(m.Head(queue=queue, cid=self._cid()), r.HeadReply)
 
-    def consumer_info(self, queue: str, consumer: str) -> dict:
-        """{"d", "acked", "epoch", "unacked"}."""
-        return self._result(m.ConsumerInfo(queue=queue, consumer=consumer, cid=self._cid()))
+    def consumer_info(self, queue: str, consumer: str) -> r.ConsumerInfoReply:
+        return self._reply(m.ConsumerInfo(queue=queue, consumer=consumer, cid=self._cid()), r.ConsumerInfoReply)
 
-    # --- staged transactions (SPARK.md 3.2) ----------------------------------------------
+    # --- staged transactions ----------------------------------------------------------
 
     def stage(self, txn: str, topic: str, rows: Sequence[bytes]) -> int:
         """Stage ``rows`` under ``txn`` (several frames if large); returns the total staged."""
@@ -265,18 +298,24 @@ class RpcClient:
         for cmd in commands:  # pipelined: every frame goes out, then the answers are read
             self._call_start(cmd)
         for cmd in commands:
-            staged = int((self._wait(cmd.cid).result or {}).get("staged", staged))
+            staged = r.decode(self._wait(cmd.cid).result, r.StageReply).staged
         return staged
 
-    def commit_txn(self, publisher: str, seq: int, txns: Iterable[str]) -> str:
-        """Publish everything staged under ``txns`` as one unit: "published" or "duplicate"."""
-        ack = self._call(m.CommitTxn(publisher=publisher, seq=seq, txns=list(txns), cid=self._cid()))
-        return "duplicate" if ack.status == "duplicate" else "published"
+    def commit_txn(
+        self, publisher: str, seq: int, txns: Iterable[str], fences: Iterable[m.ConsumerFence] = ()
+    ) -> tuple[str, r.CommitReply]:
+        """Publish everything staged under ``txns`` as one unit; ("published" or
+        "duplicate", the reply). With ``fences``, the server first checks that each
+        named consumer is still at the epoch given (``fenced`` otherwise, nothing
+        published) and acknowledges its deliveries through ``through`` in the same step."""
+        cmd = m.CommitTxn(publisher=publisher, seq=seq, txns=list(txns), fences=list(fences), cid=self._cid())
+        ack = self._call(cmd)
+        return ("duplicate" if ack.status == "duplicate" else "published"), r.decode(ack.result, r.CommitReply)
 
     def abort_txn(self, txns: Iterable[str]) -> int:
-        return int(self._result(m.AbortTxn(txns=list(txns), cid=self._cid())).get("discarded", 0))
+        return self._reply(m.AbortTxn(txns=list(txns), cid=self._cid()), r.AbortReply).discarded
 
-    # --- direct publishing (SPARK.md 3.1) -----------------------------------------------
+    # --- direct publishing ------------------------------------------------------------
 
     def publish_batch(
         self,

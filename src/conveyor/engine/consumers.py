@@ -299,6 +299,21 @@ class NamedConsumers:
             )
         return c
 
+    def check_fence(self, fence: m.ConsumerFence) -> None:
+        """A commit's fence (txn.py rule 5): ``fenced`` if the epoch is stale,
+        ``bad_delivery_range`` if ``through`` is not one of the consumer's deliveries."""
+        c = self.fenced(fence.queue, fence.consumer, fence.epoch)
+        if fence.through > c.d:
+            raise errors.BadDeliveryRange(
+                f"commit fence: consumer {c.name!r} of queue {c.queue!r} has deliveries up to {c.d}, "
+                f"not {fence.through}", d=c.d, through=fence.through,
+            )
+
+    def ack_fence(self, fence: m.ConsumerFence, now: float) -> None:
+        """Acknowledge a committed fence's deliveries, as ``ack_through`` does."""
+        self._ack_through(m.AckThrough(queue=fence.queue, consumer=fence.consumer, d=fence.through,
+                                       epoch=fence.epoch), now)
+
     @staticmethod
     def _check_range(c: NamedConsumer, lo: int, hi: int) -> None:
         if lo > hi or hi > c.d:

@@ -109,7 +109,7 @@ class Engine:
         )
         self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal)
         self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
-        self.transactions = Transactions(self.publishes, self.bindings, self.outbox)
+        self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics)
 
     @property

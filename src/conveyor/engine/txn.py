@@ -24,9 +24,18 @@ Rules:
    a transaction.
 4. ``seq`` must be >= 1 (a Spark sink sends ``batchId + 1``): sequence 0 would never be
    above "nothing seen", so it could not be deduplicated after a restart.
+5. **Fences.** A commit may name the named consumers its rows derive from, each with
+   the epoch it holds and the delivery it read through. Before anything else, each must
+   still be at that epoch (``fenced`` otherwise: a query fenced out by a newer claim
+   publishes nothing more) and ``through`` must be one of its deliveries. A commit that
+   publishes then acknowledges each consumer through ``through`` in the same synchronous
+   step, after its rows, so the output and the input's acknowledgement become durable
+   together: a newer holder that claims the consumer afterwards starts past them.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -37,6 +46,9 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
+
+if TYPE_CHECKING:
+    from conveyor.engine.consumers import NamedConsumers
 
 STAGING_BYTES_MAX_DEFAULT = 256 * 1024 * 1024
 STAGING_IDLE_S = 600.0
@@ -143,11 +155,12 @@ class Transactions:
     """The transaction commands (rules 2 and 4) over a :class:`Staging`."""
 
     def __init__(self, publishes: PublishLog, bindings: QueueBindings, outbox: Outbox,
-                 staging: Staging | None = None) -> None:
+                 staging: Staging | None = None, named: NamedConsumers | None = None) -> None:
         self._publishes = publishes
         self._bindings = bindings
         self._outbox = outbox
         self.staging = staging if staging is not None else Staging()
+        self._named = named  # for the fences of rule 5
 
     def handle(self, conn: int, cmd, now: float) -> None:
         match cmd:
@@ -173,6 +186,10 @@ class Transactions:
     def _commit(self, conn: int, cmd: m.CommitTxn, now: float) -> None:
         if cmd.seq < 1:
             raise errors.InvalidOption(f"commit_txn seq must be >= 1, not {cmd.seq} (send batchId + 1)")
+        if cmd.fences and self._named is None:
+            raise errors.InvalidOption("commit_txn fences: this engine has no named consumers")
+        for fence in cmd.fences:  # rule 5: refused before anything happens
+            self._named.check_fence(fence)
         publisher = publisher_id(cmd.publisher)
         publishes = self._publishes
         if publishes.is_duplicate(publisher, cmd.seq):
@@ -190,5 +207,7 @@ class Transactions:
             publishes.append_record(
                 records.PublishRec(topic, publisher, cmd.seq, now, data, None, txn_index=i, txn_total=n)
             )
+        for fence in cmd.fences:  # after the rows: a crash keeps the ack only with them
+            self._named.ack_fence(fence, now)
         self._outbox.send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, seq=cmd.seq,
                                                    result=replies.CommitReply(published=n)))

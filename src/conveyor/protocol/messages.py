@@ -211,15 +211,28 @@ class Stage(_Msg, tag="stage"):
     cid: str | None = None
 
 
+class ConsumerFence(msgspec.Struct, frozen=True, array_like=True):
+    """A named consumer a commit derives from: the commit is refused with ``fenced``
+    unless ``(queue, consumer)`` is still at ``epoch``, and acknowledges its deliveries
+    through ``through`` in the same step (0: no acknowledgement)."""
+
+    queue: str
+    consumer: str
+    epoch: int
+    through: int = 0
+
+
 class CommitTxn(_Msg, tag="commit_txn"):
     """Publish every row staged under ``txns`` atomically, as one duplicate-detection
     unit ``(publisher, seq)``. status "duplicate" when seq <= the publisher's highest.
-    result: {"published": n}."""
+    ``fences``: checked before anything is published (``fenced``), and their
+    deliveries acknowledged with the publish. result: {"published": n}."""
 
     publisher: str
     seq: int
     txns: list[str] = []
     cid: str | None = None
+    fences: list[ConsumerFence] = field(default_factory=list, name="fc")
 
 
 class AbortTxn(_Msg, tag="abort_txn"):

@@ -20,7 +20,7 @@ def register(spark, *, filter_pushdown: bool = True) -> list[str]:
 
     ``filter_pushdown`` turns on ``spark.sql.python.filterPushdown.enabled`` (off by
     default in PySpark 4.x), which the journal reader needs to prune segments: a Python
-    reader that implements ``pushFilters`` fails planning while it is off (SPARK.md 1.4).
+    reader that implements ``pushFilters`` fails planning while it is off.
     Pass False to leave the session's setting alone; then read the journal with
     ``.option("pushdown", "false")``.
     """

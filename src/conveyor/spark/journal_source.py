@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from operator import attrgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,7 +66,7 @@ from conveyor.records.facts import OPS, describe_record
 from conveyor.errors import JournalCorrupt, JournalError
 from conveyor.journal.format import FILE_HEADER_LEN
 from conveyor.journal.index import SummaryBuilder, load_summary, write_summary
-from conveyor.journal.storage import parse_segment_name
+from conveyor.journal.storage import parse_segment_name, segment_name
 from conveyor.journal.tools import scan_segment
 from conveyor.spark import options as opt
 
@@ -238,32 +239,68 @@ class JournalSegment(InputPartition):
         self.summarize = summarize  # no valid summary at planning: write one while reading
 
 
+def _when(test: Callable, get: Callable) -> Callable:
+    """A cell that is null unless ``test(value)``: records use 0 or -1 for "none"."""
+    return lambda rec: value if test(value := get(rec)) else None
+
+
+_positive = bool  # a non-zero count or fingerprint, a non-empty string
+_not_negative = (0).__le__
+
+#: The cells of each record type's row, by column; every other column is null. Adding a
+#: column means adding it to SCHEMA and here: rows are built from this table, by name.
+_QUEUE_OP: dict[str, Callable] = {"queue": attrgetter("queue"), "positions": attrgetter("positions")}
+CELLS: dict[type, dict[str, Callable]] = {
+    r.PublishRec: {
+        "ts": attrgetter("timestamp"),
+        "topic": attrgetter("topic"),
+        "publisher": attrgetter("publisher"),
+        "seq": attrgetter("seq"),
+        "reasons": _when(_positive, attrgetter("expired_reasons")),
+        "payload": attrgetter("data"),
+        "correlation_id": attrgetter("correlation_id"),
+        "fingerprint": _when(_positive, attrgetter("fingerprint")),
+        "txn_index": _when(_not_negative, attrgetter("txn_index")),
+        "txn_total": _when(_positive, attrgetter("txn_total")),
+        "expired_queue": attrgetter("expired_queue"),
+        "expired_position": _when(_not_negative, attrgetter("expired_position")),
+    },
+    r.LeasedRec: {**_QUEUE_OP, "counts": attrgetter("counts")},
+    r.ExpiredRec: {"queue": attrgetter("queue"), "positions": lambda rec: [rec.position], "reasons": attrgetter("reasons")},
+    r.ConsumerLeasedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("first"),
+                          "counts": attrgetter("counts")},
+    r.ConsumerAckedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("through")},
+    r.ConsumerClaimedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"), "epoch": attrgetter("epoch")},
+}
+
+
+def _row_maker(op: str, cells: dict[str, Callable]) -> Callable[[int, object], tuple]:
+    """A function (position, record) -> row, built from the record type's cells in
+    COLUMNS order. It is compiled to one tuple expression: the reader builds a row per
+    record, and a loop over the columns costs it about twice as much."""
+    unknown = set(cells) - set(COLUMNS)
+    if unknown:
+        raise AssertionError(f"journal reader cells for columns not in SCHEMA: {sorted(unknown)}")
+    names = {f"cell_{column}": get for column, get in cells.items()}
+    parts = []
+    for column in COLUMNS:
+        if column == "lsn":
+            parts.append("position")
+        elif column == "op":
+            parts.append(repr(op))
+        elif column in cells:
+            parts.append(f"cell_{column}(rec)")
+        else:
+            parts.append("None")
+    return eval(f"lambda position, rec: ({', '.join(parts)},)", names)  # noqa: S307 - built from constants
+
+
+_ROWS: dict[type, Callable[[int, object], tuple]] = {t: _row_maker(op, CELLS.get(t, _QUEUE_OP)) for t, op in OPS.items()}
+
+
 def _row(position: int, rec) -> tuple:
     """The row of one decoded record, with ts in epoch seconds (converted per batch)."""
-    t = type(rec)
-    if t is r.PublishRec:
-        return (
-            position, rec.timestamp, "publish", rec.topic, None, rec.publisher, rec.seq, None, None,
-            None, None, rec.expired_reasons or None, rec.data, rec.correlation_id, rec.fingerprint or None,
-            rec.txn_index if rec.txn_index >= 0 else None, rec.txn_total or None, rec.expired_queue,
-            rec.expired_position if rec.expired_position >= 0 else None, None,
-        )
-    op = OPS[t]
-    if t is r.ExpiredRec:
-        return (position, None, op, None, rec.queue, None, None, None, None, [rec.position], None, rec.reasons,
-                None, None, None, None, None, None, None, None)
-    if t is r.ConsumerLeasedRec:
-        return (position, None, op, None, rec.queue, None, None, rec.consumer, rec.first, rec.positions, rec.counts,
-                None, None, None, None, None, None, None, None, None)
-    if t is r.ConsumerAckedRec:
-        return (position, None, op, None, rec.queue, None, None, rec.consumer, rec.through, rec.positions, None,
-                None, None, None, None, None, None, None, None, None)
-    if t is r.ConsumerClaimedRec:
-        return (position, None, op, None, rec.queue, None, None, rec.consumer, None, None, None,
-                None, None, None, None, None, None, None, None, rec.epoch)
-    counts = rec.counts if t is r.LeasedRec else None
-    return (position, None, op, None, rec.queue, None, None, None, None, rec.positions, counts,
-            None, None, None, None, None, None, None, None, None)
+    return _ROWS[type(rec)](position, rec)
 
 
 def _arrow_batch(rows: list[tuple]) -> pa.RecordBatch:
@@ -320,7 +357,7 @@ class JournalReader(DataSourceReader):
         bases = sorted(b for b in map(parse_segment_name, names) if b is not None)
         out = []
         for i, base in enumerate(bases):
-            path = os.path.join(self.directory, f"{base:020d}.log")
+            path = os.path.join(self.directory, segment_name(base))
             sealed = i + 1 < len(bases)
             if sealed:
                 end = bases[i + 1]

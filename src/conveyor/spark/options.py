@@ -1,7 +1,7 @@
 """Reading the connector's options.
 
 Spark hands a data source its options as a ``CaseInsensitiveDict`` whose keys are
-**lower-cased** (SPARK.md 1.1): always look keys up in lower case, and never rely on
+**lower-cased**: always look keys up in lower case, and never rely on
 ``dict(options)`` keeping case-insensitivity. Values are strings. Errors name the option
 and say what is allowed, because they surface in a Spark stack trace.
 """

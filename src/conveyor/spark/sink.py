@@ -1,4 +1,4 @@
-"""Sink: Spark rows published to conveyor topics, exactly once (SPARK.md 3).
+"""Sink: Spark rows published to conveyor topics, exactly once (docs/spark.md, "Sink").
 
 Each row is one message: its payload is the ``value`` column (or ``data``, or the
 column named by ``valueColumn``; string columns are sent as UTF-8, binary as is), its
@@ -10,7 +10,11 @@ topic the ``topic`` option or else a string ``topic`` column. Two modes:
   publishes the staged sets of the attempts Spark chose atomically, as ONE duplicate-
   detection unit ``(publisher="{sinkName}/{queryId}", seq=batchId+1)``. A batch
   replayed after a crash answers "duplicate" and its new staging is discarded. Needs no
-  determinism. Rows become visible one micro-batch commit later.
+  determinism. Rows become visible one micro-batch commit later. When the rows carry
+  the source's ``fence`` column (:mod:`conveyor.spark.fencing`), the commit also
+  carries the named consumers they derive from: the server refuses it with ``fenced``
+  if a newer query claimed one of them, and acknowledges their deliveries with the
+  output in one step, so fencing is exact.
 * ``direct``: every task publishes at once as publisher
   ``"{sinkName}/{queryId}/p{partitionId}"`` with ``seq = batchId << 32 | (i+1)`` and a
   payload fingerprint. Exactly once only if a replayed (batch, partition) holds the same
@@ -23,8 +27,8 @@ Sequence numbers start at 1 (``+1`` above): the server drops ``seq <= highest``,
 a new publisher's highest is 0. The query id is part of every publisher, so a new
 checkpoint (batch ids from 0 again) is a new publisher: duplicates possible, no loss.
 ``write()`` gets no batch id from PySpark; it reads the task's local properties
-``streaming.sql.batchId`` and ``sql.streaming.queryId`` (internal names, SPARK.md 6.2),
-and ``commit()`` learns the query id from the commit messages.
+``streaming.sql.batchId`` and ``sql.streaming.queryId`` (internal names, pinned by the
+tests), and ``commit()`` learns the query id and the fences from the commit messages.
 
 Batch writes (``df.write.format("conveyor")``) use the same modes with a publisher
 unique to the write job (``{sinkName}/batch/{uuid}``): a retried task is deduplicated,
@@ -50,6 +54,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from conveyor import errors
 from conveyor.client.rpc import RpcClient
+from conveyor.spark import fencing
 from conveyor.spark import options as opt
 from conveyor.spark.faults import fault
 
@@ -61,7 +66,7 @@ QUERY_ID_KEY = "sql.streaming.queryId"
 
 @dataclass(frozen=True)
 class SinkOptions:
-    server: str
+    server: str  # one URI, or several comma separated (failover between instances)
     topic: str | None
     mode: str  # "txn" | "direct"
     sink_name: str
@@ -71,6 +76,7 @@ class SinkOptions:
     chunk_rows: int  # rows per stage/publish round trip
     timeout: float
     raw: dict
+    fence_column: str | None = None  # the source's fencing tokens, when the rows carry them
 
     @classmethod
     def parse(cls, options, schema: StructType) -> SinkOptions:
@@ -109,7 +115,13 @@ class SinkOptions:
             chunk_rows=opt.integer(options, "chunkRows", 10000, minimum=1),
             timeout=opt.seconds(options, "timeout", 60.0),
             raw={k.lower(): v for k, v in options.items() if k.lower().startswith("test")},
+            fence_column=_fence_column(names),
         )
+
+
+def _fence_column(names: dict) -> str | None:
+    column = names.get(fencing.FENCE_COLUMN)
+    return column.name if column is not None and isinstance(column.dataType, StringType) else None
 
 
 @dataclass
@@ -117,6 +129,7 @@ class TxnMessage(WriterCommitMessage):
     query_id: str | None
     txns: list[str] = field(default_factory=list)
     rows: int = 0
+    fences: list[str] = field(default_factory=list)  # distinct fencing tokens of the rows
 
 
 @dataclass
@@ -169,9 +182,11 @@ def _canonical(batches: Iterator[pa.RecordBatch], o: SinkOptions) -> Iterator[pa
 # --- the two modes, per task ---------------------------------------------------------------
 
 
-def stage_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], base: str) -> tuple[list[str], int]:
-    """Stage every row under ``base/t<i>`` (one handle per topic); returns (handles, rows)."""
+def stage_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], base: str) -> tuple[list[str], int, list[str]]:
+    """Stage every row under ``base/t<i>`` (one handle per topic); returns (handles,
+    rows, the distinct fencing tokens of the rows)."""
     rpc = RpcClient(o.server, timeout=o.timeout)
+    fences: set[str] = set()
     handles: dict[str, str] = {}
     buffers: dict[str, list[bytes]] = {}
     pending = total = 0
@@ -184,6 +199,8 @@ def stage_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], base: str
 
     try:
         for batch in batches:
+            if o.fence_column is not None:
+                fences.update(t for t in pc.unique(batch.column(o.fence_column)).to_pylist() if t is not None)
             for topic, rows in _runs(batch, o):
                 if topic not in handles:
                     handles[topic] = f"{base}/t{len(handles)}"
@@ -196,7 +213,7 @@ def stage_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], base: str
         flush()
     finally:
         rpc.close()
-    return list(handles.values()), total
+    return list(handles.values()), total, sorted(fences)
 
 
 def publish_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], publisher: str, seq_base: int) -> tuple[int, int]:
@@ -233,7 +250,7 @@ def _discard(o: SinkOptions, txns: list[str]) -> None:
 
 class ConveyorStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
-        self.o = options
+        self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         ctx = TaskContext.get()
@@ -245,61 +262,74 @@ class ConveyorStreamWriter(DataSourceStreamArrowWriter):
                 "them (the connector is tested with PySpark 4.3)"
             )
         batch, pid = int(batch_id), ctx.partitionId()
-        if self.o.mode == "txn":
+        o = self.options
+        fault(o.raw, f"sink.writing.b{batch}.p{pid}.a{ctx.attemptNumber()}")
+        if o.mode == "txn":
             # Unique per attempt and per driver run: task attempt ids restart at 0 with
             # the JVM, and staging under a handle a killed run already used would add up.
             base = f"{query_id}/{batch}/{pid}/{ctx.attemptNumber()}-{uuid.uuid4().hex[:16]}"
-            txns, rows = stage_partition(self.o, iterator, base)
-            message: WriterCommitMessage = TxnMessage(query_id, txns, rows)
+            txns, rows, fences = stage_partition(o, iterator, base)
+            message: WriterCommitMessage = TxnMessage(query_id, txns, rows, fences)
         else:
-            publisher = f"{self.o.sink_name}/{query_id}/p{pid}"
-            accepted, dups = publish_partition(self.o, iterator, publisher, batch << 32)
+            publisher = f"{o.sink_name}/{query_id}/p{pid}"
+            accepted, dups = publish_partition(o, iterator, publisher, batch << 32)
             message = DirectMessage(query_id, accepted, dups)
-        fault(self.o.raw, f"sink.written.b{batch}.p{pid}")
+        fault(o.raw, f"sink.written.b{batch}.p{pid}")
         return message
 
     def commit(self, messages: list, batchId: int) -> None:
-        if self.o.mode == "txn":
+        o = self.options
+        if o.mode == "txn":
             got = [msg for msg in messages if isinstance(msg, TxnMessage)]
             if not got:
                 return
             query_id = got[0].query_id
             txns = [t for msg in got for t in msg.txns]
-            with RpcClient(self.o.server, timeout=self.o.timeout) as rpc:
-                outcome = rpc.commit_txn(f"{self.o.sink_name}/{query_id}", batchId + 1, txns)
+            fences = fencing.parse(t for msg in got for t in msg.fences)
+            try:
+                with RpcClient(o.server, timeout=o.timeout) as rpc:
+                    outcome, _ = rpc.commit_txn(f"{o.sink_name}/{query_id}", batchId + 1, txns, fences)
+            except errors.Fenced as exc:
+                _discard(o, txns)
+                fence = next(iter(fences))  # only a commit with fences can be fenced
+                raise fencing.fenced_error(fence.queue, fence.consumer, exc) from exc
             # "duplicate": a replay of a batch the server published already; the server
             # discards the new staging itself.
             log.info("batch %s: %d rows, commit %s", batchId, sum(m.rows for m in got), outcome)
-        fault(self.o.raw, f"sink.committed.b{batchId}")
+        fault(o.raw, f"sink.committed.b{batchId}")
 
     def abort(self, messages: list, batchId: int) -> None:
-        if self.o.mode == "txn":
-            _discard(self.o, [t for msg in messages if isinstance(msg, TxnMessage) for t in msg.txns])
+        if self.options.mode == "txn":
+            _discard(self.options, [t for msg in messages if isinstance(msg, TxnMessage) for t in msg.txns])
 
 
 # --- batch writes ------------------------------------------------------------------------
 
 
 class ConveyorBatchWriter(DataSourceArrowWriter):
+    """Batch writes: the rows of a batch DataFrame carry no fence (no streaming source)."""
+
     def __init__(self, options: SinkOptions) -> None:
-        self.o = options
+        self.options = options
         self.job = uuid.uuid4().hex  # made once, in the planning worker; pickled to tasks and commit
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         ctx = TaskContext.get()
         pid = ctx.partitionId() if ctx is not None else 0
-        if self.o.mode == "txn":
-            txns, rows = stage_partition(self.o, iterator, f"batch/{self.job}/{pid}/{uuid.uuid4().hex[:16]}")
+        o = self.options
+        if o.mode == "txn":
+            txns, rows, _ = stage_partition(o, iterator, f"batch/{self.job}/{pid}/{uuid.uuid4().hex[:16]}")
             return TxnMessage(self.job, txns, rows)
-        accepted, dups = publish_partition(self.o, iterator, f"{self.o.sink_name}/batch/{self.job}/p{pid}", 0)
+        accepted, dups = publish_partition(o, iterator, f"{o.sink_name}/batch/{self.job}/p{pid}", 0)
         return DirectMessage(self.job, accepted, dups)
 
     def commit(self, messages: list) -> None:
-        if self.o.mode == "txn":
+        o = self.options
+        if o.mode == "txn":
             txns = [t for msg in messages if isinstance(msg, TxnMessage) for t in msg.txns]
-            with RpcClient(self.o.server, timeout=self.o.timeout) as rpc:
-                rpc.commit_txn(f"{self.o.sink_name}/batch/{self.job}", 1, txns)
+            with RpcClient(o.server, timeout=o.timeout) as rpc:
+                rpc.commit_txn(f"{o.sink_name}/batch/{self.job}", 1, txns)
 
     def abort(self, messages: list) -> None:
-        if self.o.mode == "txn":
-            _discard(self.o, [t for msg in messages if isinstance(msg, TxnMessage) for t in msg.txns])
+        if self.options.mode == "txn":
+            _discard(self.options, [t for msg in messages if isinstance(msg, TxnMessage) for t in msg.txns])

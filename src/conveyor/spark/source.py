@@ -1,23 +1,28 @@
-"""Streaming source: a named consumer of a conveyor queue as a Spark stream (SPARK.md 2).
+"""Streaming source: a named consumer of a conveyor queue as a Spark stream (docs/spark.md).
 
 The server numbers every message it leases to a named consumer with a durable,
 gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d": D,
 "np": K}`` and a micro-batch is the delivery range ``(start.d, end.d]``. Rules:
 
-1. **Ack only what Spark has committed.** ``latestOffset(start)`` runs only after the
-   batch ending at ``start`` is in Spark's commit log, so it acks ``<= start.d`` first
-   (``commit(end)`` lags a batch and is skipped for the last one, SPARK.md 1.2). Async
-   progress tracking breaks that ordering and is not supported.
+1. **Ack only what is committed.** ``latestOffset(start)`` runs only after the batch
+   ending at ``start`` is in Spark's commit log, so it acks ``<= start.d`` first
+   (``commit(end)`` lags a batch and is skipped for the last one). Async progress
+   tracking breaks that ordering and is not supported. The transactional sink acks
+   earlier, in the same server step as its output (the ``fence`` column, rule 6).
 2. **A range always yields the same rows.** ``read()`` is a pure fetch of its range,
    whatever the lease state: safe to retry and to speculate. A lease after a crash
    (``after < D`` on the server) re-offers the deliveries already numbered instead of
    leasing new ones.
-3. **A replay keeps its split**: ``np`` is taken from the end offset.
+3. **A replay keeps its split**: ``np`` is taken from the end offset. A replayed batch
+   whose deliveries the sink already acknowledged with its output (the driver died
+   between the server commit and Spark's commit log) reads nothing: its output exists.
 4. **One query per consumer.** The driver-side reader claims the consumer with a fresh
    token on its first call and carries the epoch in every mutating call; a query whose
    consumer was claimed by a newer one fails with :class:`ConsumerFenced`.
 5. **Nothing live in ``__init__``** (the reader is pickled): the connection, the claim
    and the lease heartbeat thread are created lazily, in the driver's runner process only.
+6. **Every row carries its fence**: ``[queue, consumer, epoch, through]`` in the
+   ``fence`` column (:mod:`conveyor.spark.fencing`), the only way the sink can learn it.
 """
 
 from __future__ import annotations
@@ -48,8 +53,13 @@ from pyspark.sql.types import (
 
 from conveyor import errors
 from conveyor.client.rpc import RpcClient
+from conveyor.protocol import replies
+from conveyor.spark import fencing
 from conveyor.spark import options as opt
 from conveyor.spark.faults import fault
+from conveyor.spark.fencing import ConsumerFenced
+
+__all__ = ["ConsumerFenced", "ConveyorStreamReader", "DeliveryRange", "SourceOptions", "source_schema"]
 
 log = logging.getLogger("conveyor.spark")
 
@@ -67,22 +77,13 @@ def source_schema(data_type: str = "string") -> StructType:
         StructField("sequence", LongType()),  # the publisher's sequence number
         StructField("timestamp", TimestampType()),  # when the server accepted it
         StructField("delivery", LongType()),  # d: the consumer's delivery number
+        StructField(fencing.FENCE_COLUMN, StringType()),  # for the sink: conveyor.spark.fencing
     ])
-
-
-class ConsumerFenced(errors.ConveyorError):
-    """Another query claimed this named consumer after us: this query must stop."""
-
-    code = "fenced"
-
-
-def _is_fenced(exc: Exception) -> bool:
-    return getattr(exc, "code", None) == "fenced"
 
 
 @dataclass(frozen=True)
 class SourceOptions:
-    server: str
+    server: str  # one URI, or several comma separated (failover between instances)
     queue: str
     consumer: str
     max_records: int  # per micro-batch; 0 = everything ready
@@ -97,7 +98,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, options) -> SourceOptions:
         return cls(
-            server=opt.required(options, "server", "e.g. tcp://127.0.0.1:9007"),
+            server=opt.required(options, "server", "e.g. tcp://127.0.0.1:9007, or several comma separated"),
             queue=opt.required(options, "queue"),
             consumer=opt.required(options, "consumer", "a name for this query's consumer, kept in its checkpoint"),
             max_records=opt.integer(options, "maxRecordsPerBatch", 10000),
@@ -118,18 +119,19 @@ class DeliveryRange(InputPartition):
     lo: int
     hi: int
     index: int
-    batch: int  # the end delivery number of the micro-batch, for the test hooks
+    batch: int  # the end delivery number of the micro-batch
+    fence: str  # the fencing token every row carries (rule 6)
 
 
 class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        self.o = options
+        self.options = options
         self.schema = schema
         self._reset()
 
     def _reset(self) -> None:
         self._rpc: RpcClient | None = None
-        self._claim: dict | None = None
+        self._claim: replies.ClaimReply | None = None
         self._upto: int | None = None
         self._heartbeat: _Heartbeat | None = None
         self._fresh: tuple[int, int] | None = None  # the range the last lease of this run made
@@ -149,41 +151,39 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _driver(self) -> RpcClient:
         """The driver runner's connection; the first call claims the consumer (rule 4)."""
         if self._rpc is None:
-            rpc = RpcClient(self.o.server, timeout=self.o.timeout)
-            self._claim = self._guard(lambda: rpc.claim(self.o.queue, self.o.consumer, uuid.uuid4().hex))
+            o = self.options
+            rpc = RpcClient(o.server, timeout=o.timeout)
+            self._claim = self._guard(lambda: rpc.claim(o.queue, o.consumer, uuid.uuid4().hex))
             self._rpc = rpc
-            log.info("claimed consumer %s of %s: %s", self.o.consumer, self.o.queue, self._claim)
+            log.info("claimed consumer %s of %s: %s", o.consumer, o.queue, self._claim)
         return self._rpc
 
     @property
     def _epoch(self) -> int:
         self._driver()
         assert self._claim is not None
-        return int(self._claim["epoch"])
+        return self._claim.epoch
 
     def _guard(self, call):
         try:
             return call()
         except errors.ConveyorError as exc:
-            if _is_fenced(exc):
+            if fencing.is_fenced(exc):
                 if self._heartbeat is not None:
                     self._heartbeat.stop()
-                raise ConsumerFenced(
-                    f"consumer {self.o.consumer!r} of queue {self.o.queue!r} was claimed by another query: this query "
-                    f"is fenced out and stops. Two running queries must not share a consumer name. ({exc})"
-                ) from exc
+                raise fencing.fenced_error(self.options.queue, self.options.consumer, exc) from exc
             raise
 
     def _offset(self, d: int) -> dict:
-        return {"v": OFFSET_VERSION, "consumer": self.o.consumer, "d": d, "np": self.o.num_partitions}
+        return {"v": OFFSET_VERSION, "consumer": self.options.consumer, "d": d, "np": self.options.num_partitions}
 
     def _check(self, offset: dict) -> int:
         if offset.get("v", OFFSET_VERSION) != OFFSET_VERSION:
             raise ValueError(f"unsupported conveyor offset version {offset.get('v')!r} (this connector writes {OFFSET_VERSION})")
-        if offset.get("consumer") != self.o.consumer:
+        if offset.get("consumer") != self.options.consumer:
             raise ValueError(
                 f"the checkpoint's offsets belong to consumer {offset.get('consumer')!r}, not to consumer "
-                f"{self.o.consumer!r}: use a new checkpoint location for a new consumer"
+                f"{self.options.consumer!r}: use a new checkpoint location for a new consumer"
             )
         return int(offset["d"])
 
@@ -191,34 +191,33 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Called twice on a fresh start: deterministic (the claim is made once per process).
         self._driver()
         assert self._claim is not None
-        return self._offset(int(self._claim["acked"]))
+        return self._offset(self._claim.acked)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.o.max_records) if self.o.max_records > 0 else ReadAllAvailable()
+        most = self.options.max_records
+        return ReadMaxRows(most) if most > 0 else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         rpc = self._driver()
-        self._upto = self._guard(lambda: rpc.head(self.o.queue))
+        self._upto = self._guard(lambda: rpc.head(self.options.queue)).upto
         log.info("AvailableNow: leasing up to journal position %s", self._upto)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         after = self._check(start)
-        rpc, epoch = self._driver(), self._epoch
+        o, rpc, epoch = self.options, self._driver(), self._epoch
         most = limit.max_rows if isinstance(limit, ReadMaxRows) else 0
         if after > 0:
             # Rule 1: the batch ending at `start` is in Spark's commit log by now.
-            self._guard(lambda: rpc.ack_through(self.o.queue, self.o.consumer, after, epoch))
-        got = self._guard(
-            lambda: rpc.lease(self.o.queue, self.o.consumer, after, most, self.o.lease_seconds, self._upto, epoch)
-        )
+            self._guard(lambda: rpc.ack_through(o.queue, o.consumer, after, epoch))
+        got = self._guard(lambda: rpc.lease(o.queue, o.consumer, after, most, o.lease_seconds, self._upto, epoch))
         self._start_heartbeat()
-        end = int(got["d"])
+        end = got.d
         if most:
             end = min(end, after + most)
         if end <= after:
             return start  # nothing new: `start` itself, or Spark plans an empty batch
         self._fresh = (after, end)
-        fault(self.o.raw, f"source.leased.d{end}")
+        fault(o.raw, f"source.leased.d{end}")
         return self._offset(end)
 
     def reportLatestOffset(self):
@@ -228,28 +227,34 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lo, hi = self._check(start), self._check(end)
         if hi <= lo:
             return []
-        rpc, epoch = self._driver(), self._epoch
+        o, rpc, epoch = self.options, self._driver(), self._epoch
         if self._fresh != (lo, hi):
             # A replayed batch (restart) was not leased in this run: renew its leases.
-            got = self._guard(lambda: rpc.reclaim(self.o.queue, self.o.consumer, lo, hi, self.o.lease_seconds, epoch))
-            if got.get("held_elsewhere"):
-                log.warning("deliveries %s..%s: %s are leased to another consumer", lo, hi, got["held_elsewhere"])
+            # The sink may have acknowledged it with its output already (rule 3).
+            lo = max(lo, self._guard(lambda: rpc.consumer_info(o.queue, o.consumer)).acked)
+            if hi <= lo:
+                log.info("deliveries up to %s are acknowledged with the sink's output: the replay reads nothing", hi)
+                return []
+            got = self._guard(lambda: rpc.reclaim(o.queue, o.consumer, lo, hi, o.lease_seconds, epoch))
+            if got.held_elsewhere:
+                log.warning("deliveries %s..%s: %s are leased to another consumer", lo, hi, got.held_elsewhere)
         self._start_heartbeat()
-        n = min(int(end.get("np", self.o.num_partitions)), hi - lo)  # rule 3
+        n = min(int(end.get("np", o.num_partitions)), hi - lo)  # rule 3
         size, extra = divmod(hi - lo, n)
+        fence = fencing.token(o.queue, o.consumer, epoch, hi)
         ranges, at = [], lo
         for i in range(n):
             top = at + size + (1 if i < extra else 0)
-            ranges.append(DeliveryRange(at, top, i, hi))
+            ranges.append(DeliveryRange(at, top, i, hi, fence))
             at = top
         return ranges
 
     def commit(self, end: dict) -> None:
         d = self._check(end)
-        rpc, epoch = self._driver(), self._epoch
-        self._guard(lambda: rpc.ack_through(self.o.queue, self.o.consumer, d, epoch))
+        o, rpc, epoch = self.options, self._driver(), self._epoch
+        self._guard(lambda: rpc.ack_through(o.queue, o.consumer, d, epoch))
 
-    def stop(self) -> None:  # not reliably called (SPARK.md 6.9): nothing depends on it
+    def stop(self) -> None:  # not reliably called by PySpark: nothing depends on it
         if self._heartbeat is not None:
             self._heartbeat.stop()
         if self._rpc is not None:
@@ -257,13 +262,15 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None:
-            self._heartbeat = _Heartbeat(self.o, self._epoch)
+            self._heartbeat = _Heartbeat(self.options, self._epoch)
             self._heartbeat.start()
 
     # --- executor side --------------------------------------------------------------------
 
     def read(self, partition: DeliveryRange) -> Iterator[pa.RecordBatch]:
-        o = self.o
+        if not isinstance(partition, DeliveryRange):
+            return  # a batch with nothing to read (rule 3): Spark plans one empty partition
+        o = self.options
         schema = arrow_schema(self.schema)
         rpc = RpcClient(o.server, timeout=o.timeout)
         try:
@@ -273,13 +280,13 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 page.append(msg)
                 if len(page) >= o.fetch_size:
                     count += len(page)
-                    yield from self._out(page, schema)
+                    yield from self._out(page, schema, partition.fence)
                     page = []
                 if msg.delivery == half and o.raw:
                     fault(o.raw, f"read.d{partition.batch}.p{partition.index}")
             if page:
                 count += len(page)
-                yield from self._out(page, schema)
+                yield from self._out(page, schema, partition.fence)
         finally:
             rpc.close()
         if count != partition.hi - partition.lo:
@@ -288,15 +295,15 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"{count} messages, not {partition.hi - partition.lo}"
             )
 
-    def _out(self, page: list, schema: pa.Schema) -> Iterator:
-        if self.o.output == "arrow":
-            yield to_batch(page, schema, self.o.data_type)
+    def _out(self, page: list, schema: pa.Schema, fence: str) -> Iterator:
+        if self.options.output == "arrow":
+            yield to_batch(page, schema, self.options.data_type, fence)
             return
-        text = self.o.data_type == "string"
+        text = self.options.data_type == "string"
         for msg in page:
             yield (
                 msg.data.decode() if text else msg.data, msg.topic, msg.bookmark, msg.publisher, msg.seq,
-                datetime.fromtimestamp(msg.timestamp or 0.0, UTC), msg.delivery,
+                datetime.fromtimestamp(msg.timestamp or 0.0, UTC), msg.delivery, fence,
             )
 
 
@@ -306,7 +313,7 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")  # what Spark checks read()'s batches against
 
 
-def to_batch(page: list, schema: pa.Schema, data_type: str) -> pa.RecordBatch:
+def to_batch(page: list, schema: pa.Schema, data_type: str, fence: str) -> pa.RecordBatch:
     data = pa.array([msg.data for msg in page], pa.binary())
     if data_type == "string":
         data = data.cast(pa.string())  # validates UTF-8 in C
@@ -319,6 +326,7 @@ def to_batch(page: list, schema: pa.Schema, data_type: str) -> pa.RecordBatch:
         pa.array([msg.seq for msg in page], pa.int64()),
         micros.cast(schema.field("timestamp").type),
         pa.array([msg.delivery for msg in page], pa.int64()),
+        pa.array([fence] * len(page), pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -326,8 +334,8 @@ def to_batch(page: list, schema: pa.Schema, data_type: str) -> pa.RecordBatch:
 class _Heartbeat:
     """Renews the consumer's leases every ttl/3 on its own connection (driver runner only)."""
 
-    def __init__(self, o: SourceOptions, epoch: int) -> None:
-        self.o = o
+    def __init__(self, options: SourceOptions, epoch: int) -> None:
+        self.options = options
         self.epoch = epoch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="conveyor-lease-heartbeat", daemon=True)
@@ -339,15 +347,16 @@ class _Heartbeat:
         self._stop.set()
 
     def _run(self) -> None:
-        rpc = RpcClient(self.o.server, timeout=self.o.timeout)
+        o = self.options
+        rpc = RpcClient(o.server, timeout=o.timeout)
         try:
-            while not self._stop.wait(self.o.lease_seconds / 3):
+            while not self._stop.wait(o.lease_seconds / 3):
                 try:
-                    rpc.extend(self.o.queue, self.o.consumer, self.o.lease_seconds, self.epoch)
+                    rpc.extend(o.queue, o.consumer, o.lease_seconds, self.epoch)
                 except errors.ConveyorError as exc:
-                    if _is_fenced(exc):
-                        log.warning("lease heartbeat: consumer %s fenced out; stopping", self.o.consumer)
+                    if fencing.is_fenced(exc):
+                        log.warning("lease heartbeat: consumer %s fenced out; stopping", o.consumer)
                         return
-                    log.warning("lease heartbeat failed (retrying in %.1fs): %s", self.o.lease_seconds / 3, exc)
+                    log.warning("lease heartbeat failed (retrying in %.1fs): %s", o.lease_seconds / 3, exc)
         finally:
             rpc.close()
