@@ -71,7 +71,7 @@ class AsyncSubscription(SubscriptionBase):
         super().__init__(client, state)
         self.queue: asyncio.Queue = asyncio.Queue()
 
-    def _put(self, item: Any) -> None:
+    def put(self, item: Any) -> None:
         self.queue.put_nowait(item)
 
     def __aiter__(self) -> AsyncIterator[Message]:
@@ -420,7 +420,7 @@ class AsyncClient:
             if not fut.done():
                 fut.set_exception(error)
         for sub in list(self._subs.values()):
-            sub.end(None if clean else error)
+            sub._end(None if clean else error)
 
     async def _wait_connected(self) -> None:
         """Return when connected; wait while reconnecting; raise when unusable."""
@@ -435,7 +435,7 @@ class AsyncClient:
     async def _stop_handlers(self, current: asyncio.Task | None) -> None:
         tasks = []
         for sub in self._subs.values():
-            sub.stop()
+            sub._stop()
             if sub._task is not None and sub._task is not current:
                 tasks.append(sub._task)
         if tasks:
@@ -483,7 +483,7 @@ class AsyncClient:
         self.core.remove_subscription(sub_id or "")
         sub = self._subs.pop(sub_id or "", None)
         if sub is not None:
-            sub.end(error)
+            sub._end(error)
 
     async def _wait(self, pending: PendingCommand, timeout: float | None = None) -> Any:
         if pending.done:
@@ -654,11 +654,11 @@ class AsyncClient:
         subscription across reconnections (rule 4: the hook another face builds on).
 
         Messages go to ``sink`` (on the loop), by default the subscription's buffer
-        (``subscription._put``). The messages' acker batches acknowledgements in this
+        (``subscription.put``). The messages' acker batches acknowledgements in this
         client; ``relay(acker)``, if given, wraps it, so that a face can carry
         acknowledgements made on other threads to the loop. The client ends the
-        subscription (``end``) when it fails or closes, and stops it (``stop``) on
-        ``unsubscribe`` or ``disconnect``.
+        subscription when it fails or closes, and stops it on ``unsubscribe`` or
+        ``disconnect`` (:class:`SubscriptionBase` does both).
         """
         await self._wait_connected()
         state = subscription.state
@@ -667,7 +667,7 @@ class AsyncClient:
             raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists in this client")
         acker: Acker = lambda queue, bookmark, verb: self._ack(queue, bookmark, verb, sub_id)  # noqa: E731
         state.acker = state.wrap_acker(acker if relay is None else relay(acker))
-        state.sink = sink if sink is not None else subscription._put
+        state.sink = sink if sink is not None else subscription.put
         self._subs[sub_id] = subscription
         try:
             await self._wait(self.core.add_subscription(state))
@@ -712,7 +712,7 @@ class AsyncClient:
         known = sub_id in self._subs
         sub = self._subs.pop(sub_id, None)
         if sub is not None:
-            sub.stop()
+            sub._stop()
             task = sub._task
             if task is not None and task is not asyncio.current_task():
                 await asyncio.wait([task], timeout=self.timeout)  # the handler finishes its message

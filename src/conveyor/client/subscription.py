@@ -202,10 +202,11 @@ class SubState:
 class SubscriptionBase:
     """What both faces' subscription objects share (rule 6).
 
-    The client puts each delivered message into the buffer with :meth:`_put` (on its
-    loop), ends the subscription with :meth:`end` and stops a handler with
-    :meth:`stop`; the face reads the buffer and hands each item to :meth:`_take`.
-    ``client`` is the face's client (its ``core`` says the current connection epoch).
+    A face subclasses it and implements :meth:`put`, its buffer. The client puts each
+    delivered message there (on its loop), ends the subscription with :meth:`_end` and
+    stops a handler with :meth:`_stop`; the face reads the buffer and hands each item
+    to :meth:`_take`. ``client`` is the face's client (its ``core`` says the current
+    connection epoch).
     """
 
     def __init__(self, client: Any, state: SubState) -> None:
@@ -224,20 +225,21 @@ class SubscriptionBase:
         """Why the subscription ended, if the server refused to resume it."""
         return self.state.error
 
-    def _put(self, item: Any) -> None:
-        """Buffer a message (or :data:`END`) for the application: the face's buffer."""
+    def put(self, item: Any) -> None:
+        """Buffer a message (or :data:`END`) for the application. Called by the client,
+        on its loop; the face implements it."""
         raise NotImplementedError
 
-    def end(self, error: Exception | None = None) -> None:
+    def _end(self, error: Exception | None = None) -> None:
         """No more messages: the iterator ends after what is buffered."""
         if error is not None and self.state.error is None:
             self.state.error = error
-        self._put(END)
+        self.put(END)
 
-    def stop(self) -> None:
+    def _stop(self) -> None:
         """Hand out nothing more: a handler finishes the message in hand and returns."""
         self._stopping = True
-        self._put(END)
+        self.put(END)
 
     def _take(self, item: Any) -> Message | None:
         """An item read from the buffer: the message to hand out, or None to read on

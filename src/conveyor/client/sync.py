@@ -54,7 +54,7 @@ class Subscription(SubscriptionBase):
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # filled on the loop thread
         self._thread: threading.Thread | None = None
 
-    def _put(self, item: Any) -> None:
+    def put(self, item: Any) -> None:
         self._inbox.put(item)
 
     def __iter__(self) -> Iterator[Message]:
@@ -189,7 +189,7 @@ class Client:
             return
         handlers = [sub for sub in self._subs.values() if sub._thread is not None]
         for sub in handlers:
-            sub.stop()
+            sub._stop()
         for sub in handlers:
             sub._join(HANDLER_JOIN_SECONDS)
         try:
@@ -197,7 +197,7 @@ class Client:
             self._call(self._aio.disconnect(), timeout=self.timeout + HANDLER_JOIN_SECONDS)
         finally:
             for sub in self._subs.values():
-                sub.end()
+                sub._end()
             self._wake_publishers()
             self._stop_loop()
 
@@ -339,7 +339,7 @@ class Client:
         """Send batched acks, then end the subscription (a handler finishes its message)."""
         sub = self._subs.pop(sub_id, None)
         if sub is not None:
-            sub.stop()
+            sub._stop()
             sub._join(HANDLER_JOIN_SECONDS)
         self._drain_blocking()
         self._call(self._aio.unsubscribe(sub_id))
