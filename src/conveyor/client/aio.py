@@ -22,6 +22,7 @@ reconnection backoff) and turns the core's pending commands into futures. Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -70,9 +71,7 @@ class AsyncSubscription(SubscriptionBase):
     def __init__(self, client: "AsyncClient", state: SubState) -> None:
         super().__init__(client, state)
         self.queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, item: Any) -> None:
-        self.queue.put_nowait(item)
+        self.put = self.queue.put_nowait  # type: ignore[method-assign]  # the buffer's own method
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self
@@ -665,7 +664,7 @@ class AsyncClient:
         sub_id = state.sub_id
         if sub_id in self._subs:
             raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists in this client")
-        acker: Acker = lambda queue, bookmark, verb: self._ack(queue, bookmark, verb, sub_id)  # noqa: E731
+        acker: Acker = functools.partial(self._ack, sub_id)  # C-level: no extra frame per ack
         state.acker = state.wrap_acker(acker if relay is None else relay(acker))
         state.sink = sink if sink is not None else subscription.put
         self._subs[sub_id] = subscription
@@ -762,9 +761,9 @@ class AsyncClient:
         """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
         cancel or expire, as :class:`Message`'s verbs); sent when the batch fills or
         after ack_batch_seconds. For a message in hand, call ``msg.ack()`` instead."""
-        self._ack(queue, bookmark, AckVerb(verb), None)
+        self._ack(None, queue, bookmark, AckVerb(verb))
 
-    def _ack(self, queue: str, bookmark: str, verb: AckVerb, sub_id: str | None) -> None:
+    def _ack(self, sub_id: str | None, queue: str, bookmark: str, verb: AckVerb) -> None:
         if self.core.ack(queue, bookmark, verb, sub_id):
             self._send_acks()
         elif self._ack_timer is None and self.loop is not None:

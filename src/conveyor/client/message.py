@@ -44,6 +44,10 @@ class AckVerb(str, enum.Enum):
         return self.value
 
 
+# Enum members as plain names: on the per-message path, ``AckVerb.ACK`` (a class
+# attribute lookup through the enum machinery) costs ten times a global.
+_ACK, _CANCEL, _EXPIRE = AckVerb.ACK, AckVerb.CANCEL, AckVerb.EXPIRE
+
 #: ``acker(queue, bookmark, verb)``: how a message reaches its client's ack batch.
 Acker = Callable[[str, str, AckVerb], None]
 
@@ -96,17 +100,17 @@ class Message:
     def ack(self) -> None:
         """Done: the message leaves the queue. Batched by the client (``flush()`` sends
         at once). Raises AlreadyAcknowledged if the message was settled before."""
-        self._settle(AckVerb.ACK)
+        self._settle(_ACK)
 
     def cancel(self) -> None:
         """Give the message back: the queue redelivers it (it counts toward the queue's
         ``MaxCancels``). Raises AlreadyAcknowledged if the message was settled before."""
-        self._settle(AckVerb.CANCEL)
+        self._settle(_CANCEL)
 
     def expire(self) -> None:
         """Remove the message as expired: the queue's expiry actions (a dead-letter
         queue, for instance) run. Raises AlreadyAcknowledged if it was settled before."""
-        self._settle(AckVerb.EXPIRE)
+        self._settle(_EXPIRE)
 
     def _settle(self, verb: AckVerb) -> None:
         if self._acker is None or self.queue is None or self.bookmark is None:

@@ -83,6 +83,10 @@ def refuse_replace_option(options: str | None) -> None:
         raise errors.InvalidOption("replace is not an option string here: call subscribe(..., replace=True)")
 
 
+_ITERATOR = DeliveryMode.ITERATOR  # per-message checks: a global, not an enum lookup
+_CANCEL = AckVerb.CANCEL
+
+
 class SubState:
     """One subscription, as the core keeps it across connections."""
 
@@ -152,7 +156,7 @@ class SubState:
         """The acker messages of this subscription carry: remember, then batch."""
 
         def acker(queue: str, bookmark: str, verb: AckVerb) -> None:
-            if verb is not AckVerb.CANCEL:
+            if verb is not _CANCEL:
                 self._note_ack(bookmark)
             ack(queue, bookmark, verb)
 
@@ -184,7 +188,7 @@ class SubState:
                 if msg._epoch != epoch:
                     return False
                 self.last_bookmark = msg.bookmark
-        if self.auto_ack and self.mode is DeliveryMode.ITERATOR:
+        if self.auto_ack and self.mode is _ITERATOR:
             self.previous = msg
         return True
 

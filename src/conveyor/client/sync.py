@@ -52,10 +52,8 @@ class Subscription(SubscriptionBase):
     def __init__(self, client: "Client", state) -> None:
         super().__init__(client, state)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # filled on the loop thread
+        self.put = self._inbox.put  # type: ignore[method-assign]  # the queue's own: no frame per message
         self._thread: threading.Thread | None = None
-
-    def put(self, item: Any) -> None:
-        self._inbox.put(item)
 
     def __iter__(self) -> Iterator[Message]:
         while True:
