@@ -89,5 +89,6 @@ def run_chain(uri: str, tmp: Path, chain: Chain, *extra: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(RUN_S_MAX * (FULL.kills + 1))
 def test_driver_sigkill_full_chain_is_exactly_once(conveyor_server, tmp_path):
     run_chain(conveyor_server.uri, tmp_path, FULL)
