@@ -3,10 +3,13 @@ order and the checked transitions (each module's rules, without a Queue around t
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from conveyor.config.model import Fairness, Semantics
+from conveyor.config.model import Fairness, QueueConfig, Semantics
 from conveyor.engine import queue_priority
+from conveyor.engine.queue import AckOption, Queue
 from conveyor.engine.queue_consumer import Consumer
 from conveyor.engine.queue_events import ExpiryReason
 from conveyor.engine.queue_leases import HEAP_SLACK, HEAP_SLACK_MIN, LeaseTable
@@ -78,6 +81,16 @@ def test_lease_deadline_heap_stays_bounded_and_due_skips_stale_entries():
         t.end(p)
     assert due == [995, 990, 991, 992, 993, 994]
     t.check(lambda p: p in t.leased or p in due)
+
+
+def test_a_renewed_lease_is_not_due_at_its_old_deadline():
+    """Rule 3: the entry a renewal leaves behind is stale."""
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=5))
+    t = table()
+    t.lease(1, seat, 10.0, 0.0, 1, delivery=True)
+    t.renew(1, t.leased[1], 20.0)
+    assert list(t.due(15.0)) == [] and t.next_deadline() == 20.0
+    assert [p for p, _ in t.due(20.0)] == [1]
 
 
 def test_lease_table_renews_only_the_seats_own_leases():
@@ -187,6 +200,45 @@ def test_window_holds_in_order_and_a_deferred_ack_is_consumed_by_its_offer():
     assert w.inactive == 0 and w.refill_from() is None and w.wants(0) == 0
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_window_against_a_list_of_held_positions(seed):
+    """Rules 2-4 against the obvious model: the held positions in order, the deferred
+    acks (of held messages and of other journal positions in the inactive part, which
+    the window cannot tell apart), each refill offering the next held message."""
+    rng = random.Random(seed)
+    w = ActiveWindow(3, start=0)
+    held: list[int] = []  # inactive messages, in order
+    deferred: set[int] = set()
+    offered, last, refill = -1, -1, None
+    for _ in range(200):
+        op = rng.random()
+        if op < 0.4:
+            last += rng.randint(1, 3)  # the gaps are other journal records
+            if not held and not w.holds_back(rng.randint(0, 3)):
+                w.enter(last)
+                offered = last
+            else:
+                w.hold(last)
+                refill = last if not held else refill
+                held.append(last)
+        elif op < 0.7 and held:
+            p = rng.randint(offered + 1, last)
+            assert w.is_inactive(p)
+            if p not in deferred:
+                w.defer_ack(p)
+                deferred.add(p)
+        elif held:
+            p = held.pop(0)
+            assert w.offer(p) is (p not in deferred)
+            deferred = {d for d in deferred if d > p}
+            offered = refill = p
+            if not held:
+                deferred.clear()
+        assert (w.inactive, w.deferred_ack_count, w.offered) == (len(held), len(deferred), offered)
+        assert w.refill_from() == (refill if held else None)
+        assert all(w.acked(d) for d in deferred)
+
+
 def test_window_export_and_restore():
     w = ActiveWindow(1, start=10)
     w.enter(10)
@@ -255,3 +307,35 @@ def test_a_move_checks_where_the_message_is():
     assert t.step(7, Verb.RETURN, S.LEASED) is S.AVAILABLE
     with pytest.raises(IllegalTransition):
         t.move(7, Verb.DELIVER, S.AVAILABLE)  # at-least-once has no DELIVER
+
+
+@pytest.mark.parametrize("semantics", list(Semantics))
+def test_every_way_out_leaves_the_parts_consistent(semantics):
+    """Queue.check_invariants after each way a message leaves: acknowledged, cancelled
+    over MaxCancels, forced expiry, lease expiry over MaxDeliveries, Expiration, a broken
+    lease, an at-most-once delivery acknowledged (no counts are kept for a message that
+    is gone, no backlog slot is held for it)."""
+    alo = semantics is Semantics.AT_LEAST_ONCE
+    cfg = QueueConfig(
+        name="Q", message_type="json", semantics=semantics, lease_period_s=1.0,
+        expiration_s=50.0, max_cancels=1 if alo else None, max_deliveries=1 if alo else None,
+        fairness=Fairness.ROUND_ROBIN,
+    )
+    q = Queue(cfg, load=lambda p: {})
+    for p in range(8):
+        q.enqueue(p, 0.0)
+    c = Consumer("A", "A", max_backlog=10)
+    q.add_consumer(c, 0.0)
+    got = [d.position for d in q.dispatch(0.0, max_deliveries=6)]
+    q.check_invariants()
+    option = (AckOption.NONE, AckOption.CANCEL, AckOption.EXPIRE)
+    for i, p in enumerate(got[:3]):
+        q.acknowledge([p], by="A", option=option[i], now=0.5)
+        q.check_invariants()
+    q.expire(2.0)  # got[3:5]: the lease expires, at MaxDeliveries
+    q.check_invariants()
+    q.remove_consumer(c, 2.0)  # what is left is returned
+    q.check_invariants()
+    q.expire(60.0)  # Expiration of everything still there
+    q.check_invariants()
+    assert q.statistics().queue_depth == 0 and c.outstanding == 0

@@ -56,7 +56,7 @@ class QueueReplayer:
     the queue's bookkeeping for a message that has just expired."""
 
     __slots__ = (
-        "due", "_events", "_name", "_at_least_once", "_state_of", "_transitions", "_order",
+        "due", "_limit_events", "_name", "_at_least_once", "_state_of", "_transitions", "_order",
         "_leases", "_window", "_seats", "_expired",
     )
 
@@ -74,7 +74,7 @@ class QueueReplayer:
         expired: Callable[[int, tuple[str, ...], list[Event]], None],
     ) -> None:
         self.due = False  # a replay happened: the limit check of rule 4 is due
-        self._events: list[Event] = []  # events of that check not yet handed out
+        self._limit_events: list[Event] = []  # events of that check not yet handed out
         self._name = name
         self._at_least_once = at_least_once
         self._state_of = state_of
@@ -88,7 +88,7 @@ class QueueReplayer:
     @property
     def has_events(self) -> bool:
         """Whether the limit check is due or has events not yet handed out."""
-        return self.due or bool(self._events)
+        return self.due or bool(self._limit_events)
 
     # --- the replay verbs --------------------------------------------------------------------
 
@@ -174,11 +174,11 @@ class QueueReplayer:
             if reasons and reasons != _TIME_LIMIT:
                 move(p, Verb.EXPIRE, _AVAILABLE)
                 self._order.remove(p)
-                self._expired(p, reasons, self._events)
+                self._expired(p, reasons, self._limit_events)
 
     def take_events(self, now: float) -> list[Event]:
         """The events of the limit check (settled first if it is due)."""
         if self.due:
             self.settle(now)
-        events, self._events = self._events, []
+        events, self._limit_events = self._limit_events, []
         return events
