@@ -199,6 +199,13 @@ class ConfigError(ConveyorError):
         self.hint = hint
 
 
+class ReplicationRefused(ConveyorError):
+    """Two instances' configurations break a replication rule together, or a peer
+    cannot be served: the link is refused, with the rule and both instances named."""
+
+    code = "replication_refused"
+
+
 class JournalError(ConveyorError):
     code = "journal_error"
 

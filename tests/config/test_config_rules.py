@@ -426,11 +426,20 @@ def test_two_listeners_on_one_port():
             hint="its own port")
 
 
-@pytest.mark.parametrize("kind, hint", [("amps-replication", "incoming replication"),
-                                        ("tcps", "TLS")])
+@pytest.mark.parametrize("kind, hint", [("amps-replication-secure", "TLS"), ("tcps", "TLS")])
 def test_unsupported_transport_types(kind, hint):
     refused(_transports(f"<Type>{kind}</Type><InetAddr>9007</InetAddr>"), f"{T1}/Type",
             f"transport type {kind!r} is not supported", hint=hint)
+
+
+def test_one_incoming_replication_transport():
+    cfg = loads(_transports("<Type>amps-replication</Type><InetAddr>10005</InetAddr>"))
+    assert [t.type for t in cfg.transports] == ["replication"]
+    two = config_xml("<Transports><Transport><Name>r1</Name><Type>amps-replication</Type><InetAddr>10005</InetAddr>"
+                     "</Transport><Transport><Name>r2</Name><Type>amps-replication</Type>"
+                     "<InetAddr>10006</InetAddr></Transport></Transports>")
+    refused(two, "AMPSConfig/Transports/Transport[2]", "a second incoming replication transport",
+            hint="at most one")
 
 
 def test_unknown_transport_type_and_protocol():

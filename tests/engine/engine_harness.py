@@ -83,13 +83,15 @@ class Harness:
     """One engine over one MemoryJournal, its connections, and a virtual clock."""
 
     def __init__(
-        self, config: str | Config, *, now: float = START_TIME, journal: MemoryJournal | None = None, pages=None
+        self, config: str | Config, *, now: float = START_TIME, journal: MemoryJournal | None = None, pages=None,
+        journal_id: str = "journal-1",
     ):
         self.config = load_text(config) if isinstance(config, str) else config
         self.now = now
         self.pages = pages  # FileBackedMetadata page files (server/page_files.py), or None
         self.journal = journal if journal is not None else MemoryJournal()
-        self.engine = Engine(self.config, self.journal)
+        self.journal_id = journal_id  # replication: the identity of this journal
+        self.engine = Engine(self.config, self.journal, journal_id=journal_id)
         self.recovered = self.engine.recover(self.now, pages=self.pages)
         self.written_checkpoint: Checkpoint | None = None  # the queues.ack on "disk"
         self._startup_checkpoint()
@@ -235,7 +237,7 @@ class Harness:
             self.now = now
         self._taken_checkpoint = None
         self.journal = MemoryJournal(self.journal.store)
-        self.engine = Engine(self.config, self.journal)
+        self.engine = Engine(self.config, self.journal, journal_id=self.journal_id)
         cp = self.written_checkpoint if checkpoint else None
         self.recovered = self.engine.recover(self.now, checkpoint=cp, pages=self.pages)
         self._startup_checkpoint()

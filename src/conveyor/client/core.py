@@ -216,9 +216,11 @@ class ClientCore:
     def logged_on(self, ack: m.Ack) -> None:
         """Rule 2: after the logon ack, resume (acks, then publishes, then subscriptions)."""
         highest = ack.seq or 0
-        if highest:
-            self.store.discard_up_to(highest)
-        self.persisted_seq = max(self.persisted_seq, highest)
+        # Forget only what is persisted (a server that sends no ``persisted`` means all).
+        persisted = highest if ack.persisted is None else ack.persisted
+        if persisted:
+            self.store.discard_up_to(persisted)
+        self.persisted_seq = max(self.persisted_seq, persisted)
         self.next_seq = max(self.next_seq, highest + 1, self.store.last_seq + 1)
         self.flush_acks()  # offline still: the batches join the unconfirmed ones
         self.outgoing.extend(self.acks_unconfirmed.values())

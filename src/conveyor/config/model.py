@@ -64,7 +64,7 @@ JOURNAL_SEGMENT_BYTES_MIN = 1024 * 1024  # below this, segments churn for no gai
 @dataclass(frozen=True)
 class Transport:
     name: str
-    type: str = "tcp"  # "tcp" (client connections)
+    type: str = "tcp"  # "tcp" (client connections) or "replication" (incoming replication)
     host: str = "0.0.0.0"
     port: int = 9007
     protocol: str = "conveyor"  # "amps" is accepted as a synonym
@@ -189,12 +189,16 @@ class Action:
 
 @dataclass(frozen=True)
 class ReplicationDestination:
-    name: str
+    name: str  # the Name of the instance it replicates to (checked at the handshake)
     group: str | None
     sync_type: str  # "sync" | "async"
-    addresses: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()  # failover list, in priority order
     topics: tuple[RecordedTopic, ...] = ()
     pass_through: str | None = None
+    # <DowngradeAge>: a sync destination whose oldest unacknowledged record is older than
+    # this is treated as async until it is back under <UpgradeAge> (default: half).
+    downgrade_age_s: float | None = None
+    upgrade_age_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,4 @@
-"""``<Replication>``: outgoing replication destinations (reference.md E.1).
-
-conveyor does not replicate yet: the section is read and checked so that replicated
-AMPS configurations load, and so that the rules that involve queues are enforced.
+"""``<Replication>``: outgoing replication destinations (docs/replication.md).
 
 Rules:
 
@@ -11,6 +8,11 @@ Rules:
   ``InetAddr`` of the form ``HOST:PORT``), one or more ``Topic`` (``Name`` literal or
   regex, ``MessageType``), and an optional ``PassThrough`` regex of group names.
 - Addresses are kept in priority order, transports first, then addresses within one.
+- ``DowngradeAge`` (a duration) lets a ``sync`` destination that falls that far behind be
+  treated as async until it is back under ``UpgradeAge`` (default: half the downgrade
+  age); both are refused on an ``async`` destination, and ``UpgradeAge`` must be below
+  ``DowngradeAge``.
+- ``amps-replication-secure`` needs TLS, which is not available yet: refused.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ _DESTINATION = {
     "Transport": REQUIRED_MANY,
     "Topic": REQUIRED_MANY,
     "PassThrough": OPTIONAL,
+    "DowngradeAge": OPTIONAL,
+    "UpgradeAge": OPTIONAL,
 }
 _TRANSPORT = {"Name": OPTIONAL, "Type": OPTIONAL, "InetAddr": REQUIRED_MANY}
 _SYNC_TYPES = {"sync": "sync", "async": "async"}
-_TRANSPORT_TYPES = {"amps-replication": True, "amps-replication-secure": True}
+_TRANSPORT_TYPES = {"amps-replication": True}
 
 
 def read_replication(doc: Document, node: Node) -> Replication:
@@ -63,19 +67,37 @@ def _read_destination(doc: Document, node: Node) -> ReplicationDestination:
     addresses: list[str] = []
     for transport in kids.many("Transport"):
         addresses.extend(_read_transport(doc, transport))
+    kind = doc.choice(sync_type, _SYNC_TYPES)
+    downgrade = kids.one("DowngradeAge")
+    upgrade = kids.one("UpgradeAge")
+    downgrade_s = doc.duration(downgrade) if downgrade is not None else None
+    if downgrade is not None and kind != "sync":
+        raise doc.error(downgrade.path, "DowngradeAge only applies to a sync destination",
+                        "remove it, or make the destination <SyncType>sync</SyncType>")
+    if upgrade is not None and downgrade_s is None:
+        raise doc.error(upgrade.path, "UpgradeAge needs a DowngradeAge", "add <DowngradeAge>")
+    upgrade_s = doc.duration(upgrade) if upgrade is not None else (downgrade_s or 0.0) / 2
+    if downgrade_s is not None and not 0 <= upgrade_s < downgrade_s:
+        raise doc.error((upgrade or downgrade).path, f"UpgradeAge ({upgrade_s} s) must be below DowngradeAge "
+                        f"({downgrade_s} s)", "so a destination near the limit does not flap between sync and async")
     return ReplicationDestination(
         name=doc.text(name),
         group=doc.text(group) if group is not None else None,
-        sync_type=doc.choice(sync_type, _SYNC_TYPES),  # type: ignore[arg-type]
+        sync_type=kind,  # type: ignore[arg-type]
         addresses=tuple(addresses),
         topics=tuple(read_recorded_topic(doc, t) for t in kids.many("Topic")),
         pass_through=_regex(doc, pass_through) if pass_through is not None else None,
+        downgrade_age_s=downgrade_s,
+        upgrade_age_s=upgrade_s,
     )
 
 
 def _read_transport(doc: Document, node: Node) -> list[str]:
     kids = doc.children(node, _TRANSPORT)
     if (n := kids.one("Type")) is not None:
+        if doc.text(n).lower() == "amps-replication-secure":
+            raise doc.error(n.path, "replication over TLS (amps-replication-secure) is not supported yet",
+                            "use amps-replication on a private network, or a TLS tunnel")
         doc.choice(n, _TRANSPORT_TYPES)
     addresses = []
     for addr in kids.many("InetAddr"):

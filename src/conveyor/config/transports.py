@@ -8,7 +8,9 @@ Rules:
   admin interface (``127.0.0.1``): the admin interface has no authentication.
 - A client transport's ``Type`` is ``tcp`` (``amps`` is accepted: older AMPS
   configurations use it); its ``Protocol`` is ``conveyor`` or its synonym ``amps``,
-  both stored as ``conveyor``. TLS and incoming replication transports are refused.
+  both stored as ``conveyor``. ``amps-replication`` is the incoming replication
+  transport: at most one per instance, and it serves no application clients. TLS
+  transports are refused.
 - Transport names are unique (a missing ``Name`` becomes ``transport-N``), and no two
   listeners (transports and admin) may share a port on overlapping addresses.
 """
@@ -24,14 +26,12 @@ from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
 INET_ADDR_HINT = "write PORT, HOST:PORT or [IPV6]:PORT, e.g. 9007, 0.0.0.0:9007, [::1]:9007"
 _INET_ADDR = re.compile(r"\[([0-9A-Fa-f:.]+)\]:([0-9]+)|([^:\[\]\s]+):([0-9]+)|([0-9]+)")
 _WILDCARDS = {"0.0.0.0", "::", "*"}
-_TYPES = {"tcp": "tcp", "amps": "tcp"}
+_TYPES = {"tcp": "tcp", "amps": "tcp", "amps-replication": "replication"}
 _PROTOCOLS = {"conveyor": "conveyor", "amps": "conveyor"}
 _REFUSED_TYPES = {
     "tcps": "TLS transports are not supported yet; use tcp behind a TLS proxy",
-    "amps-replication": "incoming replication is not supported yet; remove this "
-    "transport (conveyor does not replicate)",
-    "amps-replication-secure": "incoming replication is not supported yet; remove this "
-    "transport (conveyor does not replicate)",
+    "amps-replication-secure": "replication over TLS is not supported yet; use "
+    "amps-replication on a private network, or a TLS tunnel",
 }
 
 _TRANSPORT = {
@@ -74,6 +74,10 @@ def read_transports(doc: Document, node: Node) -> tuple[Transport, ...]:
                 "give every <Transport> its own <Name>",
             )
         by_name[t.name] = n.path
+    incoming = [n.path for t, n in zip(transports, kids.many("Transport")) if t.type == "replication"]
+    if len(incoming) > 1:
+        raise doc.error(incoming[1], f"a second incoming replication transport (the first is {incoming[0]})",
+                        "an instance has at most one Transport of Type amps-replication")
     return tuple(transports)
 
 

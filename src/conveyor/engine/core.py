@@ -56,11 +56,13 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue import Queue, QueueStats
 from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.engine.recovery import Checkpoint, Recovery
+from conveyor.engine.replication import Replication
 from conveyor.engine.sessions import Session
 from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.topics import REPLAY_RECORDS_PER_PUMP, Topics
 from conveyor.engine.txn import StagingStats, Transactions
 from conveyor.protocol import messages as m
+from conveyor.protocol import replication as p_repl
 from conveyor.protocol.messages import ack_types
 from conveyor.protocol.options import parse_options
 
@@ -92,7 +94,11 @@ class EngineStats(msgspec.Struct, frozen=True):
 class Engine:
     """The broker: the seam the server drives, over the parts listed in the module header."""
 
-    def __init__(self, config: Config, journal: Any, *, cache_bytes_max: int = CACHE_BYTES_MAX_DEFAULT) -> None:
+    def __init__(
+        self, config: Config, journal: Any, *, journal_id: str = "", cache_bytes_max: int = CACHE_BYTES_MAX_DEFAULT,
+    ) -> None:
+        """``journal_id``: the identity of this journal (it changes when the journal is
+        replaced), so replication destinations know what their positions refer to."""
         self.config = config
         self.journal = journal
         self.instance = config.name
@@ -110,7 +116,10 @@ class Engine:
         self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal)
         self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
-        self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics)
+        self.replication = Replication(config, journal, self.publishes, self.outbox, journal_id=journal_id)
+        self.publishes.track_persisted = any(link.sync for link in self.replication.links.values())
+        self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
+                                  self.replication)
 
     @property
     def queues(self) -> Mapping[str, Queue]:
@@ -220,7 +229,7 @@ class Engine:
         if "processed" in acks:
             self.outbox.send(conn, m.Ack(ack_type="processed", cid=cmd.cid))
         for kind in acks & {"completed", "persisted"}:
-            self.outbox.send_when_durable(conn, m.Ack(ack_type=kind, cid=cmd.cid))
+            self.outbox.send_when_persisted(conn, m.Ack(ack_type=kind, cid=cmd.cid))
 
     # --- logon (rule 3) -----------------------------------------------------------------------
 
@@ -249,7 +258,8 @@ class Engine:
             self.outbox.send(
                 session.conn_id,
                 m.Ack(ack_type="processed", cid=cmd.cid, client_name=name,
-                      seq=self.publishes.highest_seq(session.publisher), version=VERSION),
+                      seq=self.publishes.highest_seq(session.publisher),
+                      persisted=self.publishes.persisted_seq(session.publisher), version=VERSION),
             )
 
     def _implicit_logon(self, session: Session) -> None:
@@ -297,13 +307,13 @@ class Engine:
                 for kind in acks & _PUBLISH_ACKS:
                     ack = m.Ack(ack_type=kind, cid=cmd.cid, status="failure", reason=reason,
                                 code=errors.DuplicateConflict.code, seq=cmd.seq)
-                    outbox.send_when_durable(session.conn_id, ack)
+                    outbox.send_when_persisted(session.conn_id, ack)
                 return
         reason = f"duplicate: sequence {cmd.seq} is not above {self.publishes.highest_seq(session.publisher)}"
         for kind in acks & _PUBLISH_ACKS:
             ack = m.Ack(ack_type=kind, cid=cmd.cid, status="duplicate", reason=reason, seq=cmd.seq)
-            # A duplicate is already on disk, or will be with the batch it duplicates.
-            outbox.send_when_durable(session.conn_id, ack)
+            # A duplicate is already persisted, or will be with the batch it duplicates.
+            outbox.send_when_persisted(session.conn_id, ack)
 
     # --- durability -------------------------------------------------------------------------------
 
@@ -311,8 +321,11 @@ class Engine:
         """The journal is fsynced up to ``journal.durable_end``: apply the publishes now
         durable, release what waited for it, dispatch."""
         topics, delivery, cache = self.topics, self.delivery, self.cache
+        owned = self.replication.owned_queues
         for p in self.publishes.take_durable():
             bindings = self.bindings.for_topic(p.topic)
+            if p.origin and owned:
+                bindings = tuple(b for b in bindings if b.name not in owned)  # replication rule 6
             listeners = topics.listeners(p.topic)
             if not bindings and not listeners:
                 continue  # nobody listens: the journal has it, replays read it from there
@@ -323,8 +336,20 @@ class Engine:
             for binding in bindings:
                 if binding.offer(p.position, entry):
                     delivery.mark(binding)
-        self.outbox.release()
+        replication = self.replication
+        replication.durable(now)
+        if replication.enabled:
+            replication.pump(now)
+        self._release()
         delivery.dispatch(now)
+
+    def _release(self) -> None:
+        """Send what waited for durability, and what waited for persistence: durable
+        here and on every sync replication destination."""
+        floor = self.replication.persisted_floor()
+        self.outbox.release(floor)
+        if floor is not None:
+            self.publishes.persisted(floor)
 
     # --- time ---------------------------------------------------------------------------------------
 
@@ -333,6 +358,9 @@ class Engine:
         for binding, events in self.delivery.expire_due(now):
             self.named.count_expiries(binding, events)
         self.transactions.staging.expire(now)
+        if self.replication.enabled:
+            self.replication.tick(now)
+            self._release()  # a downgraded destination no longer holds persisted acks
         self.delivery.dispatch(now)
 
     def next_deadline(self) -> float | None:
@@ -349,6 +377,60 @@ class Engine:
     def pump_replays(self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP) -> bool:
         """Advance bookmark replays by up to ``budget`` records; True while work remains."""
         return self.topics.pump(now, self.publishes.applied_end, budget)
+
+    # --- replication links (the shell moves their frames; docs/replication.md) -----------------------
+
+    def link_hello(self, destination: str) -> p_repl.Hello:
+        """What to send first on a new outgoing link to ``destination``."""
+        return self.replication.hello(destination)
+
+    def link_up(self, destination: str, conn_id: int, welcome: p_repl.Welcome, now: float) -> None:
+        """The destination answered; raises ReplicationRefused when a rule is broken."""
+        self.outbox.open(conn_id)
+        try:
+            self.replication.link_up(destination, conn_id, welcome, now)
+        except errors.ReplicationRefused:
+            self.outbox.forget(conn_id)
+            raise
+        self.replication.pump(now)
+
+    def link_down(self, destination: str, conn_id: int | None, reason: str | None, now: float) -> None:
+        self.replication.link_down(destination, reason, now)
+        if conn_id is not None:
+            self.outbox.forget(conn_id)
+
+    def link_acked(self, conn_id: int, acked: p_repl.Acked, now: float) -> None:
+        """An outgoing link's destination holds everything below ``acked.through``."""
+        self.replication.acked(conn_id, acked.through, now)
+        self._release()
+        self.replication.pump(now)
+
+    def replica_connected(self, conn_id: int) -> None:
+        """A source connected to the incoming replication transport."""
+        self.outbox.open(conn_id)
+
+    def replica_frames(self, conn_id: int, items: Iterable, now: float) -> None:
+        """Entries from a source on the incoming replication transport."""
+        for item in items:
+            match item:
+                case p_repl.Hello():
+                    try:
+                        self.outbox.send(conn_id, self.replication.accept(conn_id, item, now))
+                    except errors.ReplicationRefused as exc:
+                        log.error("replication from %s refused: %s", item.profile.instance, exc)
+                        self.outbox.send(conn_id, p_repl.Refused(reason=str(exc)))
+                        self.outbox.close(conn_id, f"replication refused: {exc}")
+                        return
+                case p_repl.Batch():
+                    self.replication.receive(conn_id, item, now)
+                case _:
+                    reason = getattr(item, "error", None) or f"unexpected {type(item).__name__} from a source"
+                    self.outbox.close(conn_id, f"replication protocol error: {reason}")
+                    return
+
+    def replica_disconnected(self, conn_id: int) -> None:
+        self.replication.closed(conn_id)
+        self.outbox.forget(conn_id)
 
     # --- statistics -------------------------------------------------------------------------------------
 

@@ -13,8 +13,13 @@ Rules:
 3. **Persisted acks are conflated** (one per connection per durability step, for the
    highest persisted sequence): a frame of publishes leaves one mark
    (:meth:`mark_persisted`, filed by :meth:`end_frame`), and :meth:`release` answers the
-   last mark below the durable end.
-4. A connection that went away (:meth:`forget`) gets nothing more, not even held sends.
+   last mark below the persisted end.
+4. **Persisted can mean more than durable here.** With sync replication destinations a
+   publish is persisted once they hold it too: :meth:`release` takes that
+   ``persisted_end`` (at most the durable end), and sends made with
+   :meth:`send_when_persisted` (flush and duplicate acks, transaction commits) and the
+   persisted acks wait for it.
+5. A connection that went away (:meth:`forget`) gets nothing more, not even held sends.
 """
 
 from __future__ import annotations
@@ -42,9 +47,11 @@ class Outbox:
         self._journal = journal  # reads end and durable_end only
         self._out: dict[int, list] = {}
         self._held: deque[tuple[int, int, Any]] = deque()  # (threshold, conn_id, message)
+        self._held_persisted: deque[tuple[int, int, Any]] = deque()  # the same, for rule 4
         self._closes: list[tuple[int, str]] = []
         self._persist: dict[int, _PersistMarks] = {}
         self._open: set[int] = set()
+        self._persisted_end = 0
 
     # --- connections ----------------------------------------------------------------
 
@@ -80,6 +87,16 @@ class Outbox:
         else:
             self._held.append((threshold, conn_id, message))
 
+    def send_when_persisted(self, conn_id: int, message: Any, threshold: int | None = None) -> None:
+        """Send once every record appended so far (or up to ``threshold``) is persisted
+        (rule 4): durable here and on every sync replication destination."""
+        if threshold is None:
+            threshold = self._journal.end
+        if threshold <= self._persisted_end:
+            self.send(conn_id, message)
+        else:
+            self._held_persisted.append((threshold, conn_id, message))
+
     def mark_persisted(self, conn_id: int, position: int, seq: int, publisher: int, cid: str | None) -> None:
         """A publish of the current frame wants a persisted ack (rule 3)."""
         marks = self._persist[conn_id]
@@ -92,14 +109,17 @@ class Outbox:
             marks.marks.append(marks.frame)
             marks.frame = None
 
-    def release(self) -> None:
-        """The journal's durable end moved: send what waited for it (rules 2 and 3)."""
-        end = self._journal.durable_end
-        held = self._held
-        while held and held[0][0] <= end:
-            _, conn_id, message = held.popleft()
-            if conn_id in self._open:
-                self.send(conn_id, message)
+    def release(self, persisted_end: int | None = None) -> None:
+        """The journal's durable end (or the persisted end, rule 4) moved: send what
+        waited for it (rules 2 and 3). ``persisted_end`` defaults to the durable end."""
+        durable = self._journal.durable_end
+        end = durable if persisted_end is None else min(persisted_end, durable)
+        self._persisted_end = end
+        for held, limit in ((self._held, durable), (self._held_persisted, end)):
+            while held and held[0][0] <= limit:
+                _, conn_id, message = held.popleft()
+                if conn_id in self._open:
+                    self.send(conn_id, message)
         for conn_id, persist in self._persist.items():
             marks = persist.marks
             if not marks or marks[0][0] >= end:
@@ -130,5 +150,5 @@ class Outbox:
 
     @property
     def held(self) -> int:
-        """Sends waiting for durability (statistics)."""
-        return len(self._held)
+        """Sends waiting for durability or persistence (statistics)."""
+        return len(self._held) + len(self._held_persisted)

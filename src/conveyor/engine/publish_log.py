@@ -8,14 +8,27 @@ bookkeeping. Rules:
    says whether ``seq`` is at or below the highest recorded; :meth:`append` records the
    new highest. Publishes with no sequence get the server's next one for that publisher
    (:meth:`next_seq`).
-2. **Read-committed.** :meth:`append` puts the record in the journal's buffer and keeps a
+2. **Holes.** Sequences skipped below the highest (a publisher's publishes to topics
+   that are not recorded, or, with replication, messages still on their way from
+   another instance after the publisher failed over) are kept as holes, at most
+   :data:`HOLES_PER_PUBLISHER_MAX` per publisher (the oldest are forgotten first). A
+   message that arrives by replication is recorded exactly when it is new:
+   above the highest, or in a hole (:meth:`is_recorded`). A client's own publishes keep
+   the rule of spec 002 (at or below the highest is a duplicate).
+3. **Read-committed.** :meth:`append` puts the record in the journal's buffer and keeps a
    :class:`PendingPublish`; the engine applies it (fan-out, queues) only once durable
    (:meth:`take_durable`). The journal is the only copy of the payload afterwards.
-3. ``applied_end`` is the end of the last applied publish: bookmark replays read the
+4. **Persisted** means durable here and on every sync replication destination. A
+   publisher that logs on is told both its highest sequence (to number what it
+   publishes next) and the highest it can forget (:meth:`persisted_seq`): below the
+   first of its publishes not yet persisted and below its first hole, so a publish store
+   never drops a message a crash could still take, or one that is still on its way
+   from another instance.
+5. ``applied_end`` is the end of the last applied publish: bookmark replays read the
    journal up to it, and live delivery takes over from there.
-4. Checkpoints carry :meth:`sequences` so duplicate detection survives retention
-   removing old segments; recovery restores them (:meth:`restore`) and then notes every
-   publish it replays (:meth:`recovered`).
+6. Checkpoints carry :meth:`sequences` and :meth:`holes` so duplicate detection
+   survives retention removing old segments; recovery restores them (:meth:`restore`)
+   and then notes every publish it replays (:meth:`recovered`).
 """
 
 from __future__ import annotations
@@ -30,6 +43,10 @@ from conveyor.engine.fingerprints import FingerprintWindow
 
 _encode_publish = records.encode_publish
 
+#: Holes kept per publisher (rule 2); 16 bytes each. Past it the oldest hole is
+#: forgotten: a message of it that arrives by replication much later counts as a duplicate.
+HOLES_PER_PUBLISHER_MAX = 1024
+
 
 class PendingPublish(msgspec.Struct, frozen=True, gc=False):
     """A publish appended to the journal and not yet applied (durable)."""
@@ -42,6 +59,7 @@ class PendingPublish(msgspec.Struct, frozen=True, gc=False):
     timestamp: float
     data: bytes
     correlation_id: str | None
+    origin: str = ""  # the instance it was first recorded at ("": here)
 
 
 class PublishLog:
@@ -49,8 +67,13 @@ class PublishLog:
         self._journal = journal
         self._tlog = transaction_log
         self._highest: dict[int, int] = {}
+        self._holes: dict[int, list[list[int]]] = {}  # publisher -> sorted [lo, hi] ranges (rule 2)
         self._recorded: dict[str, bool] = {}
         self.pending: deque[PendingPublish] = deque()
+        # Durable, not yet persisted (rule 4): (position, publisher, seq), kept only when
+        # sync destinations exist.
+        self._unpersisted: deque[tuple[int, int, int]] = deque()
+        self.track_persisted = False
         self.fingerprints = FingerprintWindow()
         self.applied_end: int = getattr(journal, "first_position", 0)
 
@@ -74,6 +97,39 @@ class PublishLog:
 
     def next_seq(self, publisher: int) -> int:
         return self._highest.get(publisher, 0) + 1
+
+    def is_recorded(self, publisher: int, seq: int) -> bool:
+        """Whether message ``(publisher, seq)`` is recorded here (rule 2)."""
+        if seq > self._highest.get(publisher, 0):
+            return False
+        holes = self._holes.get(publisher)
+        return not holes or not any(lo <= seq <= hi for lo, hi in holes)
+
+    def _note(self, publisher: int, seq: int) -> None:
+        """``seq`` is recorded now: move the highest, or fill a hole."""
+        highest = self._highest.get(publisher, 0)
+        if seq > highest:
+            if seq > highest + 1:
+                holes = self._holes.setdefault(publisher, [])
+                holes.append([highest + 1, seq - 1])
+                if len(holes) > HOLES_PER_PUBLISHER_MAX:
+                    del holes[0]
+            self._highest[publisher] = seq
+            return
+        holes = self._holes.get(publisher)
+        if not holes:
+            return
+        for i, (lo, hi) in enumerate(holes):
+            if lo <= seq <= hi:
+                pieces = [r for r in ([lo, seq - 1], [seq + 1, hi]) if r[0] <= r[1]]
+                holes[i : i + 1] = pieces
+                if not holes:
+                    del self._holes[publisher]
+                return
+
+    def holes(self) -> dict[int, list[list[int]]]:
+        """The holes per publisher (a copy, for the checkpoint)."""
+        return {pub: [list(r) for r in ranges] for pub, ranges in self._holes.items()}
 
     def knows(self, publisher: int) -> bool:
         return publisher in self._highest
@@ -100,7 +156,10 @@ class PublishLog:
             self.fingerprints.note(publisher, seq, fingerprint)
             rec = records.PublishRec(topic, publisher, seq, now, data, correlation_id, fingerprint=fingerprint)
             position = journal.append(records.encode(rec))
-        self._highest[publisher] = seq
+        if seq == self._highest.get(publisher, 0) + 1:
+            self._highest[publisher] = seq  # the usual case: in order
+        else:
+            self._note(publisher, seq)
         self.pending.append(PendingPublish(position, journal.end, topic, publisher, seq, now, data, correlation_id))
         return position
 
@@ -108,11 +167,10 @@ class PublishLog:
         """Journal a publish record with fields of its own (dead letters, transactions)."""
         journal = self._journal
         position = journal.append(records.encode(rec))
-        if rec.seq > self._highest.get(rec.publisher, 0):
-            self._highest[rec.publisher] = rec.seq
+        self._note(rec.publisher, rec.seq)
         self.pending.append(
             PendingPublish(position, journal.end, rec.topic, rec.publisher, rec.seq, rec.timestamp, rec.data,
-                           rec.correlation_id)
+                           rec.correlation_id, rec.origin)
         )
         return position
 
@@ -120,10 +178,30 @@ class PublishLog:
         """The pending publishes now durable, in journal order (each marks itself applied)."""
         end = self._journal.durable_end
         pending = self.pending
+        track = self.track_persisted
         while pending and pending[0].position < end:
             p = pending.popleft()
             self.applied_end = p.end
+            if track:
+                self._unpersisted.append((p.position, p.publisher, p.seq))
             yield p
+
+    def persisted(self, end: int) -> None:
+        """Every record below ``end`` is persisted (rule 4)."""
+        unpersisted = self._unpersisted
+        while unpersisted and unpersisted[0][0] < end:
+            unpersisted.popleft()
+
+    def persisted_seq(self, publisher: int) -> int:
+        """The highest sequence of ``publisher`` below its first publish that is not yet
+        persisted (rule 4). O(publishes in flight): called at logon only."""
+        highest = self._highest.get(publisher, 0)
+        waiting = [seq for _, pub, seq in self._unpersisted if pub == publisher]
+        waiting += [p.seq for p in self.pending if p.publisher == publisher]
+        holes = self._holes.get(publisher)
+        if holes:
+            waiting.append(holes[0][0])  # not here at all (rule 2)
+        return min(highest, min(waiting) - 1) if waiting else highest
 
     def first_unapplied(self, default: int) -> int:
         """The position of the first publish not yet applied, else ``default``."""
@@ -131,11 +209,16 @@ class PublishLog:
 
     # --- recovery (rule 4) ----------------------------------------------------------------
 
-    def restore(self, sequences: dict[int, int]) -> None:
+    def restore(self, sequences: dict[int, int], holes: dict[int, list[list[int]]] | None = None) -> None:
         self._highest.update(sequences)
+        for pub, ranges in (holes or {}).items():
+            self._holes[pub] = [list(r) for r in ranges]
 
-    def recovered(self, rec: records.PublishRec) -> None:
-        if rec.seq > self._highest.get(rec.publisher, 0):
-            self._highest[rec.publisher] = rec.seq
+    def recovered(self, position: int, rec: records.PublishRec, persisted_end: int | None) -> None:
+        """A publish replayed by recovery; ``persisted_end``: where persistence was at the
+        last checkpoint (None: no sync destinations)."""
+        self._note(rec.publisher, rec.seq)
+        if persisted_end is not None and position >= persisted_end:
+            self._unpersisted.append((position, rec.publisher, rec.seq))
         if rec.fingerprint:
             self.fingerprints.note(rec.publisher, rec.seq, rec.fingerprint)

@@ -40,6 +40,7 @@ from conveyor.engine.consumers import CONSUMER_RECORDS, NamedConsumers
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+from conveyor.engine.replication import Replication
 from conveyor.engine.topics import Topics
 
 log = logging.getLogger("conveyor.engine")
@@ -59,23 +60,33 @@ class Checkpoint:
     position: int
     queues: dict[str, tuple[int, str]]
     publishers: dict[int, int]
+    # Sequences skipped below each publisher's highest (publish_log rule 2).
+    holes: dict = field(default_factory=dict)
     # Named consumers: queue -> name -> {d, acked, epoch, token, positions}, so a restart
     # does not need their records below the queues' recovery points.
     consumers: dict = field(default_factory=dict)
     # FileBackedMetadata: queue -> QueueSnapshot, each valid at its own positions;
     # recovery replays such a queue only from there.
     snapshots: dict = field(default_factory=dict)
+    # Replication: source instance -> (its journal id, through): how far each source's
+    # journal is recorded here (ReceivedRec), so links resume where the disk says.
+    replication: dict = field(default_factory=dict)
+    # Replication: destination -> the position below which it had acknowledged everything,
+    # so publishes it may lack stay unpersisted after a restart.
+    links: dict = field(default_factory=dict)
 
 
 class Recovery:
     def __init__(self, journal: Any, bindings: QueueBindings, publishes: PublishLog, delivery: QueueDelivery,
-                 named: NamedConsumers, topics: Topics) -> None:
+                 named: NamedConsumers, topics: Topics, replication: Replication) -> None:
         self._journal = journal
         self._bindings = bindings
         self._publishes = publishes
         self._delivery = delivery
         self._named = named
         self._topics = topics
+        self._replication = replication
+        self._persisted_end: int | None = None
 
     # --- checkpoints ------------------------------------------------------------------------
 
@@ -96,7 +107,9 @@ class Recovery:
             if queue_snapshot.supported(b.config)
         }
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
-                          consumers=self._named.export_state(), snapshots=snapshots)
+                          holes=self._publishes.holes(),
+                          consumers=self._named.export_state(), snapshots=snapshots,
+                          replication=self._replication.received(), links=self._replication.acknowledged())
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything still needs: queues, replays, named consumers,
@@ -115,8 +128,11 @@ class Recovery:
         journal = self._journal
         starts: dict[str, tuple[int, float | None]] = {}
         if checkpoint is not None:
-            self._publishes.restore(checkpoint.publishers)
+            self._publishes.restore(checkpoint.publishers, checkpoint.holes)
             self._named.restore(checkpoint.consumers)
+            for source, (journal_id, through) in checkpoint.replication.items():
+                self._replication.recovered(records.ReceivedRec(source, journal_id, through))
+            self._replication.restore_acknowledged(checkpoint.links)
         for b in self._bindings:
             saved = checkpoint.queues.get(b.name) if checkpoint is not None else None
             if saved is not None and saved[1] == (b.config.recovery_point or ""):
@@ -126,7 +142,13 @@ class Recovery:
         self._restore_snapshots(checkpoint, pages, starts)
         first = getattr(journal, "first_position", 0)
         scan_from = min([checkpoint.position if checkpoint is not None else 0, *(p for p, _ in starts.values())])
+        persisted_end = None
+        if self._publishes.track_persisted:
+            # Publishes a sync destination may lack must stay unpersisted (publish_log rule 4).
+            persisted_end = self._replication.persisted_floor() or 0
+            scan_from = min(scan_from, persisted_end)
         scan_from = max(scan_from, first)
+        self._persisted_end = persisted_end
         points = {name: p for name, (p, _) in starts.items()}
         times = {name: t for name, (_, t) in starts.items() if t is not None}
         count = 0
@@ -148,6 +170,8 @@ class Recovery:
                         self._publish(p, r, points, times, now)
                     run = []
                 self._publish(pos, rec, points, times, now)
+            elif type(rec) is records.ReceivedRec:
+                self._replication.recovered(rec)
             elif type(rec) in CONSUMER_RECORDS:
                 since = self._binding_since(rec.queue)
                 self._named.replay(pos, rec, now, points.get(rec.queue, 0), since)
@@ -190,9 +214,10 @@ class Recovery:
         return 0, None
 
     def _publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict, now: float) -> None:
-        self._publishes.recovered(rec)
+        self._publishes.recovered(pos, rec, self._persisted_end)
+        owned = self._replication.owned_queues if rec.origin else ()
         for b in self._bindings.for_topic(rec.topic):
-            if pos < points[b.name]:
+            if pos < points[b.name] or b.name in owned:
                 continue
             since = times.get(b.name)
             if since is not None and rec.timestamp < since:

@@ -198,7 +198,7 @@ class Transactions:
             ack = m.Ack(ack_type="processed", cid=cmd.cid, status="duplicate", seq=cmd.seq,
                         reason=f"duplicate: sequence {cmd.seq} is not above {highest}",
                         result=replies.CommitReply(published=0))
-            self._outbox.send_when_durable(conn, ack)  # the commit it repeats may still be in flight
+            self._outbox.send_when_persisted(conn, ack)  # the commit it repeats may still be in flight
             return
         rows = self.staging.take(cmd.txns)
         n = len(rows)
@@ -209,5 +209,5 @@ class Transactions:
             )
         for fence in cmd.fences:  # after the rows: a crash keeps the ack only with them
             self._named.ack_fence(fence, now)
-        self._outbox.send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, seq=cmd.seq,
+        self._outbox.send_when_persisted(conn, m.Ack(ack_type="processed", cid=cmd.cid, seq=cmd.seq,
                                                    result=replies.CommitReply(published=n)))

@@ -274,6 +274,10 @@ class Ack(_Msg, tag="ack"):
     # Outcome of a named-consumer or transaction command: a struct of protocol/replies.py
     # on the way out, a plain map on the way in (replies.decode types it).
     result: Any = field(default=None, name="r")
+    # Logon: the highest sequence of this publisher that is persisted (durable here and on
+    # every sync replication destination); ``seq`` is the highest recorded. A publish store
+    # forgets up to ``persisted`` and numbers new publishes after ``seq``.
+    persisted: int | None = field(default=None, name="ps")
 
 
 class Message(_Msg, tag="p"):

@@ -45,6 +45,12 @@ class PublishRec(_Rec, tag=1):
     # crash cut short at the tail, so every reader sees whole transactions only.
     txn_index: int = -1
     txn_total: int = 0
+    # Replication (docs/replication.md): where the message was first recorded, and the
+    # instances it passed on its way here, origin first. Empty on the instance where it
+    # was published. (publisher, seq) stays its identity on every instance.
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
 
 
 class LeasedRec(_Rec, tag=2):
@@ -133,9 +139,22 @@ class ConsumerClaimedRec(_Rec, tag=11):
     token: str
 
 
+# --- replication (docs/replication.md) ------------------------------------------------------
+
+
+class ReceivedRec(_Rec, tag=12):
+    """Every record of ``source``'s journal ``journal_id`` below position ``through`` that
+    this instance needs has been recorded here (appended after the records of each batch
+    received over replication, so it is durable only if they are)."""
+
+    source: str
+    journal_id: str
+    through: int
+
+
 Record = Union[
     PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec,
-    ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec,
+    ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec, ReceivedRec,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

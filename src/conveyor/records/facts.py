@@ -24,6 +24,7 @@ OPS: dict[type, str] = {
     r.ConsumerLeasedRec: "consumer_lease",
     r.ConsumerAckedRec: "consumer_ack",
     r.ConsumerClaimedRec: "consumer_claim",
+    r.ReceivedRec: "replica_received",
 }
 OP_NAMES: tuple[str, ...] = tuple(OPS.values())
 
@@ -35,4 +36,6 @@ def describe_record(payload: bytes) -> tuple[str, float | None, str | None, str 
     op = OPS[type(rec)]
     if op == "publish":
         return op, rec.timestamp, rec.topic, None, rec.publisher, None
+    if op == "replica_received":
+        return op, None, None, None, None, None
     return op, None, None, rec.queue, None, getattr(rec, "consumer", None)

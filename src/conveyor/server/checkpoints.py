@@ -11,6 +11,11 @@ journal, which is always correct, only slower.
 the last delivery, the acked pointer, the epoch and token, and the positions of the
 unacked deliveries. It is written before ``queues.ack``, so it is never older than the
 queues' points; a missing one (a journal from before named consumers) means none.
+
+``replication.state`` holds, per source instance, how far its journal is recorded here
+(docs/replication.md): written before ``queues.ack`` too; a missing one means the
+links resume from what the journal scan finds (at worst from the start of each source's
+journal, and duplicate detection drops what is already here).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ log = logging.getLogger("conveyor.server")
 QUEUES_FILE = "queues.ack"
 PUBLISHERS_FILE = "publishers.seq"
 CONSUMERS_FILE = "consumers.state"
+REPLICATION_FILE = "replication.state"
 FORMAT_VERSION = 1
 
 
@@ -42,6 +48,7 @@ class _PublishersFile(msgspec.Struct):
     version: int
     position: int
     publishers: dict[int, int]
+    holes: dict[int, list[list[int]]] = {}  # sequences skipped below each highest
 
 
 class _ConsumerState(msgspec.Struct):
@@ -82,6 +89,28 @@ def read_consumers(directory: Path, *, durable_end: int) -> dict | None:
             for queue, named in data.consumers.items()}
 
 
+class _ReplicationFile(msgspec.Struct):
+    version: int
+    position: int
+    received: dict[str, tuple[str, int]]  # source instance -> (its journal id, through)
+    links: dict[str, int] = {}  # destination -> position it had acknowledged everything below
+
+
+def read_replication(directory: Path, *, durable_end: int) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
+    """(received per source, acknowledged per destination); empty when unusable."""
+    try:
+        data = msgspec.json.decode((Path(directory) / REPLICATION_FILE).read_bytes(), type=_ReplicationFile)
+    except FileNotFoundError:
+        return {}, {}
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("ignoring unreadable %s (%s): replication links resume from the journal", REPLICATION_FILE, exc)
+        return {}, {}
+    if data.version != FORMAT_VERSION or data.position > durable_end:
+        log.warning("ignoring %s of another version or beyond the journal's end", REPLICATION_FILE)
+        return {}, {}
+    return dict(data.received), dict(data.links)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     # Durable: recovery trusts these files to skip replaying what they cover.
     write_atomic(path, data, durable=True)
@@ -91,8 +120,11 @@ def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
     directory = Path(directory)
     write_snapshots(directory, cp.snapshots)  # FileBackedMetadata: each valid on its own
     # publishers first: a queues.ack never points past what publishers.seq covers
-    _write_atomic(directory / PUBLISHERS_FILE, msgspec.json.encode(_PublishersFile(FORMAT_VERSION, cp.position, cp.publishers)))
+    _write_atomic(directory / PUBLISHERS_FILE, msgspec.json.encode(_PublishersFile(FORMAT_VERSION, cp.position, cp.publishers, cp.holes)))
     write_consumers(directory, cp.position, cp.consumers)  # also before queues.ack
+    if cp.replication or cp.links:
+        _write_atomic(directory / REPLICATION_FILE,
+                      msgspec.json.encode(_ReplicationFile(FORMAT_VERSION, cp.position, cp.replication, cp.links)))
     _write_atomic(directory / QUEUES_FILE, msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues)))
 
 
@@ -122,8 +154,10 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
     consumers = read_consumers(directory, durable_end=durable_end)
     if consumers is None:
         return None
+    received, links = read_replication(directory, durable_end=durable_end)
     return Checkpoint(
-        position=max(queues.position, first_position), queues=points, publishers=pubs.publishers, consumers=consumers
+        position=max(queues.position, first_position), queues=points, publishers=pubs.publishers, holes=pubs.holes,
+        consumers=consumers, replication=received, links=links,
     )
 
 

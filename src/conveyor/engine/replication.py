@@ -1,0 +1,595 @@
+"""Replication between instances: the transaction log shipped, resumed, deduplicated.
+
+This part decides everything about replication; the shell (``replication/`` and
+``server/``) only moves link frames between sockets and these methods. As a *source*,
+it keeps one :class:`OutLink` per configured ``Destination``; as a *destination*, one
+:class:`InLink` per instance connected to its incoming replication transport. Rules:
+
+1. **What a destination gets.** Publishes recorded here whose topic matches one of the
+   destination's ``Topic`` regexes: those published here, and those that arrived by
+   replication from an instance whose group matches the destination's ``PassThrough``
+   regex. Never a record that has already passed the destination (its ``path``), and
+   only durable records (read back from the journal, never kept in memory: a slow
+   destination costs the source nothing but its window of
+   :data:`WINDOW_BYTES_MAX_DEFAULT`). Dead-letter publishes go as plain publishes (the
+   expiry they carry is local). A transaction is never split across batches.
+2. **What a destination keeps.** Each received publish is recorded with its origin
+   (instance, group), its path, its publisher, sequence and original timestamp, through
+   the same duplicate detection as a client's publish: ``(publisher, seq)`` is the
+   message's identity everywhere, so a message that arrives twice (two paths, a resend
+   after a reconnect, a publisher that failed over and published it again) is recorded
+   once. After each batch a :class:`~conveyor.records.ReceivedRec` marks how far the
+   source's journal is covered; it is durable only if the batch is, and recovery reads
+   it back, so a link resumes exactly where the destination's disk says.
+3. **Acknowledgements.** The destination acknowledges a batch once its records are
+   durable; the source then knows the destination holds everything below ``through``.
+4. **Sync.** A publish is persisted, for its publisher, once it is durable here and on
+   every ``sync`` destination (:meth:`Replication.persisted_floor`); ``async``
+   destinations are never waited for. A sync destination that is down holds persisted
+   acks (the publisher's store keeps the messages). With ``DowngradeAge``, a sync
+   destination whose oldest unacknowledged record is older than that is treated as
+   async (logged), and as sync again once it is back under ``UpgradeAge``.
+5. **Loops are impossible**: a record is never sent to an instance on its path, and a
+   destination drops a record whose path or origin is itself; duplicate detection
+   catches anything else.
+6. **Queues.** A replicated message never enters a ``Queue`` or ``GroupLocalQueue``
+   whose own topic is replicated (those queues follow message ownership); it enters
+   every other queue of its topic, which delivers its own copy.
+7. **Gaps** are loud: when a destination needs records the source's retention has
+   removed, the source sends what is left, says so in the batch, and both ends log it
+   and count it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import deque
+from typing import Any, Callable
+
+import msgspec
+
+from conveyor import errors, records
+from conveyor.config.model import Config, QueueKind, ReplicationDestination, topic_matcher
+from conveyor.engine.outbox import Outbox
+from conveyor.engine.publish_log import PublishLog
+from conveyor.protocol import replication as p
+
+log = logging.getLogger("conveyor.replication")
+
+WINDOW_BYTES_MAX_DEFAULT = 8 * 1024 * 1024  # journal bytes sent and not acknowledged, per link
+BATCH_BYTES_MAX = 1024 * 1024  # one Batch frame
+SAMPLE_INTERVAL_S = 0.1  # how often the durable end is sampled, to age what a link lacks
+SAMPLES_MAX = 100_000
+#: Batches of duplicates only still leave a marker this often, so a reconnect does not
+#: resend a long stretch the destination already holds.
+MARK_STRIDE_BYTES = 1024 * 1024  # bounded history (about 3 hours at one sample every 0.1 s)
+
+
+class LinkState(enum.Enum):
+    DISCONNECTED = "disconnected"
+    STREAMING = "streaming"
+    REFUSED = "refused"  # the last handshake was refused (a configuration rule)
+
+
+class LinkStats(msgspec.Struct, frozen=True):
+    destination: str
+    peer: str | None
+    state: str
+    sync: bool  # configured sync
+    downgraded: bool
+    acked: int  # source position the destination holds everything below
+    sent: int
+    bytes_behind: int
+    records_sent: int
+    batches_sent: int
+    seconds_behind: float
+    gaps: int
+    last_error: str | None
+
+
+class InLinkStats(msgspec.Struct, frozen=True):
+    source: str
+    group: str
+    received_through: int
+    records_received: int
+    records_recorded: int  # the others were duplicates
+    gaps: int
+
+
+def _matches_any(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    matchers = [topic_matcher(t) for t in patterns]
+    return lambda name: any(m(name) for m in matchers)
+
+
+class OutLink:
+    """The source side of one ``Destination`` (rules 1, 3, 4, 7)."""
+
+    def __init__(self, dest: ReplicationDestination) -> None:
+        self.dest = dest
+        self.name = dest.name
+        self.sync = dest.sync_type == "sync"
+        self.topic_matches = _matches_any(tuple(t.name for t in dest.topics))
+        self.pass_through = topic_matcher(dest.pass_through) if dest.pass_through else None
+        self.state = LinkState.DISCONNECTED
+        self.conn_id: int | None = None
+        self.peer: p.Profile | None = None
+        self.acked = 0
+        self.sent = 0
+        self.downgraded = False
+        self.records_sent = 0
+        self.batches_sent = 0
+        self.gaps = 0
+        self.last_error: str | None = None
+
+    def wants(self, rec: records.PublishRec, peer_instance: str) -> bool:
+        """Rule 1: whether this destination needs the publish ``rec``."""
+        if not self.topic_matches(rec.topic):
+            return False
+        if rec.origin:  # it arrived here by replication
+            if self.pass_through is None or not self.pass_through(rec.origin_group):
+                return False
+            if rec.origin == peer_instance or peer_instance in rec.path:
+                return False
+        return True
+
+    @property
+    def holds_persisted(self) -> bool:
+        return self.sync and not self.downgraded
+
+
+class SourceState:
+    """What this instance holds of one source's journal, whether connected or not."""
+
+    def __init__(self, journal_id: str, through: int) -> None:
+        self.journal_id = journal_id
+        self.durable_through = through  # everything needed below it is durable here
+        self.received_through = through  # ... or at least recorded (in the journal's buffer)
+        self.marked_through = through  # the through of the last ReceivedRec written
+        self.pending: deque[tuple[int, int]] = deque()  # (journal end to be durable, through)
+
+
+class InLink:
+    """The destination side of one connected source."""
+
+    def __init__(self, conn_id: int, profile: p.Profile, source: SourceState) -> None:
+        self.conn_id = conn_id
+        self.profile = profile
+        self.source = source
+        self.records_received = 0
+        self.records_recorded = 0
+        self.gaps = 0
+
+
+class Replication:
+    def __init__(
+        self, config: Config, journal: Any, publishes: PublishLog, outbox: Outbox, *, journal_id: str,
+        window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
+    ) -> None:
+        self.instance = config.name
+        self.group = config.group or config.name  # an instance without a Group is its own group
+        self.journal_id = journal_id
+        self._config = config
+        self._journal = journal
+        self._publishes = publishes
+        self._outbox = outbox
+        self._window = window_bytes_max
+        repl = config.replication
+        self.links: dict[str, OutLink] = {d.name: OutLink(d) for d in (repl.destinations if repl else ())}
+        self._by_conn: dict[int, OutLink] = {}
+        self._incoming: dict[int, InLink] = {}
+        # source instance -> what this instance holds of its journal (rule 2)
+        self._sources: dict[str, SourceState] = {}
+        self._samples: deque[tuple[int, float]] = deque()  # (durable end, when), rising
+        self._profile = self._make_profile()
+        replicated = _matches_any(tuple(t.name for d in self.links.values() for t in d.dest.topics))
+        #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
+        self.owned_queues = frozenset(
+            q.name for q in config.queues if q.kind is not QueueKind.LOCAL and replicated(q.name)
+        )
+
+    # --- profile and rules -------------------------------------------------------------
+
+    def _make_profile(self) -> p.Profile:
+        cfg = self._config
+        return p.Profile(
+            instance=self.instance,
+            group=self.group,
+            journal_id=self.journal_id,
+            queues=[
+                p.QueueProfile(q.name, q.kind.value, q.underlying, q.filter, q.initial_owner) for q in cfg.queues
+            ],
+            destinations=[
+                p.DestinationProfile(link.name, [t.name for t in link.dest.topics], link.dest.pass_through, link.sync)
+                for link in self.links.values()
+            ],
+        )
+
+    @property
+    def profile(self) -> p.Profile:
+        return self._profile
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.links)
+
+    # --- source side ---------------------------------------------------------------------
+
+    def hello(self, destination: str) -> p.Hello:
+        return p.Hello(profile=self._profile)
+
+    def link_up(self, destination: str, conn_id: int, welcome: p.Welcome, now: float) -> None:
+        """The destination answered the handshake: check the rules, then stream from
+        where it says it is. Raises :class:`~conveyor.errors.ReplicationRefused`."""
+        link = self.links[destination]
+        peer = welcome.profile
+        problems = []
+        if peer.instance != link.name:
+            problems.append(
+                f"destination {link.name!r} answered as instance {peer.instance!r}: a Destination's Name must "
+                "be the Name of the instance it replicates to"
+            )
+        if peer.instance == self.instance:
+            problems.append(f"destination {link.name!r} is this instance ({self.instance!r})")
+        problems += check_pair(self._profile, peer, outgoing=link)
+        if problems:
+            link.state = LinkState.REFUSED
+            link.last_error = "; ".join(problems)
+            raise errors.ReplicationRefused(link.last_error)
+        resume = welcome.resume_from
+        if resume > self._journal.end:
+            log.warning("replication to %s: it says it has our journal up to %d, past our end %d: resending "
+                        "everything we have", link.name, resume, self._journal.end)
+            resume = 0
+        link.state = LinkState.STREAMING
+        link.conn_id = conn_id
+        link.peer = peer
+        link.acked = link.sent = resume
+        link.last_error = None
+        self._by_conn[conn_id] = link
+        log.info("replication to %s (%s, group %s): streaming from position %d%s", link.name, peer.instance,
+                 peer.group, resume, " (sync)" if link.sync else "")
+
+    def link_down(self, destination: str, reason: str | None, now: float) -> None:
+        link = self.links[destination]
+        if link.conn_id is not None:
+            self._by_conn.pop(link.conn_id, None)
+        if link.state is LinkState.STREAMING:
+            log.warning("replication to %s: link down (%s)", link.name, reason or "closed")
+            link.state = LinkState.DISCONNECTED
+        link.conn_id = None
+        if reason:
+            link.last_error = reason
+        link.sent = link.acked  # what was in flight is sent again on the next link
+
+    def acked(self, conn_id: int, through: int, now: float) -> None:
+        link = self._by_conn.get(conn_id)
+        if link is None:
+            return
+        if through > link.sent:
+            raise errors.ProtocolError(f"replication ack through {through} is past what was sent ({link.sent})")
+        if through > link.acked:
+            link.acked = through
+
+    def pump(self, now: float) -> None:
+        """Send every streaming link what it lacks, up to its window (rule 1)."""
+        for link in self.links.values():
+            if link.state is LinkState.STREAMING:
+                self._fill(link)
+
+    def _fill(self, link: OutLink) -> None:
+        journal = self._journal
+        durable = journal.durable_end
+        first = getattr(journal, "first_position", 0)
+        while link.sent < durable and link.sent - link.acked < self._window:
+            gap = None
+            if link.sent < first:
+                gap = (link.sent, first)
+                link.gaps += 1
+                link.last_error = f"records [{link.sent}, {first}) were removed by retention before they were sent"
+                log.error("replication to %s: GAP: %s; sending from %d", link.name, link.last_error, first)
+                link.sent = first
+            batch = self._read_batch(link, link.sent, durable)
+            if gap is not None:
+                batch = msgspec.structs.replace(batch, gap_from=gap[0], gap_to=gap[1])
+            link.sent = batch.through
+            link.batches_sent += 1
+            link.records_sent += len(batch.records)
+            self._outbox.send(link.conn_id, batch)
+
+    def _read_batch(self, link: OutLink, start: int, end: int) -> p.Batch:
+        """The records ``link`` needs from ``[start, end)``, up to about
+        :data:`BATCH_BYTES_MAX` of journal, never ending inside a transaction."""
+        positions: list[int] = []
+        payloads: list[bytes] = []
+        size = 0
+        last = None
+        peer = link.peer.instance if link.peer is not None else link.name
+        in_run = False
+        for pos, payload in self._journal.scan(start, end):
+            if size >= BATCH_BYTES_MAX and not in_run:
+                break
+            last = pos
+            size += len(payload)
+            rec = records.decode(payload)
+            if type(rec) is records.PublishRec:
+                in_run = rec.txn_total > 0 and rec.txn_index < rec.txn_total - 1
+                if link.wants(rec, peer):
+                    positions.append(pos)
+                    payloads.append(payload)
+            else:
+                in_run = False
+        through = end if last is None else self._journal.position_after(last)
+        return p.Batch(through=through, positions=positions, records=payloads)
+
+    def persisted_floor(self) -> int | None:
+        """Rule 4: the lowest position every sync destination holds (None: no sync
+        destination holds persisted acks)."""
+        floors = [link.acked for link in self.links.values() if link.holds_persisted]
+        return min(floors) if floors else None
+
+    # --- destination side -------------------------------------------------------------------
+
+    def accept(self, conn_id: int, hello: p.Hello, now: float) -> p.Welcome:
+        """A source connected: check the rules (raises ReplicationRefused) and say where
+        to resume."""
+        src = hello.profile
+        problems = []
+        if src.version > p.PROTOCOL_VERSION:
+            problems.append(f"instance {src.instance!r} speaks replication version {src.version}, "
+                            f"this instance {p.PROTOCOL_VERSION}")
+        if src.instance == self.instance:
+            problems.append(f"instance {src.instance!r} replicates to itself")
+        problems += check_pair(self._profile, src, incoming=True, local_links=list(self.links.values()))
+        if problems:
+            raise errors.ReplicationRefused("; ".join(problems))
+        for other in self._incoming.values():
+            if other.profile.instance == src.instance:
+                raise errors.ReplicationRefused(f"instance {src.instance!r} is already connected")
+        state = self._sources.get(src.instance)
+        if state is None or state.journal_id != src.journal_id:
+            if state is not None:
+                log.warning("replication from %s: its journal is new (%s, was %s): taking it from the start",
+                            src.instance, src.journal_id, state.journal_id)
+            state = self._sources[src.instance] = SourceState(src.journal_id, 0)
+        # Resume from what is durable: a batch received but not yet fsynced could be lost.
+        state.received_through = state.durable_through
+        link = InLink(conn_id, src, state)
+        self._incoming[conn_id] = link
+        log.info("replication from %s (group %s): resuming at its position %d", src.instance, src.group,
+                 state.durable_through)
+        return p.Welcome(profile=self._profile, resume_from=state.durable_through)
+
+    def closed(self, conn_id: int) -> None:
+        link = self._incoming.pop(conn_id, None)
+        if link is not None:
+            log.warning("replication from %s: link closed", link.profile.instance)
+
+    def receive(self, conn_id: int, batch: p.Batch, now: float) -> None:
+        """Record a batch (rule 2), then acknowledge it once durable (rule 3)."""
+        link = self._incoming.get(conn_id)
+        if link is None:
+            raise errors.ProtocolError("a replication batch before the handshake")
+        src = link.profile
+        if batch.gap_from >= 0:
+            link.gaps += 1
+            log.error("replication from %s: GAP: its records [%d, %d) were removed before they reached this "
+                      "instance", src.instance, batch.gap_from, batch.gap_to)
+        run: list[records.PublishRec] = []
+        before = link.records_recorded
+        for payload in batch.records:
+            rec = records.decode(payload)
+            if type(rec) is not records.PublishRec:
+                continue  # queue records follow in a later protocol version
+            link.records_received += 1
+            if rec.txn_total:
+                run.append(rec)
+                if rec.txn_index == rec.txn_total - 1:
+                    link.records_recorded += self._record_run(run, src)
+                    run = []
+                continue
+            link.records_recorded += self._record_run([rec], src)
+        recorded = link.records_recorded - before
+        state = link.source
+        if batch.through > state.received_through:
+            state.received_through = batch.through
+            if recorded or (batch.records and batch.through - state.marked_through >= MARK_STRIDE_BYTES):
+                # Only when something was recorded (or much was skipped as duplicates): a
+                # marker for a batch with nothing new would itself be a new record, which
+                # the other direction of a two-way link would answer with a batch...
+                self._journal.append(records.encode(records.ReceivedRec(src.instance, src.journal_id, batch.through)))
+                state.marked_through = batch.through
+        state.pending.append((self._journal.end, state.received_through))
+        self._acknowledge(state, link)
+
+    def _record_run(self, run: list[records.PublishRec], src: p.Profile) -> int:
+        """Record one publish, or one whole transaction, unless already here."""
+        head = run[0]
+        origin = head.origin or src.instance
+        if origin == self.instance or self.instance in head.path:
+            return 0  # rule 5
+        if self._publishes.is_recorded(head.publisher, head.seq):
+            return 0  # here already: by another path, a resend, or its publisher failed over
+        path = [*head.path, src.instance] if head.origin else [src.instance]
+        group = head.origin_group or src.group
+        for rec in run:
+            self._publishes.append_record(msgspec.structs.replace(
+                rec, origin=origin, origin_group=group, path=path,
+                expired_queue=None, expired_position=-1, expired_reasons="",
+            ))
+        return len(run)
+
+    # --- recovery, time, statistics -------------------------------------------------------------
+
+    def _acknowledge(self, state: SourceState, link: InLink | None) -> None:
+        """Rule 3: acknowledge what is durable now."""
+        durable = self._journal.durable_end
+        pending = state.pending
+        through = None
+        while pending and pending[0][0] <= durable:
+            through = pending.popleft()[1]
+        if through is None or through <= state.durable_through:
+            return
+        state.durable_through = through
+        if link is not None:
+            self._outbox.send(link.conn_id, p.Acked(through=through))
+
+    def recovered(self, rec: records.ReceivedRec) -> None:
+        state = self._sources.get(rec.source)
+        if state is None or state.journal_id != rec.journal_id or rec.through > state.durable_through:
+            self._sources[rec.source] = SourceState(rec.journal_id, rec.through)
+
+    def acknowledged(self) -> dict[str, int]:
+        """How far each destination had acknowledged (for the checkpoint)."""
+        return {name: link.acked for name, link in self.links.items()}
+
+    def restore_acknowledged(self, acked: dict[str, int]) -> None:
+        """After a restart: each destination holds at least what it acknowledged before
+        (its Welcome says more once it connects)."""
+        for name, through in acked.items():
+            link = self.links.get(name)
+            if link is not None:
+                link.acked = link.sent = through
+
+    def received(self) -> dict[str, tuple[str, int]]:
+        """How far each source's journal is durable here (for the checkpoint)."""
+        return {name: (st.journal_id, st.durable_through) for name, st in self._sources.items()}
+
+    def durable(self, now: float) -> None:
+        """The durable end moved: acknowledge sources (rule 3) and sample the end (to age
+        what each destination lacks)."""
+        if self._sources:
+            by_source = {link.source: link for link in self._incoming.values()}
+            for state in self._sources.values():
+                if state.pending:
+                    self._acknowledge(state, by_source.get(state))
+        end = self._journal.durable_end
+        samples = self._samples
+        if samples and end <= samples[-1][0]:
+            return
+        if samples and now - samples[-1][1] < SAMPLE_INTERVAL_S:
+            # Within one interval: records durable now count as that old (an age is
+            # overstated by at most SAMPLE_INTERVAL_S, never understated).
+            samples[-1] = (end, samples[-1][1])
+            return
+        samples.append((end, now))
+        if len(samples) > SAMPLES_MAX:
+            samples.popleft()
+
+    def seconds_behind(self, link: OutLink, now: float) -> float:
+        """Age of the oldest record the destination lacks (0 when it has everything)."""
+        if link.acked >= self._journal.durable_end:
+            return 0.0
+        for end, when in self._samples:
+            if end > link.acked:
+                return max(0.0, now - when)
+        return 0.0
+
+    def tick(self, now: float) -> None:
+        """Rule 4: downgrade and upgrade sync destinations by the age of what they lack."""
+        floor = min((link.acked for link in self.links.values()), default=None)
+        samples = self._samples
+        while floor is not None and len(samples) > 1 and samples[1][0] <= floor:
+            samples.popleft()  # every link has what this sample covers
+        for link in self.links.values():
+            age_max = link.dest.downgrade_age_s
+            if not link.sync or age_max is None:
+                continue
+            age = self.seconds_behind(link, now)
+            if not link.downgraded and age > age_max:
+                link.downgraded = True
+                log.warning("replication to %s: DOWNGRADED to async: its oldest unacknowledged record is %.1f s "
+                            "old (DowngradeAge %.1f s); publishers no longer wait for it", link.name, age, age_max)
+            elif link.downgraded and age <= link.dest.upgrade_age_s:
+                link.downgraded = False
+                log.warning("replication to %s: UPGRADED back to sync: %.1f s behind (UpgradeAge %.1f s)",
+                            link.name, age, link.dest.upgrade_age_s)
+
+    def statistics(self, now: float) -> tuple[tuple[LinkStats, ...], tuple[InLinkStats, ...]]:
+        end = self._journal.durable_end
+        out = tuple(
+            LinkStats(
+                destination=link.name, peer=link.peer.instance if link.peer else None, state=link.state.value,
+                sync=link.sync, downgraded=link.downgraded, acked=link.acked, sent=link.sent,
+                bytes_behind=max(0, end - link.acked), records_sent=link.records_sent,
+                batches_sent=link.batches_sent, seconds_behind=self.seconds_behind(link, now), gaps=link.gaps,
+                last_error=link.last_error,
+            )
+            for link in self.links.values()
+        )
+        inc = tuple(
+            InLinkStats(source=link.profile.instance, group=link.profile.group,
+                        received_through=link.source.durable_through, records_received=link.records_received,
+                        records_recorded=link.records_recorded, gaps=link.gaps)
+            for link in self._incoming.values()
+        )
+        return out, inc
+
+
+# --- the configuration rules for replicated queues ------------------------------------------------
+
+
+def check_pair(local: p.Profile, peer: p.Profile, *, outgoing: OutLink | None = None, incoming: bool = False,
+               local_links: list[OutLink] | None = None) -> list[str]:
+    """The rules for replicated queues that ``local`` and ``peer`` break together, as
+    sentences naming both instances and the rule (docs/replication.md, "Replicated
+    queues"). ``outgoing``: local replicates to peer through this link; ``incoming``:
+    peer replicates to local."""
+    problems: list[str] = []
+    who = f"{local.instance!r} and {peer.instance!r}"
+    peer_queues = {q.name: q for q in peer.queues}
+    local_queues = {q.name: q for q in local.queues}
+    if outgoing is not None:
+        replicated = _matches_any(tuple(t.name for t in outgoing.dest.topics))
+        back = [d for d in peer.destinations if d.name == local.instance]
+        for q in local.queues:
+            if q.kind == QueueKind.LOCAL.value or not replicated(q.name):
+                continue
+            other = peer_queues.get(q.name)
+            if other is None:
+                problems.append(f"{who}: {q.name!r} is a queue on {local.instance!r} and is replicated, so it must "
+                                f"be a queue on {peer.instance!r} too")
+                continue
+            if (other.kind, other.underlying, other.filter, other.initial_owner) != (
+                q.kind, q.underlying, q.filter, q.initial_owner
+            ):
+                problems.append(
+                    f"{who}: queue {q.name!r} must have the same definition on both (kind, UnderlyingTopic, "
+                    f"Filter, InitialOwner): {local.instance!r} has {_shape(q)}, {peer.instance!r} has {_shape(other)}"
+                )
+            if not _covers(outgoing.dest.topics, q.underlying):
+                problems.append(f"{who}: the underlying topic {q.underlying!r} of replicated queue {q.name!r} must "
+                                f"be replicated too (a Topic of destination {outgoing.name!r})")
+            if not any(_matches_any(tuple(d.topics))(q.name) for d in back):
+                problems.append(f"{who}: queue {q.name!r} is replicated from {local.instance!r} to "
+                                f"{peer.instance!r} but not back: replicated queues need replication both ways "
+                                f"(a Destination named {local.instance!r} on {peer.instance!r})")
+    if incoming:
+        for q in peer.queues:
+            if q.kind == QueueKind.LOCAL.value:
+                continue
+            mine = local_queues.get(q.name)
+            sent = [d for d in peer.destinations if d.name == local.instance]
+            if mine is None or not any(_matches_any(tuple(d.topics))(q.name) for d in sent):
+                continue  # the peer does not replicate this queue to us
+            for link in local_links or ():
+                if link.name == peer.instance or not link.topic_matches(q.name):
+                    continue
+                if link.pass_through is None or not link.pass_through(peer.group):
+                    problems.append(
+                        f"{who}: queue {q.name!r} arrives on {local.instance!r} from {peer.instance!r} (group "
+                        f"{peer.group!r}) and is replicated on to {link.name!r}, so destination {link.name!r} needs a "
+                        f"PassThrough matching {peer.group!r} (acknowledgements and transfers must reach every copy)"
+                    )
+    return problems
+
+
+def _shape(q: p.QueueProfile) -> str:
+    return f"({q.kind}, {q.underlying!r}, {q.filter!r}, {q.initial_owner!r})"
+
+
+def _covers(topics, underlying: str) -> bool:
+    names = [t.name for t in topics]
+    if underlying in names or any(n in (".*", ".+", "^.*$") for n in names):
+        return True
+    return _matches_any(tuple(names))(underlying)

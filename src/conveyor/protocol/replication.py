@@ -1,0 +1,107 @@
+"""The replication link protocol between two instances, as frozen structs (no I/O).
+
+A link runs from a *source* (the instance whose journal is shipped) to a *destination*
+(the instance that records what it receives), over the destination's incoming
+replication transport. It uses the framing of :mod:`conveyor.protocol.codec` (a 4-byte
+length, then a MessagePack array of entries). Rules:
+
+1. **Handshake.** The source sends :class:`Hello` with its :class:`Profile` (instance,
+   group, journal identity, protocol version, queue definitions, destinations). The
+   destination answers :class:`Welcome` with its own profile and ``resume_from``: the
+   source position below which it already holds everything it needs from this source's
+   journal ``journal_id`` (0 when the journal is new to it), or :class:`Refused` with a
+   reason (a configuration rule that the two instances break together, a wrong version).
+2. **Stream.** The source sends :class:`Batch` entries in journal order: the journal
+   payloads of the records the destination needs, each with its source position, and
+   ``through``: every record below it that the destination needs is in this batch or an
+   earlier one (a batch with no records only moves ``through``). A batch never splits a
+   transaction.
+3. **Acknowledgement.** The destination answers :class:`Acked` with the highest
+   ``through`` whose records are durable in its own journal. The source keeps at most a
+   window of bytes sent and not acknowledged, so a slow destination never grows the
+   source's memory: records are read back from the journal, not kept.
+4. Fields are only appended, with defaults; a tag never changes meaning (``version``
+   says which fields a peer knows).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from conveyor.protocol.codec import FRAME_BYTES_MAX_DEFAULT, _Decoder
+
+PROTOCOL_VERSION = 1
+
+
+class QueueProfile(msgspec.Struct, frozen=True):
+    """A queue as the replication rules compare it across instances."""
+
+    name: str
+    kind: str  # Queue | LocalQueue | GroupLocalQueue
+    underlying: str
+    filter: str | None = None
+    initial_owner: str | None = None
+
+
+class DestinationProfile(msgspec.Struct, frozen=True):
+    """An outgoing destination of the instance that sends the profile."""
+
+    name: str
+    topics: list[str] = []  # topic name regexes
+    pass_through: str | None = None
+    sync: bool = False
+
+
+class Profile(msgspec.Struct, frozen=True):
+    instance: str
+    group: str
+    journal_id: str
+    version: int = PROTOCOL_VERSION
+    queues: list[QueueProfile] = []
+    destinations: list[DestinationProfile] = []
+
+
+class _Repl(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="c"):
+    pass
+
+
+class Hello(_Repl, tag="r_hello"):
+    profile: Profile
+    user: str | None = None
+    password: str | None = None
+
+
+class Welcome(_Repl, tag="r_welcome"):
+    profile: Profile
+    resume_from: int = 0
+
+
+class Refused(_Repl, tag="r_refused"):
+    reason: str
+    code: str = "replication_refused"
+
+
+class Batch(_Repl, tag="r_batch"):
+    through: int
+    positions: list[int] = []
+    records: list[bytes] = []
+    # The source could not send records in [gap_from, gap_to) any more (retention removed
+    # them before this destination had them): reported loudly on both ends.
+    gap_from: int = -1
+    gap_to: int = -1
+
+
+class Acked(_Repl, tag="r_acked"):
+    through: int
+
+
+LinkMessage = Union[Hello, Welcome, Refused, Batch, Acked]
+
+
+class LinkDecoder(_Decoder[LinkMessage]):
+    """Either end of a replication link: decodes what the other end sends."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        super().__init__(LinkMessage, frame_bytes_max)
