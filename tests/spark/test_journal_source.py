@@ -97,6 +97,7 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
                      expired_position=written[-3][0], expired_reasons="ttl"))
     add(r.PublishRec("txn", 505, 7, T0 + i + 1, b"a", fingerprint=12345, txn_index=0, txn_total=2))
     add(r.PublishRec("txn", 505, 7, T0 + i + 1, b"b", fingerprint=678, txn_index=1, txn_total=2))
+    add(r.ReceivedRec("east-1", "journal-7", 123456))  # replication progress
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()
@@ -172,6 +173,9 @@ def test_every_op_is_decoded(spark, journal):
             assert row.expired_position == (rec.expired_position if rec.expired_queue else None)
             continue
         assert row.ts is None and row.topic is None and row.payload is None
+        if isinstance(rec, r.ReceivedRec):
+            assert (row.queue, row.consumer, row.delivery) == (None, rec.source, rec.through)
+            continue
         assert row.queue == rec.queue
         if isinstance(rec, r.ExpiredRec):
             assert (row.positions, row.reasons) == ([rec.position], rec.reasons)

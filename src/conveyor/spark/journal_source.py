@@ -271,6 +271,9 @@ CELLS: dict[type, dict[str, Callable]] = {
                           "counts": attrgetter("counts")},
     r.ConsumerAckedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("through")},
     r.ConsumerClaimedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"), "epoch": attrgetter("epoch")},
+    # replication progress: the source instance, and its position below which everything
+    # needed is recorded here
+    r.ReceivedRec: {"consumer": attrgetter("source"), "delivery": attrgetter("through")},
 }
 
 
