@@ -38,6 +38,12 @@ def check(
 ) -> None:
     if txlog is None:
         _require_transaction_log(doc, queues, actions)
+        if replication is not None and replication.destinations:
+            raise doc.error(
+                "AMPSConfig/Replication",
+                "replication needs a <TransactionLog>: what replicates is the transaction log",
+                "add <TransactionLog> with a <JournalDirectory> and a <Topic> for every replicated topic",
+            )
         return  # nothing else to check: with no queues and no actions, rules 2-4 are void
     for queue in queues:
         _check_queue(doc, txlog, queue)

@@ -21,6 +21,7 @@ journal, and duplicate detection drops what is already here).
 from __future__ import annotations
 
 import dataclasses
+import uuid
 import logging
 from pathlib import Path
 
@@ -109,6 +110,22 @@ def read_replication(directory: Path, *, durable_end: int) -> tuple[dict[str, tu
         log.warning("ignoring %s of another version or beyond the journal's end", REPLICATION_FILE)
         return {}, {}
     return dict(data.received), dict(data.links)
+
+
+JOURNAL_ID_FILE = "journal.id"
+
+
+def journal_id(directory: Path) -> str:
+    """The identity of the journal in ``directory`` (created with it): replication
+    destinations key what they hold of this instance's journal by it, so a journal that
+    is replaced is taken from its start again, never from a stale position."""
+    path = Path(directory) / JOURNAL_ID_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        ident = uuid.uuid4().hex
+        write_atomic(path, ident.encode(), durable=True)
+        return ident
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

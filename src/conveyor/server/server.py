@@ -52,7 +52,8 @@ from conveyor.protocol import messages as m
 from conveyor.protocol.codec import Rejected, encode_frames
 from conveyor.protocol.options import parse_options
 from conveyor.records.facts import describe_record
-from conveyor.server.checkpoints import page_files, read_checkpoint, with_snapshots, write_checkpoint
+from conveyor.protocol import replication as p_repl
+from conveyor.server.checkpoints import journal_id, page_files, read_checkpoint, with_snapshots, write_checkpoint
 from conveyor.server.connection import Connection
 
 __all__ = ["CHECKPOINT_INTERVAL_S", "Connection", "Server", "ServerStats"]
@@ -73,6 +74,12 @@ class ServerStats:
     journal_end: int
     journal_durable_end: int
     failed: bool  # the server stopped itself after a failure (see the module header)
+
+
+def _replica_protocol():
+    from conveyor.replication import IncomingReplica  # the replication shell sits beside this one
+
+    return IncomingReplica
 
 
 def _bind_problem(exc: OSError) -> str:
@@ -98,7 +105,8 @@ class Server:
         else:
             self.journal = MemoryJournal()
         self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
-        self.engine = Engine(config, self.journal)
+        self.engine = Engine(config, self.journal,
+                             journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory")
         self.connections: dict[int, Connection] = {}
         self._next_conn_id = 1
         self._servers: list[asyncio.base_events.Server] = []
@@ -144,6 +152,7 @@ class Server:
             await server.start_serving()
         self._writer_task = self.spawn(self._writer(), name="journal writer")
         self.spawn(self._timer(), name="timer")
+        self._start_links()
         self.engine.tick(self.clock())
         self._flush_output()
 
@@ -151,9 +160,10 @@ class Server:
         loop = asyncio.get_running_loop()
         transports = self.config.transports or (Transport(name="default"),)
         for tc in transports:
+            protocol = _replica_protocol() if tc.type == "replication" else Connection
             try:
                 server = await loop.create_server(
-                    lambda tc=tc: Connection(self, tc), tc.host, tc.port, start_serving=False
+                    lambda tc=tc, protocol=protocol: protocol(self, tc), tc.host, tc.port, start_serving=False
                 )
             except OSError as exc:  # socket.gaierror too: a host name that does not resolve
                 raise errors.ConfigError(
@@ -164,7 +174,8 @@ class Server:
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.ports.append(port)
-            log.info("listening on %s:%d (%s)", tc.host, port, tc.name)
+            log.info("listening on %s:%d (%s%s)", tc.host, port, tc.name,
+                     ", incoming replication" if tc.type == "replication" else "")
 
     def _recover(self) -> None:
         started = time.monotonic()
@@ -516,6 +527,64 @@ class Server:
                 conn.close(f"idle for {now - conn.last_heard:.1f} s")
         for conn in beats:
             conn.write_frames(encode_frames([m.ServerHeartbeat()]))
+
+    # --- replication links (conveyor.replication; the engine decides) ----------------------
+
+    def _start_links(self) -> None:
+        from conveyor.replication import OutgoingLink
+
+        repl = self.config.replication
+        for dest in repl.destinations if repl else ():
+            link = OutgoingLink(self, dest.name, dest.addresses)
+            self.spawn(link.run(), name=f"replication link to {dest.name}")
+
+    def register_replica(self, conn: Connection) -> None:
+        """A source connected to the incoming replication transport."""
+        conn.conn_id = self._next_conn_id
+        self._next_conn_id += 1
+        if self._failure is not None:
+            conn.close(f"server failed: {self._failure.__cause__}", abort=True)
+            return
+        self.connections[conn.conn_id] = conn
+        self.engine.replica_connected(conn.conn_id)
+        log.info("replication: source connected from %s", conn.peer)
+
+    def unregister_replica(self, conn: Connection) -> None:
+        if self.connections.pop(conn.conn_id, None) is not None and self._failure is None:
+            self.engine.replica_disconnected(conn.conn_id)
+            self._after_engine()
+
+    def replica_frames(self, conn: Connection, items: list) -> None:
+        if self._failure is not None:
+            return
+        self.engine.replica_frames(conn.conn_id, items, self.clock())
+        self._after_engine()
+
+    def link_up(self, destination: str, conn: Connection, welcome: p_repl.Welcome) -> None:
+        """An outgoing link finished its handshake (raises ReplicationRefused)."""
+        if self._failure is not None:
+            raise errors.ReplicationRefused("the server failed")
+        conn.conn_id = self._next_conn_id
+        self._next_conn_id += 1
+        self.engine.link_up(destination, conn.conn_id, welcome, self.clock())
+        self.connections[conn.conn_id] = conn
+        self._after_engine()
+
+    def link_acked(self, conn: Connection, acked: p_repl.Acked) -> None:
+        if self._failure is not None:
+            return
+        self.engine.link_acked(conn.conn_id, acked, self.clock())
+        self._after_engine()
+
+    def link_lost(self, destination: str, conn: Connection, reason: str) -> None:
+        self.connections.pop(conn.conn_id, None)
+        if self._failure is None:
+            self.engine.link_down(destination, conn.conn_id, reason, self.clock())
+            self._after_engine()
+
+    def link_unreachable(self, destination: str, reason: str) -> None:
+        if self._failure is None:
+            self.engine.link_down(destination, None, reason, self.clock())
 
     def statistics(self) -> ServerStats:
         return ServerStats(
