@@ -83,8 +83,13 @@ class Instance:
         self.proc.kill()
 
     def stop(self) -> None:
-        if self.proc is not None:
+        if self.proc is None:
+            return
+        try:
             self.proc.stop()
+        except Exception as exc:  # a graceful stop that hangs is a bug: say what the server said
+            self.proc.kill()
+            raise AssertionError(f"{self.name} did not stop on SIGTERM ({exc}):\n{self.proc.log[-4000:]}") from None
 
     def recorded(self) -> list[records.PublishRec]:
         """Every publish in this (stopped) instance's journal."""
