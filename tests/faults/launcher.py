@@ -78,7 +78,8 @@ def install(faults: dict[str, str]) -> None:
         def write(self, base, data, *, create):
             writes[0] += 1
             if writes[0] == n:
-                raise OSError(_errno(name), f"injected {name} on segment write {n}", self.path(base))
+                code = _errno(name)  # what the kernel says, as it says it
+                raise OSError(code, os.strerror(code), self.path(base))
             return real_write(self, base, data, create=create)
 
         FileStorage.write = write  # type: ignore[method-assign]
@@ -100,7 +101,8 @@ def install(faults: dict[str, str]) -> None:
         if fsync_fault is not None and path.endswith(".log"):
             segment_fsyncs[0] += 1
             if segment_fsyncs[0] == fsync_fault[1]:
-                raise OSError(_errno(fsync_fault[0]), f"injected {fsync_fault[0]} on segment fsync", path)
+                code = _errno(fsync_fault[0])
+                raise OSError(code, os.strerror(code), path)
         if ledger_fd >= 0:
             st = os.fstat(fd)
             if os.path.isdir(path):

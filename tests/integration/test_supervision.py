@@ -20,6 +20,7 @@ from conveyor.config import load_file
 from conveyor.protocol import MessageDecoder, encode_frame
 from conveyor.protocol import messages as m
 from conveyor.server.server import Server
+from tests.integration.test_disk_faults import publish_until_closed
 from tests.integration.test_durability import replay_all
 from tests.serverproc import ServerProcess, write_config
 
@@ -117,36 +118,14 @@ def test_the_cli_exits_1_when_the_writer_fails(tmp_path):
 
     server = ServerProcess(write_config(tmp_path, recorded="t"), faults="write_batch=raise@4").start()
 
-    async def publish_until_closed() -> list:
-        """One frame of 10 publishes at a time, each waited for: one group per frame."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(encode_frame([m.Logon(client_name="pub", cid="logon", ack_type="processed")]))
-        decoder = MessageDecoder()
-        items: list = []
-        for k in range(20):
-            writer.write(publishes(10, first_seq=1 + 10 * k))
-            while not any(a.seq == 10 * (k + 1) for a in persisted_acks(items)):
-                try:
-                    data = await asyncio.wait_for(reader.read(65536), STOP_S_MAX)
-                except ConnectionResetError:
-                    data = b""
-                if not data:
-                    writer.close()
-                    return items
-                decoder.receive_data(data)
-                items.extend(decoder.next_items())
-        writer.close()
-        return items
-
     try:
-        items = asyncio.run(publish_until_closed())
+        acked = publish_until_closed(server.port)
         assert server.wait(timeout=STOP_S_MAX) == 1
     finally:
         server.kill()
     assert "the server stopped after a failure in the journal writer" in server.log
     assert "injected failure in write_batch" in server.log
     assert "Traceback" in server.log  # the cause, for the operator
-    acked = max((a.seq for a in persisted_acks(items)), default=0)
     # Restart: everything acknowledged as persisted before the failure is there.
     server.faults = None
     server.start()

@@ -63,15 +63,8 @@ def _run_server(config) -> int:
     log = logging.getLogger("conveyor")
 
     async def main() -> None:
-        server = Server(config)
-        await server.start()
-        for port in server.ports:
-            # Machine-readable readiness line: tests and scripts wait for it.
-            print(f"conveyor listening on port {port}", flush=True)
-        if config.transaction_log is not None:
-            print(f"journal: {config.transaction_log.journal_directory}", flush=True)
-        if config.queues:
-            print("queues: " + ", ".join(q.name for q in config.queues), flush=True)
+        # Signals first: a SIGTERM that arrives as soon as the readiness line is out (or
+        # during recovery) asks for a graceful stop instead of killing the process.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
@@ -81,6 +74,15 @@ def _run_server(config) -> int:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, shut_down)
+        server = Server(config)
+        await server.start()
+        for port in server.ports:
+            # Machine-readable readiness line: tests and scripts wait for it.
+            print(f"conveyor listening on port {port}", flush=True)
+        if config.transaction_log is not None:
+            print(f"journal: {config.transaction_log.journal_directory}", flush=True)
+        if config.queues:
+            print("queues: " + ", ".join(q.name for q in config.queues), flush=True)
         await server.run_until(stop)  # raises ServerFailed (exit 1) if the server fails
 
     uvloop.run(main())

@@ -103,6 +103,23 @@ class Retention:
     max_bytes: int | None = None
 
 
+#: Background scrub (TransactionLog/Scrub): bytes of journal re-read per second, low
+#: enough to stay in the noise of a disk's bandwidth, high enough to read 700 GB a day.
+SCRUB_BYTES_PER_S_DEFAULT = 8 * 1024 * 1024
+#: A new scrub pass starts this long after the previous one started (or at once, when
+#: the previous pass took longer).
+SCRUB_INTERVAL_S_DEFAULT = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Scrub:
+    """``TransactionLog/Scrub``: re-read the journal in the background and check every
+    record's CRC, so bit rot is found before a reader needs the record (docs/journal.md)."""
+
+    bytes_per_s: int = SCRUB_BYTES_PER_S_DEFAULT  # <Rate>; 0: no background scrub
+    interval_s: float = SCRUB_INTERVAL_S_DEFAULT  # <Interval>
+
+
 @dataclass(frozen=True)
 class TransactionLog:
     journal_directory: Path
@@ -114,6 +131,17 @@ class TransactionLog:
     preallocated_journal_files: int = 2  # accepted for compatibility
     archive_directory: Path | None = None
     retention: Retention = field(default_factory=Retention)
+    # <FreeSpaceWarning>: warn while the journal's file system has less free than this;
+    # None: two segments' worth (room for the next segment and its successor); 0: never.
+    free_space_warning_bytes: int | None = None
+    scrub: Scrub = field(default_factory=Scrub)
+
+    @property
+    def free_space_warning(self) -> int:
+        """The effective FreeSpaceWarning, in bytes (0: never warn)."""
+        if self.free_space_warning_bytes is None:
+            return 2 * self.segment_bytes
+        return self.free_space_warning_bytes
 
     def records(self, topic: str) -> bool:
         return any(t.matches(topic) for t in self.topics)

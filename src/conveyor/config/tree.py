@@ -188,9 +188,9 @@ class Document:
             )
         return value
 
-    def size(self, node: Node) -> int:
+    def size(self, node: Node, *, positive: bool = True) -> int:
         value = self._read(node, size_bytes)
-        if value <= 0:
+        if positive and value <= 0:
             raise self.error(
                 node.path,
                 f"<{node.tag}> must be larger than zero",

@@ -13,6 +13,9 @@ Rules:
   ``MessageType`` (default ``json``).
 - ``Retention`` (a conveyor extension) bounds sealed segments by ``MaxAge`` and/or
   ``MaxSize``; without it nothing is removed.
+- ``FreeSpaceWarning`` (a conveyor extension) is a size, ``0`` allowed (never warn).
+- ``Scrub`` (a conveyor extension): ``Rate`` a size per second, ``0`` allowed (no
+  background scrub); ``Interval`` a positive duration.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from conveyor.config.model import (
     JOURNAL_SEGMENT_BYTES_MIN,
     RecordedTopic,
     Retention,
+    Scrub,
     TransactionLog,
     is_regex_topic,
 )
@@ -38,9 +42,12 @@ _TRANSACTION_LOG = {
     "FlushInterval": OPTIONAL,
     "Topic": MANY,
     "Retention": OPTIONAL,
+    "FreeSpaceWarning": OPTIONAL,
+    "Scrub": OPTIONAL,
 }
 _TOPIC = {"Name": REQUIRED, "MessageType": OPTIONAL}
 _RETENTION = {"MaxAge": OPTIONAL, "MaxSize": OPTIONAL}
+_SCRUB = {"Rate": OPTIONAL, "Interval": OPTIONAL}
 
 
 def read_transaction_log(doc: Document, node: Node) -> TransactionLog:
@@ -66,6 +73,10 @@ def read_transaction_log(doc: Document, node: Node) -> TransactionLog:
         values["flush_interval_s"] = doc.duration(n, positive=False)
     if (n := kids.one("Retention")) is not None:
         values["retention"] = _read_retention(doc, n)
+    if (n := kids.one("FreeSpaceWarning")) is not None:
+        values["free_space_warning_bytes"] = doc.size(n, positive=False)
+    if (n := kids.one("Scrub")) is not None:
+        values["scrub"] = _read_scrub(doc, n)
     topics = tuple(read_recorded_topic(doc, t) for t in kids.many("Topic"))
     return TransactionLog(journal_directory=Path(doc.text(journal)), topics=topics, **values)  # type: ignore[arg-type]
 
@@ -123,4 +134,14 @@ def _read_retention(doc: Document, node: Node) -> Retention:
     return Retention(
         max_age_s=doc.duration(age) if age is not None else None,
         max_bytes=doc.size(size) if size is not None else None,
+    )
+
+
+def _read_scrub(doc: Document, node: Node) -> Scrub:
+    kids = doc.children(node, _SCRUB)
+    rate = kids.one("Rate")
+    interval = kids.one("Interval")
+    return Scrub(
+        bytes_per_s=doc.size(rate, positive=False) if rate is not None else Scrub.bytes_per_s,
+        interval_s=doc.duration(interval) if interval is not None else Scrub.interval_s,
     )

@@ -17,6 +17,13 @@ Rules:
    ``replace`` detached, still holding its leases).
 4. **Events become records through one table** (:mod:`conveyor.engine.queue_journal`);
    an expiry is journaled with the dead letters its actions publish, in one record.
+5. **A damaged record fails its own delivery only.** A message whose journal record no
+   longer checks out (bit rot found when its body is read back) is journaled like the
+   rest of its batch (the queue already decided the delivery) but not sent, and logged
+   with the segment and offset. At-least-once: its lease runs out and it is offered
+   again (``MaxDeliveries``, if set, expires it in the end); at-most-once: it counts as
+   delivered, as a message lost in flight would. The other deliveries, consumers and
+   queues go on.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class QueueDelivery:
         self._action_publisher = action_publisher
         self._dirty: set[QueueBinding] = set()
         self._attached: dict[Hashable, _Attachment] = {}
+        self.unreadable = 0  # deliveries and dead letters a damaged record stopped (rule 5)
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
         #: sent: the simulations learn each delivery when it is decided (None: off).
         self.on_dispatch: Callable[[QueueBinding, list[Delivery], float], None] | None = None
@@ -161,7 +169,7 @@ class QueueDelivery:
             return
         name = binding.name
         at_most_once = binding.config.semantics is Semantics.AT_MOST_ONCE
-        out = [self._message(name, d, d.consumer, at_most_once) for d in deliveries]
+        out = self._messages(name, [(d, d.consumer) for d in deliveries], at_most_once)
         journal, outbox = self._journal, self._outbox
         if at_most_once:
             # Journaled before the message is sent (rule 2).
@@ -179,6 +187,23 @@ class QueueDelivery:
             return
         for conn_id, msg in out:
             outbox.send(conn_id, msg)
+
+    def _messages(
+        self, name: str, sends: list[tuple[Delivery, Consumer]], at_most_once: bool
+    ) -> list[tuple[int, m.Message]]:
+        """The messages of ``sends``, leaving out those whose record is damaged (rule 5)."""
+        out = []
+        for d, consumer in sends:
+            try:
+                out.append(self._message(name, d, consumer, at_most_once))
+            except errors.JournalCorrupt as exc:
+                self.unreadable += 1
+                log.error(
+                    "queue %s: message at position %d not delivered, its journal record is damaged (%s); %s",
+                    name, d.position, exc,
+                    "it counts as delivered (at-most-once)" if at_most_once else "it is offered again when its lease runs out",
+                )
+        return out
 
     def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool) -> tuple[int, m.Message]:
         conn_id, sub_id = consumer.key
@@ -207,13 +232,13 @@ class QueueDelivery:
         for d in deliveries:
             if d.barrier:
                 journal.append(records.encode(records.BarrierRec(name, [d.position])))
-                sends = [self._message(name, d, c, at_most_once) for c in d.recipients]
+                sends = self._messages(name, [(d, c) for c in d.recipients], at_most_once)
             elif at_most_once:
                 journal.append(records.encode(records.DeliveredRec(name, [d.position])))
-                sends = [self._message(name, d, d.consumer, at_most_once)]
+                sends = self._messages(name, [(d, d.consumer)], at_most_once)
             else:
                 journal.append(records.encode(records.LeasedRec(name, [d.position], [d.delivery_count])))
-                sends = [self._message(name, d, d.consumer, at_most_once)]
+                sends = self._messages(name, [(d, d.consumer)], at_most_once)
             threshold = journal.end
             for conn_id, msg in sends:
                 outbox.send_when_durable(conn_id, msg, threshold)
@@ -240,11 +265,18 @@ class QueueDelivery:
         reasons = tuple(str(r) for r in event.reasons)
         letters = []
         if self._actions.watches(name):
-            entry = self._cache.get(event.position)
-            letters = self._actions.dead_letters(
-                name, reasons, entry.data, correlation_id=entry.correlation_id,
-                bookmark=format_bookmark(entry.publisher, entry.seq, event.position),
-            )
+            try:
+                entry = self._cache.get(event.position)
+            except errors.JournalCorrupt as exc:
+                # No body for the dead letter: the expiry itself is still journaled.
+                self.unreadable += 1
+                log.error("queue %s: no dead letter for the expired message at position %d, its journal "
+                          "record is damaged (%s)", name, event.position, exc)
+            else:
+                letters = self._actions.dead_letters(
+                    name, reasons, entry.data, correlation_id=entry.correlation_id,
+                    bookmark=format_bookmark(entry.publisher, entry.seq, event.position),
+                )
         if not letters:
             self._journal.append(records.encode(records.ExpiredRec(name, event.position, ",".join(reasons))))
             return

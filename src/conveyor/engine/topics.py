@@ -12,18 +12,24 @@ Rules:
    and is not live until it reaches it: then, in the same turn, it switches to live, so
    there is no gap and no duplicate at the seam.
 3. A replay holds journal retention back to its cursor (:meth:`replay_floor`).
+4. A replay that reaches a damaged record (bit rot found when it is read) cannot go on
+   in order: it ends there, with a failure ack naming the segment and offset
+   (``journal_corrupt``); what it delivered before stands, and nothing else stops.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from conveyor import records
+from conveyor import errors, records
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.sessions import SessionSubscription
 from conveyor.protocol import messages as m
+
+log = logging.getLogger("conveyor.engine")
 
 REPLAY_RECORDS_PER_PUMP = 2000  # bounded work per turn, so replays never stall live traffic
 
@@ -99,16 +105,20 @@ class Topics:
         for sub in list(self._replaying):
             count = 0
             last = None
-            for pos, payload in journal.scan(sub.cursor, applied_end):
-                last = pos
-                count += 1
-                rec = records.decode(payload)
-                if type(rec) is records.PublishRec and sub.matches_topic(rec.topic):
-                    if sub.start_time is None or rec.timestamp >= sub.start_time:
-                        entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
-                        self.deliver(sub, entry, format_bookmark(rec.publisher, rec.seq, pos), now)
-                if count >= budget:
-                    break
+            try:
+                for pos, payload in journal.scan(sub.cursor, applied_end):
+                    last = pos
+                    count += 1
+                    rec = records.decode(payload)
+                    if type(rec) is records.PublishRec and sub.matches_topic(rec.topic):
+                        if sub.start_time is None or rec.timestamp >= sub.start_time:
+                            entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
+                            self.deliver(sub, entry, format_bookmark(rec.publisher, rec.seq, pos), now)
+                    if count >= budget:
+                        break
+            except errors.JournalCorrupt as exc:
+                self._end_damaged(sub, exc)  # rule 4
+                continue
             if last is not None:
                 sub.cursor = journal.position_after(last)
             if last is None or sub.cursor >= applied_end:
@@ -119,6 +129,15 @@ class Topics:
                 if "completed" in sub.ack_types:
                     self._outbox.send(sub.conn_id, m.Ack(ack_type="completed", cid=sub.cid, sub_id=sub.sub_id))
         return bool(self._replaying)
+
+    def _end_damaged(self, sub: SessionSubscription, exc: errors.JournalCorrupt) -> None:
+        log.error("replay %r of client %s ended: %s", sub.sub_id, sub.conn_id, exc)
+        self.remove(sub)
+        self._outbox.send(
+            sub.conn_id,
+            m.Ack(ack_type="completed", cid=sub.cid, sub_id=sub.sub_id, status="failure", code=exc.code,
+                  reason=f"the replay cannot go on: {exc}"),
+        )
 
     def replay_floor(self) -> int | None:
         """The lowest journal position a running replay still has to read."""

@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import errno
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Coroutine
@@ -43,11 +44,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor import errors
-from conveyor.config.model import Config, Transport
+from conveyor.config.model import Config, Scrub, Transport
 from conveyor.engine.core import Engine
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer
+from conveyor.journal.scrub import SCRUB_STEP_BYTES, Scrubber, forget_verified, targets_of
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import Rejected, encode_frames
 from conveyor.protocol.options import parse_options
@@ -64,6 +66,8 @@ JOURNAL_BACKLOG_BYTES_MAX = 64 * 1024 * 1024  # unwritten journal bytes before r
 TIMER_PERIOD_S_MAX = 1.0  # housekeeping (heartbeats, idle) runs at least this often
 HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dead
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
+FREE_SPACE_CHECK_INTERVAL_S = 10.0  # statvfs of the journal's file system
+FREE_SPACE_REPORT_INTERVAL_S = 300.0  # while space is low, the warning repeats this often
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class ServerStats:
     journal_end: int
     journal_durable_end: int
     failed: bool  # the server stopped itself after a failure (see the module header)
+    disk_free_bytes: int | None  # free space of the journal's file system, last checked
+    scrub_passes: int  # background scrub passes completed
+    scrub_bytes: int  # journal bytes the background scrub checked
+    scrub_problems: int  # damaged records the background scrub found
 
 
 def _replica_protocol():
@@ -129,6 +137,12 @@ class Server:
         self._stopped = False
         self._frames_in = 0
         self._commits = 0
+        self._disk_free_bytes: int | None = None
+        self._free_checked_at = float("-inf")
+        self._free_warned_at: float | None = None
+        self._scrub_passes = 0
+        self._scrub_bytes = 0
+        self._scrub_problems = 0
         self.ports: list[int] = []
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -153,6 +167,10 @@ class Server:
         self._writer_task = self.spawn(self._writer(), name="journal writer")
         self.spawn(self._timer(), name="timer")
         self._start_links()
+        tlog = self.config.transaction_log
+        if tlog is not None and tlog.scrub.bytes_per_s > 0:
+            self.spawn(self._scrub(tlog.scrub), name="journal scrub")
+        self._check_free_space(self.clock())
         self.engine.tick(self.clock())
         self._flush_output()
 
@@ -512,7 +530,72 @@ class Server:
             for seg in removed:
                 log.info("retention removed journal segment %s", seg.path)
 
+    # --- the disk ------------------------------------------------------------------------
+
+    def _check_free_space(self, now: float) -> None:
+        """Warn while the journal's file system has less free than FreeSpaceWarning: a
+        full disk fails the next journal write, and that stops the server."""
+        tlog = self.config.transaction_log
+        if tlog is None or tlog.free_space_warning <= 0:
+            return
+        if now - self._free_checked_at < FREE_SPACE_CHECK_INTERVAL_S:
+            return
+        self._free_checked_at = now
+        try:
+            st = os.statvfs(tlog.journal_directory)
+        except OSError as exc:
+            log.warning("cannot read the free space of %s: %s", tlog.journal_directory, exc)
+            return
+        free = self._disk_free_bytes = st.f_bavail * st.f_frsize
+        if free < tlog.free_space_warning:
+            if self._free_warned_at is None or now - self._free_warned_at >= FREE_SPACE_REPORT_INTERVAL_S:
+                self._free_warned_at = now
+                log.warning(
+                    "low free space: the file system of the journal %s has %d bytes free, below "
+                    "FreeSpaceWarning (%d bytes); when it is full the next journal write fails and the "
+                    "server stops",
+                    tlog.journal_directory, free, tlog.free_space_warning,
+                )
+        elif self._free_warned_at is not None:
+            self._free_warned_at = None
+            log.info("free space of %s is back above FreeSpaceWarning: %d bytes free", tlog.journal_directory, free)
+
+    async def _scrub(self, scrub: Scrub) -> None:
+        """Re-read the journal at ``scrub.bytes_per_s``, a pass every ``scrub.interval_s``
+        (journal/scrub.py). A damaged record is logged, counted, and its segment's
+        ``.verified`` sidecar dropped, so the next start refuses to open it; the server
+        keeps serving (a read of that record fails on its own)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            scrubber = Scrubber(targets_of(self.journal.segments()))
+            try:
+                while not scrubber.done:
+                    t0 = loop.time()
+                    result = await loop.run_in_executor(self._io, scrubber.step, SCRUB_STEP_BYTES)
+                    self._scrub_bytes += result.bytes
+                    for problem in result.problems:
+                        self._scrub_problems += 1
+                        log.error(
+                            "journal scrub: %s; the records from there on cannot be read, and the next "
+                            "start will refuse to open the journal until it is repaired "
+                            "(`conveyor journal repair`)",
+                            problem.describe(),
+                        )
+                        await loop.run_in_executor(self._io, forget_verified, problem.path)
+                    await asyncio.sleep(max(0.0, result.bytes / scrub.bytes_per_s - (loop.time() - t0)))
+            finally:
+                scrubber.close()
+            self._scrub_passes += 1
+            log.info(
+                "journal scrub: pass %d checked %d records (%d bytes) in %.1f s, %d problem(s)",
+                self._scrub_passes, scrubber.records_checked, scrubber.bytes_checked, loop.time() - started,
+                len(scrubber.problems),
+            )
+            await asyncio.sleep(max(0.0, scrub.interval_s - (loop.time() - started)))
+
     def _housekeeping(self, now: float) -> None:
+        self._check_free_space(now)
         beats = []
         for conn in list(self.connections.values()):
             if conn.heartbeat_s:
@@ -594,4 +677,8 @@ class Server:
             journal_end=self.journal.end,
             journal_durable_end=self.journal.durable_end,
             failed=self._failure is not None,
+            disk_free_bytes=self._disk_free_bytes,
+            scrub_passes=self._scrub_passes,
+            scrub_bytes=self._scrub_bytes,
+            scrub_problems=self._scrub_problems,
         )

@@ -1,0 +1,78 @@
+"""``make soak``: the queue checker (checker.py) over many server kills, with the table.
+
+usage: python -m tests.faults.soak [--kills 1000] [--round 100] [--seed N] [--dir DIR]
+
+The kills run in rounds of ``--round`` kills, each round a fresh server and journal
+with its own seed (derived from ``--seed``), so that a long soak also covers many
+starts from an empty journal and keeps each journal small. The table adds the rounds
+up; a failing round prints its seed and what went wrong, and the command exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from tests.faults.checker import Verdict, run_sync
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=1000, help="server kills in all (default 1000)")
+    parser.add_argument("--round", type=int, default=100, help="kills per server and journal (default 100)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the whole soak (default: random)")
+    parser.add_argument("--dir", help="where the journals go (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    rng = random.Random(seed)
+    print(f"soak: {args.kills} kills in rounds of {args.round}, seed {seed}", flush=True)
+    started = time.monotonic()
+    total: Verdict | None = None
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        done = 0
+        k = 0
+        while done < args.kills:
+            round_seed = rng.randrange(2**32)
+            kills = min(args.round, args.kills - done)
+            directory = Path(tmp) / f"round-{k}"
+            directory.mkdir()
+            verdict = run_sync(directory, seed=round_seed, kills=kills)
+            k += 1
+            done += verdict.faults.total()
+            print(f"round {k}: seed {round_seed}: {verdict.kills} kills, {verdict.acknowledged} acknowledged, "
+                  f"lost {verdict.lost}, duplicated {verdict.duplicated}, unexpected {verdict.unexpected}, "
+                  f"{verdict.seconds:.0f} s", flush=True)
+            if not verdict.ok:
+                print("\n".join(verdict.details[-80:]))
+            total = verdict if total is None else _add(total, verdict)
+    assert total is not None
+    total = _add(total, None, seconds=time.monotonic() - started)
+    print(f"\nconveyor soak, seed {seed} (python -m tests.faults.soak --kills {args.kills} --seed {seed}):")
+    print(total.table())
+    return 0 if total.ok else 1
+
+
+def _add(a: Verdict, b: Verdict | None, *, seconds: float | None = None) -> Verdict:
+    if b is None:
+        b = Verdict(0, Counter(), 0, 0, 0, 0, 0, 0, 0, 0.0, [])
+    return Verdict(
+        kills=a.kills + b.kills,
+        faults=a.faults + b.faults,
+        acknowledged=a.acknowledged + b.acknowledged,
+        lost=a.lost + b.lost,
+        duplicated=a.duplicated + b.duplicated,
+        unexpected=a.unexpected + b.unexpected,
+        recovered=a.recovered + b.recovered,
+        redelivered=a.redelivered + b.redelivered,
+        consumer_resets=a.consumer_resets + b.consumer_resets,
+        seconds=seconds if seconds is not None else a.seconds + b.seconds,
+        details=[],
+    )
+
+if __name__ == "__main__":
+    sys.exit(main())
