@@ -67,15 +67,27 @@ def test_every_pair_outside_the_table_is_illegal(semantics):
             assert (info.value.position, info.value.state, info.value.verb) == (7, state, verb)
 
 
-def test_each_event_is_one_verb():
-    """Rule 2 of queue_state: events and verbs correspond one to one."""
+def test_each_event_is_one_verb_and_has_a_record_and_a_replay():
+    """Rule 2 of queue_state: every queue event is journaled by the engine's table
+    (engine/queue_journal.py), and every record it journals has a replay verb."""
+    from typing import get_args
+
+    from conveyor.engine import queue_journal
+    from conveyor.engine.queue_events import Event
+
+    assert set(queue_journal.EVENT_RECORDS) == set(get_args(Event))
+    assert set(queue_journal.EVENT_RECORDS.values()) <= set(queue_journal.RECORD_REPLAY)
     verbs = {
         Leased: V.LEASE, DeliveredAtMostOnce: V.DELIVER, Acknowledged: V.ACKNOWLEDGE,
         Cancelled: V.CANCEL, LeaseExpired: V.LEASE_EXPIRE, Returned: V.RETURN, Expired: V.EXPIRE,
         BarrierDelivered: V.DELIVER_BARRIER,
     }
-    # ENQUEUE and HOLD are the publish record itself; ACTIVATE is the record read again.
-    assert set(verbs.values()) == set(Verb) - {V.ENQUEUE, V.HOLD, V.ACTIVATE}
+    assert set(verbs) == set(get_args(Event))
+    # ENQUEUE, HOLD and ENQUEUE_ELSEWHERE are the publish record itself; ACTIVATE is it,
+    # read again; the transfers are the engine's TransferRec (replicated queues).
+    assert set(verbs.values()) == set(Verb) - {
+        V.ENQUEUE, V.HOLD, V.ACTIVATE, V.ENQUEUE_ELSEWHERE, V.TRANSFER_IN, V.TRANSFER_OUT,
+    }
 
 
 @pytest.mark.parametrize("semantics", list(Semantics))

@@ -301,7 +301,7 @@ def test_the_simulation_catches_a_lost_record():
     import conveyor.engine.replication as repl
 
     original = repl.Replication._record_run
-    repl.Replication._record_run = lambda self, run, src: 0
+    repl.Replication._record_run = lambda self, run, src, now: 0
     try:
         with pytest.raises(SimFailure):
             for seed in range(50):

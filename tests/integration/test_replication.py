@@ -9,6 +9,7 @@ record, not by waiting for silence.
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections import Counter
@@ -26,9 +27,18 @@ TOPIC = "Work"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 and up on Linux), so that
+    no outgoing connection takes it between a SIGKILL and the restart that binds it again."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 class Instance:

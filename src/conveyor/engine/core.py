@@ -39,6 +39,7 @@ reading it is the only outside access the engine makes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Iterable, Mapping
 
@@ -56,6 +57,7 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue import Queue, QueueStats
 from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.engine.recovery import Checkpoint, Recovery
+from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication import Replication
 from conveyor.engine.sessions import Session
 from conveyor.engine.subscribing import Subscriptions
@@ -89,6 +91,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     queues: dict[str, QueueStats]
     named_consumers: tuple[NamedConsumerStats, ...]
     staging: StagingStats
+    replicated_queues: tuple[OwnershipStats, ...] = ()
 
 
 class Engine:
@@ -118,6 +121,18 @@ class Engine:
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
         self.replication = Replication(config, journal, self.publishes, self.outbox, journal_id=journal_id)
         self.publishes.track_persisted = any(link.sync for link in self.replication.links.values())
+        self.replicated_queues = ReplicatedQueues(self.instance, self.bindings, journal, self.cache, self.delivery,
+                                                  self.replication.reachable)
+        for name in self.replication.owned_queues:
+            binding = self.bindings.by_name[name]
+            if binding.config.target_queue_depth is not None:
+                raise errors.ConfigError(
+                    f"queue {name!r} is replicated and has a TargetQueueDepth: not supported together yet",
+                    path=binding.config.path, hint="remove <TargetQueueDepth>, or replicate only its underlying topics",
+                )
+            binding.ownership = self.replicated_queues.add(binding, binding.config)
+            binding.plain = False
+        self.replication.queues = self.replicated_queues if self.replicated_queues else None
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
                                   self.replication)
 
@@ -321,11 +336,8 @@ class Engine:
         """The journal is fsynced up to ``journal.durable_end``: apply the publishes now
         durable, release what waited for it, dispatch."""
         topics, delivery, cache = self.topics, self.delivery, self.cache
-        owned = self.replication.owned_queues
         for p in self.publishes.take_durable():
             bindings = self.bindings.for_topic(p.topic)
-            if p.origin and owned:
-                bindings = tuple(b for b in bindings if b.name not in owned)  # replication rule 6
             listeners = topics.listeners(p.topic)
             if not bindings and not listeners:
                 continue  # nobody listens: the journal has it, replays read it from there
@@ -334,7 +346,7 @@ class Engine:
                 cache.put(p.position, entry)  # queues deliver from the cache, not the journal
             topics.fan_out(p.position, entry, now)
             for binding in bindings:
-                if binding.offer(p.position, entry):
+                if binding.offer(p.position, entry, p.origin, now):
                     delivery.mark(binding)
         replication = self.replication
         replication.durable(now)
@@ -361,6 +373,8 @@ class Engine:
         if self.replication.enabled:
             self.replication.tick(now)
             self._release()  # a downgraded destination no longer holds persisted acks
+        if self.replicated_queues:
+            self.replicated_queues.tick(now)
         self.delivery.dispatch(now)
 
     def next_deadline(self) -> float | None:
@@ -427,12 +441,25 @@ class Engine:
                     reason = getattr(item, "error", None) or f"unexpected {type(item).__name__} from a source"
                     self.outbox.close(conn_id, f"replication protocol error: {reason}")
                     return
+        self.delivery.dispatch(now)  # replicated removals and transfers may free or bring work
 
     def replica_disconnected(self, conn_id: int) -> None:
         self.replication.closed(conn_id)
         self.outbox.forget(conn_id)
 
+    def set_proxied_transfer(self, queue: str, enabled: bool) -> bool:
+        """The ``enable_proxied_transfer`` / ``disable_proxied_transfer`` admin action
+        (docs/replication.md); False when ``queue`` is not a replicated queue here."""
+        return self.replicated_queues.set_proxied(queue, enabled)
+
     # --- statistics -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _queue_stats(binding, now: float | None) -> QueueStats:
+        stats = binding.queue.statistics(now)
+        if binding.ownership is not None and binding.ownership.proxied:
+            stats = dataclasses.replace(stats, proxied_transfer=True)
+        return stats
 
     def statistics(self, now: float | None = None) -> EngineStats:
         topic_subs, replays = self.topics.statistics()
@@ -447,7 +474,8 @@ class Engine:
             topic_subscriptions=topic_subs,
             replays=replays,
             queue_consumers=self.delivery.consumers(),
-            queues={b.name: b.queue.statistics(now) for b in self.bindings},
+            queues={b.name: self._queue_stats(b, now) for b in self.bindings},
             named_consumers=self.named.statistics(),
             staging=self.transactions.staging.statistics(),
+            replicated_queues=self.replicated_queues.statistics(),
         )

@@ -164,6 +164,8 @@ class QueueDelivery:
     def _deliver(self, binding: QueueBinding, deliveries: list[Delivery], now: float) -> None:
         if self.on_dispatch is not None:
             self.on_dispatch(binding, deliveries, now)
+        if binding.ownership is not None:
+            binding.ownership.gone([d.event for d in deliveries])
         if any(d.barrier for d in deliveries):
             self._deliver_with_barriers(binding, deliveries)
             return
@@ -250,6 +252,8 @@ class QueueDelivery:
         """Journal the queue's events: one record per kind, each expiry with its dead letters."""
         if not events:
             return
+        if binding.ownership is not None:
+            binding.ownership.gone(events)
         groups, expired = queue_journal.batch(events)
         for ev in expired:
             self._journal_expiry(binding, ev, now)
@@ -290,6 +294,11 @@ class QueueDelivery:
                 expired_position=event.position if first else -1,
                 expired_reasons=",".join(reasons) if first else "",
             ))
+
+    def removed_elsewhere(self, binding: QueueBinding, events) -> None:
+        """Messages left the queue on another instance (replicated queues): nothing to
+        journal here (the record that said so is), but backlog may be free."""
+        self.mark_all()
 
     # --- time ------------------------------------------------------------------------------------
 

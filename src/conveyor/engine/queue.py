@@ -62,6 +62,13 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
    those at MaxCancels / MaxDeliveries by rule 2. Acknowledged, expired and
    at-most-once-delivered messages never come back (the replay verbs and their rules
    are in :mod:`conveyor.engine.queue_recovery`).
+11. Replicated queues (docs/replication.md, "Replicated queues"): a message another
+   instance owns is ELSEWHERE: in the view, never delivered here. The engine decides
+   ownership and moves a message in (:meth:`transfer_in`, with its delivery and cancel
+   counts) or out (:meth:`transfer_out`); a message that left on another instance goes
+   with :meth:`remove_replicated`. A barrier is delivered on every instance once every
+   earlier message of this instance is acknowledged, wherever they are owned, so a
+   message ELSEWHERE before it holds it too.
 
 The queue is an orchestrator of parts that own their state; it moves each message
 through the transition table (:class:`~conveyor.engine.queue_state.Transitions`: the
@@ -75,6 +82,8 @@ state is derived from the part that holds the message, and checked under
 - :class:`~conveyor.engine.queue_seats.Seats`: the consumers, fairness and the filtered
   consumers' cursors;
 - :class:`~conveyor.engine.queue_window.ActiveWindow`: TargetQueueDepth;
+- :class:`~conveyor.engine.queue_elsewhere.Elsewhere`: in a replicated queue, the
+  messages another instance owns (rule 11);
 - :class:`~conveyor.engine.queue_recovery.QueueReplayer`: the replay verbs.
 
 A snapshot (FileBackedMetadata) goes through :meth:`export_state` and
@@ -96,6 +105,7 @@ objects only for leased, returned or awaiting-ack messages, which the backlogs b
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Callable, Hashable, Iterable, Iterator, NamedTuple
 
@@ -103,6 +113,7 @@ from conveyor import expr
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine import queue_snapshot
 from conveyor.engine.queue_consumer import Consumer, effective_backlog
+from conveyor.engine.queue_elsewhere import Elsewhere
 from conveyor.engine.queue_events import (
     Acknowledged,
     AckOption,
@@ -171,6 +182,8 @@ __all__ = [
 
 _ABSENT, _AVAILABLE = MessageState.ABSENT, MessageState.AVAILABLE
 _LEASED, _INACTIVE = MessageState.LEASED, MessageState.INACTIVE
+_ELSEWHERE = MessageState.ELSEWHERE
+_REPLICATED_REMOVAL = ("replicated",)  # the reason of an expiry reported by the owner
 _TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 _FORCED = (ExpiryReason.FORCED_EXPIRE,)
 
@@ -194,7 +207,7 @@ class QueueCounters:
 
     __slots__ = (
         "enqueued", "delivered", "acknowledged", "expired", "expired_leases", "returned",
-        "cancelled", "filter_errors", "barriers_delivered",
+        "cancelled", "filter_errors", "barriers_delivered", "transferred_in", "transferred_out",
     )
 
     def __init__(self) -> None:
@@ -312,6 +325,7 @@ class Queue:
             max_deliveries=config.max_deliveries,
         )
         self._window = ActiveWindow(self._target, start)
+        self._elsewhere = Elsewhere()
         self._replay = QueueReplayer(
             config.name, at_least_once=self._at_least_once, state_of=self.state_of,
             transitions=self._transitions, order=self._order, leases=self._leases,
@@ -341,6 +355,9 @@ class Queue:
         published_at: float,
         priority: int | None = None,
         barrier: bool = False,
+        *,
+        owner: str | None = None,
+        arrived: float | None = None,
     ) -> bool:
         """A message recorded on an underlying topic (queue filter already applied).
 
@@ -354,6 +371,9 @@ class Queue:
 
         Publish times are clamped to never decrease along positions, so the oldest
         message is always the first one (a clock that steps back cannot reorder expiry).
+
+        ``owner``: in a replicated queue, the instance that owns the message when it is
+        not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here.
         """
         if position <= self._last_position:
             raise PositionOutOfOrder(
@@ -366,6 +386,15 @@ class Queue:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
         key = self._order_key(position, priority, barrier)
         self._counters.enqueued += 1
+        if owner is not None:
+            if barrier:
+                raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
+            self._move(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)
+            published_at = max(published_at, self._last_time)
+            self._last_position = position
+            self._last_time = published_at
+            self._elsewhere.add(position, owner, published_at, key, published_at if arrived is None else arrived)
+            return True
         if self._target is not None and self._window.holds_back(self._active()):
             self._move(position, Verb.HOLD, _ABSENT)
             self._window.hold(position)
@@ -481,7 +510,7 @@ class Queue:
             gate = None
             if order.barriers:
                 b = order.barrier_due()
-                if b is not None and not leases.leased and not leases.consumed:
+                if b is not None and not leases.leased and not leases.consumed and not self._elsewhere_before(b):
                     out.append(self._release_barrier(b, now))
                     budget -= 1
                     deliverable = order.deliverable()  # the first epoch may have changed
@@ -571,6 +600,7 @@ class Queue:
         matches = self._matches
         hits = [p for p, _ in self._order.store.items() if matches(predicate, p, now)]
         hits += [p for p in self._leases.leased if matches(predicate, p, now)]
+        hits += [p for p, _ in self._elsewhere.items() if matches(predicate, p, now)]
         hits.sort()
         return self.acknowledge(hits, by=by, option=option, now=now)
 
@@ -588,6 +618,7 @@ class Queue:
             if option is AckOption.NONE:
                 self._move(p, Verb.ACKNOWLEDGE, _LEASED)
                 leases.acknowledge(p)
+                self._elsewhere.forget(p)
                 tally.events.append(Acknowledged(p))
                 tally.acknowledged += 1
                 self._counters.acknowledged += 1
@@ -615,6 +646,19 @@ class Queue:
             return
         if p in self._order.store:
             self._ack_available(p, option, tally)
+            return
+        if p in self._elsewhere and option is not AckOption.CANCEL:
+            # An acknowledgement on any instance removes the message everywhere (rule 11);
+            # expiring one is its owner's business (exactly one dead letter).
+            if option is AckOption.EXPIRE:
+                tally.ignored += 1
+                return
+            self._move(p, Verb.ACKNOWLEDGE, _ELSEWHERE)
+            self._elsewhere.take(p)
+            self._leases.forget(p)
+            tally.events.append(Acknowledged(p))
+            tally.acknowledged += 1
+            self._counters.acknowledged += 1
             return
         window = self._window
         if option is AckOption.NONE and window.is_inactive(p) and not window.acked(p):
@@ -717,6 +761,114 @@ class Queue:
         t = self._order.take(key)
         return p, self._leases.lease(p, seat, deadline, t, key, delivery=delivery)
 
+    # --- replicated queues (rule 11; the engine decides, engine/ownership.py) --------------------
+
+    def _elsewhere_before(self, b: int) -> bool:
+        first = self._elsewhere.first() if self._elsewhere else None
+        return first is not None and first < b
+
+    def owner_of(self, position: int) -> str | None:
+        """The instance that owns a message ELSEWHERE (None: this one, or not here)."""
+        away = self._elsewhere.get(position)
+        return away.owner if away is not None else None
+
+    def arrival_of(self, position: int) -> float | None:
+        """When a message ELSEWHERE arrived here (None: it is not ELSEWHERE)."""
+        away = self._elsewhere.get(position)
+        return away.arrived if away is not None else None
+
+    def elsewhere(self) -> Iterator[tuple[int, str, float]]:
+        """(position, owner, arrived) of every message ELSEWHERE, oldest first."""
+        for p, away in self._elsewhere.items():
+            yield p, away.owner, away.arrived
+
+    def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
+        """Its ownership was transferred here: ELSEWHERE --TRANSFER_IN--> AVAILABLE, with the
+        delivery and cancel counts it had on its previous owner. False when it is not
+        ELSEWHERE (already here, or done)."""
+        if position not in self._elsewhere:
+            return False
+        self._move(position, Verb.TRANSFER_IN, _ELSEWHERE)
+        away = self._elsewhere.take(position)
+        leases = self._leases
+        if deliveries > leases.deliveries_of(position):
+            leases.set_deliveries(position, deliveries)
+        if cancels > leases.cancels_of(position):
+            leases.set_cancels(position, cancels)
+        if self._order.insert(position, away.published_at, away.key) or not self._priority:
+            self._seats.came_back(away.key, self._order.store.__contains__, now)
+        self._counters.transferred_in += 1
+        return True
+
+    def transfer_out(self, position: int, owner: str, now: float) -> bool:
+        """Its ownership was transferred to instance ``owner``. AVAILABLE: it goes
+        ELSEWHERE; ELSEWHERE: only its owner changes; LEASED here: it goes when the lease
+        ends (queue_elsewhere rule 3). False when it is not in the queue."""
+        state = self.state_of(position)
+        if state is _ELSEWHERE:
+            self._elsewhere.set_owner(position, owner)
+            return True
+        if state is _LEASED:
+            self._elsewhere.owned_away_while_leased(position, owner)
+            return True
+        if state is not _AVAILABLE or self._order.is_barrier(position):
+            return False
+        self._move(position, Verb.TRANSFER_OUT, _AVAILABLE)
+        key = self._order.key_of(position)
+        t = self._order.remove(position)
+        self._elsewhere.add(position, owner, t, key, now)
+        self._counters.transferred_out += 1
+        return True
+
+    def counts_of(self, position: int) -> tuple[int, int]:
+        """(deliveries, cancels) of a message, as they travel with a transfer."""
+        return self._leases.deliveries_of(position), self._leases.cancels_of(position)
+
+    def remove_replicated(self, position: int, kind: str, now: float) -> list[Event]:
+        """The message left the queue on another instance (``kind``: ``ack``, ``deliver``
+        or ``expire``): it leaves here too, whatever its state. Returns the events (for
+        the backlog they free and for listeners); the engine does not journal them: the
+        record it received is the journal's. [] when it is not here."""
+        state = self.state_of(position)
+        events: list[Event] = []
+        expire = kind == "expire"
+        verb = Verb.EXPIRE if expire else Verb.ACKNOWLEDGE
+        if state is _ELSEWHERE:
+            self._move(position, verb, _ELSEWHERE)
+            self._elsewhere.take(position)
+        elif state is _AVAILABLE:
+            self._move(position, verb, _AVAILABLE)
+            self._order.remove(position)
+        elif state is _LEASED:
+            # Two instances delivered it (a proxied transfer while its owner was alive):
+            # its lease here ends with it.
+            self._move(position, verb, _LEASED)
+            self._leases.end(position)
+        else:
+            return events
+        self._leases.forget(position)
+        self._elsewhere.forget(position)
+        if expire:
+            events.append(Expired(position, _REPLICATED_REMOVAL))
+            self._counters.expired += 1
+        else:
+            events.append(Acknowledged(position))
+            self._counters.acknowledged += 1
+        return events
+
+    def can_deliver_locally(self, position: int, now: float) -> bool:
+        """Whether a consumer of this instance could take the message now: one with room
+        whose filter matches (an owner grants a transfer only when none can)."""
+        for seat in self._seats.active:
+            c = seat.consumer
+            if c.outstanding < c.max_backlog and (c.filter is None or self._matches(c.filter, position, now)):
+                return True
+        return False
+
+    def room(self) -> int:
+        """Free backlog slots of the active consumers (how many messages they could take)."""
+        return sum(max(0, c.max_backlog - c.outstanding) for c in self._seats.consumers)
+
     # --- time ---------------------------------------------------------------------------------
 
     def expire(self, now: float) -> list[Event]:
@@ -756,8 +908,11 @@ class Queue:
         """The queue as a view (spec 000, "Querying Queues as a View"): available positions
         in delivery order (priority order within each barrier epoch, each pending barrier
         after the messages before it), leased and inactive ones excluded. Read-only; do
-        not change the queue while iterating (RuntimeError)."""
-        return iter(self._order)
+        not change the queue while iterating (RuntimeError). A replicated queue lists the
+        messages other instances own after its own (rule 11)."""
+        if not self._elsewhere:
+            return iter(self._order)
+        return itertools.chain(iter(self._order), [p for p, _ in self._elsewhere.items()])
 
     def state_of(self, position: int) -> MessageState:
         """Where the message is. ABSENT for messages never enqueued, before the recovery
@@ -772,6 +927,8 @@ class Queue:
             return MessageState.CONSUMED
         if position in self._order.store:
             return _AVAILABLE
+        if position in self._elsewhere:
+            return _ELSEWHERE
         window = self._window
         if window.inactive and window.is_inactive(position) and not window.acked(position):
             return _INACTIVE
@@ -786,6 +943,8 @@ class Queue:
             low.append(min(self._leases.leased))
         if self._window.inactive:
             low.append(self._window.refill_from())
+        if self._elsewhere:
+            low.append(self._elsewhere.first())
         if low:
             return min(low)
         return max(self._start, self._last_position + 1)
@@ -816,6 +975,8 @@ class Queue:
             inactive_message_count=self._window.inactive,
             deferred_ack_count=self._window.deferred_ack_count,
             barriers_pending=len(self._order.barriers),
+            owned=len(store) + len(leased),
+            elsewhere=len(self._elsewhere),
             **{name: getattr(counters, name) for name in QueueCounters.__slots__},
         )
 
@@ -837,6 +998,13 @@ class Queue:
                     p, "leased", lease.published_at, leases.deliveries_of(p), leases.cancels_of(p),
                     lease.seat.consumer.key, lease.deadline,
                     priority_of_key(lease.key) if self._priority else None,
+                )
+            )
+        for p, away in self._elsewhere.items():
+            rows.append(
+                MessageDetail(
+                    p, "elsewhere", away.published_at, leases.deliveries_of(p), leases.cancels_of(p),
+                    away.owner, None, priority_of_key(away.key) if self._priority else None,
                 )
             )
         rows.sort(key=lambda r: r.position)
@@ -1018,6 +1186,13 @@ class Queue:
             self._transitions.step(p, Verb.EXPIRE, state)
             self._expire_gone(p, reasons, events)
             return True
+        owner = self._elsewhere.leaving(p)
+        if owner is not None:
+            # Its ownership moved away while it was leased here (queue_elsewhere rule 3).
+            self._transitions.step(p, Verb.TRANSFER_OUT, state)
+            self._elsewhere.add(p, owner, lease.published_at, lease.key, now)
+            self._counters.transferred_out += 1
+            return False
         self._order.put_back(p, lease.published_at, lease.key)
         self._seats.came_back(lease.key, self._order.store.__contains__, now)
         return False
@@ -1025,6 +1200,7 @@ class Queue:
     def _expire_gone(self, p: int, reasons: tuple[str, ...], events: list[Event]) -> None:
         """Bookkeeping for a message that has just moved to EXPIRED."""
         self._leases.forget(p)
+        self._elsewhere.forget(p)
         events.append(Expired(p, reasons))
         self._counters.expired += 1
 

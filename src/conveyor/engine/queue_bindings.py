@@ -57,7 +57,7 @@ def _compiled(qc: QueueConfig, element: str, text: str | None):
 
 class QueueBinding:
     __slots__ = ("queue", "name", "config", "filter", "priority", "barrier", "plain", "barrier_until",
-                 "snapshot_events_from")
+                 "snapshot_events_from", "ownership")
 
     def __init__(self, config: QueueConfig, cache: MessageCache) -> None:
         self.config = config
@@ -69,6 +69,7 @@ class QueueBinding:
         self.plain = not (config.filter or config.priority or config.barrier_expression)
         self.barrier_until = 0  # journal end when this queue's last barrier batch was made
         self.snapshot_events_from: int | None = None  # FileBackedMetadata: events below are in the snapshot
+        self.ownership = None  # a replicated queue's QueueOwnership (engine/ownership.py)
 
         def load(position: int) -> View:
             return cache.get(position), position
@@ -86,9 +87,11 @@ class QueueBinding:
         flt = self.filter
         return flt is None or flt.matches(entry.decoded(), entry.meta(None, entry.timestamp))
 
-    def offer(self, position: int, entry: Entry) -> bool:
+    def offer(self, position: int, entry: Entry, origin: str = "", now: float | None = None) -> bool:
         """Enqueue a message the queue takes, with its priority and barrier flag (rule 1);
-        True if it entered (possibly inactive, beyond TargetQueueDepth)."""
+        True if it entered (possibly inactive, beyond TargetQueueDepth, or owned by
+        another instance). ``origin``: where it was first published ("" here);
+        ``now``: when it arrived here."""
         if not self.takes(entry):
             return False
         priority = None
@@ -99,8 +102,14 @@ class QueueBinding:
                 barrier = self.barrier.matches(data, meta)
             if self.priority is not None and not barrier:
                 priority = self.priority.priority(data, meta)
-        self.queue.enqueue(position, entry.timestamp, priority, barrier)
-        return True
+        if self.ownership is None:
+            self.queue.enqueue(position, entry.timestamp, priority, barrier)
+            return True
+        enters, owner = self.ownership.entering((entry.publisher, entry.seq), position, origin, barrier)
+        if enters:
+            self.queue.enqueue(position, entry.timestamp, priority, barrier, owner=owner,
+                               arrived=entry.timestamp if now is None else now)
+        return enters
 
     def priority_of(self, entry: Entry) -> int | None:
         """The message's priority, computed as at enqueue (None: not a priority queue)."""

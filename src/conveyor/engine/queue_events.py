@@ -209,6 +209,13 @@ class QueueStats:
     deferred_ack_count: int = 0
     barriers_delivered: int = 0  # cumulative
     barriers_pending: int = 0  # barrier messages still in the queue
+    # Replicated queues (docs/replication.md): messages this instance owns (available and
+    # leased here), messages other instances own, and transfers (cumulative).
+    owned: int = 0
+    elsewhere: int = 0
+    transferred_in: int = 0
+    transferred_out: int = 0
+    proxied_transfer: bool = False  # the engine sets it
 
 
 @dataclass(frozen=True, slots=True)

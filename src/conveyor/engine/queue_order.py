@@ -196,11 +196,31 @@ class DeliveryOrder:
         if i == 0:
             self._on_first_epoch_grew()
 
+    def key_of(self, p: int) -> int:
+        """The order key of available message ``p`` (O(epoch) in a priority queue)."""
+        if not self._priority:
+            return p
+        for index in self._epochs:
+            for k in index:
+                if k & POSITION_MASK == p:
+                    return k
+        raise KeyError(p)
+
     def put_back(self, p: int, t: float, key: int) -> None:
         """Rule 5: a leased message is available again."""
         self.store.restore(p, t)
         if self._priority:
             self._epochs[0].add(key)
+
+    def insert(self, p: int, t: float, key: int) -> bool:
+        """A message that was not available here becomes available in its place (its
+        ownership was transferred here); True when it is in the first epoch."""
+        self.store.restore(p, t)
+        if not self._priority:
+            return False
+        i = bisect_left(self.barriers, p) if self.barriers else 0
+        self._epochs[i].add(key)
+        return i == 0
 
     # --- snapshots (FIFO queues only) ---------------------------------------------------------
 

@@ -30,6 +30,11 @@ DELIVER_BARRIER  AVAILABLE            ACKNOWLEDGED             BarrierDelivered
 HOLD             ABSENT               INACTIVE                 (the publish itself)
 ACTIVATE         INACTIVE             AVAILABLE                (none: re-read from the log)
 ACKNOWLEDGE      INACTIVE             ACKNOWLEDGED             Acknowledged (deferred)
+ENQUEUE_ELSEWHERE ABSENT              ELSEWHERE                (the publish itself)
+TRANSFER_IN      ELSEWHERE            AVAILABLE                (TransferRec, by the engine)
+TRANSFER_OUT     AVAILABLE            ELSEWHERE                (TransferRec, by the engine)
+ACKNOWLEDGE      ELSEWHERE            ACKNOWLEDGED             (QueueRemovedRec or Acknowledged)
+EXPIRE           ELSEWHERE            EXPIRED                  (QueueRemovedRec, by the engine)
 ===============  ===================  =======================  ==========================
 
 DELIVER_BARRIER: a barrier message goes to every current subscriber and "AMPS
@@ -39,6 +44,11 @@ HOLD / ACTIVATE: with TargetQueueDepth, a message beyond the target depth is ina
 ("Limiting Currently Deliverable Messages"): the queue keeps no state for it but a count
 and becomes aware of it again when it is read back from the log (ACTIVATE). An
 acknowledgement of an inactive message is deferred: the message never becomes active.
+
+ELSEWHERE: in a replicated queue, a message owned by another instance (docs/replication.md,
+"Replicated queues"): recorded here, in the view, never delivered here unless its
+ownership is transferred here (TRANSFER_IN); a message this instance owns and gives away
+goes the other way (TRANSFER_OUT). It leaves when its owner reports it done.
 
 Rule 3: the semantics choose the table. An at-most-once queue has no LEASED state: a
 delivery moves the message straight to CONSUMED (spec 000, "Delivery Semantics": "AMPS
@@ -79,6 +89,7 @@ class MessageState(enum.Enum):
     CONSUMED = "consumed"  # at-most-once: delivered and gone (backlog freed by the ack)
     ACKNOWLEDGED = "acknowledged"  # processed: gone
     EXPIRED = "expired"  # expired (time limit, cancels, deliveries, forced): gone
+    ELSEWHERE = "elsewhere"  # replicated queue: owned by another instance, not deliverable here
 
 
 class Verb(enum.Enum):
@@ -95,6 +106,9 @@ class Verb(enum.Enum):
     DELIVER_BARRIER = "deliver_barrier"  # a barrier message, to every current subscriber
     HOLD = "hold"  # enqueued beyond TargetQueueDepth: inactive
     ACTIVATE = "activate"  # read back from the log into the active part of the queue
+    ENQUEUE_ELSEWHERE = "enqueue_elsewhere"  # replicated queue: enters owned by another instance
+    TRANSFER_IN = "transfer_in"  # its ownership was transferred to this instance
+    TRANSFER_OUT = "transfer_out"  # its ownership was transferred to another instance
 
 
 S, V = MessageState, Verb
@@ -107,6 +121,11 @@ _COMMON: dict[tuple[MessageState, Verb], MessageState] = {
     (S.ABSENT, V.HOLD): S.INACTIVE,
     (S.INACTIVE, V.ACTIVATE): S.AVAILABLE,
     (S.INACTIVE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
+    (S.ABSENT, V.ENQUEUE_ELSEWHERE): S.ELSEWHERE,
+    (S.ELSEWHERE, V.TRANSFER_IN): S.AVAILABLE,
+    (S.AVAILABLE, V.TRANSFER_OUT): S.ELSEWHERE,
+    (S.ELSEWHERE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
+    (S.ELSEWHERE, V.EXPIRE): S.EXPIRED,
 }
 
 #: (state, verb) -> next state, per semantics. Anything absent is illegal.

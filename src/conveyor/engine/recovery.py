@@ -45,6 +45,8 @@ from conveyor.engine.topics import Topics
 
 log = logging.getLogger("conveyor.engine")
 
+_OWNERSHIP_RECORDS = (records.QueueRemovedRec, records.TransferRec, records.TransferRequestRec)
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -74,6 +76,9 @@ class Checkpoint:
     # Replication: destination -> the position below which it had acknowledged everything,
     # so publishes it may lack stay unpersisted after a restart.
     links: dict = field(default_factory=dict)
+    # Replicated queues: queue -> ownership state (tombstones, transfers) the journal
+    # above the queue's recovery point may not hold (engine/ownership.py).
+    ownership: dict = field(default_factory=dict)
 
 
 class Recovery:
@@ -104,12 +109,13 @@ class Recovery:
         snapshots = {
             b.name: b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
             for b in self._bindings
-            if queue_snapshot.supported(b.config)
+            if queue_snapshot.supported(b.config) and b.ownership is None
         }
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=snapshots,
-                          replication=self._replication.received(), links=self._replication.acknowledged())
+                          replication=self._replication.received(), links=self._replication.acknowledged(),
+                          ownership=self._replication.queues.export_state() if self._replication.queues else {})
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything still needs: queues, replays, named consumers,
@@ -133,6 +139,8 @@ class Recovery:
             for source, (journal_id, through) in checkpoint.replication.items():
                 self._replication.recovered(records.ReceivedRec(source, journal_id, through))
             self._replication.restore_acknowledged(checkpoint.links)
+            if self._replication.queues is not None:
+                self._replication.queues.restore(checkpoint.ownership)
         for b in self._bindings:
             saved = checkpoint.queues.get(b.name) if checkpoint is not None else None
             if saved is not None and saved[1] == (b.config.recovery_point or ""):
@@ -172,6 +180,9 @@ class Recovery:
                 self._publish(pos, rec, points, times, now)
             elif type(rec) is records.ReceivedRec:
                 self._replication.recovered(rec)
+            elif type(rec) in _OWNERSHIP_RECORDS:
+                if self._replication.queues is not None and pos >= points.get(rec.queue, 0):
+                    self._replication.queues.replay(rec, now)
             elif type(rec) in CONSUMER_RECORDS:
                 since = self._binding_since(rec.queue)
                 self._named.replay(pos, rec, now, points.get(rec.queue, 0), since)
@@ -193,6 +204,9 @@ class Recovery:
             b.refill(journal)
             self._delivery.mark(b)
         self._named.lease_after_restart(now)
+        if self._replication.queues is not None:
+            for own in self._replication.queues.by_queue.values():
+                own.settle_after_recovery()
         return count
 
     def _binding_since(self, queue: str) -> int | None:
@@ -215,9 +229,8 @@ class Recovery:
 
     def _publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict, now: float) -> None:
         self._publishes.recovered(pos, rec, self._persisted_end)
-        owned = self._replication.owned_queues if rec.origin else ()
         for b in self._bindings.for_topic(rec.topic):
-            if pos < points[b.name] or b.name in owned:
+            if pos < points[b.name]:
                 continue
             since = times.get(b.name)
             if since is not None and rec.timestamp < since:
@@ -225,7 +238,8 @@ class Recovery:
             if b.plain:
                 b.queue.enqueue(pos, rec.timestamp)  # no filter, priority or barrier: skip the Entry
                 continue
-            b.offer(pos, Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id))
+            b.offer(pos, Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id),
+                    rec.origin)
         if rec.expired_queue is not None:
             # A dead letter carries the expiry that caused it (delivery rule 4).
             b = self._bindings.get(rec.expired_queue)
@@ -258,8 +272,8 @@ class Recovery:
         first = getattr(self._journal, "first_position", 0)
         durable = self._journal.durable_end
         for b in self._bindings:
-            if not queue_snapshot.supported(b.config):
-                continue
+            if not queue_snapshot.supported(b.config) or b.ownership is not None:
+                continue  # a replicated queue replays (its ownership state is not in snapshots)
             name = b.name
             snap = checkpoint.snapshots.get(name) if checkpoint is not None else None
             if snap is not None and not (first <= snap.publishes_from <= snap.events_from <= durable):

@@ -182,6 +182,8 @@ class Replication:
         self._sources: dict[str, SourceState] = {}
         self._samples: deque[tuple[int, float]] = deque()  # (durable end, when), rising
         self._profile = self._make_profile()
+        #: The replicated queues (engine/ownership.py ReplicatedQueues), set by the engine.
+        self.queues = None
         replicated = _matches_any(tuple(t.name for d in self.links.values() for t in d.dest.topics))
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
         self.owned_queues = frozenset(
@@ -317,10 +319,47 @@ class Replication:
                 if link.wants(rec, peer):
                     positions.append(pos)
                     payloads.append(payload)
+                if rec.expired_queue is not None and rec.expired_queue in self.owned_queues:
+                    self._queue_removal(link, rec.expired_queue, [rec.expired_position], "expire", pos,
+                                        positions, payloads)
             else:
                 in_run = False
+                if self.owned_queues and getattr(rec, "queue", None) in self.owned_queues:
+                    self._queue_record(link, rec, payload, pos, peer, positions, payloads)
         through = end if last is None else self._journal.position_after(last)
         return p.Batch(through=through, positions=positions, records=payloads)
+
+    _REMOVALS = {records.AckedRec: "ack", records.DeliveredRec: "deliver", records.ConsumerAckedRec: "ack"}
+    _QUEUE_RECORDS = (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec)
+
+    def _queue_record(self, link: OutLink, rec, payload: bytes, pos: int, peer: str,
+                      positions: list[int], payloads: list[bytes]) -> None:
+        """Rule 6: what a replicated queue's record means to the other copies of the
+        queue: removals named by identity, and the ownership records as they are."""
+        if not link.topic_matches(rec.queue):
+            return
+        t = type(rec)
+        if t in self._QUEUE_RECORDS:
+            if rec.origin:  # it arrived here by replication
+                if link.pass_through is None or not link.pass_through(rec.origin_group):
+                    return
+                if rec.origin == peer or peer in rec.path:
+                    return
+            positions.append(pos)
+            payloads.append(payload)
+        elif t is records.ExpiredRec:
+            self._queue_removal(link, rec.queue, [rec.position], "expire", pos, positions, payloads)
+        elif t in self._REMOVALS:
+            self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[t], pos, positions, payloads)
+
+    def _queue_removal(self, link: OutLink, queue: str, gone: list[int], kind: str, pos: int,
+                       positions: list[int], payloads: list[bytes]) -> None:
+        if not gone or not link.topic_matches(queue) or self.queues is None:
+            return
+        idents = [self.queues.identify(p) for p in gone]
+        rec = records.QueueRemovedRec(queue, [i[0] for i in idents], [i[1] for i in idents], kind)
+        positions.append(pos)
+        payloads.append(records.encode(rec))
 
     def persisted_floor(self) -> int | None:
         """Rule 4: the lowest position every sync destination holds (None: no sync
@@ -379,16 +418,20 @@ class Replication:
         before = link.records_recorded
         for payload in batch.records:
             rec = records.decode(payload)
+            if type(rec) in self._QUEUE_RECORDS:
+                link.records_received += 1
+                link.records_recorded += self._record_queue_record(rec, src, now)
+                continue
             if type(rec) is not records.PublishRec:
-                continue  # queue records follow in a later protocol version
+                continue
             link.records_received += 1
             if rec.txn_total:
                 run.append(rec)
                 if rec.txn_index == rec.txn_total - 1:
-                    link.records_recorded += self._record_run(run, src)
+                    link.records_recorded += self._record_run(run, src, now)
                     run = []
                 continue
-            link.records_recorded += self._record_run([rec], src)
+            link.records_recorded += self._record_run([rec], src, now)
         recorded = link.records_recorded - before
         state = link.source
         if batch.through > state.received_through:
@@ -402,14 +445,30 @@ class Replication:
         state.pending.append((self._journal.end, state.received_through))
         self._acknowledge(state, link)
 
-    def _record_run(self, run: list[records.PublishRec], src: p.Profile) -> int:
+    def _record_queue_record(self, rec, src: p.Profile, now: float) -> int:
+        """A replicated queue's record (rule 6): applied, and journaled when it changed
+        something here or must travel on."""
+        origin = rec.origin or src.instance
+        if origin == self.instance or self.instance in rec.path:
+            return 0  # rule 5
+        path = [*rec.path, src.instance] if rec.origin else [src.instance]
+        rec = msgspec.structs.replace(rec, origin=origin, origin_group=rec.origin_group or src.group, path=path)
+        if self.queues is None or not self.queues.received(rec, now):
+            return 0
+        self._journal.append(records.encode(rec))
+        return 1
+
+    def _record_run(self, run: list[records.PublishRec], src: p.Profile, now: float) -> int:
         """Record one publish, or one whole transaction, unless already here."""
         head = run[0]
         origin = head.origin or src.instance
         if origin == self.instance or self.instance in head.path:
             return 0  # rule 5
         if self._publishes.is_recorded(head.publisher, head.seq):
-            return 0  # here already: by another path, a resend, or its publisher failed over
+            # here already: by another path, a resend, or its publisher failed over
+            if self.queues is not None:
+                self.queues.duplicate(head, origin, now)
+            return 0
         path = [*head.path, src.instance] if head.origin else [src.instance]
         group = head.origin_group or src.group
         for rec in run:
@@ -504,6 +563,14 @@ class Replication:
                 link.downgraded = False
                 log.warning("replication to %s: UPGRADED back to sync: %.1f s behind (UpgradeAge %.1f s)",
                             link.name, age, link.dest.upgrade_age_s)
+
+    def reachable(self, instance: str) -> bool:
+        """Whether a link to or from ``instance`` is up (proxied transfer acts only for an
+        owner that is not)."""
+        if any(link.state is LinkState.STREAMING and link.peer is not None and link.peer.instance == instance
+               for link in self.links.values()):
+            return True
+        return any(link.profile.instance == instance for link in self._incoming.values())
 
     def statistics(self, now: float) -> tuple[tuple[LinkStats, ...], tuple[InLinkStats, ...]]:
         end = self._journal.durable_end

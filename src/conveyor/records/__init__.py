@@ -152,9 +152,64 @@ class ReceivedRec(_Rec, tag=12):
     through: int
 
 
+# --- replicated queues (docs/replication.md, "Replicated queues") --------------------------
+# These name messages by their identity on every instance, (publisher, seq), not by a
+# journal position (which is local). Like replicated publishes they carry where they were
+# first recorded and the instances they passed, so they are never sent in a loop.
+
+
+class QueueRemovedRec(_Rec, tag=13):
+    """Messages of replicated ``queue`` left it on another instance: ``kind`` is ``ack``
+    (acknowledged), ``expire`` (expired there; only that instance publishes dead letters)
+    or ``deliver`` (delivered at-most-once there). Recorded where it is received."""
+
+    queue: str
+    publishers: list[int]
+    seqs: list[int]
+    kind: str
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
+
+
+class TransferRequestRec(_Rec, tag=14):
+    """Instance ``requester`` asks the owner of message ``(publisher, seq)`` of ``queue``
+    to transfer it (it has a subscriber waiting)."""
+
+    queue: str
+    publisher: int
+    seq: int
+    requester: str
+    attempt: int = 1
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
+
+
+class TransferRec(_Rec, tag=15):
+    """Message ``(publisher, seq)`` of ``queue`` is owned by ``owner`` from now on, granted
+    by ``granter`` (the owner, or an instance acting for an offline owner: ``proxied``).
+    ``epoch`` counts the transfers of the message: the highest wins everywhere. The
+    message's delivery and cancel counts travel with it."""
+
+    queue: str
+    publisher: int
+    seq: int
+    owner: str
+    granter: str
+    epoch: int
+    deliveries: int = 0
+    cancels: int = 0
+    proxied: bool = False
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
+
+
 Record = Union[
     PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec,
-    ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec, ReceivedRec,
+    ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec, ReceivedRec, QueueRemovedRec, TransferRequestRec,
+    TransferRec,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -25,6 +25,9 @@ OPS: dict[type, str] = {
     r.ConsumerAckedRec: "consumer_ack",
     r.ConsumerClaimedRec: "consumer_claim",
     r.ReceivedRec: "replica_received",
+    r.QueueRemovedRec: "queue_removed",
+    r.TransferRequestRec: "transfer_request",
+    r.TransferRec: "transfer",
 }
 OP_NAMES: tuple[str, ...] = tuple(OPS.values())
 
@@ -38,4 +41,6 @@ def describe_record(payload: bytes) -> tuple[str, float | None, str | None, str 
         return op, rec.timestamp, rec.topic, None, rec.publisher, None
     if op == "replica_received":
         return op, None, None, None, None, None
+    if op in ("transfer_request", "transfer"):
+        return op, None, None, rec.queue, rec.publisher, None
     return op, None, None, rec.queue, None, getattr(rec, "consumer", None)

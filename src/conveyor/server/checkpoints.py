@@ -95,21 +95,24 @@ class _ReplicationFile(msgspec.Struct):
     position: int
     received: dict[str, tuple[str, int]]  # source instance -> (its journal id, through)
     links: dict[str, int] = {}  # destination -> position it had acknowledged everything below
+    ownership: dict[str, dict] = {}  # replicated queue -> tombstones and transfers
 
 
-def read_replication(directory: Path, *, durable_end: int) -> tuple[dict[str, tuple[str, int]], dict[str, int]]:
-    """(received per source, acknowledged per destination); empty when unusable."""
+def read_replication(directory: Path, *, durable_end: int) -> _ReplicationFile:
+    """Received per source, acknowledged per destination, replicated queues' ownership;
+    empty when unusable."""
+    empty = _ReplicationFile(FORMAT_VERSION, 0, {})
     try:
         data = msgspec.json.decode((Path(directory) / REPLICATION_FILE).read_bytes(), type=_ReplicationFile)
     except FileNotFoundError:
-        return {}, {}
+        return empty
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("ignoring unreadable %s (%s): replication links resume from the journal", REPLICATION_FILE, exc)
-        return {}, {}
+        return empty
     if data.version != FORMAT_VERSION or data.position > durable_end:
         log.warning("ignoring %s of another version or beyond the journal's end", REPLICATION_FILE)
-        return {}, {}
-    return dict(data.received), dict(data.links)
+        return empty
+    return data
 
 
 JOURNAL_ID_FILE = "journal.id"
@@ -139,9 +142,9 @@ def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
     # publishers first: a queues.ack never points past what publishers.seq covers
     _write_atomic(directory / PUBLISHERS_FILE, msgspec.json.encode(_PublishersFile(FORMAT_VERSION, cp.position, cp.publishers, cp.holes)))
     write_consumers(directory, cp.position, cp.consumers)  # also before queues.ack
-    if cp.replication or cp.links:
-        _write_atomic(directory / REPLICATION_FILE,
-                      msgspec.json.encode(_ReplicationFile(FORMAT_VERSION, cp.position, cp.replication, cp.links)))
+    if cp.replication or cp.links or cp.ownership:
+        _write_atomic(directory / REPLICATION_FILE, msgspec.json.encode(
+            _ReplicationFile(FORMAT_VERSION, cp.position, cp.replication, cp.links, cp.ownership)))
     _write_atomic(directory / QUEUES_FILE, msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues)))
 
 
@@ -171,10 +174,10 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
     consumers = read_consumers(directory, durable_end=durable_end)
     if consumers is None:
         return None
-    received, links = read_replication(directory, durable_end=durable_end)
+    repl = read_replication(directory, durable_end=durable_end)
     return Checkpoint(
         position=max(queues.position, first_position), queues=points, publishers=pubs.publishers, holes=pubs.holes,
-        consumers=consumers, replication=received, links=links,
+        consumers=consumers, replication=dict(repl.received), links=dict(repl.links), ownership=dict(repl.ownership),
     )
 
 

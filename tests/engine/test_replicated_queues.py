@@ -1,0 +1,336 @@
+"""Replicated queues: ownership, transfer, proxied transfer (engine/ownership.py).
+
+Each test quotes the sentence of the replicated-queue rules it checks
+(docs/replication.md, "Replicated queues"). Engines are joined by the simulated network
+of tests/engine/cluster.py, in virtual time.
+"""
+
+from __future__ import annotations
+
+from conveyor import records
+from conveyor.engine.ownership import WAIT_DEFAULT_S
+from conveyor.protocol import messages as m
+
+from .cluster import Cluster, destination, instance_xml
+from .engine_harness import decode, queue_xml
+
+QUEUE = queue_xml("WorkQ", underlying="Work")
+
+
+def cluster(names=("A", "B"), *, sow: str = QUEUE, sync: bool = False, pass_through: str | None = None) -> Cluster:
+    configs = {
+        n: instance_xml(n, [destination(d, sync=sync, pass_through=pass_through) for d in names if d != n], sow=sow)
+        for n in names
+    }
+    c = Cluster(configs)
+    c.connect_all()
+    return c
+
+
+def publish(c: Cluster, node: str, *values, topic: str = "Work") -> None:
+    h = c.nodes[node]
+    conn = h.connect(f"pub-{node}-{h._next_conn}")
+    for v in values:
+        h.publish(conn, topic, {"n": v})
+    c.settle()
+
+
+def worker(c: Cluster, node: str, backlog: int = 10, filter: str | None = None) -> int:
+    h = c.nodes[node]
+    conn = h.connect(f"worker-{node}-{h._next_conn}")
+    h.subscribe(conn, "WorkQ", options=f"max_backlog={backlog}", filter=filter)
+    return conn
+
+
+def got(c: Cluster, node: str, conn: int) -> list[int]:
+    return [decode(x)["n"] for x in c.nodes[node].messages(conn, "WorkQ")]
+
+
+def ack_all(c: Cluster, node: str, conn: int, messages) -> None:
+    c.nodes[node].ack(conn, "WorkQ", messages)
+    c.settle()
+
+
+def wait_and_tick(c: Cluster, seconds: float = WAIT_DEFAULT_S + 0.5) -> None:
+    c.advance(seconds)
+    c.settle()
+
+
+def stats(c: Cluster, node: str):
+    return c.nodes[node].engine.statistics(c.now).queues["WorkQ"]
+
+
+def test_the_owner_delivers_and_the_other_instance_does_not():
+    """"the instance that first receives the publish command from a client owns the
+    message. Although all replicated instances downstream record the publish command in
+    their transaction logs, they do not provide the message to queue subscribers unless
+    that instance owns the message." """
+    c = cluster()
+    wa, wb = worker(c, "A"), worker(c, "B")
+    publish(c, "A", 1, 2, 3)
+    assert got(c, "A", wa) == [1, 2, 3]
+    assert got(c, "B", wb) == []
+    assert (stats(c, "A").owned, stats(c, "B").elsewhere) == (3, 3)
+
+
+def test_the_view_on_any_instance_shows_the_same_available_messages():
+    """A sow of the queue on a non-owner lists the messages its owner holds available."""
+    c = cluster()
+    publish(c, "A", 1, 2)
+    for node in ("A", "B"):
+        h = c.nodes[node]
+        assert [decode(x)["n"] for x in h.sow(h.connect(f"viewer-{node}"), "WorkQ")] == [1, 2], node
+
+
+def test_an_acknowledgement_on_one_instance_removes_the_message_everywhere():
+    """"AMPS replicates ... the sow_delete commands that contain the acknowledgment
+    messages": acked on A, gone on B, and never back after restarts of either."""
+    c = cluster()
+    wa = worker(c, "A")
+    publish(c, "A", 1, 2)
+    ack_all(c, "A", wa, c.nodes["A"].messages(wa))
+    assert stats(c, "B").elsewhere == 0
+    for node in ("A", "B"):
+        c.crash(node)
+        c.restart(node)
+    c.connect_all()
+    c.settle()
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [] and stats(c, "B").elsewhere == 0 and stats(c, "A").owned == 0
+
+
+def test_a_non_owner_with_idle_workers_gets_the_messages_transferred():
+    """"A downstream instance will request ownership transfer if: The downstream instance
+    has subscriptions for that topic with available backlog, and the amount of time since
+    the message arrived ... is greater than the typical time ..."; the owner grants when
+    "There are no subscribers on the owning instance that can accept the message"."""
+    c = cluster()
+    wb = worker(c, "B")
+    publish(c, "A", 1, 2, 3)
+    assert got(c, "B", wb) == []  # not yet: it has not waited long enough
+    wait_and_tick(c)
+    received = c.nodes["B"].messages(wb)
+    assert sorted(decode(x)["n"] for x in received) == [1, 2, 3]
+    assert (stats(c, "A").transferred_out, stats(c, "B").transferred_in) == (3, 3)
+    ack_all(c, "B", wb, received)
+    assert stats(c, "A").elsewhere == stats(c, "A").owned == 0
+
+
+def test_the_owner_prefers_its_own_subscriber():
+    """"The instance that owns the message will always deliver the message to a local
+    subscriber if possible": a request that arrives when a local subscriber can take the
+    message is not granted."""
+    c = cluster()
+    wa = worker(c, "A", backlog=1)
+    wb = worker(c, "B")
+    publish(c, "A", 1, 2)
+    first = c.nodes["A"].messages(wa)
+    assert [decode(x)["n"] for x in first] == [1]  # 2 waits: A's worker is full
+    c.advance(WAIT_DEFAULT_S + 0.5)  # B asks for 2 (the request is not there yet)...
+    c.nodes["A"].ack(wa, "WorkQ", first)  # ...and A's worker has room again first
+    c.settle()
+    assert got(c, "A", wa) == [2]
+    assert got(c, "B", wb) == []
+    assert stats(c, "A").transferred_out == 0
+
+
+def test_a_message_is_granted_only_once():
+    """"The instance that owns the message will grant ownership ... if: The request is
+    the first request received for this message": B and C both ask, one gets it."""
+    c = cluster(("A", "B", "C"), pass_through=".*")
+    wb, wc = worker(c, "B"), worker(c, "C")
+    publish(c, "A", 1)
+    wait_and_tick(c)
+    taken = got(c, "B", wb) + got(c, "C", wc)
+    assert taken == [1]
+    owners = {n: stats(c, n).owned for n in "ABC"}
+    assert sum(owners.values()) == 1 and owners["A"] == 0
+
+
+def test_a_broken_lease_returns_the_message_to_its_owner_which_may_transfer_it_again():
+    c = cluster()
+    wb = worker(c, "B")
+    publish(c, "A", 1)
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [1]
+    c.nodes["B"].disconnect(wb)  # the lease breaks: back in B's queue (B owns it now)
+    c.settle()
+    wa = worker(c, "A")
+    assert got(c, "A", wa) == []  # A does not own it any more
+    wait_and_tick(c)
+    assert got(c, "A", wa) == [1]  # transferred back: B had no subscriber for it
+
+
+def test_delivery_counts_travel_with_a_transfer():
+    """Decision (docs/replication.md): MaxDeliveries counts deliveries on every instance."""
+    c = cluster(sow=queue_xml("WorkQ", underlying="Work", MaxDeliveries=2))
+    wa = worker(c, "A")
+    publish(c, "A", 1)
+    assert got(c, "A", wa) == [1]
+    c.nodes["A"].disconnect(wa)  # delivery 1, lease broken
+    c.settle()
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [1]  # delivery 2, on B
+    c.nodes["B"].disconnect(wb)  # at MaxDeliveries: it expires on its owner, B
+    c.settle()
+    assert stats(c, "A").elsewhere == 0 and stats(c, "B").owned == 0
+    assert stats(c, "B").expired == 1
+
+
+def test_expiry_runs_once_on_the_owner_with_one_dead_letter():
+    """Decision: only the owner expires a message and runs the expiry actions; the other
+    instances remove it when its removal arrives."""
+    actions = ("<Actions><Action><On><Module>amps-action-on-sow-expire-message</Module><Options>"
+               "<Topic>WorkQ</Topic><MessageType>json</MessageType></Options></On><Do>"
+               "<Module>amps-action-do-publish-message</Module><Options><Topic>Dead</Topic>"
+               "<MessageType>json</MessageType><Data>{{AMPS_DATA}}</Data></Options></Do></Action></Actions>")
+    sow = queue_xml("WorkQ", underlying="Work", Expiration="5s")
+    configs = {
+        n: instance_xml(n, [destination(d) for d in "AB" if d != n], sow=sow, topics=("Work", "Dead")).replace(
+            "</AMPSConfig>", actions + "</AMPSConfig>")
+        for n in "AB"
+    }
+    c = Cluster(configs)
+    c.connect_all()
+    publish(c, "A", 1)
+    c.advance(6)
+    c.settle()
+    for node in ("A", "B"):
+        dead = [r for r in c.publishes(node) if r.topic == "Dead"]
+        assert len(dead) == 1, node  # A's dead letter, replicated to B
+    assert stats(c, "B").elsewhere == 0
+
+
+def test_group_local_queue_is_owned_by_its_initial_owner_wherever_it_is_published():
+    """"For a group local queue ... the instance specified in the InitialOwner element
+    for the queue owns a message when the message first enters the queue, regardless of
+    where the message was originally published." """
+    c = cluster(sow=queue_xml("WorkQ", underlying="Work", tag="GroupLocalQueue", InitialOwner="B"))
+    wa, wb = worker(c, "A"), worker(c, "B")
+    publish(c, "A", 1)
+    publish(c, "B", 2)
+    assert got(c, "A", wa) == []
+    assert got(c, "B", wb) == [1, 2]
+
+
+def test_barriers_are_delivered_on_each_instance_after_every_earlier_message_there():
+    """"every queue that contains the barrier message will deliver the barrier message
+    when all previous messages on that instance have been acknowledged." """
+    sow = queue_xml("WorkQ", underlying="Work", BarrierExpression="/eod = 1")
+    c = cluster(sow=sow)
+    wa, wb = worker(c, "A"), worker(c, "B")
+    h = c.nodes["A"]
+    conn = h.connect("pub")
+    h.publish(conn, "Work", {"n": 1})
+    h.publish(conn, "Work", {"n": 2, "eod": 1})
+    c.settle()
+    first = c.nodes["A"].messages(wa)
+    assert [decode(x)["n"] for x in first] == [1]
+    assert got(c, "B", wb) == []  # B holds the barrier: message 1 (owned by A) is before it
+    ack_all(c, "A", wa, first)
+    for node, conn in (("A", wa), ("B", wb)):  # a barrier names no queue: it needs no ack
+        (barrier,) = c.nodes[node].messages(conn)
+        assert barrier.barrier and decode(barrier)["n"] == 2, node
+
+
+def test_proxied_transfer_delivers_the_messages_of_an_owner_that_is_down():
+    """Disaster recovery: "an instance with proxied transfer enabled can choose to process
+    transfer requests itself rather than sending the requests to an instance that is known
+    to be offline"; "it does not cause the queue to immediately take ownership of
+    messages". Then the six-step procedure: recover the owner without clients, disable
+    proxied transfer: nothing is delivered twice."""
+    c = cluster()
+    publish(c, "A", 1, 2, 3)
+    c.crash("A")  # step 0: the owner goes down
+    wb = worker(c, "B")  # steps 1-2: clients fail over to B
+    wait_and_tick(c)
+    assert got(c, "B", wb) == []  # the messages wait for their owner
+    assert c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)  # step 3
+    assert stats(c, "B").proxied_transfer
+    wait_and_tick(c)
+    received = c.nodes["B"].messages(wb)
+    assert sorted(decode(x)["n"] for x in received) == [1, 2, 3]
+    ack_all(c, "B", wb, received[:2])  # two are processed while A is down
+    c.restart("A")  # step 4: A comes back, no clients yet; replication reconnects
+    c.connect_all()
+    c.settle()
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", False)  # step 5
+    wa = worker(c, "A")  # step 6: clients may use A again
+    wait_and_tick(c)
+    assert got(c, "A", wa) == []  # A learnt B's claims: nothing twice
+    assert stats(c, "A").owned == 0 and stats(c, "A").elsewhere == 1  # the one B still leases
+
+
+def test_a_removal_that_arrives_before_its_message_keeps_it_out():
+    """Rule 3: if an acknowledgement of a message reaches an instance before the message
+    (possible only through unusual paths: on every link a message travels before its
+    acknowledgement), the message never enters the queue there, also after a restart."""
+    from conveyor.engine.bookmarks import publisher_id
+    from conveyor.protocol import replication as p
+
+    c = cluster()
+    link = c.links[("A", "B")]
+    b = c.nodes["B"]
+    ident = (publisher_id("app"), 1)
+    removal = records.QueueRemovedRec("WorkQ", [ident[0]], [ident[1]], "ack")
+    message = records.PublishRec("Work", ident[0], ident[1], c.now, b'{"n":1}')
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=10, positions=[5], records=[records.encode(removal)])], c.now)
+    b.commit()
+    c.crash("B")
+    c.restart("B")
+    c.connect("A", "B")
+    link = c.links[("A", "B")]
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=20, positions=[15], records=[records.encode(message)])], c.now)
+    b.commit()
+    assert c.identities("B") == [(ident[0], ident[1], -1)]  # the message is recorded...
+    assert stats(c, "B").elsewhere == stats(c, "B").owned == 0  # ...but not in the queue
+
+
+def test_two_copies_of_one_message_settle_on_one_owner():
+    """Rule 7: a publisher failed over and published on B what A had recorded but not yet
+    replicated: both recorded it as their own; once each sees the other's copy, the
+    instance with the smaller name owns it on both."""
+    c = cluster()
+    c.cut("A", "B")
+    c.cut("B", "A")
+    for node in ("A", "B"):
+        h = c.nodes[node]
+        conn = h.connect("the-publisher")
+        h.publish(conn, "Work", {"n": 1}, seq=1)
+        h.commit()
+    c.connect_all()
+    c.settle()
+    assert (stats(c, "A").owned, stats(c, "B").owned, stats(c, "B").elsewhere) == (1, 0, 1)
+    transfers = [r for _, p in c.nodes["B"].journal.scan() if type(r := records.decode(p)) is records.TransferRec]
+    assert transfers and transfers[0].owner == "A"
+
+
+def test_ownership_survives_restarts():
+    """Transfers are journaled: after a restart of both, B still owns what it was granted."""
+    c = cluster()
+    wb = worker(c, "B")
+    publish(c, "A", 1)
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [1]
+    for node in ("A", "B"):
+        c.crash(node)
+        c.restart(node)
+    c.connect_all()
+    c.settle()
+    wa, wb = worker(c, "A"), worker(c, "B")
+    assert got(c, "A", wa) == [] and got(c, "B", wb) == [1]
+
+
+def test_statistics_of_a_replicated_queue():
+    c = cluster()
+    wb = worker(c, "B")
+    publish(c, "A", 1, 2)
+    wait_and_tick(c)
+    a, b = stats(c, "A"), stats(c, "B")
+    assert (a.transferred_out, b.transferred_in, b.owned) == (2, 2, 2)
+    (own,) = c.nodes["B"].engine.statistics(c.now).replicated_queues
+    assert own.requests_sent >= 2 and own.typical_ack_s > 0
+    (own_a,) = c.nodes["A"].engine.statistics(c.now).replicated_queues
+    assert own_a.grants == 2
