@@ -346,11 +346,12 @@ def test_actions_need_a_transaction_log():
 def test_unknown_on_module():
     refused(_jobs(_action(on_module="amps-action-on-schedule")), f"{A1}/On/Module",
             "unknown <On> module 'amps-action-on-schedule'",
-            hint="supported modules: amps-action-on-sow-expire-message for <On>, "
-                 "amps-action-do-publish-message for <Do>")
+            hint="amps-action-on-sow-expire-message with amps-action-do-publish-message; "
+                 "amps-action-on-publish-message with amps-action-do-enable-proxied-transfer")
 
 
-def test_unknown_do_module():
+def test_a_do_module_that_does_not_go_with_its_on_module():
+    """Proxied transfer is switched by a publish, not by an expiry."""
     refused(_jobs(_action(do_module="amps-action-do-enable-proxied-transfer")),
             f"{A1}/Do[1]/Module", "unknown <Do> module", hint="amps-action-do-publish-message")
 

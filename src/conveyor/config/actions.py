@@ -1,11 +1,19 @@
-"""``<Actions>``: dead-letter handling (reference.md C.1, C.2).
+"""``<Actions>``: dead-letter handling, and the proxied-transfer switch for disaster
+recovery (docs/actions.md, docs/replication.md).
 
 Rules kept here (the topic rules that need the queues live in
 :mod:`conveyor.config.rules`):
 
 - An ``Action`` has exactly one ``On`` and one or more ``Do``; each has a ``Module`` and
-  ``Options``. Supported modules: ``amps-action-on-sow-expire-message`` (On) and
-  ``amps-action-do-publish-message`` (Do); any other module is refused with that list.
+  ``Options``. Supported pairs: ``amps-action-on-sow-expire-message`` (On) with
+  ``amps-action-do-publish-message`` (Do): dead letters; and
+  ``amps-action-on-publish-message`` (On) with ``amps-action-do-enable-proxied-transfer``
+  or ``amps-action-do-disable-proxied-transfer`` (Do): switching proxied transfer by
+  publishing to a control topic, when the admin interface cannot be used. Any other
+  module or pair is refused with that list.
+- On publish options: ``Topic`` (a name or regex), ``MessageType``, optionally ``Filter``
+  (an expression) and ``Source`` (``all``, the default, ``local`` or ``replicated``).
+- Proxied-transfer Do options: ``Topic`` (the queue, a name or regex) and ``MessageType``.
 - On options: ``Topic`` (one literal topic, no regex), ``MessageType``, and optionally
   ``Reason``, a comma list drawn from :data:`~conveyor.config.model.EXPIRE_REASONS`.
 - Do options: ``Topic`` (literal), ``MessageType``, ``Data`` (a template kept as
@@ -16,12 +24,20 @@ Rules kept here (the topic rules that need the queues live in
 
 from __future__ import annotations
 
-from conveyor.config.model import EXPIRE_REASONS, Action, DoPublish, OnSowExpire
+from conveyor.config.model import EXPIRE_REASONS, Action, DoProxiedTransfer, DoPublish, OnPublish, OnSowExpire
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, REQUIRED_MANY, Document, Node
 from conveyor.config.txlog import topic_name
 
 ON_SOW_EXPIRE = "amps-action-on-sow-expire-message"
+ON_PUBLISH = "amps-action-on-publish-message"
 DO_PUBLISH = "amps-action-do-publish-message"
+DO_ENABLE_PROXIED = "amps-action-do-enable-proxied-transfer"
+DO_DISABLE_PROXIED = "amps-action-do-disable-proxied-transfer"
+#: On module -> the Do modules it can run.
+_PAIRS = {ON_SOW_EXPIRE: (DO_PUBLISH,), ON_PUBLISH: (DO_ENABLE_PROXIED, DO_DISABLE_PROXIED)}
+_ON_PUBLISH_OPTIONS = {"Topic": REQUIRED, "MessageType": REQUIRED, "Filter": OPTIONAL, "Source": OPTIONAL}
+_PROXIED_OPTIONS = {"Topic": REQUIRED, "MessageType": REQUIRED}
+_SOURCES = {"all": "all", "local": "local", "replicated": "replicated"}
 
 _ACTION = {"On": REQUIRED, "Do": REQUIRED_MANY}
 _STEP = {"Module": REQUIRED, "Options": REQUIRED}
@@ -44,10 +60,55 @@ def _read_action(doc: Document, node: Node) -> Action:
     kids = doc.children(node, _ACTION)
     on = kids.one("On")
     assert on is not None  # REQUIRED
+    on_module = _module(doc, on, tuple(_PAIRS))
+    if on_module == ON_PUBLISH:
+        return Action(on=_read_on_publish(doc, on),
+                      do=tuple(_read_proxied(doc, d) for d in kids.many("Do")), path=node.path)
     return Action(
         on=_read_on(doc, on),
         do=tuple(_read_do(doc, d) for d in kids.many("Do")),
         path=node.path,
+    )
+
+
+def _module(doc: Document, step: Node, allowed: tuple[str, ...]) -> str:
+    kids = doc.children(step, _STEP)
+    module_node = _req(kids.one("Module"))
+    name = doc.text(module_node)
+    if name not in allowed:
+        pairs = "; ".join(f"{on} with {' or '.join(dos)}" for on, dos in _PAIRS.items())
+        raise doc.error(module_node.path, f"unknown <{step.tag}> module {name!r}",
+                        f"the supported <On> / <Do> pairs are: {pairs}")
+    return name
+
+
+def _read_on_publish(doc: Document, node: Node) -> OnPublish:
+    options = _options(doc, node, ON_PUBLISH, _ON_PUBLISH_OPTIONS)
+    flt = options.one("Filter")
+    source = options.one("Source")
+    text = doc.text(flt) if flt is not None else None
+    if text is not None:
+        from conveyor import expr
+
+        try:
+            expr.compile(text)
+        except expr.ExpressionError as exc:
+            raise doc.error(flt.path, f"invalid Filter: {exc}", "<Filter> takes a filter expression") from None
+    return OnPublish(
+        topic=topic_name(doc, _req(options.one("Topic")), regex_allowed=True),
+        message_type=doc.text(_req(options.one("MessageType"))),
+        filter=text,
+        source=doc.choice(source, _SOURCES) if source is not None else "all",
+    )
+
+
+def _read_proxied(doc: Document, node: Node) -> DoProxiedTransfer:
+    module = _module(doc, node, (DO_ENABLE_PROXIED, DO_DISABLE_PROXIED))
+    options = _options(doc, node, module, _PROXIED_OPTIONS)
+    return DoProxiedTransfer(
+        queue=topic_name(doc, _req(options.one("Topic")), regex_allowed=True),
+        message_type=doc.text(_req(options.one("MessageType"))),
+        enable=module == DO_ENABLE_PROXIED,
     )
 
 
@@ -91,11 +152,11 @@ def _options(doc: Document, step: Node, module: str, spec: dict[str, str]):
     module_node = _req(kids.one("Module"))
     name = doc.text(module_node)
     if name != module:
+        pairs = "; ".join(f"{on} with {' or '.join(dos)}" for on, dos in _PAIRS.items())
         raise doc.error(
             module_node.path,
             f"unknown <{step.tag}> module {name!r}",
-            f"the supported <{step.tag}> module is {module} (supported modules: "
-            f"{ON_SOW_EXPIRE} for <On>, {DO_PUBLISH} for <Do>)",
+            f"the supported <{step.tag}> module here is {module} (the supported <On> / <Do> pairs are: {pairs})",
         )
     return doc.children(_req(kids.one("Options")), spec)
 

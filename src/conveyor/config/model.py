@@ -209,9 +209,31 @@ class DoPublish:
 
 
 @dataclass(frozen=True)
+class OnPublish:
+    """``amps-action-on-publish-message``: a message published on ``topic`` (a name or
+    regex) of ``message_type``, matching ``filter``, from ``source`` (``all``, ``local``:
+    published here, ``replicated``: received by replication)."""
+
+    topic: str
+    message_type: str
+    filter: str | None = None
+    source: str = "all"
+
+
+@dataclass(frozen=True)
+class DoProxiedTransfer:
+    """``amps-action-do-enable-proxied-transfer`` / ``...-disable-...`` for the queues
+    whose name matches ``queue`` (a name or regex)."""
+
+    queue: str
+    message_type: str
+    enable: bool
+
+
+@dataclass(frozen=True)
 class Action:
-    on: OnSowExpire
-    do: tuple[DoPublish, ...]
+    on: OnSowExpire | OnPublish
+    do: tuple[DoPublish | DoProxiedTransfer, ...]
     path: str = ""
 
 

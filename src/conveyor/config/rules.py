@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from conveyor.config.model import (
     Action,
+    OnPublish,
     QueueConfig,
     QueueKind,
     Replication,
     TransactionLog,
     is_regex_topic,
+    topic_matcher,
 )
 from conveyor.config.tree import Document
 
@@ -68,6 +70,9 @@ def _require_transaction_log(
         )
     if actions:
         a = actions[0]
+        if isinstance(a.on, OnPublish):
+            raise doc.error(f"{a.path}/On/Options/Topic", "a proxied-transfer action needs a <TransactionLog>",
+                            "proxied transfer applies to replicated queues, which need one")
         raise doc.error(
             f"{a.path}/Do[1]/Options/Topic",
             "an action publish needs a <TransactionLog> to be journaled",
@@ -96,6 +101,9 @@ def _check_action(
 ) -> None:
     on = action.on
     on_path = f"{action.path}/On/Options/Topic"
+    if isinstance(on, OnPublish):
+        _check_proxied_action(doc, txlog, queues, action)
+        return
     queue = queues.get(on.topic)
     if queue is not None:
         if queue.message_type != on.message_type:
@@ -117,6 +125,29 @@ def _check_action(
             doc, txlog, do.topic, do.message_type, f"{action.path}/Do[{i}]/Options/Topic",
             "the topic an action publishes to",
         )
+
+
+def _check_proxied_action(
+    doc: Document, txlog: TransactionLog, queues: dict[str, QueueConfig], action: Action
+) -> None:
+    """The control topic must be recorded (the action runs when its publish is durable),
+    and each Do must name at least one queue that is not a LocalQueue."""
+    on = action.on
+    if not is_regex_topic(on.topic) and not _recorded_types(txlog, on.topic):
+        raise doc.error(
+            f"{action.path}/On/Options/Topic",
+            f"the action watches {on.topic!r}, which is not recorded in the transaction log",
+            f"record it: <TransactionLog><Topic><Name>{on.topic}</Name>...",
+        )
+    for i, do in enumerate(action.do, start=1):
+        match = topic_matcher(do.queue)
+        named = [q for q in queues.values() if match(q.name) and q.kind is not QueueKind.LOCAL]
+        if not named:
+            raise doc.error(
+                f"{action.path}/Do[{i}]/Options/Topic",
+                f"{do.queue!r} names no Queue or GroupLocalQueue: proxied transfer applies to replicated queues",
+                f"queues: {', '.join(sorted(queues)) or 'none configured'}",
+            )
 
 
 def _check_local_queues_not_replicated(

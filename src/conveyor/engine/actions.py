@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from conveyor.config.model import Action, DoPublish
+from conveyor.config.model import Action, DoProxiedTransfer, DoPublish, OnPublish, OnSowExpire, topic_matcher
 
 ACTION_CLIENT_NAME = "amps-action"  # the internal publisher of action publishes
 _VARIABLE = re.compile(r"\{\{AMPS_[A-Z_]+\}\}")
@@ -30,7 +30,8 @@ class ExpiryActions:
     def __init__(self, actions: tuple[Action, ...]) -> None:
         self._by_queue: dict[str, list[Action]] = {}
         for action in actions:
-            self._by_queue.setdefault(action.on.topic, []).append(action)
+            if isinstance(action.on, OnSowExpire):
+                self._by_queue.setdefault(action.on.topic, []).append(action)
 
     def watches(self, queue: str) -> bool:
         return queue in self._by_queue
@@ -60,3 +61,35 @@ def render(do: DoPublish, topic: str, reasons: tuple[str, ...], body: bytes, cor
     }
     # One pass, so text inside the body is never itself substituted.
     return _VARIABLE.sub(lambda m: values.get(m.group(0), m.group(0)), do.data).encode()
+
+
+class PublishActions:
+    """``amps-action-on-publish-message`` actions: what to do when a message is published
+    on a watched topic (today: switch proxied transfer on or off, docs/replication.md).
+    The topic match is cached per topic; the filter is evaluated with the publish time."""
+
+    def __init__(self, actions: tuple[Action, ...]) -> None:
+        from conveyor.engine.filters import compile_filter
+
+        self._actions = [
+            (topic_matcher(a.on.topic), compile_filter(a.on.filter), a.on.source, a)
+            for a in actions if isinstance(a.on, OnPublish)
+        ]
+        self._by_topic: dict[str, list] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._actions)
+
+    def triggered(self, entry, replicated: bool) -> list[DoProxiedTransfer]:
+        """The Do steps a durable publish (``entry``, a cache Entry) sets off."""
+        watching = self._by_topic.get(entry.topic)
+        if watching is None:
+            watching = self._by_topic[entry.topic] = [x for x in self._actions if x[0](entry.topic)]
+        out: list[DoProxiedTransfer] = []
+        for _, flt, source, action in watching:
+            if (source == "local" and replicated) or (source == "replicated" and not replicated):
+                continue
+            if flt is not None and not flt.matches(entry.decoded(), entry.meta(None, entry.timestamp)):
+                continue
+            out.extend(action.do)
+        return out

@@ -46,8 +46,8 @@ from typing import Any, Iterable, Mapping
 import msgspec
 
 from conveyor import errors
-from conveyor.config.model import Config
-from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions
+from conveyor.config.model import Config, topic_matcher
+from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishActions
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
@@ -133,6 +133,7 @@ class Engine:
             binding.ownership = self.replicated_queues.add(binding, binding.config)
             binding.plain = False
         self.replication.queues = self.replicated_queues if self.replicated_queues else None
+        self._publish_actions = PublishActions(config.actions)
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
                                   self.replication)
 
@@ -194,7 +195,7 @@ class Engine:
             except errors.ConveyorError as exc:
                 self._fail(conn_id, getattr(cmd, "cid", None), exc)
         self.outbox.end_frame(conn_id)
-        self.delivery.dispatch(now)
+        self._dispatch(now)
 
     def reject(self, conn_id: int, error: errors.ConveyorError, cid: str | None = None) -> None:
         """Report a command the codec could not decode."""
@@ -238,6 +239,11 @@ class Engine:
                     self.outbox.send(conn, m.Ack(ack_type="processed", cid=cmd.cid))
             case _:
                 raise errors.UnknownCommand(f"unknown command {type(cmd).__name__}")
+
+    def _dispatch(self, now: float) -> None:
+        self.delivery.dispatch(now)
+        if self.replicated_queues:
+            self.replicated_queues.tick(now)  # subscribers with room may want messages owned elsewhere
 
     def _flush(self, conn: int, cmd: m.Flush) -> None:
         acks = ack_types(cmd.ack_type) or frozenset({"completed"})
@@ -336,9 +342,13 @@ class Engine:
         """The journal is fsynced up to ``journal.durable_end``: apply the publishes now
         durable, release what waited for it, dispatch."""
         topics, delivery, cache = self.topics, self.delivery, self.cache
+        actions = self._publish_actions
         for p in self.publishes.take_durable():
             bindings = self.bindings.for_topic(p.topic)
             listeners = topics.listeners(p.topic)
+            if actions:
+                self._run_publish_actions(Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id),
+                                          bool(p.origin))
             if not bindings and not listeners:
                 continue  # nobody listens: the journal has it, replays read it from there
             entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id)
@@ -353,7 +363,7 @@ class Engine:
         if replication.enabled:
             replication.pump(now)
         self._release()
-        delivery.dispatch(now)
+        self._dispatch(now)
 
     def _release(self) -> None:
         """Send what waited for durability, and what waited for persistence: durable
@@ -362,6 +372,7 @@ class Engine:
         self.outbox.release(floor)
         if floor is not None:
             self.publishes.persisted(floor)
+
 
     # --- time ---------------------------------------------------------------------------------------
 
@@ -441,11 +452,18 @@ class Engine:
                     reason = getattr(item, "error", None) or f"unexpected {type(item).__name__} from a source"
                     self.outbox.close(conn_id, f"replication protocol error: {reason}")
                     return
-        self.delivery.dispatch(now)  # replicated removals and transfers may free or bring work
+        self._dispatch(now)  # replicated removals and transfers may free or bring work
 
     def replica_disconnected(self, conn_id: int) -> None:
         self.replication.closed(conn_id)
         self.outbox.forget(conn_id)
+
+    def _run_publish_actions(self, entry: Entry, replicated: bool) -> None:
+        for step in self._publish_actions.triggered(entry, replicated):
+            match = topic_matcher(step.queue)
+            for name in self.replicated_queues.by_queue:
+                if match(name):
+                    self.replicated_queues.set_proxied(name, step.enable)
 
     def set_proxied_transfer(self, queue: str, enabled: bool) -> bool:
         """The ``enable_proxied_transfer`` / ``disable_proxied_transfer`` admin action

@@ -68,6 +68,9 @@ log = logging.getLogger("conveyor.replication")
 LATENCY_SAMPLES = 256  # arrival-to-ack samples kept per queue (rule 4)
 WAIT_DEFAULT_S = 2.0  # before any sample: how long a message waits before it is requested
 WAIT_MIN_S = 0.05  # never ask sooner than this, however fast the owner acknowledges
+REQUEST_SCAN_S = 0.05  # how often the messages owned elsewhere are looked over for requests
+REQUESTS_PER_ROOM = 4  # requests in flight per free backlog slot: a grant takes a round trip
+REQUESTS_IN_FLIGHT_MIN = 64  # ... and at least this many, while any slot is free
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 
 Ident = tuple[int, int]  # (publisher, seq)
@@ -99,6 +102,7 @@ class QueueOwnership:
         self._tombstones: OrderedDict[Ident, str] = OrderedDict()
         self._requested: dict[Ident, tuple[float, int]] = {}  # (when, attempt) of our last request
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self._scanned = -1e18  # when requests() last looked
         self._wait: float | None = None  # cached 90th percentile of _latency
         self.requests_sent = self.grants = self.proxied_claims = self.conflicts = 0
 
@@ -173,10 +177,16 @@ class QueueOwnership:
 
     def requests(self, now: float, reachable: Callable[[str], bool]) -> tuple[list[records.TransferRequestRec],
                                                                            list[records.TransferRec]]:
-        """Rules 4 and 6: the requests to journal now, and the proxied claims."""
+        """Rules 4 and 6: the requests to journal now, and the proxied claims. Up to
+        :data:`REQUESTS_PER_ROOM` requests per free backlog slot are in flight, so the
+        round trip of a grant does not leave subscribers idle."""
         queue = self.queue
-        room = queue.room()
-        if room <= 0:
+        if now - self._scanned < REQUEST_SCAN_S:
+            return [], []
+        self._scanned = now
+        free = queue.room()
+        room = max(free * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN if free else 0) - len(self._requested)
+        if room <= 0 or not queue.elsewhere_count():
             return [], []
         wait = self.typical_wait()
         asks: list[records.TransferRequestRec] = []
@@ -185,7 +195,7 @@ class QueueOwnership:
             if len(asks) + len(claims) >= room:
                 break
             if now - arrived < wait:
-                break  # oldest first: the rest arrived later
+                continue
             ident = self._idents.get(position)
             if ident is None or not queue.can_deliver_locally(position, now):
                 continue
@@ -194,8 +204,8 @@ class QueueOwnership:
                     claims.append(self._transfer(ident, position, self.instance, proxied=True))
                 continue
             last = self._requested.get(ident)
-            if last is not None and now - last[0] < wait:
-                continue
+            if last is not None and now - last[0] < max(wait, 2 * WAIT_DEFAULT_S):
+                continue  # asked already: ask again only if nothing came of it
             attempt = 1 if last is None else last[1] + 1
             self._requested[ident] = (now, attempt)
             asks.append(records.TransferRequestRec(self.name, ident[0], ident[1], self.instance, attempt))
@@ -241,9 +251,9 @@ class QueueOwnership:
         position = self._positions.get(ident)
         if position is None:
             return True  # the message has not arrived here yet: it enters owned by rec.owner
+        self._requested.pop(ident, None)
         if rec.owner == self.instance:
             self.queue.transfer_in(position, now, deliveries=rec.deliveries, cancels=rec.cancels)
-            self._requested.pop(ident, None)
         else:
             self.queue.transfer_out(position, rec.owner, now)
         return True

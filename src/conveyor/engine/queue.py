@@ -772,14 +772,17 @@ class Queue:
         away = self._elsewhere.get(position)
         return away.owner if away is not None else None
 
+    def elsewhere_count(self) -> int:
+        return len(self._elsewhere)
+
     def arrival_of(self, position: int) -> float | None:
         """When a message ELSEWHERE arrived here (None: it is not ELSEWHERE)."""
         away = self._elsewhere.get(position)
         return away.arrived if away is not None else None
 
     def elsewhere(self) -> Iterator[tuple[int, str, float]]:
-        """(position, owner, arrived) of every message ELSEWHERE, oldest first."""
-        for p, away in self._elsewhere.items():
+        """(position, owner, arrived) of every message ELSEWHERE, roughly oldest first."""
+        for p, away in self._elsewhere.in_arrival_order():
             yield p, away.owner, away.arrived
 
     def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:

@@ -63,6 +63,11 @@ class Elsewhere:
         for p in sorted(self._away):
             yield p, self._away[p]
 
+    def in_arrival_order(self) -> Iterator[tuple[int, Away]]:
+        """Roughly oldest first (the order they came here; no sort): for the engine's
+        transfer requests, which stop early."""
+        return iter(list(self._away.items()))
+
     # --- rule 3 ------------------------------------------------------------------------------
 
     def owned_away_while_leased(self, position: int, owner: str) -> None:

@@ -330,6 +330,9 @@ class Server:
         while self.journal.durable_end < position:
             if self._failure is not None:
                 raise self._failure
+            # What is to be durable may have been appended by the caller itself (the
+            # timer's tick, just before a checkpoint): make sure the writer knows.
+            self._wake_writer.set()
             fut = asyncio.get_running_loop().create_future()
             self._durable_waiters.append((position, fut))
             await fut
