@@ -98,6 +98,10 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.PublishRec("txn", 505, 7, T0 + i + 1, b"a", fingerprint=12345, txn_index=0, txn_total=2))
     add(r.PublishRec("txn", 505, 7, T0 + i + 1, b"b", fingerprint=678, txn_index=1, txn_total=2))
     add(r.ReceivedRec("east-1", "journal-7", 123456))  # replication progress
+    # replicated queues: removals, a transfer request and a (proxied) grant
+    add(r.QueueRemovedRec("Q1", [101, 101], [3, 4], "ack", origin="east-1"))
+    add(r.TransferRequestRec("Q1", 101, 5, "west-1", attempt=2))
+    add(r.TransferRec("Q1", 101, 5, "west-1", "east-2", 3, deliveries=1, cancels=2, proxied=True))
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()
@@ -177,6 +181,17 @@ def test_every_op_is_decoded(spark, journal):
             assert (row.queue, row.consumer, row.delivery) == (None, rec.source, rec.through)
             continue
         assert row.queue == rec.queue
+        if isinstance(rec, r.QueueRemovedRec):
+            assert (row.publishers, row.seqs, row.reasons, row.consumer) == (rec.publishers, rec.seqs, rec.kind, rec.origin)
+            assert row.positions is None
+            continue
+        if isinstance(rec, r.TransferRequestRec):
+            assert (row.publisher, row.seq, row.consumer, row.delivery) == (rec.publisher, rec.seq, rec.requester, rec.attempt)
+            continue
+        if isinstance(rec, r.TransferRec):
+            assert (row.publisher, row.seq, row.consumer, row.epoch) == (rec.publisher, rec.seq, rec.owner, rec.epoch)
+            assert (row.counts, row.reasons) == ([rec.deliveries, rec.cancels], "proxied")
+            continue
         if isinstance(rec, r.ExpiredRec):
             assert (row.positions, row.reasons) == ([rec.position], rec.reasons)
         elif isinstance(rec, r.ConsumerClaimedRec):

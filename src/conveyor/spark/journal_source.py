@@ -91,7 +91,9 @@ SCHEMA = StructType(
         StructField("txn_total", IntegerType()),
         StructField("expired_queue", StringType()),  # publish of a dead letter: where it expired
         StructField("expired_position", LongType()),
-        StructField("epoch", LongType()),  # consumer_claim
+        StructField("epoch", LongType()),  # consumer_claim, transfer
+        StructField("publishers", ArrayType(LongType())),  # queue_removed: the messages' identities
+        StructField("seqs", ArrayType(LongType())),
     ]
 )
 COLUMNS = tuple(SCHEMA.fieldNames())
@@ -274,6 +276,17 @@ CELLS: dict[type, dict[str, Callable]] = {
     # replication progress: the source instance, and its position below which everything
     # needed is recorded here
     r.ReceivedRec: {"consumer": attrgetter("source"), "delivery": attrgetter("through")},
+    # replicated queues: messages are named by (publisher, seq), the same on every instance
+    r.QueueRemovedRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"),
+                        "seqs": attrgetter("seqs"), "reasons": attrgetter("kind"),
+                        "consumer": _when(_positive, attrgetter("origin"))},
+    r.TransferRequestRec: {"queue": attrgetter("queue"), "publisher": attrgetter("publisher"),
+                           "seq": attrgetter("seq"), "consumer": attrgetter("requester"),
+                           "delivery": attrgetter("attempt")},
+    r.TransferRec: {"queue": attrgetter("queue"), "publisher": attrgetter("publisher"),
+                    "seq": attrgetter("seq"), "consumer": attrgetter("owner"), "epoch": attrgetter("epoch"),
+                    "counts": lambda rec: [rec.deliveries, rec.cancels],
+                    "reasons": lambda rec: "proxied" if rec.proxied else None},
 }
 
 
