@@ -156,6 +156,19 @@ class DuplicateConflict(ClientError):
     code = "duplicate_conflict"
 
 
+class BadMessage(ClientError):
+    """A message a SOW topic cannot keep: not JSON, or not an object where key fields
+    are read from it (docs/sow-and-views.md)."""
+
+    code = "bad_message"
+
+
+class ReadOnlyTopic(ClientError):
+    """A publish or ``sow_delete`` on a view: its records are computed, not published."""
+
+    code = "read_only_topic"
+
+
 # --- the server could not do it ------------------------------------------------------
 
 

@@ -53,11 +53,18 @@ def test_unsupported_amps_element_is_named():
             "<Logging> is not supported in <AMPSConfig>", hint="AMPS setting that conveyor does not implement")
 
 
-def test_sow_topic_is_refused():
+def test_sow_topic_must_be_recorded():
+    """docs/sow-and-views.md: a SOW topic's records are a fold over the transaction log."""
     refused(config_xml("<SOW><Topic><Name>Orders</Name><MessageType>json</MessageType>"
                        "<Key>/id</Key></Topic></SOW>"),
-            "AMPSConfig/SOW/Topic", "<Topic> is not supported in <SOW>",
-            hint="SOW topics are not supported: conveyor implements message queues only")
+            "AMPSConfig/SOW/Topic[1]", "a SOW topic (its records are kept in the transaction log), 'Orders', "
+            "is not recorded", hint="<Topic><Name>Orders</Name>")
+
+
+def test_conflated_topic_is_refused():
+    refused(config_xml("<SOW><ConflatedTopic><Name>C</Name></ConflatedTopic></SOW>"),
+            "AMPSConfig/SOW/ConflatedTopic", "<ConflatedTopic> is not supported in <SOW>",
+            hint="conflated topics are not supported")
 
 
 def test_duplicate_singleton():

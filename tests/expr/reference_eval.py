@@ -518,3 +518,132 @@ def _render(node, style):
         inside = ", ".join(_wrap(a, _OR, style) for a in args)
         return f"{_pick(style, name, name.lower())}({inside})", _ATOM
     raise ValueError(f"unknown node {node!r}")
+
+
+# --- aggregates (reference G.3), from scratch -------------------------------------------------
+# Written straight from docs/sow-and-views.md: every function recomputed over the whole
+# multiset of a group's values, for comparison with the incremental accumulators.
+
+AGGREGATE_NAMES = ("AVG", "COUNT", "COUNT_DISTINCT", "MIN", "MAX", "STDDEV_POP", "STDDEV_SAMP", "SUM", "ANY")
+
+
+def _agg_number(v):
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return v
+    n = number_of(v)
+    return NAN if n is None else n
+
+
+def _exact(numbers):
+    from fractions import Fraction
+
+    return sum((Fraction(x) for x in numbers), Fraction(0))
+
+
+def _specials(numbers):
+    if any(isnan(x) for x in numbers):
+        return NAN
+    pos = any(x == math.inf for x in numbers)
+    neg = any(x == -math.inf for x in numbers)
+    if pos and neg:
+        return NAN
+    if pos:
+        return math.inf
+    if neg:
+        return -math.inf
+    return None
+
+
+def _rank(v):
+    """MIN/MAX order: numbers (and numeric text) by value below text by text; NaN last;
+    equal numbers ordered int, float, text, then by text."""
+    if isinstance(v, bool):
+        return (0, int(v), 0, "")
+    if isinstance(v, int):
+        return (0, v, 1, "")
+    if isinstance(v, float):
+        return (2, 0, 0, "") if isnan(v) else (0, v, 2, "")
+    n = number_of(v)
+    if n is None:
+        return (1, 0, 0, v)
+    return (2, 0, 0, v) if isnan(n) else (0, n, 3, v)
+
+
+def _same_value(v):
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return ("nan",) if isnan(v) else v
+    n = number_of(v)
+    if n is None:
+        return ("text", v)
+    return ("nan",) if isnan(n) else n
+
+
+def _double(q):
+    """An exact rational rounded to a double; beyond the double range, an infinity."""
+    from fractions import Fraction
+
+    if abs(q) >= Fraction(2) ** 1024:
+        return math.inf if q > 0 else -math.inf
+    return float(q)
+
+
+def aggregate(name, values):
+    """Aggregate function ``name`` over every value of a group (NULLs skipped)."""
+    present = [s for s in (scalar(v) for v in values) if s is not None]
+    if name == "COUNT":
+        return len(present)
+    if name == "COUNT_DISTINCT":
+        return len({_same_value(v) for v in present})
+    if not present:
+        return None
+    if name in ("MIN", "ANY"):
+        return min(present, key=_rank)
+    if name == "MAX":
+        return max(present, key=_rank)
+    numbers = [_agg_number(v) for v in present]
+    special = _specials(numbers)
+    if name in ("STDDEV_POP", "STDDEV_SAMP"):
+        n = len(numbers)
+        if name == "STDDEV_SAMP" and n < 2:
+            return None
+        if special is not None:
+            return NAN
+        from fractions import Fraction
+
+        mean = _exact(numbers) / n
+        squares = sum(((Fraction(x) - mean) ** 2 for x in numbers), Fraction(0))
+        variance = squares / (n - 1 if name == "STDDEV_SAMP" else n)
+        return math.sqrt(float(variance)) if variance < Fraction(2) ** 1024 else math.inf
+    if special is not None:
+        return special
+    all_ints = all(isinstance(x, int) for x in numbers)
+    if name == "SUM":
+        return fit(sum(numbers)) if all_ints else _double(_exact(numbers))
+    if name == "AVG":
+        return sum(numbers) / len(numbers) if all_ints else _double(_exact(numbers) / len(numbers))
+    raise ValueError(name)
+
+
+def substitute_aggregates(node, group_messages, meta=None):
+    """``node`` with every aggregate call replaced by its value over ``group_messages``."""
+    kind = node[0]
+    if kind == "call" and node[1] in AGGREGATE_NAMES:
+        (arg,) = node[2]
+        return ("lit", aggregate(node[1], [evaluate(arg, m, meta) for m in group_messages]))
+    out = [kind]
+    for part in node[1:]:
+        if isinstance(part, tuple) and part and isinstance(part[0], str) and part[0] in _NODE_KINDS:
+            out.append(substitute_aggregates(part, group_messages, meta))
+        elif isinstance(part, tuple) and part and all(isinstance(p, tuple) and p and p[0] in _NODE_KINDS for p in part):
+            out.append(tuple(substitute_aggregates(p, group_messages, meta) for p in part))
+        else:
+            out.append(part)
+    return tuple(out)
+
+
+_NODE_KINDS = {"lit", "field", "neg", "arith", "cmp", "and", "or", "not", "between", "in", "like", "affix",
+               "isnull", "call"}

@@ -102,6 +102,7 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.QueueRemovedRec("Q1", [101, 101], [3, 4], "ack", origin="east-1"))
     add(r.TransferRequestRec("Q1", 101, 5, "west-1", attempt=2))
     add(r.TransferRec("Q1", 101, 5, "west-1", "east-2", 3, deliveries=1, cancels=2, proxied=True))
+    add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()
@@ -175,6 +176,10 @@ def test_every_op_is_decoded(spark, journal):
             assert row.expired_queue == rec.expired_queue
             assert row.reasons == (rec.expired_reasons or None)
             assert row.expired_position == (rec.expired_position if rec.expired_queue else None)
+            continue
+        if isinstance(rec, r.SowDeletedRec):
+            assert (row.ts, row.queue, row.payload) == (None, None, None)
+            assert (row.topic, row.positions) == (rec.topic, rec.positions)
             continue
         assert row.ts is None and row.topic is None and row.payload is None
         if isinstance(rec, r.ReceivedRec):

@@ -113,8 +113,12 @@ def _read_root(doc: Document) -> Config:
     if (n := kids.one("TransactionLog")) is not None:
         txlog = values["transaction_log"] = read_transaction_log(doc, n)
     queues = ()
+    sow = None
     if (n := kids.one("SOW")) is not None:
-        queues = values["queues"] = read_sow(doc, n)
+        sow = read_sow(doc, n)
+        queues = values["queues"] = sow.queues
+        values["sow_topics"] = sow.topics
+        values["views"] = sow.views
     actions = ()
     if (n := kids.one("Actions")) is not None:
         actions = values["actions"] = read_actions(doc, n)
@@ -129,5 +133,5 @@ def _read_root(doc: Document) -> Config:
     if admin is not None:
         listeners.append(("AMPSConfig/Admin/InetAddr", admin.host, admin.port))
     check_listeners(doc, listeners)
-    check(doc, txlog, queues, actions, replication)
+    check(doc, txlog, queues, actions, replication, sow)
     return Config(**values)  # type: ignore[arg-type]

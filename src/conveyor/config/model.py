@@ -257,6 +257,62 @@ class Replication:
 
 
 @dataclass(frozen=True)
+class SowTopicConfig:
+    """A ``SOW/Topic``: the latest message per key of a recorded topic (docs/sow-and-views.md).
+
+    The records are a fold over the topic's publishes in the transaction log: nothing
+    is stored twice. ``keys`` are the ``Key`` field paths (none: publishers send the key
+    in ``sow_key``). ``expiration_s``: the default lifetime of a record; with
+    ``expiration`` on and no default, only publishes that carry an expiration expire."""
+
+    name: str
+    message_type: str
+    keys: tuple[str, ...] = ()
+    key_domain: str | None = None
+    expiration: bool = False  # <Expiration> present (an interval, or "enabled")
+    expiration_s: float | None = None  # the default lifetime (None: only per-publish)
+    file_name: str | None = None  # accepted for compatibility: the store is the log
+    path: str = ""
+
+    @property
+    def domain(self) -> str:
+        return self.key_domain or self.name
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """``[left].[/f]=[right].[/g]`` of a view's ``UnderlyingTopic/Join``."""
+
+    left_topic: str
+    left_field: str
+    right_topic: str
+    right_field: str
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """A ``SOW/View``: projection and grouping over one underlying topic (a SOW topic,
+    a view or a queue) or a left outer join of several (docs/sow-and-views.md)."""
+
+    name: str
+    message_type: str
+    underlying: tuple[str, ...]  # one topic, or the topics of the joins, left first
+    projection: tuple[str, ...]
+    grouping: tuple[str, ...]
+    joins: tuple[JoinConfig, ...] = ()
+    filter: str | None = None
+    conflation: str = "none"  # "none" | "inline"
+    key_domain: str | None = None
+    join_null_equivalency: bool = False
+    path: str = ""
+
+    @property
+    def domain(self) -> str:
+        return self.key_domain or self.name
+
+
+@dataclass(frozen=True)
 class Config:
     name: str = "conveyor"
     group: str | None = None
@@ -264,6 +320,8 @@ class Config:
     admin: Admin | None = None
     transaction_log: TransactionLog | None = None
     queues: tuple[QueueConfig, ...] = ()
+    sow_topics: tuple[SowTopicConfig, ...] = ()
+    views: tuple[ViewConfig, ...] = ()
     actions: tuple[Action, ...] = ()
     replication: Replication | None = None
     source: str = "<config>"  # file name or "<embedded default>"

@@ -1,9 +1,12 @@
-"""``<SOW>``: queue declarations (reference.md A.1-A.3).
+"""``<SOW>``: queue declarations (reference.md A.1-A.3), and the section as a whole.
 
-Rules kept here (those that need other sections live in :mod:`conveyor.config.rules`):
+Rules kept here (those that need other sections live in :mod:`conveyor.config.rules`;
+SOW topics and views are read by :mod:`conveyor.config.sow`):
 
 - ``Queue`` (synonym ``QueueDefinition``), ``LocalQueue`` and ``GroupLocalQueue`` are
-  accepted; SOW topics, views and conflated topics are refused with a hint.
+  accepted, with SOW ``Topic`` and ``View`` declarations, in any order (a view names only
+  what is declared before it); conflated topics are refused with a hint. Names are
+  unique across queues, SOW topics and views.
 - A queue has ``Name`` (or ``Topic`` instead, not both) and ``MessageType``. The name
   is a literal topic name; queue names are unique across all three tags.
 - ``Semantics`` defaults to ``at-least-once``. ``FairnessModel`` defaults to
@@ -23,6 +26,8 @@ Rules kept here (those that need other sections live in :mod:`conveyor.config.ru
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from conveyor.config.model import (
     LEASE_PERIOD_DEFAULT_S,
     Fairness,
@@ -30,8 +35,11 @@ from conveyor.config.model import (
     QueueConfig,
     QueueKind,
     Semantics,
+    SowTopicConfig,
+    ViewConfig,
     topic_matcher,
 )
+from conveyor.config.sow import check_sow_order, read_topic, read_view
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
 from conveyor.config.txlog import topic_name
 
@@ -41,17 +49,14 @@ _KINDS = {
     "LocalQueue": QueueKind.LOCAL,
     "GroupLocalQueue": QueueKind.GROUP_LOCAL,
 }
-_NOT_A_QUEUE = (
-    "conveyor implements message queues only, not a State-of-the-World database; "
-    "declare a <Queue>, <LocalQueue> or <GroupLocalQueue>, or just record the topic "
-    "in <TransactionLog>"
-)
 _REFUSED = {
-    "Topic": "SOW topics are not supported: " + _NOT_A_QUEUE,
-    "TopicDefinition": "SOW topics are not supported: " + _NOT_A_QUEUE,
-    "View": "views are not supported: " + _NOT_A_QUEUE,
-    "ConflatedTopic": "conflated topics are not supported: " + _NOT_A_QUEUE,
+    "ConflatedTopic": "conflated topics are not supported: subscribe to the SOW topic or view itself "
+                      "(docs/sow-and-views.md)",
+    "ReplicaDefinition": "conflated topics are not supported: subscribe to the SOW topic or view itself "
+                         "(docs/sow-and-views.md)",
 }
+_TOPIC_TAGS = ("Topic", "TopicDefinition")
+_VIEW_TAGS = ("View", "ViewDefinition")
 
 _QUEUE = {
     "Name": OPTIONAL,
@@ -95,21 +100,66 @@ _TEXTS = {
 _FILE_BACKED = {"enabled": True, "disabled": False, "true": True, "false": False}
 
 
-def read_sow(doc: Document, node: Node) -> tuple[QueueConfig, ...]:
-    kids = doc.children(node, {tag: MANY for tag in _KINDS}, refused=_REFUSED)
+@dataclass(frozen=True)
+class SowSection:
+    queues: tuple[QueueConfig, ...] = ()
+    topics: tuple[SowTopicConfig, ...] = ()
+    views: tuple[ViewConfig, ...] = ()
+
+
+def read_sow(doc: Document, node: Node) -> SowSection:
+    """Every declaration of ``<SOW>``, in document order (a view names only what is
+    declared before it)."""
+    tags = {tag: MANY for tag in (*_KINDS, *_TOPIC_TAGS, *_VIEW_TAGS)}
+    kids = doc.children(node, tags, refused=_REFUSED)
     queues: list[QueueConfig] = []
+    topics: list[SowTopicConfig] = []
+    views: list[ViewConfig] = []
     seen: dict[str, str] = {}
+    kinds: dict[str, str] = {}  # name -> "queue" | "topic" | "view", declared so far
     for child in kids.all():
-        queue = read_queue(doc, child, _KINDS[child.tag])
-        if queue.name in seen:
+        if child.tag in _TOPIC_TAGS:
+            item = read_topic(doc, child)
+            topics.append(item)
+            kind = "topic"
+        elif child.tag in _VIEW_TAGS:
+            item = read_view(doc, child)
+            check_sow_order(doc, kinds, item)
+            views.append(item)
+            kind = "view"
+        else:
+            item = read_queue(doc, child, _KINDS[child.tag])
+            queues.append(item)
+            kind = "queue"
+            later = [v for v in views if v.name == item.underlying]
+            if not later and any(doc.text(k) == item.underlying for k in _later_views(kids.all(), child)):
+                raise doc.error(
+                    f"{child.path}/UnderlyingTopic",
+                    f"queue {item.name!r} is over view {item.underlying!r}, which is declared after it",
+                    "declare the view before the queue in <SOW>",
+                )
+        if item.name in seen:
+            what = {"queue": "queue", "topic": "SOW topic", "view": "view"}[kind]
             raise doc.error(
                 child.path,
-                f"queue {queue.name!r} is already declared at {seen[queue.name]}",
-                "give every queue its own name",
+                f"{what} {item.name!r} is already declared at {seen[item.name]}",
+                "give every queue, SOW topic and view its own name",
             )
-        seen[queue.name] = child.path
-        queues.append(queue)
-    return tuple(queues)
+        seen[item.name] = child.path
+        kinds[item.name] = kind
+    return SowSection(tuple(queues), tuple(topics), tuple(views))
+
+
+def _later_views(children: list[Node], after: Node) -> list[Node]:
+    """The name elements of the views declared after ``after``."""
+    out = []
+    seen = False
+    for c in children:
+        if c is after:
+            seen = True
+        elif seen and c.tag in _VIEW_TAGS:
+            out.extend(k for k in c.children if k.tag in ("Name", "Topic") and not k.children)
+    return out
 
 
 def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:

@@ -14,6 +14,10 @@ typed values, and name the element that has to change:
    or a recorded topic; its Do ``Topic`` must be recorded with the Do's
    ``MessageType``, so the dead-letter publish is journaled like any other.
 5. A ``LocalQueue`` topic must not be replicated (reference A.1: AMPS reports an error).
+6. A SOW topic must be recorded by a ``TransactionLog/Topic`` with its ``MessageType``:
+   its records are a fold over the log (docs/sow-and-views.md).
+7. A ``FileBackedMetadata`` queue cannot take from a SOW topic with ``Expiration``: its
+   snapshots do not keep the per-message expiration stamped on such messages.
 """
 
 from __future__ import annotations
@@ -37,9 +41,18 @@ def check(
     queues: tuple[QueueConfig, ...],
     actions: tuple[Action, ...],
     replication: Replication | None,
+    sow=None,
 ) -> None:
+    topics = sow.topics if sow is not None else ()
     if txlog is None:
         _require_transaction_log(doc, queues, actions)
+        if topics:
+            t = topics[0]
+            raise doc.error(
+                t.path, f"SOW topic {t.name!r} needs a <TransactionLog>: its records are kept in the log",
+                f"add <TransactionLog> with a <JournalDirectory> and a <Topic> recording {t.name!r} "
+                f"(message type {t.message_type})",
+            )
         if replication is not None and replication.destinations:
             raise doc.error(
                 "AMPSConfig/Replication",
@@ -49,6 +62,20 @@ def check(
         return  # nothing else to check: with no queues and no actions, rules 2-4 are void
     for queue in queues:
         _check_queue(doc, txlog, queue)
+    for topic in topics:
+        _require_recorded(doc, txlog, topic.name, topic.message_type, topic.path,
+                          "a SOW topic (its records are kept in the transaction log)")
+    expiring = [t for t in topics if t.expiration]
+    for queue in queues:
+        if queue.file_backed_metadata:
+            for t in expiring:
+                if queue.takes_from(t.name):
+                    raise doc.error(
+                        f"{queue.path}/FileBackedMetadata",
+                        f"queue {queue.name!r} keeps FileBackedMetadata snapshots, which do not keep the "
+                        f"expiration SOW topic {t.name!r} stamps on its messages",
+                        "remove <FileBackedMetadata>, or <Expiration> from the SOW topic",
+                    )
     by_name = {q.name: q for q in queues}
     for action in actions:
         _check_action(doc, txlog, by_name, action)

@@ -21,9 +21,9 @@ _json = msgspec.json.Decoder()
 
 
 class Entry:
-    __slots__ = ("topic", "data", "timestamp", "publisher", "seq", "correlation_id", "_decoded")
+    __slots__ = ("topic", "data", "timestamp", "publisher", "seq", "correlation_id", "_decoded", "expiration")
 
-    def __init__(self, topic, data, timestamp, publisher, seq, correlation_id) -> None:
+    def __init__(self, topic, data, timestamp, publisher, seq, correlation_id, expiration=0.0) -> None:
         self.topic = topic
         self.data = data
         self.timestamp = timestamp
@@ -31,6 +31,7 @@ class Entry:
         self.seq = seq
         self.correlation_id = correlation_id
         self._decoded = self
+        self.expiration = expiration  # absolute expiry stamped by a SOW topic (0: none)
 
     def meta(self, bookmark: str | None, now: float) -> dict:
         """What the message functions of a filter read (``TOPIC_NAME()``, ``BOOKMARK()``,
@@ -65,6 +66,9 @@ class MessageCache:
         self.misses = 0
 
     def put(self, position: int, entry: Entry) -> None:
+        old = self._entries.get(position)
+        if old is not None:
+            self._bytes -= len(old.data) + _ENTRY_OVERHEAD_BYTES
         self._entries[position] = entry
         self._bytes += len(entry.data) + _ENTRY_OVERHEAD_BYTES
         while self._bytes > self.bytes_max and self._entries:
@@ -79,7 +83,7 @@ class MessageCache:
         rec = records.decode(self._read(position))
         if not isinstance(rec, records.PublishRec):
             raise LookupError(f"position {position} is not a published message")
-        entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
+        entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)
         self.put(position, entry)
         return entry
 

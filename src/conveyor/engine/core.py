@@ -17,6 +17,8 @@ part                          owns
 :class:`NamedConsumers`       the Spark source's named consumers
 :class:`Transactions`         staged transactions (the Spark sink)
 :class:`Recovery`             replaying the journal, checkpoints
+:class:`StateOfTheWorld`      SOW topics, views, their queries and subscriptions,
+                              aggregated subscriptions, views over queues
 ============================  =========================================================
 
 Rules the engine itself keeps:
@@ -45,7 +47,7 @@ from typing import Any, Iterable, Mapping
 
 import msgspec
 
-from conveyor import errors
+from conveyor import errors, records
 from conveyor.config.model import Config, topic_matcher
 from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishActions
 from conveyor.engine.bookmarks import publisher_id
@@ -60,6 +62,8 @@ from conveyor.engine.recovery import Checkpoint, Recovery
 from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication import Replication
 from conveyor.engine.sessions import Session
+from conveyor.engine.sow import key_text
+from conveyor.engine.state_of_world import StateOfTheWorld
 from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.topics import REPLAY_RECORDS_PER_PUMP, Topics
 from conveyor.engine.txn import StagingStats, Transactions
@@ -69,6 +73,7 @@ from conveyor.protocol.messages import ack_types
 from conveyor.protocol.options import parse_options
 
 __all__ = ["Checkpoint", "Engine", "EngineStats", "REPLAY_RECORDS_PER_PUMP", "VERSION"]
+
 
 log = logging.getLogger("conveyor.engine")
 
@@ -89,6 +94,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     replays: int
     queue_consumers: int
     queues: dict[str, QueueStats]
+    sow: dict[str, dict[str, int]]
     named_consumers: tuple[NamedConsumerStats, ...]
     staging: StagingStats
     replicated_queues: tuple[OwnershipStats, ...] = ()
@@ -116,7 +122,12 @@ class Engine:
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance),
         )
-        self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal)
+        self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings)
+        self._sow_topics = self.sow.topics
+        # SOW topics and views: the publish hot path checks this one set first
+        self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
+        self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal,
+                                           records=self.sow)
         self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
         self.replication = Replication(config, journal, self.publishes, self.outbox, journal_id=journal_id)
@@ -135,7 +146,7 @@ class Engine:
         self.replication.queues = self.replicated_queues if self.replicated_queues else None
         self._publish_actions = PublishActions(config.actions)
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
-                                  self.replication)
+                                  self.replication, sow=self.sow)
 
     @property
     def queues(self) -> Mapping[str, Queue]:
@@ -169,6 +180,7 @@ class Engine:
             del self._names[session.client_name]
         self.outbox.forget(conn_id)
         self.delivery.dispatch(now)
+        self.sow.flush(now)
 
     def take_output(self) -> dict[int, list]:
         return self.outbox.take_output()
@@ -217,16 +229,27 @@ class Engine:
                 self._implicit_logon(session)
                 self._command(session, cmd, now)
             case m.Subscribe():
-                self.subscriptions.subscribe(session, cmd, now)
-            case m.SowAndSubscribe():
-                self.delivery.sow(conn, cmd, now)
-                self.subscriptions.subscribe(session, cmd, now)
+                if self.sow.is_view(cmd.topic):  # a view's records are not journaled
+                    self.sow.subscribe(session, cmd, now, query=False, is_delta=False)
+                else:
+                    self.subscriptions.subscribe(session, cmd, now)
+            case m.SowAndSubscribe() | m.SowAndDeltaSubscribe():
+                self._sow_and_subscribe(session, cmd, now)
+            case m.DeltaSubscribe():
+                self._delta_subscribe(session, cmd, now)
             case m.Sow():
-                self.delivery.sow(conn, cmd, now)
+                self._sow(conn, cmd, now)
             case m.Unsubscribe():
                 self.subscriptions.unsubscribe(session, cmd, now)
             case m.SowDelete():
-                self.delivery.sow_delete(conn, cmd, now)
+                if cmd.topic in self._sow_topics:
+                    self.sow.sow_delete(conn, cmd, now)
+                elif self.sow.is_view(cmd.topic):
+                    raise errors.ReadOnlyTopic(f"{cmd.topic!r} is a view: its records are computed, not deleted")
+                else:
+                    self.delivery.sow_delete(conn, cmd, now)
+            case m.DeltaPublish():
+                self._publish(session, cmd, now)
             case m.Flush():
                 self._flush(conn, cmd)
             case m.Claim() | m.Lease() | m.Fetch() | m.AckThrough() | m.Extend() | m.Reclaim() | m.Head() | m.ConsumerInfo():
@@ -244,6 +267,63 @@ class Engine:
         self.delivery.dispatch(now)
         if self.replicated_queues:
             self.replicated_queues.tick(now)  # subscribers with room may want messages owned elsewhere
+        self.sow.flush(now)  # views see this step's queue moves (engine/views.py rule 3)
+
+    # --- State of the World commands (engine/state_of_world.py) ---------------------------------
+
+    def _sow(self, conn: int, cmd: m.Sow, now: float) -> None:
+        opts = parse_options("sow", cmd.options)
+        if opts.list("projection") is not None or opts.list("grouping") is not None:
+            self.sow.aggregated_query(conn, cmd, opts, now)
+        elif self.sow.owns(cmd.topic):
+            self.sow.query(conn, cmd, now, opts=opts)
+        elif self.bindings.get(cmd.topic) is not None:
+            self.delivery.sow(conn, cmd, now)
+        else:
+            raise errors.UnknownTopic(f"sow needs a SOW topic, a view or a queue; {cmd.topic!r} is none of them")
+
+    def _sow_and_subscribe(self, session: Session, cmd, now: float) -> None:
+        is_delta = isinstance(cmd, m.SowAndDeltaSubscribe)
+        command = "sow_and_delta_subscribe" if is_delta else "sow_and_subscribe"
+        opts = parse_options(command, cmd.options)
+        aggregated = opts.list("projection") is not None or opts.list("grouping") is not None
+        if aggregated or self.sow.owns(cmd.topic):
+            self.sow.subscribe(session, cmd, now, query=True, is_delta=is_delta)
+            return
+        if opts.flags & {"oof", "no_empties", "no_sowkey", "send_keys"} or opts.get("skip_n") is not None:
+            raise errors.InvalidOption(f"{cmd.topic!r} is not a SOW topic or a view: oof, no_empties, no_sowkey, "
+                                       "send_keys and skip_n do not apply", option="oof")
+        plain = m.SowAndSubscribe(
+            topic=cmd.topic, sub_id=cmd.sub_id, query_id=cmd.query_id, cid=cmd.cid, ack_type=cmd.ack_type,
+            filter=cmd.filter, options=cmd.options,
+            batch_size=cmd.batch_size, top_n=cmd.top_n,
+        )
+        if self.bindings.matching(cmd.topic):
+            self.delivery.sow(session.conn_id, plain, now)  # a delta subscription to a queue: full messages
+        else:
+            # reference G.1.2: a topic without SOW answers an empty query, then subscribes
+            qid = cmd.query_id or cmd.cid
+            self.outbox.send(session.conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid))
+            self.outbox.send(session.conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
+            for kind in ack_types(cmd.ack_type) & {"completed", "stats"}:
+                self.outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=0))
+        self.subscriptions.subscribe(session, plain, now)
+
+    def _delta_subscribe(self, session: Session, cmd: m.DeltaSubscribe, now: float) -> None:
+        if self.sow.owns(cmd.topic):
+            self.sow.subscribe(session, cmd, now, query=False, is_delta=True)
+            return
+        if cmd.bookmark:
+            raise errors.InvalidOption("a delta subscription cannot replay from a bookmark", option="bookmark")
+        # reference G.5.2: to a queue or a topic without SOW, full messages (a subscribe)
+        opts = parse_options("delta_subscribe", cmd.options)
+        if opts.flags & {"oof", "no_empties", "no_sowkey", "send_keys"}:
+            raise errors.InvalidOption(f"{cmd.topic!r} is not a SOW topic or a view: oof, no_empties, no_sowkey and "
+                                       "send_keys do not apply", option="oof")
+        self.subscriptions.subscribe(session, m.Subscribe(
+            topic=cmd.topic, sub_id=cmd.sub_id, cid=cmd.cid, ack_type=cmd.ack_type, filter=cmd.filter,
+            options=cmd.options,
+        ), now)
 
     def _flush(self, conn: int, cmd: m.Flush) -> None:
         acks = ack_types(cmd.ack_type) or frozenset({"completed"})
@@ -291,6 +371,9 @@ class Engine:
     def _publish(self, session: Session, cmd: m.Publish, now: float) -> None:
         # The hot path: a few dict lookups, one encode, one buffered append.
         topic = self.bindings.target(cmd.topic)
+        if topic in self._sow_names or cmd.__class__ is not m.Publish:
+            self._publish_sow(session, cmd, topic, now)
+            return
         ack_type = cmd.ack_type
         acks = ack_types(ack_type) if ack_type else _NO_ACKS
         publishes = self.publishes
@@ -318,6 +401,41 @@ class Engine:
             if "processed" in acks:
                 outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
 
+    def _publish_sow(self, session: Session, cmd: m.Publish | m.DeltaPublish, topic: str, now: float) -> None:
+        """A publish or delta publish to a SOW topic (engine/state_of_world.py rule 1): the
+        final message, its SowKey and expiry are decided before it is journaled. A delta
+        publish to a topic without SOW is a plain publish of its payload."""
+        if topic in self.sow.views:
+            raise errors.ReadOnlyTopic(f"{topic!r} is a view: its records are computed, not published")
+        st = self._sow_topics.get(topic)
+        if st is None:
+            plain = m.Publish(topic=cmd.topic, data=cmd.data, seq=cmd.seq, cid=cmd.cid, ack_type=cmd.ack_type,
+                              correlation_id=cmd.correlation_id, expiration=cmd.expiration)
+            self._publish(session, plain, now)
+            return
+        acks = ack_types(cmd.ack_type) if cmd.ack_type else _NO_ACKS
+        publishes = self.publishes
+        if not publishes.recorded(topic):  # the configuration requires it; be safe
+            raise errors.NotATransactionLogTopic(f"SOW topic {topic!r} is not recorded in the transaction log")
+        seq = cmd.seq
+        if seq is not None:
+            publisher = session.publisher
+            if publishes.is_duplicate(publisher, seq):
+                self._duplicate(session, cmd, acks)
+                return
+        else:
+            publisher = session.server_publisher
+            seq = publishes.next_seq(publisher)
+        data, key, expires_at, correlation_id = self.sow.prepare(st, cmd, now, is_delta=type(cmd) is m.DeltaPublish)
+        pos = publishes.append_record(records.PublishRec(
+            topic, publisher, seq, now, data, correlation_id, expiration=expires_at, sow_key=key_text(key),
+        ))
+        self.sow.appended(st, key, pos, data)
+        if "persisted" in acks:
+            self.outbox.mark_persisted(session.conn_id, pos, seq, publisher, cmd.cid)
+        if "processed" in acks:
+            self.outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
+
     def _duplicate(self, session: Session, cmd: m.Publish, acks: frozenset[str]) -> None:
         outbox = self.outbox
         if cmd.fingerprint is not None:
@@ -341,9 +459,13 @@ class Engine:
     def on_durable(self, now: float) -> None:
         """The journal is fsynced up to ``journal.durable_end``: apply the publishes now
         durable, release what waited for it, dispatch."""
-        topics, delivery, cache = self.topics, self.delivery, self.cache
+        topics, delivery, cache, sow = self.topics, self.delivery, self.cache, self.sow
         actions = self._publish_actions
         for p in self.publishes.take_durable():
+            entry = None
+            if p.sow_key:  # a SOW record changes (engine/state_of_world.py rule 1)
+                entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
+                sow.applied(p.position, p.topic, p.sow_key, entry, now)
             bindings = self.bindings.for_topic(p.topic)
             listeners = topics.listeners(p.topic)
             if actions:
@@ -351,13 +473,15 @@ class Engine:
                                           bool(p.origin))
             if not bindings and not listeners:
                 continue  # nobody listens: the journal has it, replays read it from there
-            entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id)
+            if entry is None:
+                entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
             if bindings:
                 cache.put(p.position, entry)  # queues deliver from the cache, not the journal
             topics.fan_out(p.position, entry, now)
             for binding in bindings:
                 if binding.offer(p.position, entry, p.origin, now):
                     delivery.mark(binding)
+        sow.durable(now)
         replication = self.replication
         replication.durable(now)
         if replication.enabled:
@@ -381,15 +505,18 @@ class Engine:
         for binding, events in self.delivery.expire_due(now):
             self.named.count_expiries(binding, events)
         self.transactions.staging.expire(now)
+        self.sow.tick(now)
         if self.replication.enabled:
             self.replication.tick(now)
             self._release()  # a downgraded destination no longer holds persisted acks
         if self.replicated_queues:
             self.replicated_queues.tick(now)
         self.delivery.dispatch(now)
+        self.sow.flush(now)
 
     def next_deadline(self) -> float | None:
-        return self.delivery.next_deadline()
+        deadlines = [d for d in (self.delivery.next_deadline(), self.sow.next_deadline()) if d is not None]
+        return min(deadlines) if deadlines else None
 
     # --- bookmark replays ------------------------------------------------------------------------------
 
@@ -493,6 +620,7 @@ class Engine:
             replays=replays,
             queue_consumers=self.delivery.consumers(),
             queues={b.name: self._queue_stats(b, now) for b in self.bindings},
+            sow=self.sow.statistics(),
             named_consumers=self.named.statistics(),
             staging=self.transactions.staging.statistics(),
             replicated_queues=self.replicated_queues.statistics(),

@@ -60,6 +60,8 @@ class PendingPublish(msgspec.Struct, frozen=True, gc=False):
     data: bytes
     correlation_id: str | None
     origin: str = ""  # the instance it was first recorded at ("": here)
+    expiration: float = 0.0  # absolute expiry stamped by a SOW topic (0: none)
+    sow_key: str = ""  # its SowKey on a SOW topic
 
 
 class PublishLog:
@@ -170,7 +172,7 @@ class PublishLog:
         self._note(rec.publisher, rec.seq)
         self.pending.append(
             PendingPublish(position, journal.end, rec.topic, rec.publisher, rec.seq, rec.timestamp, rec.data,
-                           rec.correlation_id, rec.origin)
+                           rec.correlation_id, rec.origin, rec.expiration, rec.sow_key)
         )
         return position
 

@@ -114,6 +114,7 @@ from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine import queue_snapshot
 from conveyor.engine.queue_consumer import Consumer, effective_backlog
 from conveyor.engine.queue_elsewhere import Elsewhere
+from conveyor.engine.queue_expiry import MessageExpiry
 from conveyor.engine.queue_events import (
     Acknowledged,
     AckOption,
@@ -326,6 +327,7 @@ class Queue:
         )
         self._window = ActiveWindow(self._target, start)
         self._elsewhere = Elsewhere()
+        self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
         self._replay = QueueReplayer(
             config.name, at_least_once=self._at_least_once, state_of=self.state_of,
             transitions=self._transitions, order=self._order, leases=self._leases,
@@ -341,6 +343,11 @@ class Queue:
         """Position of the last message enqueued (start - 1 before the first)."""
         return self._last_position
 
+    def watch(self, observer: Callable[[int], object] | None) -> None:
+        """Call ``observer(position)`` for every message that changes state (None: stop):
+        what may have entered or left the available messages (views over the queue)."""
+        self._transitions.observer = observer
+
     def __repr__(self) -> str:
         return (
             f"<Queue {self.name!r} {self.config.semantics.value}: {len(self._order.store)} "
@@ -355,6 +362,7 @@ class Queue:
         published_at: float,
         priority: int | None = None,
         barrier: bool = False,
+        expires_at: float = 0.0,
         *,
         owner: str | None = None,
         arrived: float | None = None,
@@ -372,6 +380,8 @@ class Queue:
         Publish times are clamped to never decrease along positions, so the oldest
         message is always the first one (a clock that steps back cannot reorder expiry).
 
+        ``expires_at``: the absolute time the message itself expires (0: never), stamped
+        by a SOW topic with Expiration (:mod:`conveyor.engine.queue_expiry`).
         ``owner``: in a replicated queue, the instance that owns the message when it is
         not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here.
         """
@@ -386,6 +396,8 @@ class Queue:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
         key = self._order_key(position, priority, barrier)
         self._counters.enqueued += 1
+        if expires_at and owner is not None:
+            self._stamped.note(position, expires_at)  # it expires here if it is transferred here
         if owner is not None:
             if barrier:
                 raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
@@ -407,6 +419,8 @@ class Queue:
         self._last_time = published_at
         if self._target is not None:
             self._window.enter(position)
+        if expires_at:
+            self._stamped.note(position, expires_at)
         if self._order.append(position, published_at, key, barrier):
             # it may sort before a filtered consumer's cursor; enqueue has no now: the
             # filters decide at the message's publish time
@@ -800,6 +814,8 @@ class Queue:
             leases.set_cancels(position, cancels)
         if self._order.insert(position, away.published_at, away.key) or not self._priority:
             self._seats.came_back(away.key, self._order.store.__contains__, now)
+        if self._stamped:
+            self._stamped.again(position)  # its own expiry may have passed while it was away
         self._counters.transferred_in += 1
         return True
 
@@ -891,6 +907,20 @@ class Queue:
                 self._move(p, Verb.EXPIRE, _AVAILABLE)
                 self._order.remove(p)
                 self._expire_gone(p, _TIME_LIMIT, events)
+        stamped = self._stamped
+        if stamped:
+            leased = self._leases.leased
+            for p in list(stamped.pop_due(now)):
+                if p in leased or p in self._elsewhere:
+                    # due: it expires when its lease ends, or when it is transferred here
+                    # (its owner expires it; queue_expiry rule 2)
+                    stamped.hold(p)
+                elif p in self._order.store:
+                    self._move(p, Verb.EXPIRE, _AVAILABLE)
+                    self._order.remove(p)
+                    self._expire_gone(p, _TIME_LIMIT, events)
+            stamped.sweep(lambda p: p in leased or p in self._order.store or p in self._elsewhere,
+                          self._active() + len(self._elsewhere))
         return events
 
     def next_deadline(self) -> float | None:
@@ -903,6 +933,10 @@ class Queue:
         if self._expiration is not None and store:
             t = store.head_time() + self._expiration
             deadline = t if deadline is None else min(deadline, t)
+        if self._stamped:
+            t = self._stamped.next_deadline()
+            if t is not None:
+                deadline = t if deadline is None else min(deadline, t)
         return deadline
 
     # --- views ---------------------------------------------------------------------------------
@@ -1038,7 +1072,7 @@ class Queue:
         None when nothing is inactive."""
         return self._window.refill_from()
 
-    def activate(self, position: int, published_at: float) -> bool:
+    def activate(self, position: int, published_at: float, expires_at: float = 0.0) -> bool:
         """Offer the message at ``position``, read back from the log (queue_window rule 3).
         True if it became active; False if it was offered before (ignored) or an
         acknowledgement was waiting for it (consumed: it never becomes active)."""
@@ -1066,6 +1100,8 @@ class Queue:
         if published_at < self._last_time:
             published_at = self._last_time
         self._last_time = published_at
+        if expires_at:
+            self._stamped.note(position, expires_at)
         self._order.append(position, published_at, position, False)
         return True
 
@@ -1185,6 +1221,8 @@ class Queue:
         events.append(end.event(p, leases.cancel(p) if end.cancels else 0))
         self._counters.add(end.counter)
         reasons = leases.limit_reasons(p, lease.published_at, now)
+        if self._stamped and self._stamped.due(p, now) and ExpiryReason.TIME_LIMIT not in reasons:
+            reasons = (ExpiryReason.TIME_LIMIT, *reasons)  # its own expiry (queue_expiry rule 2)
         if reasons:
             self._transitions.step(p, Verb.EXPIRE, state)
             self._expire_gone(p, reasons, events)

@@ -103,11 +103,11 @@ class QueueBinding:
             if self.priority is not None and not barrier:
                 priority = self.priority.priority(data, meta)
         if self.ownership is None:
-            self.queue.enqueue(position, entry.timestamp, priority, barrier)
+            self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration)
             return True
         enters, owner = self.ownership.entering((entry.publisher, entry.seq), position, origin, barrier)
         if enters:
-            self.queue.enqueue(position, entry.timestamp, priority, barrier, owner=owner,
+            self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration, owner=owner,
                                arrived=entry.timestamp if now is None else now)
         return enters
 
@@ -133,7 +133,7 @@ class QueueBinding:
                 entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
                 if not self.takes(entry):
                     continue
-                queue.activate(pos, rec.timestamp)
+                queue.activate(pos, rec.timestamp, rec.expiration)
                 activated = True
                 if queue.wants() <= 0:
                     return

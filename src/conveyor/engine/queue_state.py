@@ -204,12 +204,16 @@ class Transitions:
     """The table of one queue's semantics, checked against where each message is
     (rule 1). ``locate(position)``: the state the queue's parts say the message is in."""
 
-    __slots__ = ("_table", "_semantics", "_locate")
+    __slots__ = ("_table", "_semantics", "_locate", "observer")
 
     def __init__(self, semantics: Semantics, locate: Callable[[int], MessageState]) -> None:
         self._table = TRANSITIONS[semantics]
         self._semantics = semantics
         self._locate = locate
+        #: Called with the position of every message that moves (None: nobody asks).
+        #: Views over the queue learn which messages may have become, or stopped
+        #: being, available (docs/sow-and-views.md); it must not call back into the queue.
+        self.observer: Callable[[int], object] | None = None
 
     def move(self, position: int, verb: Verb, state: MessageState) -> MessageState:
         """The state ``verb`` moves the message at ``position``, which is in ``state``, to;
@@ -222,14 +226,20 @@ class Transitions:
                 f"cannot {verb.value} it as if it were"
             )
         try:
-            return self._table[(state, verb)]
+            to = self._table[(state, verb)]
         except KeyError:
             raise IllegalTransition(position, state, verb, self._semantics) from None
+        if self.observer is not None:
+            self.observer(position)
+        return to
 
     def step(self, position: int, verb: Verb, state: MessageState) -> MessageState:
         """A move whose ``state`` needs no check: the previous move of the same call
         returned it, or the caller has just derived it (``state_of``)."""
         try:
-            return self._table[(state, verb)]
+            to = self._table[(state, verb)]
         except KeyError:
             raise IllegalTransition(position, state, verb, self._semantics) from None
+        if self.observer is not None:
+            self.observer(position)
+        return to

@@ -24,6 +24,9 @@ live engine applies, each queue from its recovery point. Rules:
 5. After the scan every queue's ``end_replay`` runs (messages already at a limit
    expire, journaled), TargetQueueDepth windows refill, and named consumers get their
    unacked deliveries back for one LeasePeriod.
+6. **State of the World** (:mod:`conveyor.engine.state_of_world`): SOW topics are a fold
+   over their publishes and deletes, replayed from each topic's floor in the checkpoint
+   (the whole journal for a topic without one); views are rebuilt from their sources.
 """
 
 from __future__ import annotations
@@ -79,11 +82,15 @@ class Checkpoint:
     # Replicated queues: queue -> ownership state (tombstones, transfers) the journal
     # above the queue's recovery point may not hold (engine/ownership.py).
     ownership: dict = field(default_factory=dict)
+    # State of the World: SOW topic (or "view:<name>", a view's journaled records) -> the
+    # position its rebuild starts at (every record below it was replaced or deleted).
+    sow: dict = field(default_factory=dict)
 
 
 class Recovery:
     def __init__(self, journal: Any, bindings: QueueBindings, publishes: PublishLog, delivery: QueueDelivery,
-                 named: NamedConsumers, topics: Topics, replication: Replication) -> None:
+                 named: NamedConsumers, topics: Topics, replication: Replication, sow: Any = None) -> None:
+        self._sow = sow
         self._journal = journal
         self._bindings = bindings
         self._publishes = publishes
@@ -115,12 +122,13 @@ class Recovery:
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=snapshots,
                           replication=self._replication.received(), links=self._replication.acknowledged(),
-                          ownership=self._replication.queues.export_state() if self._replication.queues else {})
+                          ownership=self._replication.queues.export_state() if self._replication.queues else {},
+                          sow=self._sow.floors(first_unapplied) if self._sow is not None else {})
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything still needs: queues, replays, named consumers,
         the checkpoint."""
-        lows = [checkpoint.position, *(p for p, _ in checkpoint.queues.values())]
+        lows = [checkpoint.position, *(p for p, _ in checkpoint.queues.values()), *checkpoint.sow.values()]
         for low in (self._topics.replay_floor(), self._named.floor()):
             if low is not None:
                 lows.append(low)
@@ -150,6 +158,12 @@ class Recovery:
         self._restore_snapshots(checkpoint, pages, starts)
         first = getattr(journal, "first_position", 0)
         scan_from = min([checkpoint.position if checkpoint is not None else 0, *(p for p, _ in starts.values())])
+        sow = self._sow
+        if sow is not None:
+            sow.begin_recovery()
+            floors = checkpoint.sow if checkpoint is not None else {}
+            for name in sow.configured_floors():
+                scan_from = min(scan_from, floors.get(name, 0))  # rule 6
         persisted_end = None
         if self._publishes.track_persisted:
             # Publishes a sync destination may lack must stay unpersisted (publish_log rule 4).
@@ -183,6 +197,9 @@ class Recovery:
             elif type(rec) in _OWNERSHIP_RECORDS:
                 if self._replication.queues is not None and pos >= points.get(rec.queue, 0):
                     self._replication.queues.replay(rec, now)
+            elif type(rec) is records.SowDeletedRec:
+                if sow is not None:
+                    sow.recovered(pos, rec, now)
             elif type(rec) in CONSUMER_RECORDS:
                 since = self._binding_since(rec.queue)
                 self._named.replay(pos, rec, now, points.get(rec.queue, 0), since)
@@ -207,6 +224,8 @@ class Recovery:
         if self._replication.queues is not None:
             for own in self._replication.queues.by_queue.values():
                 own.settle_after_recovery()
+        if sow is not None:
+            sow.end_recovery(now)
         return count
 
     def _binding_since(self, queue: str) -> int | None:
@@ -229,6 +248,8 @@ class Recovery:
 
     def _publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict, now: float) -> None:
         self._publishes.recovered(pos, rec, self._persisted_end)
+        if self._sow is not None:
+            self._sow.recovered(pos, rec, now)
         for b in self._bindings.for_topic(rec.topic):
             if pos < points[b.name]:
                 continue
@@ -236,9 +257,10 @@ class Recovery:
             if since is not None and rec.timestamp < since:
                 continue
             if b.plain:
-                b.queue.enqueue(pos, rec.timestamp)  # no filter, priority or barrier: skip the Entry
+                b.queue.enqueue(pos, rec.timestamp, expires_at=rec.expiration)  # no filter, priority or barrier
                 continue
-            b.offer(pos, Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id),
+            b.offer(pos, Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id,
+                               rec.expiration),
                     rec.origin)
         if rec.expired_queue is not None:
             # A dead letter carries the expiry that caused it (delivery rule 4).

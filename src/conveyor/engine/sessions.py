@@ -7,7 +7,9 @@ three kinds, fixed when it is made:
 - ``PUBSUB``: live messages on matching topics, no acknowledgement;
 - ``QUEUE``: a queue consumer (leases, backlog, fairness) over one or more queues;
 - ``REPLAY``: a bookmark subscription: replays the journal, then continues live with no
-  gap and no duplicate at the seam (:mod:`conveyor.engine.topics`).
+  gap and no duplicate at the seam (:mod:`conveyor.engine.topics`);
+- ``RECORDS``: the records of a SOW topic or a view, or an aggregated subscription: full
+  records, deltas, out-of-focus notices (:mod:`conveyor.engine.state_of_world`).
 
 Which queues a queue subscription takes from is the delivery's business
 (:class:`conveyor.engine.delivery.QueueDelivery`), not the session's.
@@ -24,6 +26,7 @@ class SubKind(enum.Enum):
     PUBSUB = "pubsub"
     QUEUE = "queue"
     REPLAY = "replay"
+    RECORDS = "records"  # a SOW topic's or view's records (engine/state_of_world.py)
 
 
 @dataclass(slots=True, eq=False)

@@ -35,7 +35,8 @@ from conveyor.protocol.options import parse_options
 
 class Subscriptions:
     def __init__(self, bindings: QueueBindings, topics: Topics, delivery: QueueDelivery, outbox: Outbox,
-                 journal: Any) -> None:
+                 journal: Any, records: Any = None) -> None:
+        self._records = records  # the StateOfTheWorld: RECORDS subscriptions
         self._bindings = bindings
         self._topics = topics
         self._delivery = delivery
@@ -109,6 +110,9 @@ class Subscriptions:
         sub = session.subs.get(sub_id)
         if sub is None:
             raise errors.UnknownSubscription(f"no subscription {sub_id!r} to replace")
+        if sub.kind is SubKind.RECORDS:
+            raise errors.InvalidOption(f"subscription {sub_id!r} is to a SOW topic or view: replace it with the "
+                                       "command that made it")
         flt = compile_filter(cmd.filter)
         if sub.kind is SubKind.QUEUE:
             names = self._bindings.matching(cmd.topic)
@@ -137,6 +141,8 @@ class Subscriptions:
         session.subs.pop(sub.sub_id, None)
         if sub.kind is SubKind.QUEUE:
             self._delivery.detach(sub.consumer, now)
+        elif sub.kind is SubKind.RECORDS:
+            self._records.remove(sub)
         else:
             self._topics.remove(sub)
 

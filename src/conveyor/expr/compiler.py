@@ -26,6 +26,7 @@ import builtins
 import math
 
 from . import runtime, values
+from .aggregates import AGGREGATES
 from .errors import ExpressionError
 from .functions import FUNCTIONS, SPECIAL_FORMS
 from .limits import regex_class_chars_max, regex_count_max
@@ -251,6 +252,11 @@ class _Codegen:
             return f"_coalesce({', '.join(self.scalar_arg(a) for a in node.args)})"
         function = FUNCTIONS.get(name)
         if function is None:
+            if name in AGGREGATES:
+                raise ExpressionError(
+                    f"aggregate function {name} is allowed only in the projection of a view or an "
+                    "aggregated subscription", node.pos, name,
+                )
             raise ExpressionError(f"unknown function '{name}'", node.pos, name)
         self.check_arity(node, function.args_min, function.args_max)
         args = [self.scalar_arg(a) for a in node.args]

@@ -43,9 +43,39 @@ class Publish(_Msg, tag="publish"):
     # Hash of the payload: a duplicate (publisher, seq) whose fingerprint differs from the
     # one recorded is a conflict (failure ``duplicate_conflict``), not a silent drop.
     fingerprint: int | None = field(default=None, name="fp")
+    # SOW topic without Key fields: the record's key, chosen by the publisher.
+    sow_key: str | None = field(default=None, name="k")
+
+
+class DeltaPublish(_Msg, tag="delta_publish"):
+    """A publish merged into the current record of a SOW topic (docs/sow-and-views.md):
+    fields present replace the stored ones, absent ones are kept; what is journaled and
+    delivered is the merged message. On a topic without SOW: a plain publish."""
+
+    topic: str = field(name="t")
+    data: bytes = field(name="d")
+    seq: int | None = field(default=None, name="s")
+    cid: str | None = None
+    ack_type: str | None = field(default=None, name="a")
+    correlation_id: str | None = field(default=None, name="x")
+    expiration: float | None = field(default=None, name="e")
+    sow_key: str | None = field(default=None, name="k")
 
 
 class Subscribe(_Msg, tag="subscribe"):
+    topic: str = field(name="t")
+    sub_id: str | None = None
+    cid: str | None = None
+    ack_type: str | None = field(default=None, name="a")
+    filter: str | None = field(default=None, name="f")
+    options: str | None = field(default=None, name="o")
+    bookmark: str | None = field(default=None, name="bm")
+
+
+class DeltaSubscribe(_Msg, tag="delta_subscribe"):
+    """A subscription that receives, for an update of a SOW record it has seen, the key
+    fields and the fields that changed (docs/sow-and-views.md)."""
+
     topic: str = field(name="t")
     sub_id: str | None = None
     cid: str | None = None
@@ -64,6 +94,8 @@ class Sow(_Msg, tag="sow"):
     options: str | None = field(default=None, name="o")
     batch_size: int | None = field(default=None, name="bs")
     top_n: int | None = None
+    orderby: str | None = None  # "/field [ASC|DESC] [TEXT], ..."
+    sow_keys: str | None = None  # comma list of SowKeys: only these records
 
 
 class SowAndSubscribe(_Msg, tag="sow_and_subscribe"):
@@ -76,6 +108,24 @@ class SowAndSubscribe(_Msg, tag="sow_and_subscribe"):
     options: str | None = field(default=None, name="o")
     batch_size: int | None = field(default=None, name="bs")
     top_n: int | None = None
+    orderby: str | None = None
+    sow_keys: str | None = None
+
+
+class SowAndDeltaSubscribe(_Msg, tag="sow_and_delta_subscribe"):
+    """``sow_and_subscribe`` whose live part is a delta subscription."""
+
+    topic: str = field(name="t")
+    sub_id: str | None = None
+    query_id: str | None = None
+    cid: str | None = None
+    ack_type: str | None = field(default=None, name="a")
+    filter: str | None = field(default=None, name="f")
+    options: str | None = field(default=None, name="o")
+    batch_size: int | None = field(default=None, name="bs")
+    top_n: int | None = None
+    orderby: str | None = None
+    sow_keys: str | None = None
 
 
 class Unsubscribe(_Msg, tag="unsubscribe"):
@@ -93,6 +143,8 @@ class SowDelete(_Msg, tag="sow_delete"):
     options: str | None = field(default=None, name="o")
     cid: str | None = None
     ack_type: str | None = field(default=None, name="a")
+    sow_keys: str | None = None  # SOW topic: comma list of SowKeys to delete
+    data: bytes | None = field(default=None, name="d")  # SOW topic: delete the record this would update
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
@@ -245,10 +297,12 @@ class AbortTxn(_Msg, tag="abort_txn"):
 Command = Union[
     Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush,
     Claim, Lease, Fetch, AckThrough, Extend, Reclaim, Head, ConsumerInfo, Stage, CommitTxn, AbortTxn,
+    DeltaPublish, DeltaSubscribe, SowAndDeltaSubscribe,
 ]
 COMMAND_TYPES = (
     Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush,
     Claim, Lease, Fetch, AckThrough, Extend, Reclaim, Head, ConsumerInfo, Stage, CommitTxn, AbortTxn,
+    DeltaPublish, DeltaSubscribe, SowAndDeltaSubscribe,
 )
 COMMAND_NAMES = frozenset(t.__struct_config__.tag for t in COMMAND_TYPES)
 
@@ -271,6 +325,7 @@ class Ack(_Msg, tag="ack"):
     records_deleted: int | None = None
     records_returned: int | None = None
     matches: int | None = None
+    topic_matches: int | None = None  # sow / sow_delete stats: records examined
     # Outcome of a named-consumer or transaction command: a struct of protocol/replies.py
     # on the way out, a plain map on the way in (replies.decode types it).
     result: Any = field(default=None, name="r")
@@ -296,6 +351,20 @@ class Message(_Msg, tag="p"):
     barrier: bool = False
     delivery: int | None = field(default=None, name="dn")  # delivery number d (Fetch)
     publisher: int | None = field(default=None, name="pb")  # publisher id (Fetch)
+    sow_key: str | None = field(default=None, name="k")  # the record's SowKey (SOW topics, views)
+
+
+class OutOfFocus(_Msg, tag="oof"):
+    """A record a subscription had received no longer qualifies (docs/sow-and-views.md):
+    ``reason`` is ``deleted``, ``expired`` or ``match``; ``data`` the record's new state
+    (``match``) or its last state (the others)."""
+
+    topic: str = field(name="t")
+    sow_key: str = field(name="k")
+    reason: str
+    data: bytes = field(default=b"", name="d")
+    sub_id: str | None = None
+    correlation_id: str | None = field(default=None, name="x")
 
 
 class GroupBegin(_Msg, tag="group_begin"):
@@ -312,7 +381,7 @@ class ServerHeartbeat(_Msg, tag="hb"):
     pass
 
 
-ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat]
+ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat, OutOfFocus]
 
 #: Ack types the reference names (B.9).
 ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})

@@ -2,7 +2,10 @@
 
 Each command accepts a fixed set of options; anything else is refused with
 :class:`~conveyor.errors.UnknownOption` naming the options it does accept, so a typo
-never silently changes behaviour.
+never silently changes behaviour. A list option (``projection=[a,b]``,
+``grouping=[/k]``) holds a bracketed list whose items may contain commas inside
+parentheses, brackets or quotes: the header is split only on commas outside them, and
+an option is at most ``OPTION_BYTES_MAX`` long.
 """
 
 from __future__ import annotations
@@ -11,14 +14,26 @@ from dataclasses import dataclass
 
 from conveyor.errors import InvalidOption, UnknownOption
 
-# option name -> whether it takes an integer value
+# option name -> whether it takes an integer value, a bracketed list, or nothing
 _INT = "int"
 _FLAG = "flag"
+_LIST = "list"
+
+#: The longest option (a projection list): the reference's limit.
+OPTION_BYTES_MAX = 64 * 1024
+
+# What a subscription to a SOW topic or a view accepts (docs/sow-and-views.md).
+_RECORDS = {"oof": _FLAG, "no_empties": _FLAG, "send_keys": _FLAG, "no_sowkey": _FLAG}
+_AGGREGATED = {"projection": _LIST, "grouping": _LIST}
+_QUERY = {"top_n": _INT, "skip_n": _INT}
 
 KNOWN: dict[str, dict[str, str]] = {
     "subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG},
-    "sow_and_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, "top_n": _INT},
-    "sow": {"top_n": _INT, "skip_n": _INT, "timestamp": _FLAG},
+    "delta_subscribe": {"replace": _FLAG, "timestamp": _FLAG, **_RECORDS},
+    "sow_and_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS,
+                          **_AGGREGATED},
+    "sow_and_delta_subscribe": {"replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS, **_AGGREGATED},
+    "sow": {"timestamp": _FLAG, **_QUERY, **_AGGREGATED},
     "sow_delete": {"cancel": _FLAG, "expire": _FLAG},
     "heartbeat": {"start": _INT, "beat": _FLAG},
 }
@@ -28,6 +43,13 @@ KNOWN: dict[str, dict[str, str]] = {
 class Options:
     flags: frozenset[str] = frozenset()
     values: tuple[tuple[str, int], ...] = ()
+    lists: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def list(self, name: str) -> tuple[str, ...] | None:
+        for key, items in self.lists:
+            if key == name:
+                return items
+        return None
 
     def has(self, name: str) -> bool:
         return name in self.flags
@@ -48,7 +70,8 @@ def parse_options(command: str, text: str | None) -> Options:
     known = KNOWN.get(command, {})
     flags: set[str] = set()
     values: list[tuple[str, int]] = []
-    items = [part.strip() for part in text.split(",")]
+    lists: list[tuple[str, tuple[str, ...]]] = []
+    items = [part.strip() for part in split_outside(text, ",")]
     i = 0
     while i < len(items):
         item = items[i]
@@ -68,6 +91,9 @@ def parse_options(command: str, text: str | None) -> Options:
                 raise InvalidOption(f"option {name!r} takes no value", option=name)
             flags.add(name)
             continue
+        if kind == _LIST:
+            lists.append((name, _list_value(name, raw.strip())))
+            continue
         # heartbeat uses "start,N": the value is the next item
         if not sep and command == "heartbeat" and i < len(items):
             raw = items[i]
@@ -79,4 +105,46 @@ def parse_options(command: str, text: str | None) -> Options:
         if value < 0:
             raise InvalidOption(f"option {name!r} must not be negative, got {value}", option=name)
         values.append((name, value))
-    return Options(frozenset(flags), tuple(values))
+    return Options(frozenset(flags), tuple(values), tuple(lists))
+
+
+def _list_value(name: str, raw: str) -> tuple[str, ...]:
+    if len(raw.encode()) > OPTION_BYTES_MAX:
+        raise InvalidOption(f"option {name!r} is longer than {OPTION_BYTES_MAX} bytes", option=name)
+    if not (raw.startswith("[") and raw.endswith("]")):
+        raise InvalidOption(f"option {name!r} takes a bracketed list, e.g. {name}=[/a,/b]", option=name)
+    items = tuple(part.strip() for part in split_outside(raw[1:-1], ","))
+    if not items or any(not part for part in items):
+        raise InvalidOption(f"option {name!r} has an empty item", option=name)
+    return items
+
+
+_OPEN = {"(": ")", "[": "]"}
+
+
+def split_outside(text: str, sep: str) -> list[str]:
+    """Split ``text`` on ``sep`` where it is outside parentheses, brackets and quotes."""
+    parts: list[str] = []
+    depth: list[str] = []
+    quote = ""
+    start = 0
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in _OPEN:
+            depth.append(_OPEN[c])
+        elif depth and c == depth[-1]:
+            depth.pop()
+        elif c == sep and not depth:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    parts.append(text[start:])
+    return parts

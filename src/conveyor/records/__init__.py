@@ -51,6 +51,11 @@ class PublishRec(_Rec, tag=1):
     origin: str = ""
     origin_group: str = ""
     path: list[str] = []
+    # State of the World (docs/sow-and-views.md): the absolute time (epoch seconds) the
+    # message expires, stamped before it is journaled, so a queue over the topic and a
+    # replica expire it at the same time (0: never); and its SowKey ("": not a SOW topic).
+    expiration: float = 0.0
+    sow_key: str = ""
 
 
 class LeasedRec(_Rec, tag=2):
@@ -206,10 +211,24 @@ class TransferRec(_Rec, tag=15):
     path: list[str] = []
 
 
+# --- State of the World (docs/sow-and-views.md) -----------------------------------------------
+
+
+class SowDeletedRec(_Rec, tag=16):
+    """Records of SOW topic ``topic`` deleted by ``sow_delete``: each ``keys[i]`` (its
+    SowKey) is removed if its current record is still the one at ``positions[i]``, so a
+    publish recorded after the delete keeps its record whatever order the two are
+    applied in."""
+
+    topic: str
+    keys: list[str]
+    positions: list[int]
+
+
 Record = Union[
     PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec,
     ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec, ReceivedRec, QueueRemovedRec, TransferRequestRec,
-    TransferRec,
+    TransferRec, SowDeletedRec,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -28,6 +28,7 @@ OPS: dict[type, str] = {
     r.QueueRemovedRec: "queue_removed",
     r.TransferRequestRec: "transfer_request",
     r.TransferRec: "transfer",
+    r.SowDeletedRec: "sow_delete",
 }
 OP_NAMES: tuple[str, ...] = tuple(OPS.values())
 
@@ -43,4 +44,6 @@ def describe_record(payload: bytes) -> tuple[str, float | None, str | None, str 
         return op, None, None, None, None, None
     if op in ("transfer_request", "transfer"):
         return op, None, None, rec.queue, rec.publisher, None
+    if op == "sow_delete":
+        return op, None, rec.topic, None, None, None
     return op, None, None, rec.queue, None, getattr(rec, "consumer", None)

@@ -43,6 +43,9 @@ class _QueuesFile(msgspec.Struct):
     version: int
     position: int
     queues: dict[str, tuple[int, str]]
+    # SOW topics (and views' journaled records): where each one's rebuild starts
+    # (engine/recovery.py rule 6); missing: from the start of the journal.
+    sow: dict[str, int] = {}
 
 
 class _PublishersFile(msgspec.Struct):
@@ -145,7 +148,8 @@ def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
     if cp.replication or cp.links or cp.ownership:
         _write_atomic(directory / REPLICATION_FILE, msgspec.json.encode(
             _ReplicationFile(FORMAT_VERSION, cp.position, cp.replication, cp.links, cp.ownership)))
-    _write_atomic(directory / QUEUES_FILE, msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues)))
+    _write_atomic(directory / QUEUES_FILE,
+                  msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues, cp.sow)))
 
 
 def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -> Checkpoint | None:
@@ -165,6 +169,7 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
         queues.position > durable_end
         or pubs.position < queues.position
         or any(point > durable_end for point, _ in queues.queues.values())
+        or any(point > durable_end for point in queues.sow.values())
     ):
         log.warning("ignoring checkpoint beyond the journal's end: recovering from the whole journal")
         return None
@@ -178,6 +183,7 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
     return Checkpoint(
         position=max(queues.position, first_position), queues=points, publishers=pubs.publishers, holes=pubs.holes,
         consumers=consumers, replication=dict(repl.received), links=dict(repl.links), ownership=dict(repl.ownership),
+        sow={name: max(point, first_position) for name, point in queues.sow.items()},
     )
 
 

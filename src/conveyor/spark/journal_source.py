@@ -287,6 +287,8 @@ CELLS: dict[type, dict[str, Callable]] = {
                     "seq": attrgetter("seq"), "consumer": attrgetter("owner"), "epoch": attrgetter("epoch"),
                     "counts": lambda rec: [rec.deliveries, rec.cancels],
                     "reasons": lambda rec: "proxied" if rec.proxied else None},
+    # a sow_delete: the SOW topic and the positions of the records it removed
+    r.SowDeletedRec: {"topic": attrgetter("topic"), "positions": attrgetter("positions")},
 }
 
 

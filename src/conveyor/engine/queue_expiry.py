@@ -1,0 +1,86 @@
+"""Per-message expiration in a queue: messages that carry their own expiry time.
+
+A SOW topic with ``Expiration`` stamps each message with the absolute time it expires
+before the message is journaled (docs/sow-and-views.md); a queue over that topic
+expires the message at that time ("the message will have the same expiration in the
+queue", spec 000 "Topic in the State of the World as an Underlying Topic for a
+Queue"). A part of :class:`conveyor.engine.queue.Queue`, beside the queue-wide
+``Expiration`` (which the FIFO order makes a check of the head). Rules:
+
+1. Only stamped messages cost anything: a heap of ``(expires_at, position)`` and a
+   dict position -> expires_at.
+2. A message is due at ``now >= expires_at``. The queue expires a due message that is
+   available at once; a leased one when its lease ends (``time_limit``), as for the
+   queue-wide Expiration; one owned by another instance (replicated queue, ELSEWHERE)
+   is expired by its owner, and here only if it is transferred here first.
+3. Entries of messages that are done (acknowledged, delivered, expired by another
+   rule) are dropped when they reach the top of the heap, and swept once they
+   outnumber the messages still in the queue, so memory stays O(queue).
+"""
+
+from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
+from typing import Callable, Iterator
+
+SWEEP_SLACK_MIN = 64  # stale entries tolerated before a sweep, whatever the queue's size
+
+
+class MessageExpiry:
+    __slots__ = ("_heap", "_at")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+        self._at: dict[int, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def note(self, position: int, expires_at: float) -> None:
+        """Message ``position`` expires at ``expires_at`` (rule 1)."""
+        self._at[position] = expires_at
+        heappush(self._heap, (expires_at, position))
+
+    def hold(self, position: int) -> None:
+        """``position`` is due but leased: it expires when its lease ends (rule 2)."""
+        self._at[position] = -float("inf")
+
+    def again(self, position: int) -> None:
+        """``position`` came back to the available messages (transferred here): its expiry,
+        if it has one, is looked at again by :meth:`pop_due` (a held one at once)."""
+        t = self._at.get(position)
+        if t is not None:
+            heappush(self._heap, (t, position))
+
+    def due(self, position: int, now: float) -> bool:
+        """Whether ``position`` carries an expiry that has passed (rule 2)."""
+        t = self._at.get(position)
+        return t is not None and now >= t
+
+    def pop_due(self, now: float) -> Iterator[int]:
+        """Positions whose expiry is at or before ``now``, in deadline order; each is
+        forgotten here (the queue decides what to do with it)."""
+        heap, at = self._heap, self._at
+        while heap and heap[0][0] <= now:
+            t, p = heappop(heap)
+            if at.get(p) == t:
+                del at[p]
+                yield p
+
+    def next_deadline(self) -> float | None:
+        heap, at = self._heap, self._at
+        while heap and at.get(heap[0][1]) != heap[0][0]:
+            heappop(heap)  # a stale entry (rule 3)
+        return heap[0][0] if heap else None
+
+    def forget(self, position: int) -> None:
+        self._at.pop(position, None)
+
+    def sweep(self, tracked: Callable[[int], bool], live: int) -> None:
+        """Rule 3: drop entries of messages no longer in the queue once they outnumber
+        the ``live`` ones (``tracked(p)``: still in the queue)."""
+        if len(self._at) <= 2 * live + SWEEP_SLACK_MIN:
+            return
+        self._at = {p: t for p, t in self._at.items() if tracked(p)}
+        self._heap = [(t, p) for p, t in self._at.items()]
+        heapify(self._heap)

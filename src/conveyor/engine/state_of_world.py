@@ -1,0 +1,693 @@
+"""The State of the World part of the engine: SOW topics, views, their queries and
+subscriptions, aggregated subscriptions, and views over queues (reference G;
+docs/sow-and-views.md).
+
+:class:`StateOfTheWorld` is owned by the :class:`~conveyor.engine.core.Engine`, which
+routes to it the publishes of SOW topics, the durable records, the passage of time and
+the commands on SOW topics and views; the commands still enter through the engine's
+command dispatch (so its checks apply to them too). Rules:
+
+1. **Publish** (:meth:`prepare`): the final message (a delta publish merged into the
+   latest state of its record), its SowKey and its expiry stamp are decided before the
+   message is journaled; the record changes when the publish is durable
+   (:meth:`applied`), in journal order, like every other effect of a publish.
+2. **Every change is one** :class:`~conveyor.engine.focus.RecordChange`: record
+   subscriptions get it at once (:mod:`conveyor.engine.focus`); views and aggregated
+   subscriptions count it and are rendered at the end of the engine's step
+   (:meth:`flush`): queue watches first, then views in configuration order, then
+   aggregated subscriptions.
+3. **Queries are read-committed**: a ``sow`` sees durable records only. A
+   ``sow_delete`` selects from the latest state (what is appended included), journals a
+   :class:`~conveyor.records.SowDeletedRec`, and takes effect when that is durable.
+4. **Queues are never changed here.** A view or an aggregated subscription over a queue
+   reads its available messages through a :class:`~conveyor.engine.views.QueueWatch`.
+   A queue over a SOW topic is an ordinary queue over the topic's journaled messages:
+   every publish is a new queue message, a delete or an expiry of the record leaves the
+   queue alone, and the message carries the expiry the topic stamped.
+5. **A view that is a queue's underlying topic publishes its records**: each new state
+   of one of its records is journaled on the view's topic (publisher ``views@<instance>``)
+   and enters the queue like any publish. After a restart, a record whose last state
+   never made it to the journal (a crash in between) is published again.
+6. **Restart**: recovery replays publishes and deletes (:meth:`recovered`); then
+   :meth:`end_recovery` drops expired records, fills the views over queues, and
+   catches up rule 5. The checkpoint keeps each topic's floor (:meth:`floors`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Iterable
+
+import msgspec
+
+from conveyor import errors, expr, records
+from conveyor.config.model import Config, SowTopicConfig, topic_matcher
+from conveyor.engine.aggregation import Aggregation
+from conveyor.engine.bookmarks import format_bookmark, publisher_id
+from conveyor.engine.cache import Entry, MessageCache
+from conveyor.engine.focus import RecordChange, RecordSubscription, deliver, record_message
+from conveyor.engine.outbox import Outbox
+from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue_bindings import QueueBindings
+from conveyor.engine.sessions import Session, SessionSubscription, SubKind
+from conveyor.engine.sow import SowTopic, key_text
+from conveyor.engine.sow_query import OrderBy, check_batch_size, select
+from conveyor.engine.views import QueueWatch, View, member_of_record, view_key
+from conveyor.expr.projection import NON_DETERMINISTIC, Projection
+from conveyor.protocol import messages as m
+from conveyor.protocol.messages import ack_types
+from conveyor.protocol.options import Options, parse_options
+
+log = logging.getLogger("conveyor.engine")
+
+VIEWS_CLIENT_NAME = "views"  # the publisher of view records that feed queues (rule 5)
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+class _PendingDelete:
+    __slots__ = ("end", "topic", "victims")
+
+    def __init__(self, end: int, topic: str, victims: list[tuple[Any, int]]) -> None:
+        self.end = end
+        self.topic = topic
+        self.victims = victims
+
+
+class AggregatedSubscription:
+    """``projection`` + ``grouping`` on a subscription: a private view over one source,
+    whose group records go to one subscription (reference G.4)."""
+
+    __slots__ = ("sub", "source", "aggregation", "sent", "domain")
+
+    def __init__(self, sub: RecordSubscription, source: str, aggregation: Aggregation) -> None:
+        self.sub = sub
+        self.source = source
+        self.aggregation = aggregation
+        self.sent: dict[int, Entry] = {}  # view key -> the record last sent
+        self.domain = f"{source}/{sub.sub_id}"
+
+    def flush(self, now: float, outbox: Outbox) -> None:
+        for group, record in self.aggregation.take_changes():
+            key = view_key(self.domain, group)
+            old = self.sent.get(key)
+            if record is None:
+                if old is not None:
+                    del self.sent[key]
+                    deliver(self.sub, RecordChange(self.sub.topic, key, str(key), old, None, "deleted"), now, outbox)
+                continue
+            new = Entry(self.sub.topic, _encode(record), now, 0, 0, None)
+            self.sent[key] = new
+            deliver(self.sub, RecordChange(self.sub.topic, key, str(key), old, new), now, outbox)
+
+
+class StateOfTheWorld:
+    def __init__(self, config: Config, journal: Any, cache: MessageCache, outbox: Outbox, publishes: PublishLog,
+                 bindings: QueueBindings) -> None:
+        self._journal = journal
+        self._cache = cache
+        self._outbox = outbox
+        self._publishes = publishes
+        self._bindings = bindings
+        self._publisher = publisher_id(VIEWS_CLIENT_NAME, instance=config.name)
+        self.topics: dict[str, SowTopic] = {t.name: SowTopic(t) for t in config.sow_topics}
+        self.views: dict[str, View] = {}
+        self._outputs: dict[str, SowTopic] = {}  # rule 5: what each view feeding a queue has journaled
+        self._watches: dict[str, QueueWatch] = {}
+        self._topic_aggs: dict[str, list[Aggregation]] = {}  # SOW topic -> aggregations over it
+        self._view_aggs: dict[str, list[Aggregation]] = {}  # view -> aggregations over it
+        self._record_subs: dict[str, list[RecordSubscription]] = {}  # SOW topic or view -> subscriptions
+        self._aggregated: list[AggregatedSubscription] = []
+        self._deletes: deque[_PendingDelete] = deque()
+        self._recovering = False
+        for vc in config.views:
+            self._build_view(vc)
+
+    # --- configuration ------------------------------------------------------------------------
+
+    def _build_view(self, vc) -> None:
+        if vc.joins:
+            raise errors.ConfigError(
+                f"view {vc.name!r}: joins are not supported yet", path=f"{vc.path}/UnderlyingTopic",
+                hint="make the view over one SOW topic, view or queue",
+            )
+        try:
+            projection = Projection(vc.projection, vc.grouping)
+        except expr.ExpressionError as exc:
+            raise errors.ConfigError(f"view {vc.name!r}: invalid projection or grouping: {exc}",
+                                     path=f"{vc.path}/Projection") from None
+        flt = None
+        if vc.filter is not None:
+            flt = _filter(vc.filter, lambda msg: errors.ConfigError(f"view {vc.name!r}: invalid Filter: {msg}",
+                                                                    path=f"{vc.path}/Filter"))
+        aggregation = Aggregation(projection, flt)
+        view = View(vc, aggregation)
+        (source,) = vc.underlying
+        self._attach(source, aggregation)
+        view.listeners.append(self._view_changed)
+        self.views[vc.name] = view
+        if any(topic_matcher(b.config.underlying)(vc.name) for b in self._bindings):
+            view.feeds_queue = True
+            self._outputs[vc.name] = SowTopic(SowTopicConfig(name=vc.name, message_type="json"))
+
+    def _attach(self, source: str, aggregation: Aggregation) -> None:
+        """Feed ``aggregation`` from ``source`` (a SOW topic, a view or a queue), counting
+        what the source holds now."""
+        if source in self.topics:
+            self._topic_aggs.setdefault(source, []).append(aggregation)
+            load = self._cache.get
+            for key, position in self.topics[source].items():
+                entry = load(position)
+                aggregation.add(key, position, entry.decoded(),
+                                entry.meta(format_bookmark(entry.publisher, entry.seq, position), entry.timestamp))
+        elif source in self.views:
+            self._view_aggs.setdefault(source, []).append(aggregation)
+            for key, entry in self.views[source].records.items():
+                aggregation.add(key, entry.seq, entry.decoded(), entry.meta(None, entry.timestamp))
+        else:
+            binding = self._bindings.get(source)
+            assert binding is not None, source  # the configuration checked it
+            watch = self._watches.get(source)
+            if watch is None:
+                watch = self._watches[source] = QueueWatch(binding.queue, self._cache)
+            watch.attach(aggregation)
+
+    def _detach(self, source: str, aggregation: Aggregation) -> None:
+        for table in (self._topic_aggs, self._view_aggs):
+            aggs = table.get(source)
+            if aggs is not None and aggregation in aggs:
+                aggs.remove(aggregation)
+        watch = self._watches.get(source)
+        if watch is not None:
+            watch.detach(aggregation)
+
+    # --- what is what ---------------------------------------------------------------------------
+
+    def topic(self, name: str) -> SowTopic | None:
+        return self.topics.get(name)
+
+    def owns(self, name: str) -> bool:
+        """Whether ``name`` is a SOW topic or a view (queries and record subscriptions)."""
+        return name in self.topics or name in self.views
+
+    def is_view(self, name: str) -> bool:
+        return name in self.views
+
+    # --- publishing (rule 1) ------------------------------------------------------------------------
+
+    def prepare(self, st: SowTopic, cmd: m.Publish | m.DeltaPublish, now: float, *, is_delta: bool
+                ) -> tuple[bytes, Any, float, str | None]:
+        """(message to journal, key, expiry stamp, correlation id) of a publish to ``st``."""
+        data, key, expires_at = st.prepare(cmd.data, cmd.sow_key, cmd.expiration, now, is_delta=is_delta,
+                                           load=self._load_data)
+        correlation_id = cmd.correlation_id
+        if is_delta and correlation_id is None:
+            # reference G.5.1: the update's correlation id, else the stored record's
+            latest = st.pending.get(key)
+            if latest is None and key in st.records:
+                correlation_id = self._cache.get(st.records[key]).correlation_id
+        return data, key, expires_at, correlation_id
+
+    def _load_data(self, position: int) -> bytes:
+        return self._cache.get(position).data
+
+    def appended(self, st: SowTopic, key: Any, position: int, data: bytes) -> None:
+        st.appended(key, position, data)
+
+    def applied(self, position: int, topic: str, sow_key: str, entry: Entry, now: float) -> None:
+        """A durable publish carrying a SowKey: the record changes (rule 1)."""
+        out = self._outputs.get(topic)
+        if out is not None:
+            out.apply(position, sow_key, 0.0)
+            return
+        st = self.topics.get(topic)
+        if st is None:
+            return  # a SowKey on a topic no longer kept in the SOW
+        key = st.parse_key(sow_key)
+        if key is None:
+            return
+        old = st.apply(position, key, entry.expiration)
+        if self._recovering:
+            self._count(st.name, RecordChange(topic, key, sow_key, old, entry, position=position), now)
+            return
+        self._cache.put(position, entry)
+        bookmark = format_bookmark(entry.publisher, entry.seq, position)
+        self._changed(RecordChange(topic, key, sow_key, old, entry, "publish", bookmark, position, self._cache.get), now)
+
+    def _changed(self, change: RecordChange, now: float) -> None:
+        """Rule 2: one record changed."""
+        for sub in self._record_subs.get(change.topic, ()):
+            deliver(sub, change, now, self._outbox)
+        self._count(change.topic, change, now)
+
+    def _count(self, topic: str, change: RecordChange, now: float) -> None:
+        for agg in self._topic_aggs.get(topic, ()):
+            member_of_record(agg, change, now)
+
+    # --- durability, time (rules 3 and 6) --------------------------------------------------------
+
+    def durable(self, now: float) -> None:
+        """Apply the deletes now durable (after the publishes before them)."""
+        end = self._journal.durable_end
+        deletes = self._deletes
+        while deletes and deletes[0].end <= end:
+            d = deletes.popleft()
+            self._delete(d.topic, d.victims, now, d.end)
+
+    def _delete(self, topic: str, victims: Iterable[tuple[Any, int]], now: float, end: int | None = None) -> int:
+        st = self.topics[topic]
+        done = 0
+        for key, position in victims:
+            hit = st.pending.get(key)
+            if hit is not None and hit[1] is None and hit[0] == end:
+                del st.pending[key]  # the tombstone of this delete (see sow_delete)
+            if st.delete(key, position):
+                done += 1
+                if self._recovering:
+                    self._count(topic, RecordChange(topic, key, key_text(key), position, None, "deleted"), now)
+                else:
+                    self._changed(RecordChange(topic, key, key_text(key), position, None, "deleted",
+                                               load=self._cache.get), now)
+        return done
+
+    def tick(self, now: float) -> None:
+        """Expire the records due at ``now``."""
+        for st in self.topics.values():
+            for key, position in st.expire_due(now):
+                change = RecordChange(st.name, key, key_text(key), position, None, "expired", load=self._cache.get)
+                if self._recovering:
+                    self._count(st.name, change, now)
+                else:
+                    self._changed(change, now)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for d in (st.next_deadline() for st in self.topics.values()) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def flush(self, now: float) -> None:
+        """Rule 2: render what changed in this step."""
+        for watch in self._watches.values():
+            watch.reconcile()
+        for view in self.views.values():
+            view.flush(now)
+        outbox = self._outbox
+        for agg_sub in self._aggregated:
+            agg_sub.flush(now, outbox)
+
+    def _view_changed(self, changes: list[RecordChange], now: float) -> None:
+        """A view's records changed (views rule 3): its subscriptions, the views and
+        aggregated subscriptions over it, and the queue it feeds (rule 5)."""
+        name = changes[0].topic
+        for agg in self._view_aggs.get(name, ()):
+            for change in changes:
+                member_of_record(agg, change, now)
+        if self._recovering:
+            return
+        for sub in self._record_subs.get(name, ()):
+            for change in changes:
+                deliver(sub, change, now, self._outbox)
+        if self.views[name].feeds_queue:
+            for change in changes:
+                if change.new is not None:
+                    self._publish_view_record(name, change.key_text, change.new.data, now)
+
+    def _publish_view_record(self, view: str, sow_key: str, data: bytes, now: float) -> None:
+        publishes = self._publishes
+        seq = publishes.next_seq(self._publisher)
+        publishes.append_record(records.PublishRec(view, self._publisher, seq, now, data, None, sow_key=sow_key))
+
+    # --- recovery (rule 6) ------------------------------------------------------------------------
+
+    def begin_recovery(self) -> None:
+        self._recovering = True
+
+    def recovered(self, position: int, rec, now: float) -> None:
+        """A record replayed by recovery: a publish with a SowKey, or a delete."""
+        if type(rec) is records.SowDeletedRec:
+            st = self.topics.get(rec.topic)
+            if st is not None:
+                victims = [(k, p) for k, p in ((st.parse_key(t), p) for t, p in zip(rec.keys, rec.positions))
+                           if k is not None]
+                self._delete(rec.topic, victims, now)
+            return
+        topic = rec.topic
+        out = self._outputs.get(topic)
+        if out is not None and rec.sow_key:
+            out.apply(position, rec.sow_key, 0.0)
+            return
+        st = self.topics.get(topic)
+        if st is None:
+            return
+        sow_key = rec.sow_key
+        if st.keyed:
+            # The key as the configuration defines it now (Key or KeyDomain may have changed).
+            try:
+                data = _decode(rec.data)
+                sow_key = key_text(st.key_of(data, rec.sow_key))
+            except (msgspec.DecodeError, errors.ConveyorError):
+                log.warning("SOW topic %s: the message at %d has no usable key: not kept", topic, position)
+                return
+        elif not sow_key:
+            return
+        entry = Entry(topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)
+        self.applied(position, topic, sow_key, entry, now)
+
+    def end_recovery(self, now: float) -> None:
+        """Rule 6, after the replay."""
+        self.tick(now)  # records already past their expiry go (reference G.1.4)
+        for watch in self._watches.values():
+            watch.touched.clear()
+            for agg in watch.aggregations:
+                watch.fill(agg)
+        for view in self.views.values():
+            view.flush(now)
+        self._recovering = False
+        for name, out in self._outputs.items():
+            load = self._load_data
+            for key, entry in self.views[name].records.items():
+                text = str(key)
+                journaled = out.records.get(text)
+                if journaled is None or load(journaled) != entry.data:
+                    self._publish_view_record(name, text, entry.data, now)
+
+    def floors(self, first_unapplied: int) -> dict[str, int]:
+        """Per SOW topic (and view output), where recovery must start to rebuild it."""
+        out = {}
+        for name, st in (*self.topics.items(), *((f"view:{n}", o) for n, o in self._outputs.items())):
+            floor = st.floor()
+            out[name] = first_unapplied if floor is None else min(floor, first_unapplied)
+        return out
+
+    def configured_floors(self) -> list[str]:
+        return [*self.topics, *(f"view:{n}" for n in self._outputs)]
+
+    # --- queries (rule 3) -------------------------------------------------------------------------
+
+    def query(self, conn_id: int, cmd, now: float, *, sub: RecordSubscription | None = None,
+              opts: Options | None = None) -> None:
+        """A ``sow`` (or the query part of a ``sow_and_subscribe``) on a SOW topic or view."""
+        if opts is None:
+            opts = parse_options("sow", cmd.options)
+        check_batch_size(cmd.batch_size)
+        top_n = cmd.top_n if cmd.top_n is not None else opts.get("top_n")
+        skip_n = opts.get("skip_n") or 0
+        if skip_n and top_n is None:
+            raise errors.InvalidOption("skip_n needs top_n", option="skip_n")
+        flt = _filter(cmd.filter, errors.BadFilter)
+        orderby = OrderBy(cmd.orderby) if cmd.orderby else None
+        topic = cmd.topic
+        rows = self._rows(topic, cmd.sow_keys)
+
+        def matches(row) -> bool:
+            return flt is None or flt.matches(row[1].decoded(), row[1].meta(None, now))
+
+        chosen, hits, examined = select(
+            rows, matches, orderby=orderby, top_n=top_n, skip_n=skip_n,
+            data_of=lambda row: row[1].decoded(), key_of=lambda row: key_text(row[0]),
+        )
+        qid = cmd.query_id or cmd.cid
+        outbox = self._outbox
+        outbox.send(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid))
+        for key, entry in chosen:
+            text = key_text(key)
+            outbox.send(conn_id, m.Message(
+                topic=topic, data=entry.data, timestamp=entry.timestamp, query_id=qid,
+                correlation_id=entry.correlation_id,
+                sow_key=None if sub is not None and sub.no_sowkey else text,
+            ))
+            if sub is not None and sub.oof:
+                sub.seen.add(key)
+        outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
+        self._query_acks(conn_id, cmd, qid, len(chosen), hits, examined)
+
+    def _query_acks(self, conn_id: int, cmd, qid: str | None, returned: int, hits: int, examined: int) -> None:
+        subscribing = not isinstance(cmd, m.Sow)
+        for kind in ack_types(cmd.ack_type) & {"completed", "stats", "processed"}:
+            if subscribing and kind == "processed":
+                continue  # the subscribe part acknowledges
+            self._outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=returned,
+                                             matches=hits, topic_matches=examined))
+
+    def _rows(self, topic: str, sow_keys: str | None) -> list[tuple[Any, Entry]]:
+        """(key, record) of every current record of a SOW topic or view (``sow_keys``:
+        only those)."""
+        if topic in self.topics:
+            st = self.topics[topic]
+            load = self._cache.get
+            if sow_keys:
+                keys = [st.parse_key(t.strip()) for t in sow_keys.split(",") if t.strip()]
+                return [(k, load(st.records[k])) for k in dict.fromkeys(keys) if k is not None and k in st.records]
+            return [(k, load(p)) for k, p in st.items()]
+        view = self.views[topic]
+        if sow_keys:
+            wanted = []
+            for t in sow_keys.split(","):
+                try:
+                    wanted.append(int(t.strip()))
+                except ValueError:
+                    continue
+            return [(k, view.records[k]) for k in dict.fromkeys(wanted) if k in view.records]
+        return list(view.records.items())
+
+    # --- sow_delete (rule 3) -------------------------------------------------------------------------
+
+    def sow_delete(self, conn_id: int, cmd: m.SowDelete, now: float) -> None:
+        st = self.topics[cmd.topic]
+        if cmd.options:
+            raise errors.InvalidOption(f"sow_delete on SOW topic {st.name!r} takes no options (cancel and expire "
+                                       "are for queue messages)")
+        forms = [f for f in ("filter", "sow_keys", "data", "bookmark") if getattr(cmd, f)]
+        if len(forms) != 1:
+            raise errors.InvalidOption(
+                f"sow_delete on SOW topic {st.name!r} takes exactly one of filter, sow_keys or data "
+                f"(got {', '.join(forms) or 'none'})"
+            )
+        if cmd.bookmark:
+            raise errors.InvalidOption(f"{st.name!r} is a SOW topic: delete by filter, sow_keys or data, "
+                                       "not by bookmark (bookmarks acknowledge queue messages)")
+        latest = st.latest_positions()
+        tombstoned = {k for k, (_, d) in st.pending.items() if d is None}
+        examined = 0
+        victims: list[tuple[Any, int]] = []
+        if cmd.filter:
+            flt = _filter(cmd.filter, errors.BadFilter)
+            load = self._cache.get
+            for key, position in latest.items():
+                if key in tombstoned:
+                    continue
+                examined += 1
+                entry = load(position)
+                if flt is None or flt.matches(entry.decoded(), entry.meta(None, now)):
+                    victims.append((key, position))
+        else:
+            if cmd.sow_keys:
+                keys = [st.parse_key(t.strip()) for t in cmd.sow_keys.split(",") if t.strip()]
+            else:
+                try:
+                    data = _decode(cmd.data)
+                except msgspec.DecodeError as exc:
+                    raise errors.BadMessage(f"sow_delete data is not JSON: {exc}") from None
+                keys = [st.key_of(data, None)]
+            for key in dict.fromkeys(keys):
+                examined += 1
+                position = latest.get(key)
+                if position is not None and key not in tombstoned:
+                    victims.append((key, position))
+        if victims:
+            rec = records.SowDeletedRec(st.name, [key_text(k) for k, _ in victims], [p for _, p in victims])
+            self._journal.append(records.encode(rec))
+            end = self._journal.end
+            self._deletes.append(_PendingDelete(end, st.name, victims))
+            for key, _ in victims:
+                st.pending[key] = (end, None)  # a tombstone: a delta publish now starts afresh
+        outbox = self._outbox
+        acks = ack_types(cmd.ack_type)
+        count = len(victims)
+        for kind in acks & {"processed", "stats"}:
+            outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=count, matches=count,
+                                       topic_matches=examined))
+        for kind in acks & {"persisted", "completed"}:
+            outbox.send_when_durable(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=count))
+
+    # --- subscriptions ------------------------------------------------------------------------------
+
+    def subscribe(self, session: Session, cmd, now: float, *, query: bool, is_delta: bool) -> None:
+        """``sow_and_subscribe`` / ``sow_and_delta_subscribe`` (``query``), ``delta_subscribe``
+        or ``subscribe`` on a SOW topic or view; or any of them with projection and
+        grouping (an aggregated subscription, on a queue too)."""
+        command = {(True, False): "sow_and_subscribe", (True, True): "sow_and_delta_subscribe",
+                   (False, True): "delta_subscribe", (False, False): "subscribe"}[(query, is_delta)]
+        opts = parse_options(command, cmd.options)
+        sub_id = cmd.sub_id or cmd.cid or session.new_sub_id()
+        if opts.has("replace"):
+            self._replace(session, sub_id, cmd, opts, now, query=query)
+            self._ack_subscribe(session, cmd, sub_id)
+            return
+        if sub_id in session.subs:
+            raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists (use the replace option)")
+        if getattr(cmd, "bookmark", None):
+            raise errors.InvalidOption("a delta subscription cannot replay from a bookmark", option="bookmark")
+        if query and opts.get("skip_n") is not None:
+            raise errors.InvalidOption("paginated subscriptions (skip_n on sow_and_subscribe) are not supported",
+                                       option="skip_n")
+        flt = _filter(cmd.filter, errors.BadFilter)
+        if opts.has("oof") and flt is not None:
+            _deterministic(flt)
+        sub = RecordSubscription(
+            sub_id, session.conn_id, cmd.topic, filter=flt, oof=opts.has("oof"), delta=is_delta,
+            no_empties=opts.has("no_empties"), no_sowkey=opts.has("no_sowkey"),
+        )
+        projection = opts.list("projection")
+        grouping = opts.list("grouping")
+        if projection is not None or grouping is not None:
+            self._subscribe_aggregated(session, cmd, sub, projection, grouping, now, query=query, opts=opts)
+        else:
+            if cmd.topic not in self.topics and cmd.topic not in self.views:
+                raise errors.UnknownTopic(f"{cmd.topic!r} is not a SOW topic or a view")
+            sub.key_paths = self._key_paths(cmd.topic)
+            if query:
+                self.query(session.conn_id, cmd, now, sub=sub, opts=opts)
+            self._record_subs.setdefault(cmd.topic, []).append(sub)
+        session.subs[sub_id] = SessionSubscription(
+            sub_id, session.conn_id, cmd.topic, topic_matcher(cmd.topic), SubKind.RECORDS, flt, cmd.cid, consumer=sub,
+        )
+        self._ack_subscribe(session, cmd, sub_id)
+
+    def _ack_subscribe(self, session: Session, cmd, sub_id: str) -> None:
+        acks = ack_types(cmd.ack_type)
+        if "processed" in acks or not acks:
+            self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=sub_id))
+
+    def _key_paths(self, topic: str) -> tuple[tuple[str, ...], ...]:
+        if topic in self.topics:
+            return self.topics[topic].key_paths
+        return self.views[topic].key_paths
+
+    def _replace(self, session: Session, sub_id: str, cmd, opts: Options, now: float, *, query: bool) -> None:
+        """reference G.1.2: the query runs again; records newly in scope are sent; with
+        oof, records that no longer match get an oof."""
+        held = session.subs.get(sub_id)
+        if held is None or held.kind is not SubKind.RECORDS:
+            raise errors.UnknownSubscription(f"no SOW subscription {sub_id!r} to replace")
+        sub: RecordSubscription = held.consumer
+        if any(a.sub is sub for a in self._aggregated):
+            raise errors.InvalidOption("an aggregated subscription cannot be replaced", option="replace")
+        if cmd.topic != sub.topic:
+            raise errors.InvalidOption("replace cannot change the topic of a SOW subscription", option="replace")
+        flt = _filter(cmd.filter, errors.BadFilter)
+        if sub.oof and flt is not None:
+            _deterministic(flt)
+        old_flt, sub.filter = sub.filter, flt
+        held.filter = flt
+        if not query:
+            return
+        for key, entry in self._rows(sub.topic, None):
+            now_in = sub.matches(entry, None, now)
+            was_in = key in sub.seen if sub.oof else (old_flt is None or old_flt.matches(entry.decoded(),
+                                                                                            entry.meta(None, now)))
+            if now_in and not was_in:
+                self._outbox.send(sub.conn_id, record_message(sub, sub.topic, entry, key_text(key), None))
+                if sub.oof:
+                    sub.seen.add(key)
+            elif was_in and not now_in and sub.oof:
+                sub.seen.discard(key)
+                self._outbox.send(sub.conn_id, m.OutOfFocus(topic=sub.topic, sow_key=key_text(key), reason="match",
+                                                            data=entry.data, sub_id=sub.sub_id))
+
+    def _subscribe_aggregated(self, session: Session, cmd, sub: RecordSubscription, projection, grouping,
+                              now: float, *, query: bool, opts: Options) -> None:
+        if not query:
+            raise errors.InvalidOption("projection and grouping need sow, sow_and_subscribe or "
+                                       "sow_and_delta_subscribe", option="projection")
+        aggregation = self._aggregation(cmd.topic, projection, grouping, sub.filter)
+        agg_sub = AggregatedSubscription(sub, cmd.topic, aggregation)
+        sub.filter = None  # it applied to the source messages (reference G.4)
+        sub.key_paths = ()
+        self._attach(cmd.topic, aggregation)
+        aggregation.take_changes()  # what it holds now is the query's answer
+        rows = [(view_key(agg_sub.domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None))
+                for g, r in aggregation.records()]
+        agg_sub.sent = dict(rows)
+        self._send_rows(session.conn_id, cmd, rows, opts, sub)
+        self._aggregated.append(agg_sub)
+
+    def _aggregation(self, topic: str, projection, grouping, flt) -> Aggregation:
+        if projection is None or grouping is None:
+            raise errors.InvalidOption("an aggregated query needs both projection and grouping", option="projection")
+        if topic not in self.topics and topic not in self.views and self._bindings.get(topic) is None:
+            raise errors.UnknownTopic(f"{topic!r} is not a SOW topic, view or queue: nothing to aggregate")
+        try:
+            return Aggregation(Projection(projection, grouping), flt)
+        except expr.ExpressionError as exc:
+            raise errors.InvalidOption(f"invalid projection or grouping: {exc}", option="projection") from None
+
+    def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float) -> None:
+        """An aggregated ``sow`` (reference G.4): the groups of the source's current
+        contents (a queue's available messages), computed once."""
+        check_batch_size(cmd.batch_size)
+        aggregation = self._aggregation(cmd.topic, opts.list("projection"), opts.list("grouping"),
+                                         _filter(cmd.filter, errors.BadFilter))
+        self._attach(cmd.topic, aggregation)
+        self._detach(cmd.topic, aggregation)
+        domain = f"{cmd.topic}/query"
+        rows = [(view_key(domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None)) for g, r in aggregation.records()]
+        self._send_rows(conn_id, cmd, rows, opts, None)
+
+    def _send_rows(self, conn_id: int, cmd, rows: list[tuple[int, Entry]], opts: Options,
+                   sub: RecordSubscription | None) -> None:
+        top_n = cmd.top_n if cmd.top_n is not None else opts.get("top_n")
+        skip_n = opts.get("skip_n") or 0
+        orderby = OrderBy(cmd.orderby) if cmd.orderby else None
+        chosen, hits, examined = select(rows, lambda row: True, orderby=orderby, top_n=top_n, skip_n=skip_n,
+                                        data_of=lambda row: row[1].decoded(), key_of=lambda row: str(row[0]))
+        qid = cmd.query_id or cmd.cid
+        outbox = self._outbox
+        outbox.send(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid))
+        for key, entry in chosen:
+            outbox.send(conn_id, m.Message(topic=cmd.topic, data=entry.data, timestamp=entry.timestamp, query_id=qid,
+                                           sow_key=str(key)))
+            if sub is not None and sub.oof:
+                sub.seen.add(key)
+        outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
+        self._query_acks(conn_id, cmd, qid, len(chosen), hits, examined)
+
+    def remove(self, sub: SessionSubscription) -> None:
+        """Unsubscribe or the end of a session."""
+        rs: RecordSubscription = sub.consumer
+        subs = self._record_subs.get(rs.topic)
+        if subs is not None and rs in subs:
+            subs.remove(rs)
+        for agg_sub in self._aggregated:
+            if agg_sub.sub is rs:
+                self._aggregated.remove(agg_sub)
+                self._detach(agg_sub.source, agg_sub.aggregation)
+                break
+
+    # --- statistics -------------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, dict[str, int]]:
+        out = {name: {"records": len(st), "expiring": len(st.expiry)} for name, st in self.topics.items()}
+        for name, view in self.views.items():
+            out[name] = {"records": len(view), "members": len(view.aggregation.members)}
+        return out
+
+
+def _filter(text: str | None, error):
+    if not text:
+        return None
+    try:
+        return expr.compile(text)
+    except expr.ExpressionError as exc:
+        if error is errors.BadFilter:
+            raise
+        raise error(str(exc)) from None
+
+
+def _deterministic(flt) -> None:
+    from conveyor.expr.nodes import Call, walk
+
+    for n in walk(flt.tree):
+        if isinstance(n, Call) and n.name in NON_DETERMINISTIC:
+            raise errors.BadFilter(f"{n.name}() is not deterministic: not allowed in an oof subscription's filter",
+                                   position=n.pos, token=n.name)

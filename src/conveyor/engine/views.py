@@ -1,0 +1,164 @@
+"""Views and what feeds them: SOW topics, other views, and queues (reference G.2;
+docs/sow-and-views.md).
+
+A :class:`View` is an :class:`~conveyor.engine.aggregation.Aggregation` with an output:
+its records (one per group) are a topic that answers queries and subscriptions like a
+SOW topic. A :class:`QueueWatch` makes a queue's *available* messages a source.
+Rules:
+
+1. **Incremental.** A source reports member changes (a SOW record replaced, deleted or
+   expired; a view record changed; a queue message entering or leaving the available
+   messages); the aggregation updates the member's group only.
+2. **Over a queue, only what is available counts** (spec 000, "Views and Aggregated
+   Subscriptions over Queues"): the queue tells the watch every message that moved
+   (:meth:`conveyor.engine.queue.Queue.watch`); at the end of the engine's step the
+   watch asks the queue where each one is now and adds or removes it. A leased message
+   leaves, a returned one comes back, an acknowledged or expired one leaves for good,
+   one beyond TargetQueueDepth is not there yet. The watch never changes the queue.
+3. **One update per group per step.** Changed groups are rendered at the end of the
+   step (:meth:`View.flush`), in configuration order, so a view over a view sees its
+   source's changes in the same step; a group that lost its last member is deleted.
+4. **Synthetic records**: a view record has no bookmark and no correlation id; its
+   SowKey is the checksum of the view's key domain and the grouping values. It is not
+   journaled, unless a queue takes the view as its underlying topic: then each new
+   state of a record is published on the view's topic (:attr:`View.feeds_queue`).
+5. **Restart**: a view is rebuilt from its sources during recovery (SOW topics replay;
+   queue views are filled from the queue's available messages at the end).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import msgspec
+
+from conveyor.config.model import ViewConfig
+from conveyor.engine.aggregation import Aggregation
+from conveyor.engine.bookmarks import format_bookmark
+from conveyor.engine.cache import Entry, MessageCache
+from conveyor.engine.focus import RecordChange
+from conveyor.engine.queue import Queue
+from conveyor.engine.queue_state import MessageState
+from conveyor.engine.sow import generated_key
+from conveyor.expr.projection import key_value
+from conveyor.expr.values import to_text
+
+_encode = msgspec.json.Encoder().encode
+_AVAILABLE = MessageState.AVAILABLE
+
+
+def view_key(domain: str, group: tuple) -> int:
+    """Rule 4: the key of a view record."""
+    return generated_key(domain, [to_text(key_value(v)) for v in group])
+
+
+class View:
+    """One configured view: its aggregation and its current records (rules 1, 3, 4)."""
+
+    __slots__ = ("config", "name", "aggregation", "records", "feeds_queue", "_seq", "listeners", "key_paths")
+
+    def __init__(self, config: ViewConfig, aggregation: Aggregation) -> None:
+        self.config = config
+        self.name = config.name
+        self.aggregation = aggregation
+        self.records: dict[int, Entry] = {}  # view key -> the record
+        self.feeds_queue = False
+        self._seq = 0
+        #: Called with the RecordChanges of each flush: subscriptions, downstream views.
+        self.listeners: list[Callable[[list[RecordChange], float], None]] = []
+        # A delta carries the grouping fields that are plain paths (reference G.5.2).
+        self.key_paths = tuple(
+            tuple(s for s in g.tree.steps if isinstance(s, str))
+            for g in aggregation.projection.grouping
+            if hasattr(g.tree, "steps")
+        )
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def flush(self, now: float) -> list[RecordChange]:
+        """Rule 3: the records of the groups changed since the last flush."""
+        changes = []
+        domain = self.config.domain
+        for group, record in self.aggregation.take_changes():
+            key = view_key(domain, group)
+            old = self.records.get(key)
+            if record is None:
+                if old is None:
+                    continue
+                del self.records[key]
+                changes.append(RecordChange(self.name, key, str(key), old, None, "deleted"))
+                continue
+            self._seq += 1
+            new = Entry(self.name, _encode(record), now, 0, self._seq, None)
+            self.records[key] = new
+            changes.append(RecordChange(self.name, key, str(key), old, new))
+        if changes:
+            for listener in self.listeners:
+                listener(changes, now)
+        return changes
+
+
+def _meta(entry: Entry, position: int) -> dict:
+    # Message functions in a view describe the queued message (expressions.md 7.3).
+    return entry.meta(format_bookmark(entry.publisher, entry.seq, position), entry.timestamp)
+
+
+class QueueWatch:
+    """Rule 2: the available messages of one queue, as member changes for the
+    aggregations over it (views and aggregated subscriptions)."""
+
+    __slots__ = ("queue", "name", "_cache", "touched", "aggregations")
+
+    def __init__(self, queue: Queue, cache: MessageCache) -> None:
+        self.queue = queue
+        self.name = queue.name
+        self._cache = cache
+        self.touched: set[int] = set()
+        self.aggregations: list[Aggregation] = []
+        queue.watch(self.touched.add)
+
+    def attach(self, agg: Aggregation) -> None:
+        """Count the queue's available messages in ``agg`` now; it follows from here."""
+        self.aggregations.append(agg)
+        self.fill(agg)
+
+    def detach(self, agg: Aggregation) -> None:
+        if agg in self.aggregations:
+            self.aggregations.remove(agg)
+
+    def fill(self, agg: Aggregation) -> None:
+        load = self._cache.get
+        for p in list(self.queue.available()):
+            entry = load(p)
+            agg.add(p, p, entry.decoded(), _meta(entry, p))
+
+    def reconcile(self) -> None:
+        """Rule 2: every message that moved since the last call is counted where it is now."""
+        if not self.touched:
+            return
+        touched = sorted(self.touched)
+        self.touched.clear()
+        state_of = self.queue.state_of
+        load = self._cache.get
+        for agg in self.aggregations:
+            members = agg.members
+            for p in touched:
+                if state_of(p) is _AVAILABLE:
+                    if p not in members:
+                        entry = load(p)
+                        agg.add(p, p, entry.decoded(), _meta(entry, p))
+                elif p in members:
+                    agg.remove(p)
+
+
+def member_of_record(agg: Aggregation, change: RecordChange, now: float) -> None:
+    """Apply one SOW or view record change to an aggregation over that topic (rule 1).
+    The newest-message order is the record's journal position, or a view record's
+    sequence number."""
+    new = change.new
+    if new is None:
+        agg.remove(change.key)
+        return
+    order = change.position if change.position is not None else new.seq
+    agg.add(change.key, order, new.decoded(), new.meta(change.bookmark, now))
