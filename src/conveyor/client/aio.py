@@ -40,7 +40,7 @@ from conveyor.client.core import (
     PendingCommand,
     parse_uri,
 )
-from conveyor.client.message import Acker, AckVerb
+from conveyor.client.message import Acker, AckVerb, to_bytes
 from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange, make_policy
 from conveyor.client.store import PublishStore
 from conveyor.client.subscription import DeliveryMode, Handler, SubState, SubscriptionBase
@@ -503,17 +503,34 @@ class AsyncClient:
 
     # --- publishing ----------------------------------------------------------------------
 
-    def publish_nowait(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> int:
-        """Store and queue a publish; returns its sequence number. Never waits."""
+    def publish_nowait(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
+                       **sow: Any) -> int:
+        """Store and queue a publish; returns its sequence number. Never waits. ``sow``:
+        ``delta=True`` (a delta publish), ``sow_key``, ``expiration`` (seconds)."""
         if self._error is not None:
             raise self._error
-        seq = self.core.publish(topic, data, sequence=sequence, correlation_id=correlation_id)
+        seq = self.core.publish(topic, data, sequence=sequence, correlation_id=correlation_id, **sow)
         self._kick()
         return seq
 
-    async def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> int:
-        """Publish; returns the sequence number. Waits only while too many are unpersisted."""
-        seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id)
+    async def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
+                      sow_key: str | None = None, expiration: float | None = None) -> int:
+        """Publish; returns the sequence number. Waits only while too many are unpersisted.
+        ``sow_key``: the record's key on a SOW topic without Key fields; ``expiration``:
+        the record's lifetime in seconds (a SOW topic with Expiration)."""
+        seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id, sow_key=sow_key,
+                                  expiration=expiration)
+        if len(self.core.store) > self.max_inflight:
+            await self.wait_persisted(seq - self.max_inflight // 2)
+        return seq
+
+    async def delta_publish(self, topic: str, data: Any, *, sequence: int | None = None,
+                            correlation_id: str | None = None, sow_key: str | None = None,
+                            expiration: float | None = None) -> int:
+        """A delta publish: ``data``'s fields merged into the current record of a SOW topic
+        (docs/sow-and-views.md); on another topic, a plain publish."""
+        seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id, delta=True,
+                                  sow_key=sow_key, expiration=expiration)
         if len(self.core.store) > self.max_inflight:
             await self.wait_persisted(seq - self.max_inflight // 2)
         return seq
@@ -597,8 +614,14 @@ class AsyncClient:
         auto_ack: bool | None = None,
         on_message: Callable[[Message], None] | None = None,
         replace: bool = False,
+        command: str = "subscribe",
+        orderby: str | None = None,
     ) -> AsyncSubscription:
         """Subscribe to a topic or a queue.
+
+        ``command``: ``subscribe`` (default), ``delta_subscribe``, ``sow_and_subscribe``
+        or ``sow_and_delta_subscribe`` (SOW topics and views: docs/sow-and-views.md; the
+        query's records come first, then live changes; ``orderby`` orders the query).
 
         - no ``handler``/``on_message``: iterate over the result (``async for``, ``get``);
         - ``handler``: called (sync or async) for each message in a task, one at a time;
@@ -625,7 +648,7 @@ class AsyncClient:
         mode = D.CALLBACK if on_message is not None else D.HANDLER if handler is not None else D.ITERATOR
         state = self.subscription_state(
             topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog,
-            sub_id=sub_id, auto_ack=auto_ack, mode=mode,
+            sub_id=sub_id, auto_ack=auto_ack, mode=mode, command=command, orderby=orderby,
         )
         subscription = AsyncSubscription(self, state)
         sink = self._inline(subscription, on_message) if on_message is not None else None
@@ -727,12 +750,19 @@ class AsyncClient:
             if not known:
                 raise
 
-    async def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None) -> list[Message]:
-        """The messages waiting in a queue (a query; nothing is leased)."""
+    async def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None,
+                  orderby: str | None = None, options: str | None = None, sow_keys: list[str] | str | None = None,
+                  batch_size: int | None = None) -> list[Message]:
+        """A query: the messages waiting in a queue (nothing is leased), or the records of
+        a SOW topic or view (docs/sow-and-views.md: ``orderby``, ``options`` such as
+        ``skip_n=10`` or ``projection=[...],grouping=[...]``, ``sow_keys``)."""
+        if isinstance(sow_keys, (list, tuple)):
+            sow_keys = ",".join(sow_keys)
 
         def build() -> PendingCommand:
             cid = self.core.new_cid()
-            cmd = m.Sow(topic=topic, cid=cid, query_id=cid, filter=filter, top_n=top_n, ack_type="completed")
+            cmd = m.Sow(topic=topic, cid=cid, query_id=cid, filter=filter, top_n=top_n, ack_type="completed",
+                        orderby=orderby, options=options, sow_keys=sow_keys, batch_size=batch_size)
             return self.core.command(cmd, CommandKind.SOW)
 
         await self._wait_connected()
@@ -741,15 +771,22 @@ class AsyncClient:
         return pending.messages
 
     async def sow_delete(
-        self, topic: str, *, bookmarks: list[str] | str | None = None, filter: str | None = None, options: str | None = None
+        self, topic: str, *, bookmarks: list[str] | str | None = None, filter: str | None = None, options: str | None = None,
+        sow_keys: list[str] | str | None = None, data: Any = None,
     ) -> int:
-        """Acknowledge queue messages by bookmark or filter at once; returns how many were removed."""
+        """Acknowledge queue messages by bookmark or filter at once, or delete records of a
+        SOW topic by filter, ``sow_keys`` or ``data`` (the record it would update);
+        returns how many were removed."""
         if isinstance(bookmarks, (list, tuple)):
             bookmarks = ",".join(bookmarks)
+        if isinstance(sow_keys, (list, tuple)):
+            sow_keys = ",".join(sow_keys)
+        body = None if data is None else to_bytes(data)
 
         def build() -> PendingCommand:
             cid = self.core.new_cid()
-            cmd = m.SowDelete(topic=topic, bookmark=bookmarks, filter=filter, options=options, cid=cid, ack_type="processed")
+            cmd = m.SowDelete(topic=topic, bookmark=bookmarks, filter=filter, options=options, cid=cid,
+                              ack_type="processed", sow_keys=sow_keys, data=body)
             return self.core.command(cmd, CommandKind.SOW_DELETE)
 
         ack = await self._request(build)

@@ -72,6 +72,15 @@ def parse_uri(uri: str) -> tuple[str, int]:
     return parsed.hostname, port
 
 
+def _publish_command(topic: str, data: bytes, seq: int, correlation_id: str | None, extra: dict | None):
+    """The command for a stored publish: a delta publish, a sow_key, an expiration."""
+    if not extra:
+        return m.Publish(topic=topic, data=data, seq=seq, ack_type="persisted", correlation_id=correlation_id)
+    cls = m.DeltaPublish if extra.get("d") else m.Publish
+    return cls(topic=topic, data=data, seq=seq, ack_type="persisted", correlation_id=correlation_id,
+               sow_key=extra.get("k"), expiration=extra.get("e"))
+
+
 class CommandKind(enum.Enum):
     """What a command awaiting its ack is, and the ack type that completes it."""
 
@@ -226,7 +235,7 @@ class ClientCore:
         self.outgoing.extend(self.acks_unconfirmed.values())
         self.online = True
         for seq, topic, data, corr in self.store.unpersisted():
-            self.outgoing.append(m.Publish(topic=topic, data=data, seq=seq, ack_type="persisted", correlation_id=corr))
+            self.outgoing.append(_publish_command(topic, data, seq, corr, self.store.extra(seq)))
         for sub in self.subscriptions.values():
             cid = self.new_cid()
             self.outgoing.append(sub.command(cid))
@@ -234,16 +243,22 @@ class ClientCore:
         if self.on_persisted is not None:
             self.on_persisted(self.persisted_seq)
 
-    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> int:
-        """Store a publish (rule 1) and, when online, queue it; returns its sequence."""
+    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
+                delta: bool = False, sow_key: str | None = None, expiration: float | None = None) -> int:
+        """Store a publish (rule 1) and, when online, queue it; returns its sequence.
+        ``delta``: a delta publish (merged into the SOW record); ``sow_key``: the record's
+        key on a SOW topic without Key fields; ``expiration``: its lifetime in seconds."""
         body = to_bytes(data)
         if sequence is None:
             sequence = self.next_seq
         if sequence >= self.next_seq:
             self.next_seq = sequence + 1
-        self.store.add(sequence, topic, body, correlation_id)
+        extra = None
+        if delta or sow_key is not None or expiration is not None:
+            extra = {k: v for k, v in (("d", 1 if delta else None), ("k", sow_key), ("e", expiration)) if v is not None}
+        self.store.add(sequence, topic, body, correlation_id, extra)
         if self.online:
-            self.outgoing.append(m.Publish(topic=topic, data=body, seq=sequence, ack_type="persisted", correlation_id=correlation_id))
+            self.outgoing.append(_publish_command(topic, body, sequence, correlation_id, extra))
         return sequence
 
     def command(self, cmd: Any, kind: CommandKind) -> PendingCommand:
@@ -331,6 +346,11 @@ class ClientCore:
                     self._deliver(item)
                 case m.Ack():
                     self._on_ack(item, done)
+                case m.OutOfFocus():
+                    sub = self.subscriptions.get(item.sub_id)
+                    if sub is not None:
+                        sub.sink(Message(item.topic, item.data, None, item.sub_id, correlation_id=item.correlation_id,
+                                         _epoch=self.epoch, sow_key=item.sow_key, oof=item.reason))
                 case m.GroupBegin() | m.GroupEnd():
                     pass
                 case m.ServerHeartbeat():
@@ -341,12 +361,14 @@ class ClientCore:
         return done
 
     def _deliver(self, item: m.Message) -> None:
-        if item.query_id is not None and item.sub_id is None:
+        sub_id = item.sub_id
+        if item.query_id is not None and sub_id is None:
             pending = self.awaiting_ack.get(item.query_id)
             if pending is not None:
                 pending.messages.append(self._message(item, None))
-            return
-        sub = self.subscriptions.get(item.sub_id)
+                return
+            sub_id = item.query_id  # the query part of a sow_and_subscribe (query_id = sub_id)
+        sub = self.subscriptions.get(sub_id)
         if sub is None:
             return  # unsubscribed while it was on the way
         if item.queue is not None:
@@ -356,7 +378,7 @@ class ClientCore:
     def _message(self, item: m.Message, acker: Any) -> Message:
         return Message(
             item.topic, item.data, item.bookmark, item.sub_id, item.seq, item.timestamp,
-            item.lease_deadline, item.correlation_id, item.queue, acker, None, self.epoch,
+            item.lease_deadline, item.correlation_id, item.queue, acker, None, self.epoch, item.sow_key,
         )
 
     def _on_ack(self, ack: m.Ack, done: list[PendingCommand]) -> None:

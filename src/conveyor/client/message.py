@@ -83,6 +83,10 @@ class Message:
     _acker: Acker | None = field(default=None, repr=False)
     _settled: AckVerb | None = field(default=None, repr=False)  # rule 1
     _epoch: int = field(default=0, repr=False)  # the connection it arrived on
+    sow_key: str | None = None  # the record's SowKey (SOW topics, views)
+    #: An out-of-focus notice (docs/sow-and-views.md): why the record ``sow_key`` no longer
+    #: qualifies (``match``, ``deleted``, ``expired``); None for an ordinary message.
+    oof: str | None = None
 
     def json(self) -> Any:
         """The body decoded as JSON."""

@@ -14,6 +14,9 @@ The file is append-only (STYLE 10)::
     header  : b"CVPS" | version u16 | flags u16           (8 bytes, big-endian)
     record  : length u32 | crc32c(body) u32 | body         (body: a MessagePack array)
     bodies  : [1, seq, topic, data, correlation_id]       a publish
+              [1, seq, topic, data, correlation_id, extra] a publish with options
+                                                           (extra: {"d": 1} a delta publish,
+                                                           "k": sow_key, "e": expiration)
               [2, seq]                                     persisted: every seq <= it
               [3, seq]                                     done: one seq (a duplicate)
               [4, seq]                                     the highest seq used so far
@@ -65,6 +68,7 @@ class PublishStore:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[int, tuple[str, bytes, str | None]] = OrderedDict()
+        self._extras: dict[int, dict] = {}  # seq -> the publish's options, when it has any
         self._last_seq = 0
 
     @property
@@ -72,25 +76,35 @@ class PublishStore:
         """The highest sequence number this store has seen (0: none)."""
         return self._last_seq
 
-    def add(self, seq: int, topic: str, data: bytes, correlation_id: str | None) -> None:
+    def add(self, seq: int, topic: str, data: bytes, correlation_id: str | None, extra: dict | None = None) -> None:
         self._entries[seq] = (topic, data, correlation_id)
+        if extra:
+            self._extras[seq] = extra
         if seq > self._last_seq:
             self._last_seq = seq
+
+    def extra(self, seq: int) -> dict | None:
+        """The options of the publish ``seq`` (delta, sow_key, expiration), if any."""
+        return self._extras.get(seq) if self._extras else None
 
     def discard_up_to(self, seq: int) -> None:
         """The server persisted every sequence up to ``seq``."""
         entries = self._entries
+        extras = self._extras
         while entries:
             first = next(iter(entries))
             if first > seq:
                 break
             del entries[first]
+            if extras:
+                extras.pop(first, None)
         if seq > self._last_seq:
             self._last_seq = seq
 
     def discard(self, seq: int) -> None:
         """One sequence is done (the server reported it a duplicate)."""
         self._entries.pop(seq, None)
+        self._extras.pop(seq, None)
 
     def unpersisted(self) -> list[Entry]:
         return [(seq, *rest) for seq, rest in self._entries.items()]
@@ -130,12 +144,13 @@ class FilePublishStore(PublishStore):
 
     # --- the interface ---------------------------------------------------------------
 
-    def add(self, seq: int, topic: str, data: bytes, correlation_id: str | None) -> None:
-        record = _frame(_encode((PUBLISH, seq, topic, data, correlation_id)))
+    def add(self, seq: int, topic: str, data: bytes, correlation_id: str | None, extra: dict | None = None) -> None:
+        body = (PUBLISH, seq, topic, data, correlation_id, extra) if extra else (PUBLISH, seq, topic, data, correlation_id)
+        record = _frame(_encode(body))
         self._append(record)
         self._publishes_buffered = True
         self._track_add(seq, len(record))
-        super().add(seq, topic, data, correlation_id)
+        super().add(seq, topic, data, correlation_id, extra)
 
     def discard_up_to(self, seq: int) -> None:
         if not self._entries or next(iter(self._entries)) > seq:
@@ -152,6 +167,7 @@ class FilePublishStore(PublishStore):
             if first > seq:
                 break
             del entries[first]
+            self._extras.pop(first, None)
             self._live_bytes -= self._sizes.pop(first, 0)
         if seq > self._last_seq:
             self._last_seq = seq
@@ -255,9 +271,9 @@ class FilePublishStore(PublishStore):
             rec = _decode(body)
             kind, seq = rec[0], rec[1]
             if kind == PUBLISH:
-                _, _, topic, data, corr = rec
+                _, _, topic, data, corr, *more = rec
                 self._track_add(seq, size)
-                PublishStore.add(self, seq, topic, data, corr)
+                PublishStore.add(self, seq, topic, data, corr, more[0] if more else None)
             elif kind == PERSISTED:
                 self._drop_up_to(seq)
             elif kind == DONE:
@@ -290,7 +306,10 @@ class FilePublishStore(PublishStore):
         """Rewrite the file with only what is still needed, then rename it over the old."""
         self._ensure_open()
         records = [_frame(_encode((MARK, self._last_seq)))]
-        records += [_frame(_encode((PUBLISH, seq, t, d, c))) for seq, t, d, c in self.unpersisted()]
+        records += [
+            _frame(_encode((PUBLISH, seq, t, d, c, x) if (x := self.extra(seq)) else (PUBLISH, seq, t, d, c)))
+            for seq, t, d, c in self.unpersisted()
+        ]
         tmp = Path(f"{self.path}.compact")
         self._write_file(tmp, records)
         os.replace(tmp, self.path)

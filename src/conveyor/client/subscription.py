@@ -84,6 +84,7 @@ def refuse_replace_option(options: str | None) -> None:
 
 
 _ITERATOR = DeliveryMode.ITERATOR  # per-message checks: a global, not an enum lookup
+_COMMANDS = ("subscribe", "delta_subscribe", "sow_and_subscribe", "sow_and_delta_subscribe")
 _CANCEL = AckVerb.CANCEL
 
 
@@ -101,8 +102,14 @@ class SubState:
         max_backlog: int | None = None,
         auto_ack: bool = False,
         mode: DeliveryMode = DeliveryMode.ITERATOR,
+        command: str = "subscribe",
+        orderby: str | None = None,
     ) -> None:
         refuse_replace_option(options)
+        if command not in _COMMANDS:
+            raise errors.InvalidOption(f"unknown subscribe command {command!r} (one of {', '.join(_COMMANDS)})")
+        self.kind = command  # subscribe, delta_subscribe, sow_and_subscribe, sow_and_delta_subscribe
+        self.orderby = orderby  # the query part of a sow_and_* subscription
         self.sub_id = sub_id
         self.topic = topic
         self.filter = filter
@@ -128,13 +135,20 @@ class SubState:
         with self._guard:
             return self.last_bookmark or self.bookmark
 
-    def command(self, cid: str, *, replace: bool = False) -> m.Subscribe:
-        """The subscribe command: the first, a ``replace``, or a resume after a reconnect."""
+    def command(self, cid: str, *, replace: bool = False):
+        """The subscribe command: the first, a ``replace``, or a resume after a reconnect.
+        A ``sow_and_*`` subscription queries again on a resume (its query's messages
+        carry the sub_id as their query_id)."""
         bookmark = self.resume_bookmark() if self.bookmark is not None else None
         options = self.options
         if replace:
             options = f"replace,{options}" if options else "replace"
-        return m.Subscribe(
+        if self.kind in ("sow_and_subscribe", "sow_and_delta_subscribe"):
+            cls = m.SowAndSubscribe if self.kind == "sow_and_subscribe" else m.SowAndDeltaSubscribe
+            return cls(topic=self.topic, sub_id=self.sub_id, query_id=self.sub_id, cid=cid, ack_type="processed",
+                       filter=self.filter, options=options, orderby=self.orderby)
+        cls = m.DeltaSubscribe if self.kind == "delta_subscribe" else m.Subscribe
+        return cls(
             topic=self.topic, sub_id=self.sub_id, cid=cid, ack_type="processed",
             filter=self.filter, options=options, bookmark=bookmark,
         )

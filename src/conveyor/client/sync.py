@@ -228,9 +228,9 @@ class Client:
         aio = self._aio
         for item in items:
             if item[0] == _PUBLISH:
-                _, topic, data, sequence, corr = item
+                _, topic, data, sequence, corr, sow = item
                 try:
-                    aio.publish_nowait(topic, data, sequence=sequence, correlation_id=corr)
+                    aio.publish_nowait(topic, data, sequence=sequence, correlation_id=corr, **sow)
                 except errors.ConveyorError:
                     pass  # the client failed after publish() checked: the next call raises
             else:
@@ -245,15 +245,26 @@ class Client:
 
     # --- publishing ----------------------------------------------------------------------
 
-    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None) -> None:
+    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
+                sow_key: str | None = None, expiration: float | None = None) -> None:
         """Publish; returns at once. The message enters the publish store on the client's
         loop thread (at once) and is kept there until the server persists it. Waits only
-        while ``max_inflight`` publishes are unpersisted."""
+        while ``max_inflight`` publishes are unpersisted. ``sow_key``, ``expiration``: as
+        :meth:`AsyncClient.publish`."""
+        self._publish(topic, data, sequence, correlation_id, sow_key=sow_key, expiration=expiration)
+
+    def delta_publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
+                      sow_key: str | None = None, expiration: float | None = None) -> None:
+        """A delta publish (:meth:`AsyncClient.delta_publish`); returns at once, as :meth:`publish`."""
+        self._publish(topic, data, sequence, correlation_id, delta=True, sow_key=sow_key, expiration=expiration)
+
+    def _publish(self, topic: str, data: Any, sequence: int | None, correlation_id: str | None, **sow: Any) -> None:
         if self._aio.error is not None:
             raise self._aio.error
         if len(self._aio.core.store) + len(self._handover) > self._aio.max_inflight:
             self._wait_room()
-        self._hand_over((_PUBLISH, topic, data, sequence, correlation_id))
+        sow = {k: v for k, v in sow.items() if v is not None and v is not False}
+        self._hand_over((_PUBLISH, topic, data, sequence, correlation_id, sow))
 
     def _wake_publishers(self, *_change: Any) -> None:
         """A persisted ack or a state change: publishers waiting for room look again."""
@@ -301,6 +312,8 @@ class Client:
         handler: Callable[[Message], None] | None = None,
         auto_ack: bool | None = None,
         replace: bool = False,
+        command: str = "subscribe",
+        orderby: str | None = None,
     ) -> Subscription:
         """Subscribe to a topic or a queue (arguments as :meth:`AsyncClient.subscribe`).
 
@@ -320,6 +333,7 @@ class Client:
         state = self._aio.subscription_state(
             topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog, sub_id=sub_id,
             auto_ack=auto_ack, mode=DeliveryMode.HANDLER if handler is not None else DeliveryMode.ITERATOR,
+            command=command, orderby=orderby,
         )
         sub = Subscription(self, state)
         self._call(self._aio.subscribe_state(sub, relay=self._relay))
@@ -342,13 +356,21 @@ class Client:
         self._drain_blocking()
         self._call(self._aio.unsubscribe(sub_id))
 
-    def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None) -> list[Message]:
-        return self._call(self._aio.sow(topic, filter=filter, top_n=top_n))
+    def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None, orderby: str | None = None,
+            options: str | None = None, sow_keys: list[str] | str | None = None,
+            batch_size: int | None = None) -> list[Message]:
+        """A query (:meth:`AsyncClient.sow`)."""
+        return self._call(self._aio.sow(topic, filter=filter, top_n=top_n, orderby=orderby, options=options,
+                                        sow_keys=sow_keys, batch_size=batch_size))
 
     def sow_delete(
-        self, topic: str, *, bookmarks: list[str] | str | None = None, filter: str | None = None, options: str | None = None
+        self, topic: str, *, bookmarks: list[str] | str | None = None, filter: str | None = None, options: str | None = None,
+        sow_keys: list[str] | str | None = None, data: Any = None,
     ) -> int:
-        return self._call(self._aio.sow_delete(topic, bookmarks=bookmarks, filter=filter, options=options))
+        """Acknowledge queue messages, or delete SOW records (:meth:`AsyncClient.sow_delete`)."""
+        self._drain_blocking()  # publishes handed over so far go first
+        return self._call(self._aio.sow_delete(topic, bookmarks=bookmarks, filter=filter, options=options,
+                                               sow_keys=sow_keys, data=data))
 
     def ack(self, queue_name: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
         """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,

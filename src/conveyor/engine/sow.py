@@ -163,6 +163,17 @@ class SowTopic:
         position = self.records.get(key)
         return None if position is None else load(position)
 
+    def latest_items(self) -> Iterator[tuple[Any, int, bytes | None]]:
+        """(key, position, data) of every key's newest record, durable or not (rule 3);
+        data is given for a record not yet durable (the journal cannot read it yet)."""
+        pending = self.pending
+        for key, position in self.records.items():
+            if key not in pending:
+                yield key, position, None
+        for key, (position, data) in pending.items():
+            if data is not None:
+                yield key, position, data
+
     def latest_positions(self) -> dict[Any, int]:
         """Every key's newest record position, durable or not (rule 3)."""
         if not self.pending:

@@ -248,12 +248,14 @@ class StateOfTheWorld:
     # --- durability, time (rules 3 and 6) --------------------------------------------------------
 
     def durable(self, now: float) -> None:
-        """Apply the deletes now durable (after the publishes before them)."""
+        """Apply the deletes now durable (after the publishes before them); a record that
+        expired before its publish became durable goes at once."""
         end = self._journal.durable_end
         deletes = self._deletes
         while deletes and deletes[0].end <= end:
             d = deletes.popleft()
             self._delete(d.topic, d.victims, now, d.end)
+        self.tick(now)
 
     def _delete(self, topic: str, victims: Iterable[tuple[Any, int]], now: float, end: int | None = None) -> int:
         st = self.topics[topic]
@@ -466,18 +468,14 @@ class StateOfTheWorld:
         if cmd.bookmark:
             raise errors.InvalidOption(f"{st.name!r} is a SOW topic: delete by filter, sow_keys or data, "
                                        "not by bookmark (bookmarks acknowledge queue messages)")
-        latest = st.latest_positions()
-        tombstoned = {k for k, (_, d) in st.pending.items() if d is None}
         examined = 0
         victims: list[tuple[Any, int]] = []
         if cmd.filter:
             flt = _filter(cmd.filter, errors.BadFilter)
             load = self._cache.get
-            for key, position in latest.items():
-                if key in tombstoned:
-                    continue
+            for key, position, data in list(st.latest_items()):
                 examined += 1
-                entry = load(position)
+                entry = load(position) if data is None else Entry(st.name, data, now, 0, 0, None)
                 if flt is None or flt.matches(entry.decoded(), entry.meta(None, now)):
                     victims.append((key, position))
         else:
@@ -489,10 +487,11 @@ class StateOfTheWorld:
                 except msgspec.DecodeError as exc:
                     raise errors.BadMessage(f"sow_delete data is not JSON: {exc}") from None
                 keys = [st.key_of(data, None)]
+            latest = st.latest_positions()
             for key in dict.fromkeys(keys):
                 examined += 1
                 position = latest.get(key)
-                if position is not None and key not in tombstoned:
+                if position is not None:
                     victims.append((key, position))
         if victims:
             rec = records.SowDeletedRec(st.name, [key_text(k) for k, _ in victims], [p for _, p in victims])
@@ -528,6 +527,9 @@ class StateOfTheWorld:
             raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists (use the replace option)")
         if getattr(cmd, "bookmark", None):
             raise errors.InvalidOption("a delta subscription cannot replay from a bookmark", option="bookmark")
+        if opts.get("max_backlog") is not None:
+            raise errors.InvalidOption(f"max_backlog applies to queue subscriptions; {cmd.topic!r} is not a queue "
+                                       "(an aggregated subscription takes no lease)", option="max_backlog")
         if query and opts.get("skip_n") is not None:
             raise errors.InvalidOption("paginated subscriptions (skip_n on sow_and_subscribe) are not supported",
                                        option="skip_n")

@@ -29,10 +29,11 @@ _QUERY = {"top_n": _INT, "skip_n": _INT}
 
 KNOWN: dict[str, dict[str, str]] = {
     "subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG},
-    "delta_subscribe": {"replace": _FLAG, "timestamp": _FLAG, **_RECORDS},
+    "delta_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_RECORDS},
     "sow_and_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS,
                           **_AGGREGATED},
-    "sow_and_delta_subscribe": {"replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS, **_AGGREGATED},
+    "sow_and_delta_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS,
+                                **_AGGREGATED},
     "sow": {"timestamp": _FLAG, **_QUERY, **_AGGREGATED},
     "sow_delete": {"cancel": _FLAG, "expire": _FLAG},
     "heartbeat": {"start": _INT, "beat": _FLAG},
