@@ -427,9 +427,7 @@ class Engine:
             publisher = session.server_publisher
             seq = publishes.next_seq(publisher)
         data, key, expires_at, correlation_id = self.sow.prepare(st, cmd, now, is_delta=type(cmd) is m.DeltaPublish)
-        pos = publishes.append_record(records.PublishRec(
-            topic, publisher, seq, now, data, correlation_id, expiration=expires_at, sow_key=key_text(key),
-        ))
+        pos = publishes.append_sow(topic, publisher, seq, now, data, correlation_id, expires_at, key_text(key))
         self.sow.appended(st, key, pos, data)
         if "persisted" in acks:
             self.outbox.mark_persisted(session.conn_id, pos, seq, publisher, cmd.cid)
@@ -464,8 +462,11 @@ class Engine:
         for p in self.publishes.take_durable():
             entry = None
             if p.sow_key:  # a SOW record changes (engine/state_of_world.py rule 1)
-                entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
-                sow.applied(p.position, p.topic, p.sow_key, entry, now)
+                def entry_of(p=p) -> Entry:
+                    nonlocal entry
+                    entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
+                    return entry
+                sow.applied(p.position, p.topic, p.sow_key, p.expiration, now, entry_of)
             bindings = self.bindings.for_topic(p.topic)
             listeners = topics.listeners(p.topic)
             if actions:

@@ -165,6 +165,18 @@ class PublishLog:
         self.pending.append(PendingPublish(position, journal.end, topic, publisher, seq, now, data, correlation_id))
         return position
 
+    def append_sow(self, topic: str, publisher: int, seq: int, now: float, data: bytes, correlation_id: str | None,
+                   expiration: float, sow_key: str) -> int:
+        """Journal a publish to a SOW topic (``seq`` already checked): its SowKey and
+        expiry stamp travel in the record."""
+        journal = self._journal
+        position = journal.append(records.encode_sow_publish(topic, publisher, seq, now, data, correlation_id,
+                                                              expiration, sow_key))
+        self._note(publisher, seq)
+        self.pending.append(PendingPublish(position, journal.end, topic, publisher, seq, now, data, correlation_id,
+                                           "", expiration, sow_key))
+        return position
+
     def append_record(self, rec: records.PublishRec) -> int:
         """Journal a publish record with fields of its own (dead letters, transactions)."""
         journal = self._journal

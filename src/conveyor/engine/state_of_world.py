@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 
@@ -215,8 +215,10 @@ class StateOfTheWorld:
     def appended(self, st: SowTopic, key: Any, position: int, data: bytes) -> None:
         st.appended(key, position, data)
 
-    def applied(self, position: int, topic: str, sow_key: str, entry: Entry, now: float) -> None:
-        """A durable publish carrying a SowKey: the record changes (rule 1)."""
+    def applied(self, position: int, topic: str, sow_key: str, expiration: float, now: float,
+                entry_of: Callable[[], Entry]) -> None:
+        """A durable publish carrying a SowKey: the record changes (rule 1). ``entry_of()``
+        builds the message, only if someone needs it (subscriptions, views)."""
         out = self._outputs.get(topic)
         if out is not None:
             out.apply(position, sow_key, 0.0)
@@ -227,9 +229,13 @@ class StateOfTheWorld:
         key = st.parse_key(sow_key)
         if key is None:
             return
-        old = st.apply(position, key, entry.expiration)
+        old = st.apply(position, key, expiration)
+        subs = self._record_subs.get(topic)
+        if not subs and not self._topic_aggs.get(topic):
+            return  # nobody follows the topic: the record is its position, nothing more
+        entry = entry_of()
         if self._recovering:
-            self._count(st.name, RecordChange(topic, key, sow_key, old, entry, position=position), now)
+            self._count(topic, RecordChange(topic, key, sow_key, old, entry, position=position), now)
             return
         self._cache.put(position, entry)
         bookmark = format_bookmark(entry.publisher, entry.seq, position)
@@ -352,8 +358,8 @@ class StateOfTheWorld:
                 return
         elif not sow_key:
             return
-        entry = Entry(topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)
-        self.applied(position, topic, sow_key, entry, now)
+        self.applied(position, topic, sow_key, rec.expiration, now, lambda: Entry(
+            topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration))
 
     def end_recovery(self, now: float) -> None:
         """Rule 6, after the replay."""

@@ -242,3 +242,10 @@ decode = _decoder.decode
 # encoding a tuple skips building a Struct first. The layout must match PublishRec.
 def encode_publish(topic: str, publisher: int, seq: int, timestamp: float, data: bytes, correlation_id: str | None) -> bytes:
     return _encoder.encode((1, topic, publisher, seq, timestamp, data, correlation_id))
+
+
+def encode_sow_publish(topic: str, publisher: int, seq: int, timestamp: float, data: bytes, correlation_id: str | None,
+                       expiration: float, sow_key: str) -> bytes:
+    """A publish to a SOW topic (the same layout as PublishRec, its defaults spelled out)."""
+    return _encoder.encode((1, topic, publisher, seq, timestamp, data, correlation_id, None, -1, "", 0, -1, 0, "", "",
+                            (), expiration, sow_key))
