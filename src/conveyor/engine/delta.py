@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conveyor.expr.projection import put_path
+
 
 def merge(stored: Any, update: Any) -> Any:
     """Rule 1: ``update`` merged over ``stored`` (neither is changed)."""
@@ -78,13 +80,6 @@ def with_fields(delta: dict, record: Any, paths: tuple[tuple[str, ...], ...]) ->
             value = value.get(s, _MISSING) if isinstance(value, dict) else _MISSING
             if value is _MISSING:
                 break
-        if value is _MISSING:
-            continue
-        node = out
-        for s in steps[:-1]:
-            nxt = node.get(s)
-            if not isinstance(nxt, dict):
-                nxt = node[s] = {}
-            node = nxt
-        node[steps[-1]] = value
+        if value is not _MISSING:
+            put_path(out, steps, value)
     return out

@@ -32,25 +32,12 @@ import math
 from fractions import Fraction
 from typing import Callable
 
-from .values import NAN, big_int, parse_number, scalar
+from .values import NAN, big_int, parse_number, scalar, to_number
 
 INF = math.inf
 
 #: The aggregate function names (reference G.3), each taking one argument.
 AGGREGATES = frozenset({"AVG", "COUNT", "COUNT_DISTINCT", "MIN", "MAX", "STDDEV_POP", "STDDEV_SAMP", "SUM", "ANY"})
-
-
-def _number(value: object):
-    """An aggregated value as a number: int, float (NaN for non-numeric text), or None."""
-    t = type(value)
-    if t is int or t is float:
-        return value
-    if t is bool:
-        return int(value)
-    if t is str:
-        n = parse_number(value)
-        return NAN if n is None else n
-    return None
 
 
 # --- exact float sums (Shewchuk) ---------------------------------------------------------
@@ -172,12 +159,12 @@ class Sum(Accumulator):
         self.s = _Sum()
 
     def add(self, value) -> None:
-        x = _number(scalar(value))
+        x = to_number(scalar(value))
         if x is not None:
             self.s.change(x, 1)
 
     def remove(self, value) -> None:
-        x = _number(scalar(value))
+        x = to_number(scalar(value))
         if x is not None:
             self.s.change(x, -1)
 
@@ -217,7 +204,7 @@ class StdDev(Accumulator):
         self.infs = 0
 
     def _change(self, value, sign: int) -> None:
-        x = _number(scalar(value))
+        x = to_number(scalar(value))
         if x is None:
             return
         self.n += sign

@@ -199,7 +199,7 @@ class Projection:
             value = scalar(field.evaluate(data, None))
             if value is None:
                 continue
-            _put(out, field.out_path, value)
+            put_path(out, field.out_path, value)
         return out
 
 
@@ -228,7 +228,8 @@ def key_value(value: Any) -> Any:
     return value
 
 
-def _put(out: dict, path: tuple[str, ...], value: Any) -> None:
+def put_path(out: dict, path: tuple[str, ...], value: Any) -> None:
+    """Set ``value`` at ``path`` in ``out``, making the objects on the way."""
     node = out
     for step in path[:-1]:
         nxt = node.get(step)
