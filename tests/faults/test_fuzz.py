@@ -29,11 +29,15 @@ FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 COMMANDS = sorted(m.COMMAND_NAMES)
 KEYS = ["c", "cid", "t", "d", "s", "a", "f", "o", "bm", "x", "e", "fp", "sub_id", "query_id", "bs", "top_n",
         "client_name", "user_id", "q", "cn", "after", "max", "ttl", "upto", "epoch", "lo", "hi", "txn", "rows",
-        "txns", "publisher", "seq", "token", "d"]
+        "txns", "publisher", "seq", "token", "d", "k", "orderby", "sow_keys"]
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True), st.binary(max_size=20),
     st.text(max_size=20), st.sampled_from(COMMANDS), st.sampled_from(["persisted", "processed,persisted", "0",
-                                                                       "max_backlog=3", "Work", "WorkToDo"]),
+                                                                       "max_backlog=3", "Work", "WorkToDo",
+                                                                       "Orders", "ByRegion", "oof,no_empties",
+                                                                       "projection=[/r AS /r,SUM(/q) AS /t],grouping=[/r]",
+                                                                       "/q DESC", "top_n=2,skip_n=1",
+                                                                       '{"id":1,"r":"EU","q":2}']),
 )
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                        st.dictionaries(st.text(max_size=4), inner, max_size=4)),
@@ -63,7 +67,15 @@ def frames(draw):
     return len(body).to_bytes(4, "big") + body
 
 
-ENGINE_CONFIG = config_xml(queue_xml("WorkToDo") + queue_xml("Once", Semantics="at-most-once"))
+# A SOW topic and views over it and over a queue (docs/sow-and-views.md) are fuzzed too.
+SOW_XML = ("<Topic><Name>Orders</Name><MessageType>json</MessageType><Key>/id</Key><Expiration>1m</Expiration></Topic>"
+           "<View><Name>ByRegion</Name><UnderlyingTopic>Orders</UnderlyingTopic><MessageType>json</MessageType>"
+           "<Projection><Field>/r</Field><Field>SUM(/q) AS /t</Field></Projection>"
+           "<Grouping><Field>/r</Field></Grouping></View>"
+           "<View><Name>Waiting</Name><UnderlyingTopic>WorkToDo</UnderlyingTopic><MessageType>json</MessageType>"
+           "<Projection><Field>COUNT(/n) AS /n</Field></Projection><Grouping><Field>/k</Field></Grouping></View>")
+ENGINE_CONFIG = config_xml(queue_xml("WorkToDo") + queue_xml("Once", Semantics="at-most-once") + SOW_XML,
+                           topics=("Work", "WorkToDo", "Orders"))
 
 
 @FUZZ

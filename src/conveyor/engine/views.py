@@ -28,10 +28,12 @@ Rules:
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import msgspec
 
+from conveyor import errors
 from conveyor.config.model import ViewConfig
 from conveyor.engine.aggregation import Aggregation
 from conveyor.engine.bookmarks import format_bookmark
@@ -43,6 +45,7 @@ from conveyor.engine.sow import generated_key
 from conveyor.expr.projection import key_value
 from conveyor.expr.values import to_text
 
+log = logging.getLogger("conveyor.engine")
 _encode = msgspec.json.Encoder().encode
 _AVAILABLE = MessageState.AVAILABLE
 
@@ -128,10 +131,21 @@ class QueueWatch:
             self.aggregations.remove(agg)
 
     def fill(self, agg: Aggregation) -> None:
-        load = self._cache.get
+        load = self._load
         for p in list(self.queue.available()):
             entry = load(p)
-            agg.add(p, p, entry.decoded(), _meta(entry, p))
+            if entry is not None:
+                agg.add(p, p, entry.decoded(), _meta(entry, p))
+
+    def _load(self, position: int) -> Entry | None:
+        """The message at ``position``; None (logged) if its journal record is damaged:
+        a view cannot count what it cannot read, and the queue goes on without it."""
+        try:
+            return self._cache.get(position)
+        except errors.JournalCorrupt as exc:
+            log.error("queue %s: the message at position %d is left out of its views, its journal record is "
+                      "damaged (%s)", self.name, position, exc)
+            return None
 
     def reconcile(self) -> None:
         """Rule 2: every message that moved since the last call is counted where it is now."""
@@ -140,14 +154,15 @@ class QueueWatch:
         touched = sorted(self.touched)
         self.touched.clear()
         state_of = self.queue.state_of
-        load = self._cache.get
+        load = self._load
         for agg in self.aggregations:
             members = agg.members
             for p in touched:
                 if state_of(p) is _AVAILABLE:
                     if p not in members:
                         entry = load(p)
-                        agg.add(p, p, entry.decoded(), _meta(entry, p))
+                        if entry is not None:
+                            agg.add(p, p, entry.decoded(), _meta(entry, p))
                 elif p in members:
                     agg.remove(p)
 
