@@ -15,6 +15,10 @@ Rules:
    watch asks the queue where each one is now and adds or removes it. A leased message
    leaves, a returned one comes back, an acknowledged or expired one leaves for good,
    one beyond TargetQueueDepth is not there yet. The watch never changes the queue.
+   In a replicated queue a message another instance owns (ELSEWHERE) counts like an
+   available one, as the queue's ``sow`` shows it, until it leaves the queue there
+   (acknowledged, expired): its leases on its owner are not replicated, so views over
+   the same queue on two instances differ by the messages leased on either.
 3. **One update per group per step.** Changed groups are rendered at the end of the
    step (:meth:`View.flush`), in configuration order, so a view over a view sees its
    source's changes in the same step; a group that lost its last member is deleted.
@@ -47,7 +51,9 @@ from conveyor.expr.values import to_text
 
 log = logging.getLogger("conveyor.engine")
 _encode = msgspec.json.Encoder().encode
-_AVAILABLE = MessageState.AVAILABLE
+#: What a view over a queue counts: what the queue shows as available (Queue.available),
+#: messages another instance owns in a replicated queue included (rule 2).
+_COUNTED = (MessageState.AVAILABLE, MessageState.ELSEWHERE)
 
 
 def view_key(domain: str, group: tuple) -> int:
@@ -158,7 +164,7 @@ class QueueWatch:
         for agg in self.aggregations:
             members = agg.members
             for p in touched:
-                if state_of(p) is _AVAILABLE:
+                if state_of(p) in _COUNTED:
                     if p not in members:
                         entry = load(p)
                         if entry is not None:
