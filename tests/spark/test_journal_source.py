@@ -103,6 +103,7 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.TransferRequestRec("Q1", 101, 5, "west-1", attempt=2))
     add(r.TransferRec("Q1", 101, 5, "west-1", "east-2", 3, deliveries=1, cancels=2, proxied=True))
     add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
+    add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()
@@ -180,6 +181,8 @@ def test_every_op_is_decoded(spark, journal):
         if isinstance(rec, r.SowDeletedRec):
             assert (row.ts, row.queue, row.payload) == (None, None, None)
             assert (row.topic, row.positions) == (rec.topic, rec.positions)
+            assert (row.publishers, row.seqs, row.consumer) == (
+                (rec.publishers, rec.seqs, rec.origin) if rec.origin else (None, None, None))
             continue
         assert row.ts is None and row.topic is None and row.payload is None
         if isinstance(rec, r.ReceivedRec):

@@ -141,9 +141,20 @@ class Engine:
                     f"queue {name!r} is replicated and has a TargetQueueDepth: not supported together yet",
                     path=binding.config.path, hint="remove <TargetQueueDepth>, or replicate only its underlying topics",
                 )
+            over_view = next((v.name for v in config.views if topic_matcher(binding.config.underlying)(v.name)), None)
+            if over_view is not None:
+                # A view's records are computed on every instance and never replicated
+                # (replication rule 8): a replicated queue over them would hold each
+                # instance's own copies of the same work, under different identities.
+                raise errors.ConfigError(
+                    f"queue {name!r} is replicated and its underlying topic is view {over_view!r}: not supported "
+                    "together", path=binding.config.path,
+                    hint="make the queue a LocalQueue, or leave it out of the destinations' Topic regexes",
+                )
             binding.ownership = self.replicated_queues.add(binding, binding.config)
             binding.plain = False
         self.replication.queues = self.replicated_queues if self.replicated_queues else None
+        self.replication.sow = self.sow
         self._publish_actions = PublishActions(config.actions)
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
                                   self.replication, sow=self.sow)
@@ -459,14 +470,19 @@ class Engine:
         durable, release what waited for it, dispatch."""
         topics, delivery, cache, sow = self.topics, self.delivery, self.cache, self.sow
         actions = self._publish_actions
+        sow_topics = self._sow_topics
         for p in self.publishes.take_durable():
             entry = None
-            if p.sow_key:  # a SOW record changes (engine/state_of_world.py rule 1)
+            sow_key = p.sow_key
+            if p.origin and p.topic in sow_topics:
+                # replicated: the key as this instance's Key defines it (state_of_world rule 7)
+                sow_key = sow.local_key(p.position, p.topic, p.data, sow_key) or ""
+            if sow_key:  # a SOW record changes (engine/state_of_world.py rule 1)
                 def entry_of(p=p) -> Entry:
                     nonlocal entry
                     entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
                     return entry
-                sow.applied(p.position, p.topic, p.sow_key, p.expiration, now, entry_of)
+                sow.applied(p.position, p.topic, sow_key, p.expiration, now, entry_of)
             bindings = self.bindings.for_topic(p.topic)
             listeners = topics.listeners(p.topic)
             if actions:

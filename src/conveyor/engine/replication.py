@@ -35,7 +35,15 @@ it keeps one :class:`OutLink` per configured ``Destination``; as a *destination*
 6. **Queues.** A replicated message never enters a ``Queue`` or ``GroupLocalQueue``
    whose own topic is replicated (those queues follow message ownership); it enters
    every other queue of its topic, which delivers its own copy.
-7. **Gaps** are loud: when a destination needs records the source's retention has
+8. **SOW topics.** A publish to a SOW topic travels like any publish (a delta publish
+   is journaled merged, so the destination gets the full message) and changes the
+   destination's record when durable there. A ``sow_delete`` travels when its topic
+   matches, naming each deleted record by its SowKey and its identity (journal
+   positions are local); the destination removes a key only if its current record is
+   that publish. Record expiry is not replicated: every instance expires a record at
+   the time stamped in its message. A view's records (journaled when the view feeds a
+   queue) are never sent: every instance computes its own views.
+9. **Gaps** are loud: when a destination needs records the source's retention has
    removed, the source sends what is left, says so in the batch, and both ends log it
    and count it.
 """
@@ -184,6 +192,9 @@ class Replication:
         self._profile = self._make_profile()
         #: The replicated queues (engine/ownership.py ReplicatedQueues), set by the engine.
         self.queues = None
+        #: The State of the World (engine/state_of_world.py), set by the engine (rule 8).
+        self.sow = None
+        self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
         replicated = _matches_any(tuple(t.name for d in self.links.values() for t in d.dest.topics))
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
         self.owned_queues = frozenset(
@@ -316,7 +327,7 @@ class Replication:
             rec = records.decode(payload)
             if type(rec) is records.PublishRec:
                 in_run = rec.txn_total > 0 and rec.txn_index < rec.txn_total - 1
-                if link.wants(rec, peer):
+                if link.wants(rec, peer) and rec.topic not in self._views:
                     positions.append(pos)
                     payloads.append(payload)
                 if rec.expired_queue is not None and rec.expired_queue in self.owned_queues:
@@ -324,7 +335,9 @@ class Replication:
                                         positions, payloads)
             else:
                 in_run = False
-                if self.owned_queues and getattr(rec, "queue", None) in self.owned_queues:
+                if type(rec) is records.SowDeletedRec:
+                    self._sow_delete(link, rec, payload, pos, peer, positions, payloads)
+                elif self.owned_queues and getattr(rec, "queue", None) in self.owned_queues:
                     self._queue_record(link, rec, payload, pos, peer, positions, payloads)
         through = end if last is None else self._journal.position_after(last)
         return p.Batch(through=through, positions=positions, records=payloads)
@@ -351,6 +364,26 @@ class Replication:
             self._queue_removal(link, rec.queue, [rec.position], "expire", pos, positions, payloads)
         elif t in self._REMOVALS:
             self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[t], pos, positions, payloads)
+
+    def _sow_delete(self, link: OutLink, rec: records.SowDeletedRec, payload: bytes, pos: int, peer: str,
+                    positions: list[int], payloads: list[bytes]) -> None:
+        """Rule 8: a ``sow_delete`` goes where its topic's publishes go, by identity."""
+        if not link.topic_matches(rec.topic) or self.sow is None:
+            return
+        if rec.origin:  # it arrived here by replication: already by identity
+            if link.pass_through is None or not link.pass_through(rec.origin_group):
+                return
+            if rec.origin == peer or peer in rec.path:
+                return
+        else:
+            named = [(k, ident) for k, p in zip(rec.keys, rec.positions) if (ident := self.sow.identify(p)) is not None]
+            if not named:
+                return
+            payload = records.encode(records.SowDeletedRec(
+                rec.topic, [k for k, _ in named], [], publishers=[i[0] for _, i in named],
+                seqs=[i[1] for _, i in named]))
+        positions.append(pos)
+        payloads.append(payload)
 
     def _queue_removal(self, link: OutLink, queue: str, gone: list[int], kind: str, pos: int,
                        positions: list[int], payloads: list[bytes]) -> None:
@@ -422,6 +455,10 @@ class Replication:
                 link.records_received += 1
                 link.records_recorded += self._record_queue_record(rec, src, now)
                 continue
+            if type(rec) is records.SowDeletedRec:
+                link.records_received += 1
+                link.records_recorded += self._record_sow_delete(rec, src, now)
+                continue
             if type(rec) is not records.PublishRec:
                 continue
             link.records_received += 1
@@ -445,17 +482,30 @@ class Replication:
         state.pending.append((self._journal.end, state.received_through))
         self._acknowledge(state, link)
 
+    def _arrived(self, rec, src: p.Profile):
+        """A record other than a publish as it is kept here: with its origin and path;
+        None when it has been here before (rule 5)."""
+        origin = rec.origin or src.instance
+        if origin == self.instance or self.instance in rec.path:
+            return None
+        path = [*rec.path, src.instance] if rec.origin else [src.instance]
+        return msgspec.structs.replace(rec, origin=origin, origin_group=rec.origin_group or src.group, path=path)
+
     def _record_queue_record(self, rec, src: p.Profile, now: float) -> int:
         """A replicated queue's record (rule 6): applied, and journaled when it changed
         something here or must travel on."""
-        origin = rec.origin or src.instance
-        if origin == self.instance or self.instance in rec.path:
-            return 0  # rule 5
-        path = [*rec.path, src.instance] if rec.origin else [src.instance]
-        rec = msgspec.structs.replace(rec, origin=origin, origin_group=rec.origin_group or src.group, path=path)
-        if self.queues is None or not self.queues.received(rec, now):
+        rec = self._arrived(rec, src)
+        if rec is None or self.queues is None or not self.queues.received(rec, now):
             return 0
         self._journal.append(records.encode(rec))
+        return 1
+
+    def _record_sow_delete(self, rec: records.SowDeletedRec, src: p.Profile, now: float) -> int:
+        """Rule 8: a replicated ``sow_delete``, journaled and applied here when its topic
+        is a SOW topic here."""
+        rec = self._arrived(rec, src)
+        if rec is None or self.sow is None or not self.sow.replicated_delete(rec, now):
+            return 0
         return 1
 
     def _record_run(self, run: list[records.PublishRec], src: p.Profile, now: float) -> int:

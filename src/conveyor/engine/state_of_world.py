@@ -31,6 +31,13 @@ command dispatch (so its checks apply to them too). Rules:
 6. **Restart**: recovery replays publishes and deletes (:meth:`recovered`); then
    :meth:`end_recovery` drops expired records, fills the views over queues, and
    catches up rule 5. The checkpoint keeps each topic's floor (:meth:`floors`).
+7. **Replication** (engine/replication.py rule 8): a replicated publish changes the
+   record of the key *this* instance's ``Key`` computes from the message (live and
+   after a restart alike), and keeps the expiry stamped where it was first published.
+   A ``sow_delete`` travels by identity: here it removes a key only if its current
+   record is the very publish the delete removed there (:meth:`replicated_delete`),
+   applied when durable, in journal order like a local delete, so it commutes with a
+   later publish of the key on either side.
 """
 
 from __future__ import annotations
@@ -67,12 +74,14 @@ _decode = msgspec.json.Decoder().decode
 
 
 class _PendingDelete:
-    __slots__ = ("end", "topic", "victims")
+    __slots__ = ("end", "topic", "victims", "replicated")
 
-    def __init__(self, end: int, topic: str, victims: list[tuple[Any, int]]) -> None:
+    def __init__(self, end: int, topic: str, victims: list[tuple[Any, int]],
+                 replicated: records.SowDeletedRec | None = None) -> None:
         self.end = end
         self.topic = topic
         self.victims = victims
+        self.replicated = replicated  # a delete by identity (rule 7): victims are found when it applies
 
 
 class AggregatedSubscription:
@@ -260,7 +269,10 @@ class StateOfTheWorld:
         deletes = self._deletes
         while deletes and deletes[0].end <= end:
             d = deletes.popleft()
-            self._delete(d.topic, d.victims, now, d.end)
+            if d.replicated is not None:
+                self._delete(d.topic, self._victims_by_identity(d.replicated), now)
+            else:
+                self._delete(d.topic, d.victims, now, d.end)
         self.tick(now)
 
     def _delete(self, topic: str, victims: Iterable[tuple[Any, int]], now: float, end: int | None = None) -> int:
@@ -335,8 +347,11 @@ class StateOfTheWorld:
         if type(rec) is records.SowDeletedRec:
             st = self.topics.get(rec.topic)
             if st is not None:
-                victims = [(k, p) for k, p in ((st.parse_key(t), p) for t, p in zip(rec.keys, rec.positions))
-                           if k is not None]
+                if rec.publishers:  # it arrived by replication (rule 7)
+                    victims = self._victims_by_identity(rec)
+                else:
+                    victims = [(k, p) for k, p in ((st.parse_key(t), p) for t, p in zip(rec.keys, rec.positions))
+                               if k is not None]
                 self._delete(rec.topic, victims, now)
             return
         topic = rec.topic
@@ -347,19 +362,58 @@ class StateOfTheWorld:
         st = self.topics.get(topic)
         if st is None:
             return
-        sow_key = rec.sow_key
-        if st.keyed:
-            # The key as the configuration defines it now (Key or KeyDomain may have changed).
-            try:
-                data = _decode(rec.data)
-                sow_key = key_text(st.key_of(data, rec.sow_key))
-            except (msgspec.DecodeError, errors.ConveyorError):
-                log.warning("SOW topic %s: the message at %d has no usable key: not kept", topic, position)
-                return
-        elif not sow_key:
+        sow_key = self.local_key(position, topic, rec.data, rec.sow_key)
+        if sow_key is None:
             return
         self.applied(position, topic, sow_key, rec.expiration, now, lambda: Entry(
             topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration))
+
+    def local_key(self, position: int, topic: str, data: bytes, supplied: str) -> str | None:
+        """The SowKey of a journaled message of SOW topic ``topic`` as this instance's
+        configuration defines it now (Key or KeyDomain may have changed since, or differ
+        on the instance a replicated publish comes from); None: it has no usable key."""
+        st = self.topics[topic]
+        if not st.keyed:
+            return supplied or None
+        try:
+            return key_text(st.key_of(_decode(data), supplied))
+        except (msgspec.DecodeError, errors.ConveyorError):
+            log.warning("SOW topic %s: the message at %d has no usable key: not kept", topic, position)
+            return None
+
+    # --- replication (rule 7) -----------------------------------------------------------------------
+
+    def identify(self, position: int) -> tuple[int, int] | None:
+        """(publisher, seq) of the record at ``position`` (None: its journal record is
+        damaged; it cannot be named to another instance)."""
+        try:
+            entry = self._cache.get(position)
+        except errors.JournalCorrupt as exc:
+            log.error("SOW: the record at position %d cannot be named to a replica, its journal record is damaged "
+                      "(%s)", position, exc)
+            return None
+        return entry.publisher, entry.seq
+
+    def replicated_delete(self, rec: records.SowDeletedRec, now: float) -> bool:
+        """A ``sow_delete`` that arrived by replication (with its origin and path): journaled
+        here, so it survives a restart and travels on, and applied when durable. False:
+        its topic is not kept in the SOW here (nothing to do, nothing journaled)."""
+        if rec.topic not in self.topics:
+            return False
+        self._journal.append(records.encode(msgspec.structs.replace(rec, positions=[])))
+        self._deletes.append(_PendingDelete(self._journal.end, rec.topic, [], rec))
+        return True
+
+    def _victims_by_identity(self, rec: records.SowDeletedRec) -> list[tuple[Any, int]]:
+        """Rule 7: the keys whose current record is the publish the delete names."""
+        st = self.topics[rec.topic]
+        victims = []
+        for text, publisher, seq in zip(rec.keys, rec.publishers, rec.seqs):
+            key = st.parse_key(text)
+            position = st.records.get(key) if key is not None else None
+            if position is not None and self.identify(position) == (publisher, seq):
+                victims.append((key, position))
+        return victims
 
     def end_recovery(self, now: float) -> None:
         """Rule 6, after the replay."""

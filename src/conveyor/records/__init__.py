@@ -218,11 +218,21 @@ class SowDeletedRec(_Rec, tag=16):
     """Records of SOW topic ``topic`` deleted by ``sow_delete``: each ``keys[i]`` (its
     SowKey) is removed if its current record is still the one at ``positions[i]``, so a
     publish recorded after the delete keeps its record whatever order the two are
-    applied in."""
+    applied in.
+
+    A delete that arrived by replication names the records by identity instead (journal
+    positions are local): ``keys[i]`` goes if its current record is the publish
+    ``(publishers[i], seqs[i])``; ``positions`` is empty, and it carries where it was
+    first recorded and the instances it passed, like a replicated publish."""
 
     topic: str
     keys: list[str]
     positions: list[int]
+    publishers: list[int] = []
+    seqs: list[int] = []
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
 
 
 Record = Union[

@@ -287,8 +287,11 @@ CELLS: dict[type, dict[str, Callable]] = {
                     "seq": attrgetter("seq"), "consumer": attrgetter("owner"), "epoch": attrgetter("epoch"),
                     "counts": lambda rec: [rec.deliveries, rec.cancels],
                     "reasons": lambda rec: "proxied" if rec.proxied else None},
-    # a sow_delete: the SOW topic and the positions of the records it removed
-    r.SowDeletedRec: {"topic": attrgetter("topic"), "positions": attrgetter("positions")},
+    # a sow_delete: the SOW topic and the positions of the records it removed; one that
+    # arrived by replication names them by identity (publishers/seqs) instead
+    r.SowDeletedRec: {"topic": attrgetter("topic"), "positions": attrgetter("positions"),
+                      "publishers": _when(bool, attrgetter("publishers")), "seqs": _when(bool, attrgetter("seqs")),
+                      "consumer": _when(_positive, attrgetter("origin"))},
 }
 
 
