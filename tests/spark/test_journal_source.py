@@ -100,8 +100,8 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.ReceivedRec("east-1", "journal-7", 123456))  # replication progress
     # replicated queues: removals, a transfer request and a (proxied) grant
     add(r.QueueRemovedRec("Q1", [101, 101], [3, 4], "ack", origin="east-1"))
-    add(r.TransferRequestRec("Q1", 101, 5, "west-1", attempt=2))
-    add(r.TransferRec("Q1", 101, 5, "west-1", "east-2", 3, deliveries=1, cancels=2, proxied=True))
+    add(r.TransferRequestRec("Q1", [101, 101], [5, 6], "west-1", [2, 1]))
+    add(r.TransferRec("Q1", [101], [5], "west-1", "east-2", [3], [1], [2], proxied=True))
     add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
     add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication
     for k in range(80):  # fill the rest so that the special records end up sealed
@@ -194,11 +194,11 @@ def test_every_op_is_decoded(spark, journal):
             assert row.positions is None
             continue
         if isinstance(rec, r.TransferRequestRec):
-            assert (row.publisher, row.seq, row.consumer, row.delivery) == (rec.publisher, rec.seq, rec.requester, rec.attempt)
+            assert (row.publishers, row.seqs, row.consumer, row.counts) == (rec.publishers, rec.seqs, rec.requester, rec.attempts)
             continue
         if isinstance(rec, r.TransferRec):
-            assert (row.publisher, row.seq, row.consumer, row.epoch) == (rec.publisher, rec.seq, rec.owner, rec.epoch)
-            assert (row.counts, row.reasons) == ([rec.deliveries, rec.cancels], "proxied")
+            assert (row.publishers, row.seqs, row.consumer, row.epochs) == (rec.publishers, rec.seqs, rec.owner, rec.epochs)
+            assert (row.counts, row.cancels, row.reasons) == (rec.deliveries, rec.cancels, "proxied")
             continue
         if isinstance(rec, r.ExpiredRec):
             assert (row.positions, row.reasons) == ([rec.position], rec.reasons)

@@ -533,6 +533,10 @@ class Engine:
 
     def next_deadline(self) -> float | None:
         deadlines = [d for d in (self.delivery.next_deadline(), self.sow.next_deadline()) if d is not None]
+        if self.replicated_queues:
+            requests = self.replicated_queues.next_deadline()
+            if requests is not None:
+                deadlines.append(requests)
         return min(deadlines) if deadlines else None
 
     # --- bookmark replays ------------------------------------------------------------------------------

@@ -68,9 +68,9 @@ log = logging.getLogger("conveyor.replication")
 LATENCY_SAMPLES = 256  # arrival-to-ack samples kept per queue (rule 4)
 WAIT_DEFAULT_S = 2.0  # before any sample: how long a message waits before it is requested
 WAIT_MIN_S = 0.05  # never ask sooner than this, however fast the owner acknowledges
-REQUEST_SCAN_S = 0.05  # how often the messages owned elsewhere are looked over for requests
-REQUESTS_PER_ROOM = 4  # requests in flight per free backlog slot: a grant takes a round trip
-REQUESTS_IN_FLIGHT_MIN = 64  # ... and at least this many, while any slot is free
+REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over for requests
+REQUESTS_PER_ROOM = 16  # requests in flight per free backlog slot: a grant takes a round trip
+REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many, while any slot is free
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 
 Ident = tuple[int, int]  # (publisher, seq)
@@ -103,6 +103,7 @@ class QueueOwnership:
         self._requested: dict[Ident, tuple[float, int]] = {}  # (when, attempt) of our last request
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
+        self.next_scan: float | None = None  # when requests() may have something to send (a timer wakes it)
         self._wait: float | None = None  # cached 90th percentile of _latency
         self.requests_sent = self.grants = self.proxied_claims = self.conflicts = 0
 
@@ -175,88 +176,129 @@ class QueueOwnership:
                 self._wait = max(WAIT_MIN_S, ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))])
         return self._wait
 
-    def requests(self, now: float, reachable: Callable[[str], bool]) -> tuple[list[records.TransferRequestRec],
-                                                                           list[records.TransferRec]]:
-        """Rules 4 and 6: the requests to journal now, and the proxied claims. Up to
-        :data:`REQUESTS_PER_ROOM` requests per free backlog slot are in flight, so the
-        round trip of a grant does not leave subscribers idle."""
+    def requests(self, now: float, reachable: Callable[[str], bool]
+                 ) -> tuple[records.TransferRequestRec | None, records.TransferRec | None]:
+        """Rules 4 and 6: the request to journal now (one record for every message asked
+        for), and the proxied claim. Up to :data:`REQUESTS_PER_ROOM` requests per free
+        backlog slot are in flight, so the round trip of a grant does not leave
+        subscribers idle."""
         queue = self.queue
+        if not queue.elsewhere_count():
+            self.next_scan = None
+            return None, None
         if now - self._scanned < REQUEST_SCAN_S:
-            return [], []
+            self.next_scan = self._scanned + REQUEST_SCAN_S
+            return None, None
         self._scanned = now
+        self.next_scan = None  # nothing to do until a subscriber has room (a dispatch calls again)
         free = queue.room()
         room = max(free * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN if free else 0) - len(self._requested)
-        if room <= 0 or not queue.elsewhere_count():
-            return [], []
+        if room <= 0:
+            if free and self._requested:  # all asked: look again when an unanswered one is due again
+                self.next_scan = min(t for t, _ in self._requested.values()) + max(self.typical_wait(),
+                                                                                   2 * WAIT_DEFAULT_S)
+            return None, None
         wait = self.typical_wait()
-        asks: list[records.TransferRequestRec] = []
-        claims: list[records.TransferRec] = []
+        asks: list[Ident] = []
+        attempts: list[int] = []
+        claims: list[tuple[Ident, int]] = []
+        due: float | None = None  # the earliest moment a message skipped now becomes askable
         for position, owner, arrived in queue.elsewhere():
             if len(asks) + len(claims) >= room:
+                due = now + REQUEST_SCAN_S
                 break
             if now - arrived < wait:
+                due = arrived + wait if due is None else min(due, arrived + wait)
                 continue
             ident = self._idents.get(position)
-            if ident is None or not queue.can_deliver_locally(position, now):
-                continue
-            if not reachable(owner):
-                if self.proxied:
-                    claims.append(self._transfer(ident, position, self.instance, proxied=True))
+            if ident is None:
                 continue
             last = self._requested.get(ident)
             if last is not None and now - last[0] < max(wait, 2 * WAIT_DEFAULT_S):
+                again = last[0] + max(wait, 2 * WAIT_DEFAULT_S)
+                due = again if due is None else min(due, again)
                 continue  # asked already: ask again only if nothing came of it
+            if not queue.can_deliver_locally(position, now):
+                continue
+            if not reachable(owner):
+                if self.proxied:
+                    claims.append((ident, position))
+                continue
             attempt = 1 if last is None else last[1] + 1
             self._requested[ident] = (now, attempt)
-            asks.append(records.TransferRequestRec(self.name, ident[0], ident[1], self.instance, attempt))
+            asks.append(ident)
+            attempts.append(attempt)
         self.requests_sent += len(asks)
         self.proxied_claims += len(claims)
-        return asks, claims
+        self.next_scan = due
+        ask = None
+        if asks:
+            ask = records.TransferRequestRec(self.name, [i[0] for i in asks], [i[1] for i in asks], self.instance,
+                                             attempts)
+        return ask, (self._transfer(claims, self.instance, proxied=True) if claims else None)
 
     def request(self, rec: records.TransferRequestRec, now: float, reachable: Callable[[str], bool]
-                ) -> records.TransferRec | None:
-        """Rule 5 (and 6 for an unreachable owner): the grant to journal, if any."""
+                ) -> tuple[list[records.TransferRec], list[int]]:
+        """Rule 5 (and 6 for an unreachable owner): the grants to journal (at most two:
+        this instance's messages, and those it gives for an unreachable owner), and the
+        indexes of the requested messages this instance neither has nor owns (the
+        request travels on for them)."""
         if rec.requester == self.instance:
-            return None
-        ident = (rec.publisher, rec.seq)
-        position = self._positions.get(ident)
-        if position is None:
-            return None
+            return [], []
         queue = self.queue
-        owner = queue.owner_of(position)
-        if owner is None:
-            if queue.state_of(position).value != "available" or queue.can_deliver_locally(position, now):
-                return None  # leased here, or a subscriber here takes it: no grant
-        elif not (self.proxied and not reachable(owner)):
-            return None  # not ours to give
-        self.grants += 1
-        return self._transfer(ident, position, rec.requester, proxied=owner is not None)
+        ours: list[tuple[Ident, int]] = []
+        proxied: list[tuple[Ident, int]] = []
+        onward: list[int] = []
+        for i, ident in enumerate(zip(rec.publishers, rec.seqs)):
+            position = self._positions.get(ident)
+            if position is None:
+                onward.append(i)  # not here (yet, or any more): another instance may own it
+                continue
+            owner = queue.owner_of(position)
+            if owner is None:
+                if queue.state_of(position).value != "available" or queue.can_deliver_locally(position, now):
+                    continue  # leased here, or a subscriber here takes it: no grant
+                ours.append((ident, position))
+            elif self.proxied and not reachable(owner):
+                proxied.append((ident, position))
+            else:
+                onward.append(i)  # not ours to give
+        self.grants += len(ours) + len(proxied)
+        grants = [self._transfer(g, rec.requester, proxied=p) for g, p in ((ours, False), (proxied, True)) if g]
+        return grants, onward
 
-    def _transfer(self, ident: Ident, position: int, to: str, *, proxied: bool) -> records.TransferRec:
-        epoch = self._epochs.get(ident, (0, "", ""))[0] + 1
-        deliveries, cancels = self.queue.counts_of(position)
-        return records.TransferRec(self.name, ident[0], ident[1], to, self.instance, epoch, deliveries, cancels,
-                                   proxied)
+    def _transfer(self, messages: list[tuple[Ident, int]], to: str, *, proxied: bool) -> records.TransferRec:
+        epochs, deliveries, cancels = [], [], []
+        for ident, position in messages:
+            epochs.append(self._epochs.get(ident, (0, "", ""))[0] + 1)
+            d, c = self.queue.counts_of(position)
+            deliveries.append(d)
+            cancels.append(c)
+        return records.TransferRec(self.name, [i[0] for i, _ in messages], [i[1] for i, _ in messages], to,
+                                   self.instance, epochs, deliveries, cancels, proxied)
 
     def transfer(self, rec: records.TransferRec, now: float) -> bool:
-        """Rule 5: apply a transfer (ours, received, or replayed); False when an earlier
-        or equal one already won."""
-        ident = (rec.publisher, rec.seq)
-        current = self._epochs.get(ident)
-        if current is not None and not (
-            rec.epoch > current[0] or (rec.epoch == current[0] and rec.granter < current[2])
-        ):
-            return False
-        self._epochs[ident] = (rec.epoch, rec.owner, rec.granter)
-        position = self._positions.get(ident)
-        if position is None:
-            return True  # the message has not arrived here yet: it enters owned by rec.owner
-        self._requested.pop(ident, None)
-        if rec.owner == self.instance:
-            self.queue.transfer_in(position, now, deliveries=rec.deliveries, cancels=rec.cancels)
-        else:
-            self.queue.transfer_out(position, rec.owner, now)
-        return True
+        """Rule 5: apply a transfer (ours, received, or replayed) to each of its messages;
+        False when an earlier or equal one already won for every one of them."""
+        applied = False
+        owner, granter, mine = rec.owner, rec.granter, rec.owner == self.instance
+        queue = self.queue
+        for ident, epoch, deliveries, cancels in zip(zip(rec.publishers, rec.seqs), rec.epochs, rec.deliveries,
+                                                     rec.cancels):
+            current = self._epochs.get(ident)
+            if current is not None and not (epoch > current[0] or (epoch == current[0] and granter < current[2])):
+                continue
+            applied = True
+            self._epochs[ident] = (epoch, owner, granter)
+            position = self._positions.get(ident)
+            if position is None:
+                continue  # the message has not arrived here yet: it enters owned by ``owner``
+            self._requested.pop(ident, None)
+            if mine:
+                queue.transfer_in(position, now, deliveries=deliveries, cancels=cancels)
+            else:
+                queue.transfer_out(position, owner, now)
+        return applied
 
     def conflict(self, ident: Ident, other_origin: str, now: float) -> records.TransferRec | None:
         """Rule 7: a copy of a message this instance recorded arrived from another origin."""
@@ -271,7 +313,8 @@ class QueueOwnership:
         log.warning("queue %s: message %s was recorded as its own by %s and by %s: %s owns it",
                     self.name, ident, mine, other_origin, winner)
         deliveries, cancels = self.queue.counts_of(position)
-        return records.TransferRec(self.name, ident[0], ident[1], winner, self.instance, 1, deliveries, cancels)
+        return records.TransferRec(self.name, [ident[0]], [ident[1]], winner, self.instance, [1], [deliveries],
+                                   [cancels])
 
     def settle_after_recovery(self) -> None:
         """Recovery replayed removals without events: forget identities that left."""
@@ -331,33 +374,37 @@ class ReplicatedQueues:
 
     # --- what replication brings ---------------------------------------------------------------
 
-    def received(self, rec, now: float) -> bool:
-        """Apply a queue record from another instance; True when it must be journaled
-        here (it changed something, or it must travel on)."""
+    def received(self, rec, now: float):
+        """Apply a queue record from another instance; the record to journal here (it
+        changed something, or it must travel on: a request narrowed to the messages not
+        answered here), or None."""
         own = self.by_queue.get(rec.queue)
         if own is None:
-            return False
+            return None
         if type(rec) is records.QueueRemovedRec:
-            changed = self._remove(own, rec, now)
-            return changed
+            return rec if self._remove(own, rec, now) else None
         if type(rec) is records.TransferRec:
             if own.transfer(rec, now):
                 self._delivery.mark(self._bindings.by_name[rec.queue])
-                return True
-            return False
-        # a TransferRequestRec
-        key = (rec.queue, rec.publisher, rec.seq, rec.requester, rec.attempt)
-        if key in self._seen_requests:
-            return False
-        self._seen_requests[key] = None
-        if len(self._seen_requests) > TOMBSTONES_MAX:
-            self._seen_requests.popitem(last=False)
-        grant = own.request(rec, now, self._reachable)
-        if grant is not None:
-            self._journal_transfer(own, grant, now)
-            return False  # answered here: the grant travels instead
-        position = own.position((rec.publisher, rec.seq))
-        return position is None or own.queue.owner_of(position) is not None  # not ours: pass it on
+                return rec
+            return None
+        # a TransferRequestRec: each message's attempt is answered once, whatever the path
+        seen = self._seen_requests
+        fresh = []
+        for i, key in enumerate(zip(rec.publishers, rec.seqs, rec.attempts)):
+            key = (rec.queue, rec.requester, *key)
+            if key not in seen:
+                seen[key] = None
+                fresh.append(i)
+        while len(seen) > TOMBSTONES_MAX:
+            seen.popitem(last=False)
+        if not fresh:
+            return None
+        rec = _narrowed(rec, fresh)
+        grants, onward = own.request(rec, now, self._reachable)
+        for grant in grants:
+            self._journal_transfer(own, grant, now)  # answered here: the grant travels instead
+        return _narrowed(rec, onward) if onward else None
 
     def _remove(self, own: QueueOwnership, rec: records.QueueRemovedRec, now: float) -> bool:
         changed = False
@@ -391,13 +438,20 @@ class ReplicatedQueues:
     def tick(self, now: float) -> None:
         """Rules 4 and 6: ask for (or, proxied, claim) messages local subscribers wait for."""
         for own in self.by_queue.values():
-            asks, claims = own.requests(now, self._reachable)
-            for ask in asks:
+            ask, claim = own.requests(now, self._reachable)
+            if ask is not None:
                 self._journal.append(records.encode(ask))
-            for claim in claims:
-                log.warning("queue %s: proxied transfer: taking message %s from %s, which is unreachable",
-                            own.name, (claim.publisher, claim.seq), "its owner")
+            if claim is not None:
+                log.warning("queue %s: proxied transfer: taking %d message(s) whose owner is unreachable",
+                            own.name, len(claim.seqs))
                 self._journal_transfer(own, claim, now)
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` has requests to make that no command will prompt: a message
+        becomes old enough to ask for, an unanswered request is due again, or a scan was
+        cut short by :data:`REQUEST_SCAN_S` while subscribers have room."""
+        due = [own.next_scan for own in self.by_queue.values() if own.next_scan is not None]
+        return min(due) if due else None
 
     def set_proxied(self, queue: str, on: bool) -> bool:
         """Rule 6 (the admin action); False when ``queue`` is not a replicated queue here."""
@@ -432,3 +486,11 @@ class ReplicatedQueues:
 
     def statistics(self) -> tuple[OwnershipStats, ...]:
         return tuple(own.statistics() for own in self.by_queue.values())
+
+
+def _narrowed(rec: records.TransferRequestRec, keep: list[int]) -> records.TransferRequestRec:
+    """``rec`` with only the messages at indexes ``keep``."""
+    if len(keep) == len(rec.seqs):
+        return rec
+    return msgspec.structs.replace(rec, publishers=[rec.publishers[i] for i in keep],
+                                   seqs=[rec.seqs[i] for i in keep], attempts=[rec.attempts[i] for i in keep])

@@ -64,9 +64,10 @@ class Elsewhere:
             yield p, self._away[p]
 
     def in_arrival_order(self) -> Iterator[tuple[int, Away]]:
-        """Roughly oldest first (the order they came here; no sort): for the engine's
-        transfer requests, which stop early."""
-        return iter(list(self._away.items()))
+        """Roughly oldest first (the order they came here; no sort, no copy): for the
+        engine's transfer requests, which stop early. The caller must not change this
+        part while it iterates."""
+        return iter(self._away.items())
 
     # --- rule 3 ------------------------------------------------------------------------------
 

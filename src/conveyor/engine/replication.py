@@ -495,7 +495,9 @@ class Replication:
         """A replicated queue's record (rule 6): applied, and journaled when it changed
         something here or must travel on."""
         rec = self._arrived(rec, src)
-        if rec is None or self.queues is None or not self.queues.received(rec, now):
+        if rec is not None and self.queues is not None:
+            rec = self.queues.received(rec, now)
+        if rec is None:
             return 0
         self._journal.append(records.encode(rec))
         return 1

@@ -178,33 +178,35 @@ class QueueRemovedRec(_Rec, tag=13):
 
 
 class TransferRequestRec(_Rec, tag=14):
-    """Instance ``requester`` asks the owner of message ``(publisher, seq)`` of ``queue``
-    to transfer it (it has a subscriber waiting)."""
+    """Instance ``requester`` asks the owner of messages ``zip(publishers, seqs)`` of
+    ``queue`` to transfer them (it has subscribers waiting); ``attempts`` counts each
+    message's requests. One record per scan, not per message."""
 
     queue: str
-    publisher: int
-    seq: int
+    publishers: list[int]
+    seqs: list[int]
     requester: str
-    attempt: int = 1
+    attempts: list[int]
     origin: str = ""
     origin_group: str = ""
     path: list[str] = []
 
 
 class TransferRec(_Rec, tag=15):
-    """Message ``(publisher, seq)`` of ``queue`` is owned by ``owner`` from now on, granted
-    by ``granter`` (the owner, or an instance acting for an offline owner: ``proxied``).
-    ``epoch`` counts the transfers of the message: the highest wins everywhere. The
-    message's delivery and cancel counts travel with it."""
+    """Messages ``zip(publishers, seqs)`` of ``queue`` are owned by ``owner`` from now on,
+    granted by ``granter`` (the owner, or an instance acting for an offline owner:
+    ``proxied``). ``epochs`` count each message's transfers: the highest wins everywhere.
+    Each message's delivery and cancel counts travel with it. One record per grant
+    decision, not per message."""
 
     queue: str
-    publisher: int
-    seq: int
+    publishers: list[int]
+    seqs: list[int]
     owner: str
     granter: str
-    epoch: int
-    deliveries: int = 0
-    cancels: int = 0
+    epochs: list[int]
+    deliveries: list[int]
+    cancels: list[int]
     proxied: bool = False
     origin: str = ""
     origin_group: str = ""

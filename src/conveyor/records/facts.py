@@ -42,8 +42,6 @@ def describe_record(payload: bytes) -> tuple[str, float | None, str | None, str 
         return op, rec.timestamp, rec.topic, None, rec.publisher, None
     if op == "replica_received":
         return op, None, None, None, None, None
-    if op in ("transfer_request", "transfer"):
-        return op, None, None, rec.queue, rec.publisher, None
     if op == "sow_delete":
         return op, None, rec.topic, None, None, None
     return op, None, None, rec.queue, None, getattr(rec, "consumer", None)

@@ -91,9 +91,11 @@ SCHEMA = StructType(
         StructField("txn_total", IntegerType()),
         StructField("expired_queue", StringType()),  # publish of a dead letter: where it expired
         StructField("expired_position", LongType()),
-        StructField("epoch", LongType()),  # consumer_claim, transfer
-        StructField("publishers", ArrayType(LongType())),  # queue_removed: the messages' identities
+        StructField("epoch", LongType()),  # consumer_claim
+        StructField("publishers", ArrayType(LongType())),  # queue_removed, transfer*: the messages' identities
         StructField("seqs", ArrayType(LongType())),
+        StructField("epochs", ArrayType(LongType())),  # transfer
+        StructField("cancels", ArrayType(IntegerType())),  # transfer
     ]
 )
 COLUMNS = tuple(SCHEMA.fieldNames())
@@ -280,12 +282,12 @@ CELLS: dict[type, dict[str, Callable]] = {
     r.QueueRemovedRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"),
                         "seqs": attrgetter("seqs"), "reasons": attrgetter("kind"),
                         "consumer": _when(_positive, attrgetter("origin"))},
-    r.TransferRequestRec: {"queue": attrgetter("queue"), "publisher": attrgetter("publisher"),
-                           "seq": attrgetter("seq"), "consumer": attrgetter("requester"),
-                           "delivery": attrgetter("attempt")},
-    r.TransferRec: {"queue": attrgetter("queue"), "publisher": attrgetter("publisher"),
-                    "seq": attrgetter("seq"), "consumer": attrgetter("owner"), "epoch": attrgetter("epoch"),
-                    "counts": lambda rec: [rec.deliveries, rec.cancels],
+    r.TransferRequestRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"),
+                           "seqs": attrgetter("seqs"), "consumer": attrgetter("requester"),
+                           "counts": attrgetter("attempts")},
+    r.TransferRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"), "seqs": attrgetter("seqs"),
+                    "consumer": attrgetter("owner"), "epochs": attrgetter("epochs"),
+                    "counts": attrgetter("deliveries"), "cancels": attrgetter("cancels"),
                     "reasons": lambda rec: "proxied" if rec.proxied else None},
     # a sow_delete: the SOW topic and the positions of the records it removed; one that
     # arrived by replication names them by identity (publishers/seqs) instead

@@ -1,0 +1,449 @@
+"""Replication and replicated queues: real instances on loopback, measured in one run.
+
+Workloads (docs/benchmarks.md, "Replication"):
+
+1. **Publish rate** of one pipelined publisher waiting for persisted acks, to a single
+   instance, to an instance with one ``sync`` destination and to one with one ``async``
+   destination; interleaved, medians, ratios against the single instance.
+2. **Replication lag** at a paced 5,000 msg/s: publish on A, a subscriber on B; the lag
+   of a message is its arrival at B's subscriber minus the moment it was handed to the
+   publishing client (both clients live in this process: one clock). ``async`` and
+   ``sync``.
+3. **Catch-up** after an outage: A holds N records its destination B has never seen; B
+   is started, then A, and B's subscriber counts the records as they are replicated:
+   the rate from the first to the last.
+4. **Replicated queue drain**: N messages published on A into a queue replicated between
+   A and B, drained by 4 worker processes: all on a single unreplicated instance
+   (baseline), all on the owner A, 2 on A and 2 on B, and all 4 on B (every message
+   transferred from A to B before it is delivered).
+
+    python -m bench.bench_replication [--messages N] [--catchup N] [--runs 3] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+from bench.bench_publish import PAYLOAD, free_port, wait_port
+from bench.report import git_rev, machine, median, write_section
+
+TOPIC = "bench"
+QUEUE = "Bench"
+QUEUE_XML = (f"<Queue><Name>{QUEUE}</Name><MessageType>json</MessageType><UnderlyingTopic>{TOPIC}</UnderlyingTopic>"
+             "<MaxPerSubscriptionBacklog>1000</MaxPerSubscriptionBacklog></Queue>")
+LAG_RATE = 5_000  # msg/s
+LAG_SECONDS = 10.0
+WORKER_IDLE_S = 5.0  # a worker stops after this long without a message (transfers wait ~2 s at first)
+
+
+class Instance:
+    """A ``conveyor serve`` process with its own journal, client port and replication port."""
+
+    def __init__(self, root: Path, name: str, *, queue: bool = False) -> None:
+        self.name = name
+        self.dir = root / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.repl_port = free_port()
+        self.queue = queue
+        self.destinations: list[str] = []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def replicate_to(self, other: Instance, sync: bool) -> None:
+        topics = (TOPIC, QUEUE) if self.queue else (TOPIC,)
+        self.destinations.append(
+            f"<Destination><Name>{other.name}</Name><SyncType>{'sync' if sync else 'async'}</SyncType>"
+            f"<Transport><Type>amps-replication</Type><InetAddr>127.0.0.1:{other.repl_port}</InetAddr></Transport>"
+            + "".join(f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in topics)
+            + "</Destination>")
+
+    def start(self) -> Instance:
+        repl = f"<Replication>{''.join(self.destinations)}</Replication>" if self.destinations else ""
+        sow = f"<SOW>{QUEUE_XML}</SOW>" if self.queue else ""
+        cfg = self.dir / "config.xml"
+        cfg.write_text(
+            f"<AMPSConfig><Name>{self.name}</Name><Transports>"
+            f"<Transport><Name>clients</Name><Type>tcp</Type><InetAddr>127.0.0.1:{self.port}</InetAddr></Transport>"
+            f"<Transport><Name>replication</Name><Type>amps-replication</Type>"
+            f"<InetAddr>127.0.0.1:{self.repl_port}</InetAddr></Transport></Transports>"
+            f"<TransactionLog><JournalDirectory>{self.dir / 'journal'}</JournalDirectory>"
+            f"<Topic><Name>{TOPIC}</Name><MessageType>json</MessageType></Topic></TransactionLog>"
+            f"{sow}{repl}</AMPSConfig>")
+        log = open(self.dir / "server.log", "ab")  # noqa: SIM115 - the process keeps it
+        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)],
+                                     stdout=log, stderr=log)
+        wait_port(self.port, timeout=300)
+        return self
+
+    def cpu_s(self) -> float:
+        """User and system CPU seconds of the server process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=120)
+
+
+def pair(root: Path, *, sync: bool, both_ways: bool = False, queue: bool = False) -> tuple[Instance, Instance]:
+    a, b = Instance(root / "a", "A", queue=queue), Instance(root / "b", "B", queue=queue)
+    a.replicate_to(b, sync)
+    if both_ways:
+        b.replicate_to(a, sync)
+    return a, b
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+# --- 1. publish rate ------------------------------------------------------------------------
+
+
+async def publish_rate(uri: str, n: int) -> float:
+    from conveyor import AsyncClient
+
+    client = await AsyncClient(f"pub-{time.time_ns()}", max_inflight=20_000).connect(uri)
+    start = time.perf_counter()
+    for _ in range(n):
+        await client.publish(TOPIC, PAYLOAD)
+    await client.wait_persisted(timeout=600)
+    elapsed = time.perf_counter() - start
+    await client.disconnect()
+    return n / elapsed
+
+
+def measure_publish(mode: str, n: int, root: Path) -> float:
+    if mode == "single":
+        instances = [Instance(root, "A")]
+    else:
+        instances = list(pair(root, sync=mode == "sync"))
+    for inst in reversed(instances):  # the destination first: the link is up at once
+        inst.start()
+    try:
+        if len(instances) == 2:
+            time.sleep(1.0)  # the link's handshake
+        return uvloop.run(publish_rate(instances[0].uri, n))
+    finally:
+        for inst in instances:
+            inst.stop()
+
+
+# --- 2. lag at a fixed rate -----------------------------------------------------------------
+
+
+async def lag_run(a_uri: str, b_uri: str, rate: int, seconds: float) -> list[float]:
+    from conveyor import AsyncClient
+
+    sent: dict[int, float] = {}
+    lags: list[float] = []
+    total = int(rate * seconds)
+    done = asyncio.Event()
+
+    def on_message(msg) -> None:
+        i = json.loads(msg.data)["i"]
+        lags.append(time.perf_counter() - sent[i])
+        if len(lags) >= total:
+            done.set()
+
+    sub = await AsyncClient(f"lag-sub-{time.time_ns()}").connect(b_uri)
+    await sub.subscribe(TOPIC, on_message=on_message)
+    pub = await AsyncClient(f"lag-pub-{time.time_ns()}", max_inflight=20_000).connect(a_uri)
+    tick = 0.01
+    per_tick = int(rate * tick)
+    start = time.perf_counter()
+    i = 0
+    while i < total:
+        due = start + (i // per_tick) * tick
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for _ in range(per_tick):
+            sent[i] = time.perf_counter()
+            await pub.publish(TOPIC, b'{"i":%d}' % i)
+            i += 1
+    await pub.wait_persisted(timeout=120)
+    await asyncio.wait_for(done.wait(), 120)
+    await pub.disconnect()
+    await sub.disconnect()
+    return lags[len(lags) // 10:]  # the first second warms up connections and caches
+
+
+def measure_lag(sync: bool, root: Path) -> list[float]:
+    a, b = pair(root, sync=sync)
+    b.start()
+    a.start()
+    try:
+        time.sleep(1.0)
+        return uvloop.run(lag_run(a.uri, b.uri, LAG_RATE, LAG_SECONDS))
+    finally:
+        a.stop()
+        b.stop()
+
+
+# --- 3. catch-up ----------------------------------------------------------------------------
+
+
+async def fill(uri: str, n: int, topic: str = TOPIC) -> None:
+    from conveyor import AsyncClient
+
+    client = await AsyncClient(f"fill-{time.time_ns()}", max_inflight=20_000).connect(uri)
+    for _ in range(n):
+        await client.publish(topic, PAYLOAD)
+    await client.wait_persisted(timeout=1200)
+    await client.disconnect()
+
+
+async def count_arrivals(uri: str, n: int, started: asyncio.Event) -> tuple[float, float]:
+    from conveyor import AsyncClient
+
+    first = last = 0.0
+    count = 0
+    done = asyncio.Event()
+
+    def on_message(_msg) -> None:
+        nonlocal first, last, count
+        count += 1
+        last = time.perf_counter()
+        if count == 1:
+            first = last
+        if count >= n:
+            done.set()
+
+    client = await AsyncClient(f"catchup-{time.time_ns()}").connect(uri)
+    await client.subscribe(TOPIC, on_message=on_message)
+    started.set()
+    await asyncio.wait_for(done.wait(), 1800)
+    await client.disconnect()
+    return first, last
+
+
+def measure_catchup(n: int, root: Path) -> tuple[float, float]:
+    """(records/s from the first to the last arrival, seconds from A's start to the last)."""
+    a, b = pair(root, sync=False)
+    a.start()  # B is not running: everything waits in A's journal
+    try:
+        uvloop.run(fill(a.uri, n))
+        a.stop()
+        b.start()
+
+        async def run() -> tuple[float, float, float]:
+            started = asyncio.Event()
+            counter = asyncio.ensure_future(count_arrivals(b.uri, n, started))
+            await started.wait()
+            t0 = time.perf_counter()
+            await asyncio.get_running_loop().run_in_executor(None, a.start)
+            first, last = await counter
+            return t0, first, last
+
+        t0, first, last = uvloop.run(run())
+        return n / (last - first), last - t0
+    finally:
+        a.stop()
+        b.stop()
+
+
+# --- 4. replicated queue drain --------------------------------------------------------------
+
+
+async def worker(uri: str, name: str, backlog: int) -> tuple[int, float]:
+    from conveyor import AsyncClient
+
+    client = await AsyncClient(name, ack_batch_size=max(1, backlog // 2)).connect(uri)
+    count = 0
+    last = time.time()
+
+    def on_message(msg) -> None:
+        nonlocal count, last
+        count += 1
+        last = time.time()
+        msg.ack()
+
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go": every worker is connected
+    last = time.time()
+    await client.subscribe(QUEUE, max_backlog=backlog, on_message=on_message)
+    while time.time() - last < WORKER_IDLE_S:  # from the start too: a worker may get nothing
+        await asyncio.sleep(0.1)
+    await client.flush()
+    await client.disconnect()
+    return count, last
+
+
+def drain(uris: list[str], n: int, backlog: int = 10) -> float:
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.bench_replication", "worker", uri, f"w{i}-{time.time_ns()}",
+                               str(backlog)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for i, uri in enumerate(uris)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    start = time.time()  # wall clock: the workers' last-message times are compared with it
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    counts, lasts = [], []
+    for p in procs:
+        count, last = p.communicate(timeout=1800)[0].split()[-2:]
+        counts.append(int(count))
+        lasts.append(float(last))
+    assert sum(counts) == n, f"drained {sum(counts)} of {n} (each message must be processed once)"
+    return n / (max(last for count, last in zip(counts, lasts) if count) - start)
+
+
+async def queue_depth(uri: str) -> int:
+    from conveyor import AsyncClient
+
+    client = await AsyncClient(f"depth-{time.time_ns()}").connect(uri)
+    depth = len(await client.sow(QUEUE))
+    await client.disconnect()
+    return depth
+
+
+def wait_depth(uri: str, n: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while (depth := uvloop.run(queue_depth(uri))) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{uri}: {QUEUE} shows {depth} of {n}")
+        time.sleep(0.5)
+
+
+def measure_queue(layout: str, n: int, root: Path) -> tuple[float, float]:
+    """(drain rate in msg/s, server CPU µs per message over every instance)."""
+    if layout == "single":
+        a = Instance(root, "A", queue=True)
+        instances = [a]
+        uris = [a.uri] * 4
+    else:
+        a, b = pair(root, sync=False, both_ways=True, queue=True)
+        instances = [a, b]
+        uris = {"owner": [a.uri] * 4, "split": [a.uri, a.uri, b.uri, b.uri], "other": [b.uri] * 4}[layout]
+    for inst in instances:
+        inst.start()
+    try:
+        uvloop.run(fill(a.uri, n))
+        for inst in instances:
+            wait_depth(inst.uri, n)  # every instance holds every message before the clock starts
+        cpu = sum(inst.cpu_s() for inst in instances)
+        rate = drain(uris, n)
+        return rate, (sum(inst.cpu_s() for inst in instances) - cpu) / n * 1e6
+    finally:
+        for inst in instances:
+            inst.stop()
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def load_average() -> str:
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        count, last = uvloop.run(worker(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        print(count, repr(last), flush=True)
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--queue-messages", type=int, default=50_000)
+    parser.add_argument("--catchup", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    args = parser.parse_args()
+    loads = [load_average()]
+    pub: dict[str, list[float]] = {"single": [], "sync": [], "async": []}
+    lag: dict[str, list[float]] = {"async": [], "sync": []}
+    queue: dict[str, list[float]] = {"single": [], "owner": [], "split": [], "other": []}
+    queue_cpu: dict[str, list[float]] = {layout: [] for layout in queue}
+    catchup: list[tuple[float, float]] = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        root = Path(tmp)
+        step = 0
+
+        def fresh() -> Path:
+            nonlocal step
+            step += 1
+            return root / f"s{step}"
+
+        for run in range(args.runs):
+            for mode in pub:
+                pub[mode].append(measure_publish(mode, args.messages, fresh()))
+                print(f"run {run + 1} publish {mode}: {pub[mode][-1]:,.0f} msg/s", flush=True)
+            for mode in lag:
+                lags = measure_lag(mode == "sync", fresh())
+                lag[mode].extend(lags)
+                print(f"run {run + 1} lag {mode}: p50 {pct(lags, 50) * 1e3:.2f} ms, p99 {pct(lags, 99) * 1e3:.2f} ms",
+                      flush=True)
+            for layout in queue:
+                rate, cpu = measure_queue(layout, args.queue_messages, fresh())
+                queue[layout].append(rate)
+                queue_cpu[layout].append(cpu)
+                print(f"run {run + 1} queue drain {layout}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg", flush=True)
+            loads.append(load_average())
+        if args.catchup:
+            catchup.append(measure_catchup(args.catchup, fresh()))
+            print(f"catch-up of {args.catchup:,}: {catchup[-1][0]:,.0f} records/s, {catchup[-1][1]:.1f} s", flush=True)
+            loads.append(load_average())
+
+    base = median(pub["single"])
+    rows = ["| workload | msg/s (median) | ratio to one instance | target | server CPU µs/msg (all instances) |",
+            "| --- | ---: | ---: | --- | ---: |"]
+    rows.append(f"| publish, one instance | {base:,.0f} | 1.00 | | |")
+    rows.append(f"| publish, one `sync` destination | {median(pub['sync']):,.0f} | {median(pub['sync']) / base:.2f} | ≥ 0.50 | |")
+    rows.append(f"| publish, one `async` destination | {median(pub['async']):,.0f} | {median(pub['async']) / base:.2f} | ≥ 0.80 | |")
+    qbase = median(queue["single"])
+    names = {"single": "4 workers, one unreplicated instance", "owner": "replicated pair, 4 workers on the owner A",
+             "split": "replicated pair, 2 workers on A and 2 on B", "other": "replicated pair, 4 workers on B (every message transferred)"}
+    for layout, label in names.items():
+        target = "≥ 0.50" if layout == "other" else ""
+        rows.append(f"| queue drain: {label} | {median(queue[layout]):,.0f} | {median(queue[layout]) / qbase:.2f} | {target} "
+                    f"| {median(queue_cpu[layout]):.1f} |")
+    lag_rows = ["| replication | lag p50 (ms) | p99 (ms) | max (ms) |", "| --- | ---: | ---: | ---: |"]
+    for mode, values in lag.items():
+        lag_rows.append(f"| `{mode}` | {pct(values, 50) * 1e3:.2f} | {pct(values, 99) * 1e3:.2f} | {max(values) * 1e3:.1f} |")
+    table = "\n".join(rows) + "\n\n" + "\n".join(lag_rows)
+    if catchup:
+        rate, total_s = catchup[0]
+        table += (f"\n\nCatch-up of {args.catchup:,} records after an outage: {rate:,.0f} records/s from the first to the"
+                  f" last arrival; {total_s:.1f} s from the source's start (its recovery included) to the last.")
+    print(table)
+    if args.write:
+        body = f"""Command: `.venv/bin/python -m bench.bench_replication --write` (about 15 minutes).
+
+Real instances on loopback, each its own `conveyor serve` process; Python asyncio clients
+(uvloop) in the benchmark's process, queue workers in their own processes. Publishes:
+{args.messages:,} messages of 256 bytes from one pipelined publisher that waits until each
+is acknowledged as persisted (with a `sync` destination, persisted means on both disks).
+Lag: {LAG_RATE:,} msg/s for {LAG_SECONDS:.0f} s published on A, a subscriber on B, the first
+10% left out; the lag is from the publish call to the arrival at B's subscriber. Queue
+drain: {args.queue_messages:,} messages published on A into a queue replicated both ways
+(`async`), every instance holding all of them before the workers start; 4 worker
+processes, backlog 10, acks batched by 5; each message must be processed exactly once or
+the run fails. Medians of {args.runs} interleaved runs.
+
+Machine: {machine()}; commit {git_rev()}; load average (1/5/15 min) before and after
+each round: {"; ".join(loads)}.
+
+{table}
+"""
+        write_section("Replication", body)
+
+
+if __name__ == "__main__":
+    main()
