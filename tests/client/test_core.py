@@ -312,3 +312,31 @@ def test_client_error_codes_are_their_own():
     for cls in (errors.AlreadyAcknowledged, errors.ClientStateError, errors.ConnectionLost, errors.TimedOut):
         assert errors.ERROR_CLASSES[cls.code] is cls
         assert [c for c in every(errors.ConveyorError) if c.code == cls.code] == [cls]
+
+
+def test_a_bookmark_subscription_moved_to_another_journal_resumes_by_time_and_skips_what_it_saw():
+    """Rule 7 of client/subscription.py: positions of one journal mean nothing in another."""
+    from conveyor.client.subscription import CROSS_INSTANCE_MARGIN_S
+
+    core = ClientCore(client_name="c")
+    pending = core.logon()
+    answer(core, m.Ack(ack_type="processed", cid=sent(core)[0].cid, journal="journal-A"))
+    core.logged_on(pending.result)
+    sub = SubState("r1", "t", bookmark="0")
+    core.add_subscription(sub)
+    t0 = 1_700_000_000.0
+    for pub, seq, pos in ((7, 1, 100), (8, 1, 110), (7, 2, 120)):
+        assert sub.accept(Message("t", b"{}", bookmark=f"{pub}|{seq}|{pos}", timestamp=t0 + pos), core.epoch)
+    core.connection_lost(errors.ConnectionLost("gone"))
+    pending = core.logon()
+    answer(core, m.Ack(ack_type="processed", cid=sent(core)[0].cid, journal="journal-B"))
+    core.logged_on(pending.result)
+    resubscribe = [c for c in sent(core) if isinstance(c, m.Subscribe)][0]
+    assert resubscribe.bookmark == "20231114T221420.000000Z"  # t0 + 120 - 60 s, UTC
+    assert CROSS_INSTANCE_MARGIN_S == 60.0
+    # B's order differs: what was seen is dropped, publisher by publisher; the rest passes
+    epoch = core.epoch
+    verdicts = [sub.accept(Message("t", b"{}", bookmark=f"{pub}|{seq}|{pos}", timestamp=t0, _epoch=epoch), epoch)
+                for pub, seq, pos in ((8, 1, 5), (7, 1, 6), (8, 2, 7), (7, 2, 8), (7, 3, 9))]
+    assert verdicts == [False, False, True, False, True]
+    assert sub.last_bookmark == "7|3|9"

@@ -162,3 +162,46 @@ def test_a_destination_that_breaks_a_rule_is_refused_loudly(instances):
     a.start()
     a.proc.wait_log("answered as instance 'B'", timeout=30)
     publish(a.uri, "still-serving", range(1, 11))
+
+
+def test_a_bookmark_subscriber_that_fails_over_resumes_without_a_gap_or_a_duplicate(instances):
+    """Clients across instances: a bookmark subscriber reading A, which dies, goes on on
+    B from where it was, although B recorded the same messages in another order (two
+    publishers, one on each instance) and at other positions: every message once."""
+    import time
+
+    a, b = instances("A"), instances("B")
+    a.replicate_to(b)
+    b.replicate_to(a)
+    a.start()
+    b.start()
+
+    def publish_on(uri: str, name: str, seqs: range) -> None:
+        with Client(name).connect(uri) as client:
+            for i in seqs:
+                client.publish(TOPIC, {"p": name, "i": i}, sequence=i + 1)
+            client.flush()
+
+    publish_on(a.uri, "east", range(0, 200))
+    publish_on(b.uri, "west", range(0, 200))
+    a.wait_for(400)
+    b.wait_for(400)
+    got: list[tuple[str, int]] = []
+    with Client("reader").connect([a.uri, b.uri]) as reader:
+        sub = reader.subscribe(TOPIC, bookmark="0")
+        while len(got) < 150:
+            msg = sub.get(timeout=30)
+            assert msg is not None, f"only {len(got)} messages from A"
+            got.append((msg.json()["p"], msg.json()["i"]))
+        a.kill()  # the reader fails over to B, which has every message at other positions
+        publish_on(b.uri, "west", range(200, 250))
+        deadline = time.monotonic() + 60
+        while len(got) < 450 and time.monotonic() < deadline:
+            msg = sub.get(timeout=1)
+            if msg is not None:
+                got.append((msg.json()["p"], msg.json()["i"]))
+        assert sub.get(timeout=1) is None
+    twice = [m for m in set(got) if got.count(m) > 1]
+    assert not twice, f"handed out twice: {sorted(twice)[:10]}"
+    expected = {("east", i) for i in range(200)} | {("west", i) for i in range(250)}
+    assert set(got) == expected, f"missing: {sorted(expected - set(got))[:10]}"

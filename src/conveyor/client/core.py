@@ -161,6 +161,7 @@ class ClientCore:
         self.server_index = 0
         self.reconnects = 0
         self.on_persisted: Callable[[int], None] | None = None
+        self.server_journal: str | None = None  # the journal of the instance logged on to last
         self.on_heartbeat: Callable[[], None] | None = None
         self.frames_sent = 0
         self.commands_sent = 0
@@ -231,6 +232,11 @@ class ClientCore:
             self.store.discard_up_to(persisted)
         self.persisted_seq = max(self.persisted_seq, persisted)
         self.next_seq = max(self.next_seq, highest + 1, self.store.last_seq + 1)
+        if ack.journal is not None:
+            if self.server_journal is not None and ack.journal != self.server_journal:
+                for sub in self.subscriptions.values():
+                    sub.crossed_journals()  # another instance: its bookmarks name other positions
+            self.server_journal = ack.journal
         self.flush_acks()  # offline still: the batches join the unconfirmed ones
         self.outgoing.extend(self.acks_unconfirmed.values())
         self.online = True

@@ -26,6 +26,12 @@ Rules kept here (shared by both faces; the faces only move messages between thre
    outcome settles its message (rule 4). A face adds only the buffer and the waiting:
    an ``asyncio.Queue`` read on the loop, or a thread-safe queue read on the
    application's or the handler's thread.
+7. **Across instances, by time and by what was seen.** Bookmarks name positions in
+   one instance's journal. When the client logs on to an instance with another journal
+   (it failed over to a replica), a bookmark subscription resumes from the publish time
+   of the last message it handed out, less :data:`CROSS_INSTANCE_MARGIN_S`, and drops
+   every message whose sequence is not above the highest it has handed out from the
+   same publisher (each publisher's messages keep their order on every instance).
 
 ``accept`` runs on the application's thread in the blocking face, while resubscribing
 runs on the loop thread; ``_guard`` makes "check the connection, record the bookmark"
@@ -39,6 +45,7 @@ import inspect
 import logging
 import threading
 from collections import OrderedDict
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
 from conveyor import errors
@@ -48,6 +55,11 @@ from conveyor.protocol import messages as m
 log = logging.getLogger("conveyor.client")
 
 RECENT_ACKS_MIN = 4096  # acknowledged bookmarks remembered per subscription (rule 3)
+#: Rule 7: how far before the last message's publish time a subscription that moved to
+#: another instance replays. A message that reached the new instance this much earlier
+#: than a later one that the old instance delivered first would be missed (clock skew
+#: between publishing instances and replication lag must stay below it).
+CROSS_INSTANCE_MARGIN_S = 60.0
 END = object()  # put into a subscription's buffer: nothing comes after it
 
 #: ``handler(msg)``: called for each message; the asyncio face also awaits what it returns.
@@ -121,6 +133,9 @@ class SubState:
         self.sink: Callable[[Message], None] = _drop  # the face's buffer or callback
         self.acker: Acker | None = None
         self.last_bookmark: str | None = None  # last handed to the application
+        self.last_timestamp: float | None = None  # its publish time (rule 7)
+        self._latest: dict[str, str] = {}  # rule 7: publisher -> "seq|position" of its last message handed out
+        self._seen: dict[str, int] | None = None  # rule 7, once crossed: publisher -> highest seq handed out
         self.previous: Message | None = None  # auto-ack in iterator mode
         self.outstanding = 0  # queue messages received on this connection, not yet acked
         self.acks_pending = 0  # acks batched for it, not yet sent
@@ -134,6 +149,20 @@ class SubState:
     def resume_bookmark(self) -> str | None:
         with self._guard:
             return self.last_bookmark or self.bookmark
+
+    def crossed_journals(self) -> None:
+        """Rule 7: the next logon is to an instance with another journal."""
+        if self.bookmark is None:
+            return
+        with self._guard:
+            seen = self._seen or {}
+            for publisher, rest in self._latest.items():
+                seq = int(rest.partition("|")[0])
+                if seq > seen.get(publisher, -1):
+                    seen[publisher] = seq
+            self._seen = seen
+            if self.last_timestamp is not None:
+                self.last_bookmark = _utc_text(self.last_timestamp - CROSS_INSTANCE_MARGIN_S)
 
     def command(self, cid: str, *, replace: bool = False):
         """The subscribe command: the first, a ``replace``, or a resume after a reconnect.
@@ -201,7 +230,15 @@ class SubState:
             with self._guard:
                 if msg._epoch != epoch:
                     return False
-                self.last_bookmark = msg.bookmark
+                bookmark = msg.bookmark
+                if bookmark is not None:
+                    publisher, _, rest = bookmark.partition("|")
+                    seen = self._seen
+                    if seen is not None and int(rest.partition("|")[0]) <= seen.get(publisher, -1):
+                        return False  # rule 7: handed out already, from the other instance
+                    self._latest[publisher] = rest
+                self.last_bookmark = bookmark
+                self.last_timestamp = msg.timestamp
         if self.auto_ack and self.mode is _ITERATOR:
             self.previous = msg
         return True
@@ -292,3 +329,8 @@ class SubscriptionBase:
 
 def _drop(msg: Message) -> None:
     return None
+
+
+def _utc_text(t: float) -> str:
+    """A replay start time as bookmarks accept it: ``YYYYMMDDTHHMMSS.ffffffZ``."""
+    return datetime.fromtimestamp(max(0.0, t), tz=timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")

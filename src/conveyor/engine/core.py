@@ -130,6 +130,7 @@ class Engine:
                                            records=self.sow)
         self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
+        self.journal_id = journal_id
         self.replication = Replication(config, journal, self.publishes, self.outbox, journal_id=journal_id)
         self.publishes.track_persisted = any(link.sync for link in self.replication.links.values())
         self.replicated_queues = ReplicatedQueues(self.instance, self.bindings, journal, self.cache, self.delivery,
@@ -371,7 +372,8 @@ class Engine:
                 session.conn_id,
                 m.Ack(ack_type="processed", cid=cmd.cid, client_name=name,
                       seq=self.publishes.highest_seq(session.publisher),
-                      persisted=self.publishes.persisted_seq(session.publisher), version=VERSION),
+                      persisted=self.publishes.persisted_seq(session.publisher), version=VERSION,
+                      journal=self.journal_id or None),
             )
 
     def _implicit_logon(self, session: Session) -> None:

@@ -333,6 +333,10 @@ class Ack(_Msg, tag="ack"):
     # every sync replication destination); ``seq`` is the highest recorded. A publish store
     # forgets up to ``persisted`` and numbers new publishes after ``seq``.
     persisted: int | None = field(default=None, name="ps")
+    # Logon: the identity of the server's journal. Bookmarks name positions in one journal;
+    # a client that fails over to an instance with another journal resumes its bookmark
+    # subscriptions by time and by the messages it has seen (docs/replication.md).
+    journal: str | None = field(default=None, name="j")
 
 
 class Message(_Msg, tag="p"):
