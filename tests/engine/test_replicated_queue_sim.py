@@ -34,7 +34,7 @@ from conveyor.engine.ownership import WAIT_DEFAULT_S
 from .cluster import Cluster, destination, instance_xml
 from .engine_harness import queue_xml
 
-SEEDS_DEFAULT = 1000
+SEEDS_DEFAULT = 2000
 STEPS = 70
 LEASE_S = 5.0
 
