@@ -105,9 +105,25 @@ class InLinkStats(msgspec.Struct, frozen=True):
     gaps: int
 
 
+TOPIC_VERDICTS_MAX = 10_000  # per destination: topic names whose verdict is remembered
+
+
 def _matches_any(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a topic name matches any of ``patterns``; verdicts are remembered per
+    name (a link asks once per record it reads), up to :data:`TOPIC_VERDICTS_MAX` names."""
     matchers = [topic_matcher(t) for t in patterns]
-    return lambda name: any(m(name) for m in matchers)
+    verdicts: dict[str, bool] = {}
+
+    def matches(name: str) -> bool:
+        verdict = verdicts.get(name)
+        if verdict is None:
+            verdict = any(m(name) for m in matchers)
+            if len(verdicts) >= TOPIC_VERDICTS_MAX:
+                verdicts.clear()
+            verdicts[name] = verdict
+        return verdict
+
+    return matches
 
 
 class OutLink:
