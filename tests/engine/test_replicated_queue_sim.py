@@ -9,6 +9,7 @@ every acknowledgement:
 - a message is never delivered while a lease on it is held, on this instance or on
   another (leases end by an ack, a cancel, the worker leaving, a crash, or the deadline);
 - a message is never acknowledged (persisted) twice, anywhere;
+- at most one running instance owns a message (checked after every step);
 
 and once the faults stop, every instance restarts, every link reconnects, a worker
 joins every instance and time runs on until the queue is drained:
@@ -124,6 +125,20 @@ class Sim:
                         if ident in self.acked:
                             self.fail(f"{ident} acknowledged by {w.name} after {self.acked[ident]} did")
                         self.acked[ident] = w.name
+        self.check_one_owner()
+
+    def check_one_owner(self) -> None:
+        """At most one running instance owns a message at any time (every publisher here
+        publishes on one instance and proxied transfer is off, so rule 7's two copies
+        never arise)."""
+        owners: dict[tuple, str] = {}
+        for n in self.names:
+            if n in self.c.down:
+                continue
+            for ident in self.c.nodes[n].engine.replicated_queues.by_queue["WorkQ"].owned_here():
+                if ident in owners:
+                    self.fail(f"{ident} is owned by {owners[ident]} and by {n}")
+                owners[ident] = n
 
 
     def ack(self, w: Worker, cancel: bool = False) -> None:

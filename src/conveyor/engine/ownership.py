@@ -132,6 +132,13 @@ class QueueOwnership:
     def position(self, ident: Ident) -> int | None:
         return self._positions.get(ident)
 
+    def owned_here(self) -> list[Ident]:
+        """The messages in the queue here that this instance owns (not ELSEWHERE): for
+        checks that at most one instance owns a message."""
+        queue = self.queue
+        return [ident for ident, position in self._positions.items()
+                if queue.owner_of(position) is None and queue.state_of(position).value != "absent"]
+
     def ident(self, position: int) -> Ident | None:
         return self._idents.get(position)
 
