@@ -73,15 +73,17 @@ def main() -> None:
     ap.add_argument("base")
     ap.add_argument("head", nargs="?", default="HEAD")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", choices=sorted(WORKLOADS), action="append", help="run only these workloads")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    workloads = {name: WORKLOADS[name] for name in (args.only or WORKLOADS)}
     loads = [" / ".join(f"{x:.1f}" for x in os.getloadavg())]
-    results: dict[str, dict[str, list[float]]] = {w: {args.base: [], args.head: []} for w in WORKLOADS}
+    results: dict[str, dict[str, list[float]]] = {w: {args.base: [], args.head: []} for w in workloads}
     with tempfile.TemporaryDirectory() as tmp:
         trees = {rev: checkout(rev, Path(tmp)) for rev in (args.base, args.head)}
         try:
             for round_ in range(args.rounds):
-                for name, (_, code) in WORKLOADS.items():
+                for name, (_, code) in workloads.items():
                     for rev, tree in trees.items():
                         value = measure(tree, code)
                         results[name][rev].append(value)
@@ -94,7 +96,7 @@ def main() -> None:
                                 text=True).stdout.strip() for rev in (args.base, args.head)}
     rows = [f"| workload | {revs[args.base]} (before) | {revs[args.head]} (after) | after / before |",
             "| --- | ---: | ---: | ---: |"]
-    for name, (label, _) in WORKLOADS.items():
+    for name, (label, _) in workloads.items():
         before, after = median(results[name][args.base]), median(results[name][args.head])
         rows.append(f"| {label} | {before:,.0f} | {after:,.0f} | {after / before:.2f} |")
     table = "\n".join(rows)
