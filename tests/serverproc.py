@@ -34,16 +34,21 @@ BASE_CONFIG = """\
     <SOW>
         {queues}
     </SOW>
+    {limits}
 </AMPSConfig>
 """
 
 
-def write_config(directory: Path, *, queues: str = "", recorded: str = ".*", transport_extra: str = "", txlog_extra: str = "") -> Path:
+def write_config(
+    directory: Path, *, queues: str = "", recorded: str = ".*", transport_extra: str = "", txlog_extra: str = "",
+    limits: str = "",
+) -> Path:
     journal = directory / "journal"
     path = directory / "config.xml"
     path.write_text(
         BASE_CONFIG.format(
-            journal=journal, queues=textwrap.dedent(queues), recorded=recorded, transport_extra=transport_extra, txlog_extra=txlog_extra
+            journal=journal, queues=textwrap.dedent(queues), recorded=recorded, transport_extra=transport_extra,
+            txlog_extra=txlog_extra, limits=f"<Limits>{limits}</Limits>" if limits else "",
         )
     )
     return path

@@ -25,7 +25,7 @@ from conveyor.config.model import Config
 from conveyor.config.queues import read_sow
 from conveyor.config.replication import read_replication
 from conveyor.config.rules import check
-from conveyor.config.transports import check_listeners, read_admin, read_transports
+from conveyor.config.transports import check_listeners, read_admin, read_limits, read_transports
 from conveyor.config.tree import OPTIONAL, Document, parse
 from conveyor.config.txlog import read_transaction_log
 from conveyor.errors import ConfigError
@@ -42,6 +42,7 @@ _ROOT = {
     "SOW": OPTIONAL,
     "Actions": OPTIONAL,
     "Replication": OPTIONAL,
+    "Limits": OPTIONAL,
 }
 _UNSUPPORTED_AMPS = (
     "Logging",
@@ -125,6 +126,8 @@ def _read_root(doc: Document) -> Config:
     replication = None
     if (n := kids.one("Replication")) is not None:
         replication = values["replication"] = read_replication(doc, n)
+    if (n := kids.one("Limits")) is not None:
+        values["limits"] = read_limits(doc, n)
 
     listeners = [
         (f"AMPSConfig/Transports/Transport[{i}]/InetAddr", t.host, t.port)

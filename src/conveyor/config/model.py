@@ -256,6 +256,24 @@ class Replication:
     destinations: tuple[ReplicationDestination, ...] = ()
 
 
+#: Limits (a conveyor extension): unsent output across every connection. One slow
+#: consumer alone may use its whole SlowClientDisconnectThreshold (64 MiB by default);
+#: several share twice that, so a handful of readers that stopped reading cannot take
+#: the server's memory with them.
+OUTPUT_BUDGET_BYTES_DEFAULT = 2 * OUTPUT_BYTES_MAX_DEFAULT
+#: A connection that has sent nothing for this long and holds no subscription is closed
+#: unless its transport sets IdleTimeout (which then applies to every connection).
+IDLE_TIMEOUT_S_DEFAULT = 3600.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``<Limits>``: bounds on what the server as a whole holds for its clients."""
+
+    output_budget_bytes: int = OUTPUT_BUDGET_BYTES_DEFAULT  # <OutputBudget>
+    idle_timeout_s: float = IDLE_TIMEOUT_S_DEFAULT  # <IdleTimeout>: connections with no subscription
+
+
 @dataclass(frozen=True)
 class SowTopicConfig:
     """A ``SOW/Topic``: the latest message per key of a recorded topic (docs/sow-and-views.md).
@@ -324,6 +342,7 @@ class Config:
     views: tuple[ViewConfig, ...] = ()
     actions: tuple[Action, ...] = ()
     replication: Replication | None = None
+    limits: Limits = field(default_factory=Limits)
     source: str = "<config>"  # file name or "<embedded default>"
 
     def queue(self, name: str) -> QueueConfig | None:

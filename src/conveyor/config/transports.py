@@ -13,6 +13,9 @@ Rules:
   transports are refused.
 - Transport names are unique (a missing ``Name`` becomes ``transport-N``), and no two
   listeners (transports and admin) may share a port on overlapping addresses.
+- ``<Limits>`` (a conveyor extension) bounds what the server holds for all its clients
+  together: ``OutputBudget`` (a positive size) and ``IdleTimeout`` (a positive duration,
+  for connections that hold no subscription).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import re
 
 from conveyor.config._invalid import Invalid
-from conveyor.config.model import Admin, Transport
+from conveyor.config.model import Admin, Limits, Transport
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
 
 INET_ADDR_HINT = "write PORT, HOST:PORT or [IPV6]:PORT, e.g. 9007, 0.0.0.0:9007, [::1]:9007"
@@ -45,6 +48,7 @@ _TRANSPORT = {
     "IdleTimeout": OPTIONAL,
 }
 _ADMIN = {"InetAddr": REQUIRED, "FileName": OPTIONAL}
+_LIMITS = {"OutputBudget": OPTIONAL, "IdleTimeout": OPTIONAL}
 
 
 def inet_addr(text: str) -> tuple[str | None, int]:
@@ -108,6 +112,16 @@ def _read_transport(doc: Document, node: Node, index: int) -> Transport:
     name_node = kids.one("Name")
     name = doc.text(name_node) if name_node is not None else f"transport-{index}"
     return Transport(name=name, path=node.path, **values)  # type: ignore[arg-type]
+
+
+def read_limits(doc: Document, node: Node) -> Limits:
+    kids = doc.children(node, _LIMITS)
+    values: dict[str, object] = {}
+    if (n := kids.one("OutputBudget")) is not None:
+        values["output_budget_bytes"] = doc.size(n)
+    if (n := kids.one("IdleTimeout")) is not None:
+        values["idle_timeout_s"] = doc.duration(n)
+    return Limits(**values)  # type: ignore[arg-type]
 
 
 def read_admin(doc: Document, node: Node) -> Admin:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Any, Container, Iterable, Mapping
 
 import msgspec
 
@@ -204,6 +204,7 @@ class Engine:
 
     def handle(self, conn_id: int, commands: Iterable, now: float) -> None:
         """Apply a batch of decoded commands (one frame) from one connection."""
+        self.topics.new_turn()  # each call from the shell is a turn of its loop (topics.py rule 1)
         session = self.sessions[conn_id]
         publish = self._publish
         for cmd in commands:
@@ -470,6 +471,7 @@ class Engine:
     def on_durable(self, now: float) -> None:
         """The journal is fsynced up to ``journal.durable_end``: apply the publishes now
         durable, release what waited for it, dispatch."""
+        self.topics.new_turn()  # each call from the shell is a turn of its loop (topics.py rule 1)
         topics, delivery, cache, sow = self.topics, self.delivery, self.cache, self.sow
         actions = self._publish_actions
         sow_topics = self._sow_topics
@@ -521,6 +523,7 @@ class Engine:
 
     def tick(self, now: float) -> None:
         """Run lease and message expiry due at ``now``, then dispatch."""
+        self.topics.new_turn()  # each call from the shell is a turn of its loop (topics.py rule 1)
         for binding, events in self.delivery.expire_due(now):
             self.named.count_expiries(binding, events)
         self.transactions.staging.expire(now)
@@ -549,9 +552,27 @@ class Engine:
         (:meth:`pump_replays` has work)."""
         return self.topics.replays_pending
 
-    def pump_replays(self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP) -> bool:
-        """Advance bookmark replays by up to ``budget`` records; True while work remains."""
-        return self.topics.pump(now, self.publishes.applied_end, budget)
+    @property
+    def fanout_pending(self) -> bool:
+        """Whether a fan-out waits for the next turn's filter budget (:meth:`pump_replays`
+        goes on with it; topics.py rule 1)."""
+        return self.topics.fanout_pending
+
+    def pump_replays(self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP, *, paused: Container[int] = ()) -> bool:
+        """One turn of background delivery: the fan-outs a filter budget cut short, then
+        bookmark replays by up to ``budget`` records, except those of the connections in
+        ``paused`` (their output is full: flow control, topics.py rule 2). True while
+        either has work for the next turn."""
+        topics = self.topics
+        topics.new_turn()
+        more = topics.continue_fanout()
+        return topics.pump(now, self.publishes.applied_end, budget, paused) or more
+
+    def subscribed(self, conn_id: int) -> bool:
+        """Whether the connection holds a subscription (the shell's default idle
+        timeout spares those: a quiet subscriber is not an idle one)."""
+        session = self.sessions.get(conn_id)
+        return session is not None and bool(session.subs)
 
     # --- replication links (the shell moves their frames; docs/replication.md) -----------------------
 

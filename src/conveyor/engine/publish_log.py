@@ -40,6 +40,7 @@ import msgspec
 
 from conveyor import records
 from conveyor.engine.fingerprints import FingerprintWindow
+from conveyor.engine.routes import RouteCache
 
 _encode_publish = records.encode_publish
 
@@ -70,7 +71,7 @@ class PublishLog:
         self._tlog = transaction_log
         self._highest: dict[int, int] = {}
         self._holes: dict[int, list[list[int]]] = {}  # publisher -> sorted [lo, hi] ranges (rule 2)
-        self._recorded: dict[str, bool] = {}
+        self._recorded: RouteCache[bool] = RouteCache()  # topic -> recorded (bounded: routes.py)
         self.pending: deque[PendingPublish] = deque()
         # Durable, not yet persisted (rule 4): (position, publisher, seq), kept only when
         # sync destinations exist.
@@ -85,8 +86,7 @@ class PublishLog:
         """Whether publishes to ``topic`` are recorded in the transaction log."""
         hit = self._recorded.get(topic)
         if hit is None:
-            hit = self._tlog is not None and self._tlog.records(topic)
-            self._recorded[topic] = hit
+            hit = self._recorded.put(topic, self._tlog is not None and self._tlog.records(topic))
         return hit
 
     # --- sequences (rule 1) -----------------------------------------------------------

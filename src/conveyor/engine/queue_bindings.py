@@ -30,6 +30,7 @@ from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.queue import Queue
+from conveyor.engine.routes import RouteCache
 
 log = logging.getLogger("conveyor.engine")
 
@@ -148,7 +149,7 @@ class QueueBindings:
     def __init__(self, config: Config, cache: MessageCache) -> None:
         self.by_name: dict[str, QueueBinding] = {}
         self._targets: dict[str, str] = {}  # DefaultPublishTarget: queue name -> topic
-        self._routes: dict[str, tuple[QueueBinding, ...]] = {}
+        self._routes: RouteCache[tuple[QueueBinding, ...]] = RouteCache()  # bounded: routes.py
         for qc in config.queues:
             self.by_name[qc.name] = QueueBinding(qc, cache)
             if qc.default_publish_target and qc.default_publish_target != qc.name:
@@ -174,8 +175,7 @@ class QueueBindings:
         """The queues whose underlying topics include ``topic``."""
         hit = self._routes.get(topic)
         if hit is None:
-            hit = tuple(b for b in self.by_name.values() if b.config.takes_from(topic))
-            self._routes[topic] = hit
+            hit = self._routes.put(topic, tuple(b for b in self.by_name.values() if b.config.takes_from(topic)))
         return hit
 
     def matching(self, pattern: str) -> list[str]:

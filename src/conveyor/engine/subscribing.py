@@ -12,6 +12,8 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
 3. ``replace`` is atomic (spec 000, "Replacing Queue Subscriptions"): a queue consumer
    keeps its leases and outstanding count; a topic subscription changes topic and filter
    for every later message.
+4. The filters of one connection together have a worst-case cost per message
+   (:mod:`conveyor.engine.filters`): a subscription or replace past it is refused.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from conveyor import errors
 from conveyor.config.model import topic_matcher
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.delivery import QueueDelivery
-from conveyor.engine.filters import compile_filter
+from conveyor.engine.filters import check_connection_filters, compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.queue import Consumer, effective_backlog
 from conveyor.engine.queue_bindings import QueueBindings, consumer_predicate
@@ -53,6 +55,7 @@ class Subscriptions:
             if sub_id in session.subs:
                 raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists (use the replace option)")
             flt = compile_filter(cmd.filter)
+            check_connection_filters([s.filter for s in session.subs.values()], flt)
             bookmark = getattr(cmd, "bookmark", None)
             names = self._bindings.matching(cmd.topic)
             if bookmark:
@@ -114,6 +117,7 @@ class Subscriptions:
             raise errors.InvalidOption(f"subscription {sub_id!r} is to a SOW topic or view: replace it with the "
                                        "command that made it")
         flt = compile_filter(cmd.filter)
+        check_connection_filters([s.filter for s in session.subs.values() if s is not sub], flt)
         if sub.kind is SubKind.QUEUE:
             names = self._bindings.matching(cmd.topic)
             if not names:

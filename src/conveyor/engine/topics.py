@@ -4,11 +4,18 @@ Rules:
 
 1. **Fan-out** (:meth:`Topics.fan_out`): a message goes to every live subscription whose
    topic matches and whose content filter matches, evaluated with the ``now`` of the
-   fan-out. The matching subscriptions per topic are cached and the cache is dropped
-   whenever a subscription is added, replaced or removed.
+   fan-out. The matching subscriptions per topic are cached (a bounded cache,
+   routes.py) and the cache is dropped whenever a subscription is added, replaced or
+   removed. **Bounded work per turn:** filters are charged their worst-case cost
+   (filters.py); once a turn has spent ``FILTER_TICKS_PER_TURN``, the rest of the
+   fan-out waits for the next turn (:meth:`continue_fanout`, which the shell calls as
+   it pumps replays), and later messages queue behind it, so each subscription still
+   sees messages in order and a hundred slow filters cannot stall every client.
 2. **Replays** (bookmark subscriptions, reference B.4): a replay reads the journal from
-   its start, a budget of records at a time (:meth:`pump`), so replays never stall live
-   traffic. It reads only up to ``applied_end`` (what live delivery has already passed)
+   its start, a budget of records and of bytes at a time (:meth:`pump`), so replays
+   never stall live traffic, and only for a connection that can take more output: the
+   shell passes the connections whose socket is full (``paused``), and their replays
+   wait, so a replay that is not read costs a socket buffer, not memory. It reads only up to ``applied_end`` (what live delivery has already passed)
    and is not live until it reaches it: then, in the same turn, it switches to live, so
    there is no gap and no duplicate at the seam.
 3. A replay holds journal retention back to its cursor (:meth:`replay_floor`).
@@ -20,18 +27,48 @@ Rules:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Container
 
 from conveyor import errors, records
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry
+from conveyor.engine.filters import filter_cost_ticks
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.routes import RouteCache
 from conveyor.engine.sessions import SessionSubscription
+from conveyor.expr.limits import regex_cost_ticks_max
 from conveyor.protocol import messages as m
 
 log = logging.getLogger("conveyor.engine")
 
+#: Worst-case filter work one turn of the loop spends on fan-out: two whole regex budgets
+#: (about 0.4 s at the very worst; microseconds for real subjects). At least one filter
+#: is evaluated per turn, whatever its cost.
+FILTER_TICKS_PER_TURN = 2 * regex_cost_ticks_max
+
 REPLAY_RECORDS_PER_PUMP = 2000  # bounded work per turn, so replays never stall live traffic
+#: Payload bytes one replay sends per turn at most: with records of up to 16 MiB, 2,000
+#: records could be 32 GB; this keeps one turn's output per replay near a socket buffer.
+REPLAY_BYTES_PER_PUMP = 1024 * 1024
+
+
+@dataclass(slots=True)
+class _FanOut:
+    """One message on its way to the subscriptions that were live when it was applied."""
+
+    entry: Entry
+    bookmark: str | None
+    subs: tuple[SessionSubscription, ...]
+    now: float  # the time of the fan-out: filters see it, however late they run
+    index: int = 0  # the next subscription to try
+
+
+@lru_cache(maxsize=4096)
+def _filter_ticks(flt) -> int:
+    return filter_cost_ticks(flt)
 
 
 class Topics:
@@ -39,16 +76,21 @@ class Topics:
         self._journal = journal
         self._outbox = outbox
         self._subs: list[SessionSubscription] = []  # pub/sub and replay subscriptions
-        self._by_topic: dict[str, tuple[SessionSubscription, ...]] = {}
+        self._by_topic: RouteCache[tuple[SessionSubscription, ...]] = RouteCache()  # bounded: routes.py
         self._replaying: list[SessionSubscription] = []
+        self._active: set[SessionSubscription] = set()
+        self._fanout: deque[_FanOut] = deque()  # fan-outs a turn's budget cut short, in order
+        self._ticks_left = FILTER_TICKS_PER_TURN
 
     def add(self, sub: SessionSubscription) -> None:
         self._subs.append(sub)
+        self._active.add(sub)
         if not sub.live:
             self._replaying.append(sub)
         self._by_topic.clear()
 
     def remove(self, sub: SessionSubscription) -> None:
+        self._active.discard(sub)
         if sub in self._subs:
             self._subs.remove(sub)
         if sub in self._replaying:
@@ -62,20 +104,52 @@ class Topics:
     def listeners(self, topic: str) -> tuple[SessionSubscription, ...]:
         subs = self._by_topic.get(topic)
         if subs is None:
-            subs = tuple(s for s in self._subs if s.matches_topic(topic))
-            self._by_topic[topic] = subs
+            subs = self._by_topic.put(topic, tuple(s for s in self._subs if s.matches_topic(topic)))
         return subs
 
     # --- live (rule 1) -----------------------------------------------------------------
+
+    def new_turn(self) -> None:
+        """A turn of the shell's loop begins: the filter budget is whole again."""
+        self._ticks_left = FILTER_TICKS_PER_TURN
 
     def fan_out(self, position: int | None, entry: Entry, now: float) -> None:
         subs = self.listeners(entry.topic)
         if not subs:
             return
         bookmark = None if position is None else format_bookmark(entry.publisher, entry.seq, position)
-        for sub in subs:
-            if sub.live:  # a replay not yet caught up reads this record from the journal
-                self.deliver(sub, entry, bookmark, now)
+        # A replay not yet caught up reads this record from the journal: live ones only.
+        work = _FanOut(entry, bookmark, tuple(s for s in subs if s.live), now)
+        if self._fanout or not self._run(work):
+            self._fanout.append(work)  # behind the fan-outs already waiting: order kept
+
+    @property
+    def fanout_pending(self) -> bool:
+        return bool(self._fanout)
+
+    def continue_fanout(self) -> bool:
+        """Go on with the fan-outs a budget cut short; True while some remain."""
+        waiting = self._fanout
+        while waiting:
+            if not self._run(waiting[0]):
+                return True
+            waiting.popleft()
+        return False
+
+    def _run(self, work: _FanOut) -> bool:
+        """Deliver ``work`` to its subscriptions while the turn's budget lasts; True when done."""
+        subs = work.subs
+        while work.index < len(subs):
+            sub = subs[work.index]
+            if sub in self._active:  # not unsubscribed meanwhile
+                if sub.filter is not None:
+                    cost = _filter_ticks(sub.filter)
+                    if cost > self._ticks_left and self._ticks_left < FILTER_TICKS_PER_TURN:
+                        return False
+                    self._ticks_left -= cost
+                self.deliver(sub, work.entry, work.bookmark, work.now)
+            work.index += 1
+        return True
 
     def deliver(self, sub: SessionSubscription, entry: Entry, bookmark: str | None, now: float) -> None:
         if sub.filter is not None and not sub.filter.matches(entry.decoded(), entry.meta(bookmark, now)):
@@ -99,12 +173,24 @@ class Topics:
     def replays_pending(self) -> bool:
         return bool(self._replaying)
 
-    def pump(self, now: float, applied_end: int, budget: int = REPLAY_RECORDS_PER_PUMP) -> bool:
-        """Advance every replay by up to ``budget`` records; True while work remains."""
+    def pump(
+        self, now: float, applied_end: int, budget: int = REPLAY_RECORDS_PER_PUMP, paused: Container[int] = (),
+    ) -> bool:
+        """Advance every replay whose connection is not in ``paused`` by up to ``budget``
+        records and about REPLAY_BYTES_PER_PUMP bytes; True while one of those has work."""
         journal = self._journal
+        more = False
         for sub in list(self._replaying):
+            if sub.conn_id in paused:
+                continue
             count = 0
+            sent = 0
             last = None
+            limit = budget
+            cost = _filter_ticks(sub.filter) if sub.filter is not None else 0
+            if cost:  # a filtered replay shares the turn's filter budget (rule 1)
+                limit = max(1, min(budget, self._ticks_left // cost))
+                self._ticks_left -= limit * cost
             try:
                 for pos, payload in journal.scan(sub.cursor, applied_end):
                     last = pos
@@ -114,7 +200,8 @@ class Topics:
                         if sub.start_time is None or rec.timestamp >= sub.start_time:
                             entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
                             self.deliver(sub, entry, format_bookmark(rec.publisher, rec.seq, pos), now)
-                    if count >= budget:
+                            sent += len(rec.data)
+                    if count >= limit or sent >= REPLAY_BYTES_PER_PUMP:
                         break
             except errors.JournalCorrupt as exc:
                 self._end_damaged(sub, exc)  # rule 4
@@ -128,7 +215,9 @@ class Topics:
                 self._replaying.remove(sub)
                 if "completed" in sub.ack_types:
                     self._outbox.send(sub.conn_id, m.Ack(ack_type="completed", cid=sub.cid, sub_id=sub.sub_id))
-        return bool(self._replaying)
+            else:
+                more = True
+        return more
 
     def _end_damaged(self, sub: SessionSubscription, exc: errors.JournalCorrupt) -> None:
         log.error("replay %r of client %s ended: %s", sub.sub_id, sub.conn_id, exc)

@@ -5,7 +5,10 @@ server writes the engine's output with :meth:`write_frames`. Rules it keeps:
 
 - Output beyond the transport's ``output_bytes_max`` (``SlowClientDisconnectThreshold``)
   closes the connection *at once* (``abort``): buffering more for a reader that does
-  not keep up would only grow memory.
+  not keep up would only grow memory. The server also keeps the output of all
+  connections together under ``Limits/OutputBudget`` (server.py).
+- When the socket is full (``pause_writing``) the server is told, so that output it
+  can hold back (bookmark replays) waits until the socket drains (``resume_writing``).
 - Every close names its reason in the log, once.
 """
 
@@ -36,6 +39,11 @@ class Connection(asyncio.Protocol):
         self.heartbeat_s: float | None = None
         self.last_beat_sent = 0.0
         self.closed = False
+        self.buffered = 0  # unsent output bytes after the last write (the budget's count)
+        # A client connection: the output budget, the default idle timeout and replay
+        # flow control apply. The server clears it for replication links, which bound
+        # their own output and are quiet when nothing is published.
+        self.client = True
 
     # asyncio.Protocol ------------------------------------------------------------------
 
@@ -56,11 +64,11 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.server._unregister(self)
 
-    def pause_writing(self) -> None:  # the kernel buffer is full; output accumulates
-        pass
+    def pause_writing(self) -> None:  # the socket is full; output accumulates in the transport
+        self.server._writing(self, paused=True)
 
     def resume_writing(self) -> None:
-        pass
+        self.server._writing(self, paused=False)
 
     # ----------------------------------------------------------------------------------
 
@@ -69,6 +77,7 @@ class Connection(asyncio.Protocol):
             return
         self.transport.writelines(frames)
         buffered = self.transport.get_write_buffer_size()
+        self.server._output_changed(self, buffered)
         if buffered > self.config.output_bytes_max:
             self.close(
                 f"slow consumer: {buffered} bytes unsent, over the limit of {self.config.output_bytes_max}",

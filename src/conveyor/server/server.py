@@ -23,11 +23,22 @@ Disk work happens on ONE I/O thread (``self._io``): journal writes, checkpoint f
 the verified prefix and segment summaries, in the order they were submitted, so none
 of it competes with the writer for the disk or reads a segment before it is written.
 
-Protection: frames over ``MaxFrameSize`` are refused before buffering (codec); a
-connection whose unsent output passes ``SlowClientDisconnectThreshold`` is closed with a
-logged reason; reading pauses while the journal has more than
-``JOURNAL_BACKLOG_BYTES_MAX`` unwritten, so a fast publisher cannot grow memory without
-bound; heartbeats and idle timeouts close dead connections; shutdown flushes the journal.
+Protection (memory is bounded whatever clients do):
+
+- frames over ``MaxFrameSize`` are refused before buffering (codec);
+- a connection whose unsent output passes ``SlowClientDisconnectThreshold`` is closed
+  with a logged reason, and when the unsent output of all connections together passes
+  ``Limits/OutputBudget``, the connection holding the most is closed the same way;
+- a bookmark replay pumps only while its connection's socket takes more (flow
+  control: ``pause_writing`` holds it back), so a replay that is not read is throttled,
+  never buffered;
+- reading pauses while the journal has more than ``JOURNAL_BACKLOG_BYTES_MAX``
+  unwritten, so a fast publisher cannot grow memory without bound;
+- heartbeats and idle timeouts close dead connections: a connection that holds no
+  subscription and sends nothing for ``Limits/IdleTimeout`` (1 hour) is closed,
+  and a transport's ``IdleTimeout`` applies to every connection on it;
+- the engine's per-topic caches are bounded (engine/routes.py); shutdown flushes the
+  journal.
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ JOURNAL_BACKLOG_BYTES_MAX = 64 * 1024 * 1024  # unwritten journal bytes before r
 TIMER_PERIOD_S_MAX = 1.0  # housekeeping (heartbeats, idle) runs at least this often
 HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dead
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
+STOP_GROUPS_MAX = 16  # groups written and applied at shutdown before the rest is only written
 FREE_SPACE_CHECK_INTERVAL_S = 10.0  # statvfs of the journal's file system
 FREE_SPACE_REPORT_INTERVAL_S = 300.0  # while space is low, the warning repeats this often
 
@@ -129,6 +141,9 @@ class Server:
         self._failed = asyncio.Event()
         self._reading_paused = False
         self._pump_scheduled = False
+        self._replays_blocked = False  # every pending replay waits for a full socket to drain
+        self._writing_paused: set[int] = set()  # connections whose socket is full
+        self._output_bytes = 0  # unsent output of all connections, as last seen
         self._timer_at = 0.0
         self._last_checkpoint = 0.0
         self._checkpointed_end = -1
@@ -266,7 +281,7 @@ class Server:
         await asyncio.gather(*(t for t in self._tasks if t is not self._writer_task), return_exceptions=True)
         loop = asyncio.get_running_loop()
         if self._failure is None and self._writer_task is not None:
-            self._wake_writer.set()  # the writer writes what is left, then returns
+            self._wake_writer.set()  # the writer finishes the group in flight, then returns
             await asyncio.gather(self._writer_task, return_exceptions=True)
         if self._failure is None and self._recovered:
             try:
@@ -361,14 +376,61 @@ class Server:
             conn.transport.pause_reading()
 
     def _unregister(self, conn: Connection) -> None:
+        self._output_changed(conn, 0)
+        self._writing_paused.discard(conn.conn_id)
         if self.connections.pop(conn.conn_id, None) is not None and self._failure is None:
             self.engine.disconnect(conn.conn_id, self.clock())
             self._after_engine()
+
+    # --- output: flow control and the budget ---------------------------------------------
+
+    def _writing(self, conn: Connection, *, paused: bool) -> None:
+        """A connection's socket filled up or drained: hold its replays back or let them go."""
+        if not conn.client or self.connections.get(conn.conn_id) is not conn:
+            return  # a replication link: it bounds its own output (conveyor.replication)
+        if paused:
+            self._writing_paused.add(conn.conn_id)
+            return
+        self._writing_paused.discard(conn.conn_id)
+        self._output_changed(conn, conn.transport.get_write_buffer_size() if conn.transport is not None else 0)
+        if self._replays_blocked:
+            self._replays_blocked = False
+            self._schedule_pump()
+
+    def _output_changed(self, conn: Connection, buffered: int) -> None:
+        """Keep the count of unsent output; over the budget, close the largest holders.
+
+        Other connections' counts are those of their last write (the kernel drains them
+        meanwhile), so the count is recomputed exactly before anyone is closed. Client
+        connections only: a replication link bounds its own output."""
+        if not conn.client or self.connections.get(conn.conn_id) is not conn:
+            return
+        self._output_bytes += buffered - conn.buffered
+        conn.buffered = buffered
+        budget = self.config.limits.output_budget_bytes
+        if self._output_bytes <= budget:
+            return
+        live = [c for c in self.connections.values() if c.client and not c.closed and c.transport is not None]
+        for c in live:
+            self._output_bytes += c.transport.get_write_buffer_size() - c.buffered
+            c.buffered = c.transport.get_write_buffer_size()
+        for c in sorted(live, key=lambda c: c.buffered, reverse=True):
+            if self._output_bytes <= budget:
+                break
+            held = c.buffered
+            c.close(
+                f"slow consumer: {held} bytes unsent, and the output of all connections is over "
+                f"Limits/OutputBudget ({budget} bytes); this connection held the most",
+                abort=True,
+            )
+            self._output_bytes -= held
+            c.buffered = 0
 
     def _handle(self, conn: Connection, items: list) -> None:
         if self._failure is not None:
             return  # the connection is closing: nothing more is accepted
         self._frames_in += 1
+        self._replays_blocked = False  # a command may have started a replay
         engine = self.engine
         now = self.clock()
         commands = []
@@ -409,19 +471,28 @@ class Server:
             self._wake_writer.set()
             if not self._reading_paused and journal.end - journal.durable_end > JOURNAL_BACKLOG_BYTES_MAX:
                 self._pause_reading(True)
-        if self.engine.replays_pending and not self._pump_scheduled:
-            self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump)
+        engine = self.engine
+        if (engine.replays_pending and not self._replays_blocked) or engine.fanout_pending:
+            self._schedule_pump()
         deadline = self.engine.next_deadline()
         if deadline is not None and deadline < self._timer_at:
             self._timer_at = deadline
             self._wake_timer.set()
 
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
     def _pump(self) -> None:
+        """One turn of background delivery: fan-outs a filter budget cut short, and
+        bookmark replays for the connections whose socket takes more."""
         self._pump_scheduled = False
         if self._failure is not None:
             return
-        self.engine.pump_replays(self.clock())
+        more = self.engine.pump_replays(self.clock(), paused=self._writing_paused)
+        # Nothing to do until a socket drains (resume_writing) or a command arrives.
+        self._replays_blocked = not more
         self._after_engine()
 
     def _flush_output(self) -> None:
@@ -442,9 +513,9 @@ class Server:
     # --- group commit --------------------------------------------------------------------
 
     async def _writer(self) -> None:
-        """Write and fsync each group, then release what waited for it. Returns only
-        once the server is stopping and nothing is left to write; an exception (a failed
-        write or fsync) ends it, and supervision fails the server."""
+        """Write and fsync each group, then release what waited for it. Returns once the
+        server is stopping (stop() writes what is left); an exception (a failed write or
+        fsync) ends it, and supervision fails the server."""
         flush_interval = self.config.transaction_log.flush_interval_s if self.config.transaction_log else 0.0
         while True:
             if not self._stopping:
@@ -452,9 +523,9 @@ class Server:
                 if flush_interval and not self._stopping:
                     await asyncio.sleep(flush_interval)
             self._wake_writer.clear()
+            if self._stopping:
+                return  # stop() drains the journal itself, bounded
             if not await self._write_group():
-                if self._stopping:
-                    return
                 continue
             if self._reading_paused and self.journal.end - self.journal.durable_end < JOURNAL_BACKLOG_BYTES_MAX // 2:
                 self._pause_reading(False)
@@ -474,9 +545,22 @@ class Server:
         return True
 
     async def _drain_journal(self) -> None:
-        """At shutdown, after the writer returned: write what was appended since."""
-        while await self._write_group():
+        """At shutdown, after the writer returned: write what was appended since (the
+        connections' ends). Applying a group may append more (expiries, replication
+        bookkeeping), so after STOP_GROUPS_MAX groups the rest is written without
+        being applied: shutdown never waits for an engine that keeps appending."""
+        for _ in range(STOP_GROUPS_MAX):
+            if not await self._write_group():
+                return
             self._flush_output()
+        await self._write_unapplied()
+
+    async def _write_unapplied(self) -> None:
+        """At shutdown: make everything appended so far durable, without applying it."""
+        batch = self.journal.take_batch()
+        if batch is not None:
+            end = await asyncio.get_running_loop().run_in_executor(self._io, self.journal.write_batch, batch)
+            self.journal.mark_durable(end)
 
     # --- timers --------------------------------------------------------------------------
 
@@ -511,7 +595,10 @@ class Server:
         if not final and self.journal.end == self._checkpointed_end:
             return
         cp = self.engine.checkpoint()
-        await self.wait_durable(cp.position)  # the writer signals it; a failure raises
+        if final:
+            await self._write_unapplied()  # the writer is gone: a disconnect may have appended
+        else:
+            await self.wait_durable(cp.position)  # the writer signals it; a failure raises
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._io, write_checkpoint, tlog.journal_directory, cp)
@@ -609,6 +696,8 @@ class Server:
                     conn.last_beat_sent = now
                     beats.append(conn)
             idle = conn.config.idle_timeout_s
+            if idle is None and conn.client and not self.engine.subscribed(conn.conn_id):
+                idle = self.config.limits.idle_timeout_s  # a quiet subscriber is not idle
             if idle and now - conn.last_heard > idle:
                 conn.close(f"idle for {now - conn.last_heard:.1f} s")
         for conn in beats:
@@ -626,6 +715,7 @@ class Server:
 
     def register_replica(self, conn: Connection) -> None:
         """A source connected to the incoming replication transport."""
+        conn.client = False
         conn.conn_id = self._next_conn_id
         self._next_conn_id += 1
         if self._failure is not None:
@@ -650,6 +740,7 @@ class Server:
         """An outgoing link finished its handshake (raises ReplicationRefused)."""
         if self._failure is not None:
             raise errors.ReplicationRefused("the server failed")
+        conn.client = False
         conn.conn_id = self._next_conn_id
         self._next_conn_id += 1
         self.engine.link_up(destination, conn.conn_id, welcome, self.clock())

@@ -1,0 +1,87 @@
+"""The filters of one connection together have a bounded worst case (engine/filters.py):
+a hundred subscriptions with `/a LIKE '(a|b)*c'` (each accepted on its own, about 0.2 s
+per message at worst) used to cost 20 s per message."""
+
+from __future__ import annotations
+
+import json
+
+from conveyor.engine.filters import FILTER_COST_TICKS_PER_CONNECTION_MAX, filter_cost_ticks
+from conveyor.expr import compile as compile_expr
+from conveyor.expr.limits import regex_cost_ticks_max
+from tests.engine.engine_harness import Harness, config_xml, queue_xml
+
+SLOW = "/a LIKE '(a|b)*c'"
+
+
+def test_a_connection_may_not_pile_up_expensive_filters():
+    h = Harness(config_xml(queue_xml("Jobs"), topics=("Work", "t")))
+    conn = h.connect("greedy")
+    allowed = FILTER_COST_TICKS_PER_CONNECTION_MAX // filter_cost_ticks(compile_expr(SLOW))
+    assert allowed == 4  # the limit: four regex budgets
+    for i in range(allowed):
+        h.subscribe(conn, "t", sub_id=f"s{i}", filter=SLOW)
+    assert h.failures(conn) == []
+    h.subscribe(conn, "Jobs", sub_id="one-too-many", filter=SLOW)
+    [refused] = h.failures(conn)
+    assert refused.code == "bad_filter" and "per message together" in refused.reason
+    # cheap filters are still welcome, and other connections have budgets of their own
+    h.subscribe(conn, "t", sub_id="cheap", filter="/a > 1 AND /b LIKE 'prefix%'")
+    other = h.connect("other")
+    h.subscribe(other, "t", sub_id="s", filter=SLOW)
+    assert h.failures(conn) == [] and h.failures(other) == []
+
+
+def test_replacing_a_filter_counts_the_new_one_instead_of_the_old():
+    h = Harness(config_xml("", topics=("t",)))
+    conn = h.connect("c")
+    for i in range(4):
+        h.subscribe(conn, "t", sub_id=f"s{i}", filter=SLOW)
+    h.subscribe(conn, "t", sub_id="s0", filter="/a LIKE '(c|d)*e'", options="replace")
+    assert h.failures(conn) == []
+
+
+def test_the_cost_of_a_filter():
+    assert filter_cost_ticks(None) == 0
+    assert filter_cost_ticks(compile_expr("/a LIKE 'plain text'")) < regex_cost_ticks_max // 1000
+    assert filter_cost_ticks(compile_expr(SLOW)) == regex_cost_ticks_max
+
+
+def test_a_turn_spends_a_bounded_filter_budget_and_the_rest_waits_in_order():
+    """The issue's trial: 100 subscriptions with the slow filter (25 connections of 4)
+    and 20 messages. A turn now evaluates the filters its budget allows (two of these),
+    and every other client's command is answered in the next turn, not after 2,000
+    evaluations; each subscription still gets its messages in order."""
+    from conveyor.engine.topics import FILTER_TICKS_PER_TURN
+    from conveyor.protocol import messages as m
+
+    engine_turn_evaluations = FILTER_TICKS_PER_TURN // regex_cost_ticks_max
+    h = Harness(config_xml("", topics=("t",)))
+    h.replay_budget = 0  # the harness pumps one turn per call, like the server
+    subscribers = [h.connect(f"c{i}") for i in range(25)]
+    for conn in subscribers:
+        for k in range(4):
+            h.subscribe(conn, "t", sub_id=f"s{k}", filter=SLOW)
+    pub = h.connect("pub")
+    h.handle(pub, *(m.Publish(topic="t", data=b'{"a": "%sc", "n": %d}' % (b"ab" * 20, n)) for n in range(20)))
+    h.journal_commit()
+    h.engine.on_durable(h.now)  # one turn: the writer applies the 20 publishes
+    h._collect()
+
+    def delivered() -> int:
+        return sum(isinstance(x, m.Message) for c in subscribers for x in h.inbox[c])
+
+    assert delivered() <= 2 * engine_turn_evaluations  # two turns (not 2,000 evaluations)
+    assert h.engine.fanout_pending
+    other = h.connect("other")
+    h.handle(other, m.Flush(cid="f", ack_type="processed"))  # answered at once
+    assert [a.cid for a in h.acks(other) if a.cid] == ["f"]
+    turns = 0
+    while h.engine.fanout_pending:
+        h._collect()
+        turns += 1
+    assert turns >= 2000 // (2 * engine_turn_evaluations) - 1
+    for conn in subscribers:
+        got = [(x.sub_id, json.loads(x.data)["n"]) for x in h.messages(conn)]
+        for k in range(4):
+            assert [n for s, n in got if s == f"s{k}"] == list(range(20))
