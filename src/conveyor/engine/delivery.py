@@ -22,7 +22,8 @@ Rules:
    rest of its batch (the queue already decided the delivery) but not sent, and logged
    with the segment and offset. At-least-once: its lease runs out and it is offered
    again (``MaxDeliveries``, if set, expires it in the end); at-most-once: it counts as
-   delivered, as a message lost in flight would. The other deliveries, consumers and
+   delivered, as a message lost in flight would. A TargetQueueDepth refill that meets
+   one stops for that queue until a restart. The other deliveries, consumers and
    queues go on.
 """
 
@@ -76,6 +77,7 @@ class QueueDelivery:
         self._dirty: set[QueueBinding] = set()
         self._attached: dict[Hashable, _Attachment] = {}
         self.unreadable = 0  # deliveries and dead letters a damaged record stopped (rule 5)
+        self._refill_damaged: set[str] = set()  # queues whose refill met a damaged record
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
         #: sent: the simulations learn each delivery when it is decided (None: off).
         self.on_dispatch: Callable[[QueueBinding, list[Delivery], float], None] | None = None
@@ -145,21 +147,33 @@ class QueueDelivery:
         if not self._dirty:
             return
         dirty, self._dirty = self._dirty, set()
-        journal = self._journal
         for binding in dirty:
             queue = binding.queue
             deadline = queue.next_deadline()
             if deadline is not None and deadline <= now:
                 self.journal_events(binding, queue.expire(now), now)
-            binding.refill(journal)
+            self._refill(binding)
             deliveries = queue.dispatch(now)
             while deliveries:
                 self._deliver(binding, deliveries, now)
                 if queue.wants() <= 0:
                     break
                 # delivered messages left the active window (at-most-once): refill it
-                binding.refill(journal)
+                self._refill(binding)
                 deliveries = queue.dispatch(now)
+
+    def _refill(self, binding: QueueBinding) -> None:
+        """TargetQueueDepth refill; a damaged record on the way stops this queue's refill
+        until a restart (rule 5), never the dispatch of others."""
+        if binding.name in self._refill_damaged:
+            return
+        try:
+            binding.refill(self._journal)
+        except errors.JournalCorrupt as exc:
+            self._refill_damaged.add(binding.name)
+            self.unreadable += 1
+            log.error("queue %s: inactive messages are no longer read back from the journal, a record is "
+                      "damaged (%s); the active ones are still delivered", binding.name, exc)
 
     def _deliver(self, binding: QueueBinding, deliveries: list[Delivery], now: float) -> None:
         if self.on_dispatch is not None:
