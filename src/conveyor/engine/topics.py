@@ -118,10 +118,23 @@ class Topics:
         if not subs:
             return
         bookmark = None if position is None else format_bookmark(entry.publisher, entry.seq, position)
-        # A replay not yet caught up reads this record from the journal: live ones only.
-        work = _FanOut(entry, bookmark, tuple(s for s in subs if s.live), now)
-        if self._fanout or not self._run(work):
-            self._fanout.append(work)  # behind the fan-outs already waiting: order kept
+        # A replay not yet caught up reads this record from the journal: the live ones
+        # only, as they are now (a replay that goes live later has read it).
+        if not self._fanout:
+            # The common case, with no allocation: deliver while the budget lasts.
+            for i, sub in enumerate(subs):
+                if not sub.live:
+                    continue
+                if sub.filter is not None:
+                    cost = _filter_ticks(sub.filter)
+                    if cost > self._ticks_left and self._ticks_left < FILTER_TICKS_PER_TURN:
+                        self._fanout.append(_FanOut(entry, bookmark, tuple(s for s in subs[i:] if s.live), now))
+                        return
+                    self._ticks_left -= cost
+                self.deliver(sub, entry, bookmark, now)
+            return
+        # Behind the fan-outs already waiting: order kept.
+        self._fanout.append(_FanOut(entry, bookmark, tuple(s for s in subs if s.live), now))
 
     @property
     def fanout_pending(self) -> bool:
