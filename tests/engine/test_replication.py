@@ -11,6 +11,7 @@ import pytest
 
 from conveyor import errors
 from conveyor.config import load_text
+from conveyor.engine.replication import BATCH_BYTES_MAX
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 
@@ -324,3 +325,29 @@ def test_statistics_say_how_far_behind_a_link_is():
     assert (out.bytes_behind, out.seconds_behind) == (0, 0.0)
     _, (inc,) = c.nodes["B"].engine.replication.statistics(c.now)
     assert (inc.source, inc.records_recorded) == ("A", 1)
+
+
+def test_a_destination_that_does_not_read_costs_the_source_its_window_only():
+    """Rule 1 (memory): the source reads what it sends from the journal, and never more
+    than its window ahead of the destination's acknowledgements; a destination that takes
+    nothing holds the source's unsent output at the window plus one batch, however much
+    is published; once it reads again, everything arrives."""
+    c = pair()
+    a = c.nodes["A"]
+    window = 256 * 1024
+    a.engine.replication._window = window
+    pub = a.connect("app")
+    body = "x" * 4000
+    for seq in range(1, 1001):  # about 4 MB of journal, 16 windows
+        c.nodes["A"].publish(pub, "Work", {"n": seq, "b": body}, seq=seq, ack_type="persisted")
+        if seq % 50 == 0:
+            a.commit()
+    a.commit()
+    link = c.links[("A", "B")]
+    c._pull(link)  # what A wrote for B, nothing of it delivered
+    unsent = sum(len(r) for batch in link.to_dst for r in batch.records)
+    assert 0 < unsent <= window + BATCH_BYTES_MAX
+    (out,), _ = a.engine.replication.statistics(c.now)
+    assert out.sent - out.acked <= window + BATCH_BYTES_MAX and out.bytes_behind > 3_000_000
+    c.settle()
+    assert len(c.publishes("B")) == 1000
