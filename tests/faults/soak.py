@@ -1,16 +1,19 @@
 """``make soak``: the queue checker (checker.py) over many server kills, with the table.
 
-usage: python -m tests.faults.soak [--kills 1000] [--round 100] [--seed N] [--dir DIR]
+usage: python -m tests.faults.soak [--kills 1000] [--round 100] [--seed N] [--jobs N] [--dir DIR]
 
 The kills run in rounds of ``--round`` kills, each round a fresh server and journal
 with its own seed (derived from ``--seed``), so that a long soak also covers many
-starts from an empty journal and keeps each journal small. The table adds the rounds
-up; a failing round prints its seed and what went wrong, and the command exits 1.
+starts from an empty journal and keeps each journal small. ``--jobs`` rounds run at
+once, each in its own process with its own server (the seeds do not depend on it).
+The table adds the rounds up; a failing round prints its seed and what went wrong, and
+the command exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import random
 import sys
 import tempfile
@@ -26,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=1000, help="server kills in all (default 1000)")
     parser.add_argument("--round", type=int, default=100, help="kills per server and journal (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the whole soak (default: random)")
+    parser.add_argument("--jobs", type=int, default=1, help="rounds at once (default 1)")
     parser.add_argument("--dir", help="where the journals go (default: a temporary directory)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
@@ -33,17 +37,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: {args.kills} kills in rounds of {args.round}, seed {seed}", flush=True)
     started = time.monotonic()
     total: Verdict | None = None
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        done = 0
-        k = 0
-        while done < args.kills:
-            round_seed = rng.randrange(2**32)
-            kills = min(args.round, args.kills - done)
-            directory = Path(tmp) / f"round-{k}"
-            directory.mkdir()
-            verdict = run_sync(directory, seed=round_seed, kills=kills)
-            k += 1
-            done += verdict.faults.total()
+    rounds = []  # (round number, seed, kills)
+    done = 0
+    while done < args.kills:
+        kills = min(args.round, args.kills - done)
+        rounds.append((len(rounds) + 1, rng.randrange(2**32), kills))
+        done += kills
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp, \
+            concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {
+            pool.submit(_round, Path(tmp) / f"round-{k}", round_seed, kills): (k, round_seed)
+            for k, round_seed, kills in rounds
+        }
+        for future in concurrent.futures.as_completed(futures):
+            k, round_seed = futures[future]
+            verdict = future.result()
             print(f"round {k}: seed {round_seed}: {verdict.kills} kills, {verdict.acknowledged} acknowledged, "
                   f"lost {verdict.lost}, duplicated {verdict.duplicated}, unexpected {verdict.unexpected}, "
                   f"{verdict.seconds:.0f} s", flush=True)
@@ -52,9 +60,15 @@ def main(argv: list[str] | None = None) -> int:
             total = verdict if total is None else _add(total, verdict)
     assert total is not None
     total = _add(total, None, seconds=time.monotonic() - started)
-    print(f"\nconveyor soak, seed {seed} (python -m tests.faults.soak --kills {args.kills} --seed {seed}):")
+    jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
+    print(f"\nconveyor soak, seed {seed} (python -m tests.faults.soak --kills {args.kills} --seed {seed}{jobs}):")
     print(total.table())
     return 0 if total.ok else 1
+
+
+def _round(directory: Path, seed: int, kills: int) -> Verdict:
+    directory.mkdir()
+    return run_sync(directory, seed=seed, kills=kills)
 
 
 def _add(a: Verdict, b: Verdict | None, *, seconds: float | None = None) -> Verdict:
