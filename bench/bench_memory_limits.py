@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 from bench.bench_queue import rss_bytes
-from bench.report import git_rev, machine, write_section
+from bench.report import git_rev, machine, serve, write_section
 
 HEADROOM_BYTES = 64 * 1024 * 1024
 CONFIG = """\
@@ -109,19 +108,8 @@ def run(topics: int, budget: int, limits: bool) -> dict:
         config = Path(tmp) / "config.xml"
         limits_xml = f"<Limits><OutputBudget>{budget}</OutputBudget></Limits>" if limits else ""
         config.write_text(CONFIG.format(journal=Path(tmp) / "journal", limits=limits_xml))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "conveyor", "serve", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        proc, port, log = serve(config)
         try:
-            port = 0
-            for line in proc.stdout:
-                if line.startswith("conveyor listening on port "):
-                    port = int(line.split()[-1])
-                    break
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            log: list[str] = []
-            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
             time.sleep(1.0)
             idle = rss_bytes(proc.pid)
             sampler = Sampler(proc.pid)

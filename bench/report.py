@@ -7,6 +7,8 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
@@ -51,3 +53,22 @@ def write_section(title: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     else:
         text = text.rstrip() + "\n\n" + section
     path.write_text(text.rstrip() + "\n")
+
+
+def serve(config: Path, *, env: dict | None = None, cwd: str | None = None) -> tuple[subprocess.Popen, int, list[str]]:
+    """Start ``conveyor serve --config config`` and wait for its readiness line: the
+    process, its client port, and its log lines (filled in as they come). The caller
+    kills the process."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+    )
+    port = 0
+    for line in proc.stdout:
+        if line.startswith("conveyor listening on port "):
+            port = int(line.split()[-1])
+            break
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+    return proc, port, log

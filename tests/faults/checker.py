@@ -17,6 +17,11 @@ client library in between), and a nemesis that, again and again, at a random mom
 
 and, between kills, resets a consumer connection in the middle of a batch.
 
+With ``replicated=True`` the server replicates the topic, ``sync``, to a second real
+instance (the replica), and each fault strikes one of the two at random: a persisted
+ack then means the publish is on both disks, so the replica's copy of the topic must
+hold every acknowledged publish, once, whichever of them was killed, cut or damaged.
+
 The history, and the verdict at the end (after a last graceful restart and a drain):
 
 - a publish is **acknowledged** when the server sent a ``persisted`` ack covering it
@@ -28,6 +33,7 @@ The history, and the verdict at the end (after a last graceful restart and a dra
   message that appears twice in the topic replay;
 - ``unexpected``: a delivery or replayed record that no publisher sent, or whose body
   differs from what was sent;
+  (and, replicated, acknowledged publishes missing from the replica's topic replay);
 - ``recovered``: publishes never acknowledged (in flight at a kill) that are in the
   journal after all: allowed, and counted.
 
@@ -52,6 +58,7 @@ from conveyor.journal.verified import read_prefix
 from conveyor.protocol import MessageDecoder, encode_frame
 from conveyor.protocol import messages as m
 from tests.faults import powercut
+from tests.integration.instances import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "jobs"
@@ -59,22 +66,33 @@ AT_LEAST_ONCE = "Work"
 AT_MOST_ONCE = "Once"
 CONFIG = """\
 <AMPSConfig>
-    <Name>checker</Name>
+    <Name>{name}</Name>
     <Transports>
         <Transport><Name>tcp</Name><Type>tcp</Type><InetAddr>127.0.0.1:{port}</InetAddr><Protocol>amps</Protocol></Transport>
+        {replication_transport}
     </Transports>
     <TransactionLog>
         <JournalDirectory>{journal}</JournalDirectory>
         <JournalSize>1M</JournalSize>
         <Topic><Name>{topic}</Name><MessageType>json</MessageType></Topic>
     </TransactionLog>
-    <SOW>
-        <Queue><Name>{work}</Name><MessageType>json</MessageType><UnderlyingTopic>{topic}</UnderlyingTopic></Queue>
-        <Queue><Name>{once}</Name><MessageType>json</MessageType><UnderlyingTopic>{topic}</UnderlyingTopic>
-               <Semantics>at-most-once</Semantics></Queue>
-    </SOW>
+    <SOW>{sow}</SOW>
+    {replication}
 </AMPSConfig>
 """
+QUEUES = f"""
+        <Queue><Name>{AT_LEAST_ONCE}</Name><MessageType>json</MessageType><UnderlyingTopic>{TOPIC}</UnderlyingTopic></Queue>
+        <Queue><Name>{AT_MOST_ONCE}</Name><MessageType>json</MessageType><UnderlyingTopic>{TOPIC}</UnderlyingTopic>
+               <Semantics>at-most-once</Semantics></Queue>
+"""
+REPLICA = "replica"
+#: The server under test replicates the topic to the replica, sync: a persisted ack then
+#: means the replica has the publish on its disk too.
+REPLICATION = f"""<Replication><Destination><Name>{REPLICA}</Name><SyncType>sync</SyncType>
+        <Transport><Type>amps-replication</Type><InetAddr>127.0.0.1:{{port}}</InetAddr></Transport>
+        <Topic><Name>{TOPIC}</Name><MessageType>json</MessageType></Topic></Destination></Replication>"""
+REPLICATION_TRANSPORT = ("<Transport><Name>replication</Name><Type>amps-replication</Type>"
+                         "<InetAddr>127.0.0.1:{port}</InetAddr></Transport>")
 
 FAULTS = ("kill", "powercut", "recovery", "torn", "damage")
 WINDOW_MAX = 300  # unacknowledged publishes a publisher keeps in flight
@@ -323,7 +341,15 @@ class Consumer:
 class ServerUnderTest:
     """The ``conveyor serve`` process (through the fault launcher, with a ledger)."""
 
-    def __init__(self, directory: Path, rng: random.Random) -> None:
+    def __init__(self, directory: Path, rng: random.Random, *, name: str = "checker", queues: bool = True,
+                 replication_port: int | None = None, replicate_to: int | None = None) -> None:
+        """``replication_port``: this instance listens for replication there (a fixed
+        port, so that its source finds it again after a restart); ``replicate_to``: this
+        instance replicates the topic, sync, to the replica listening on that port."""
+        self.name = name
+        self.queues = queues
+        self.replication_port = replication_port
+        self.replicate_to = replicate_to
         self.directory = directory
         self.journal = directory / "journal"
         self.ledger = directory / "fsync.ledger"
@@ -335,12 +361,16 @@ class ServerUnderTest:
         self.log_lines: list[str] = []
 
     def _write_config(self, port: int) -> None:
-        self.config.write_text(CONFIG.format(port=port, journal=self.journal, topic=TOPIC, work=AT_LEAST_ONCE,
-                                             once=AT_MOST_ONCE))
+        self.config.write_text(CONFIG.format(
+            name=self.name, port=port, journal=self.journal, topic=TOPIC, sow=QUEUES if self.queues else "",
+            replication_transport="" if self.replication_port is None
+            else REPLICATION_TRANSPORT.format(port=self.replication_port),
+            replication="" if self.replicate_to is None else REPLICATION.format(port=self.replicate_to),
+        ))
 
     async def spawn(self) -> None:
-        self._write_config(self.port)
         self.journal.mkdir(parents=True, exist_ok=True)
+        self._write_config(self.port)
         powercut.baseline(self.journal, self.ledger)
         env = dict(os.environ, PYTHONUNBUFFERED="1", CONVEYOR_TEST_FAULTS=f"ledger={self.ledger}")
         self.proc = await asyncio.create_subprocess_exec(
@@ -463,13 +493,22 @@ async def _nemesis_step(server: ServerUnderTest, fault: str, rng: random.Random,
 
 
 async def run(directory: Path, *, seed: int, kills: int, publishers: int = 2, consumers: int = 2,
-              faults: tuple[str, ...] = FAULTS) -> Verdict:
+              faults: tuple[str, ...] = FAULTS, replicated: bool = False) -> Verdict:
     """Drive one server through ``kills`` faults (a ``recovery`` fault kills twice);
-    return the verdict."""
+    return the verdict. ``replicated``: the server replicates the topic, sync, to a
+    second instance (the replica), and each fault strikes either of the two."""
     rng = random.Random(seed)
     started = time.monotonic()
     history = History()
-    server = ServerUnderTest(directory, random.Random(rng.random()))
+    replica = None
+    if replicated:
+        port = free_port()
+        replica = ServerUnderTest(directory / REPLICA, random.Random(rng.random()), name=REPLICA, queues=False,
+                                  replication_port=port)
+        await replica.start()
+        server = ServerUnderTest(directory, random.Random(rng.random()), replicate_to=port)
+    else:
+        server = ServerUnderTest(directory, random.Random(rng.random()))
     await server.start()
     pubs = [Publisher(f"pub-{i}", history, random.Random(rng.random())) for i in range(publishers)]
     cons = [Consumer(f"{q.lower()}-{i}", q, history, random.Random(rng.random()))
@@ -488,14 +527,19 @@ async def run(directory: Path, *, seed: int, kills: int, publishers: int = 2, co
                 if rng.random() < 0.3:
                     rng.choice(cons).reset_now = True
             fault = rng.choice(faults)
+            victim = server if replica is None or rng.random() < 0.5 else replica
+            if victim is replica:
+                fault = f"{REPLICA} {fault}"
             details.append(f"kill {k + 1}: {fault} while {phase}")
-            await _nemesis_step(server, fault, rng, details)
+            await _nemesis_step(victim, fault.split()[-1], rng, details)
             done[fault] += 1
-        return await _finish(server, history, pubs, cons, tasks, done, details, started)
+        return await _finish(server, history, pubs, cons, tasks, done, details, started, replica)
     finally:
         for t in tasks:
             t.cancel()
         await server.kill()
+        if replica is not None:
+            await replica.kill()
 
 
 def _raise_if_failed(tasks: list[asyncio.Future]) -> None:
@@ -504,7 +548,7 @@ def _raise_if_failed(tasks: list[asyncio.Future]) -> None:
             raise t.exception()
 
 
-async def _finish(server, history, pubs, cons, tasks, done, details, started) -> Verdict:
+async def _finish(server, history, pubs, cons, tasks, done, details, started, replica=None) -> Verdict:
     # Publishers stop sending new publishes and wait until everything is acknowledged.
     for p in pubs:
         p.done = True
@@ -515,11 +559,13 @@ async def _finish(server, history, pubs, cons, tasks, done, details, started) ->
         if time.monotonic() > deadline:
             raise CheckerError("publishers were not all acknowledged:\n" + server.tail())
         await asyncio.sleep(0.05)
-    # A graceful stop and restart: what is left must come back exactly.
-    code = await server.stop()
-    if code != 0:
-        raise CheckerError(f"graceful stop exited {code}:\n{server.tail()}")
-    await server.start()
+    # A graceful stop and restart (of both instances): what is left must come back exactly.
+    for s in (server, replica):
+        if s is not None and (code := await s.stop()) != 0:
+            raise CheckerError(f"graceful stop of {s.name} exited {code}:\n{s.tail()}")
+    for s in (replica, server):
+        if s is not None:
+            await s.start()
     acknowledged = history.acknowledged()
     # Consumers drain both queues.
     while True:
@@ -538,11 +584,28 @@ async def _finish(server, history, pubs, cons, tasks, done, details, started) ->
     if code != 0:
         details.append(f"verify after the run: exit {code}\n{out}")
     lost_journal = acknowledged - set(replayed)
+    lost_replica: set = set()
+    replica_twice = 0
+    if replica is not None:
+        # Sync replication: every publish acknowledged as persisted is on the replica's
+        # disk, however often either instance died.
+        on_replica = await _replay_topic(replica.port, history)
+        lost_replica = acknowledged - set(on_replica)
+        replica_twice = sum(n - 1 for n in Counter(on_replica).values() if n > 1)
+        for key in sorted(lost_replica)[:20]:
+            details.append(f"lost on the {REPLICA}: {key}")
+        if replica_twice:
+            details.append(f"{replica_twice} publishes recorded twice on the {REPLICA}")
+        rcode, rout = await _verify_journal(replica.journal)
+        if rcode != 0:
+            details.append(f"verify of the {REPLICA} after the run: exit {rcode}\n{rout}")
+            code = code or rcode
     lost_queue = acknowledged - history.work_confirmed - history.work_ack_unknown
     duplicated = (
         sum(n - 1 for n in history.once_deliveries.values() if n > 1)
         + len(history.redelivered_after_ack)
         + sum(n - 1 for n in Counter(replayed).values() if n > 1)
+        + replica_twice
     )
     for key in sorted(lost_journal)[:20]:
         details.append(f"lost from the journal: {key}")
@@ -555,10 +618,10 @@ async def _finish(server, history, pubs, cons, tasks, done, details, started) ->
         details.append(f"{AT_LEAST_ONCE} delivered {key} again after its ack was confirmed")
     details.extend(history.unexpected[:20])
     return Verdict(
-        kills=server.kills,
+        kills=server.kills + (replica.kills if replica is not None else 0),
         faults=done,
         acknowledged=len(acknowledged),
-        lost=len(lost_journal | lost_queue),
+        lost=len(lost_journal | lost_queue | lost_replica),
         duplicated=duplicated,
         unexpected=len(history.unexpected) + (code != 0),
         recovered=history.recovered,

@@ -1,12 +1,13 @@
 """``make soak``: the queue checker (checker.py) over many server kills, with the table.
 
-usage: python -m tests.faults.soak [--kills 1000] [--round 100] [--seed N] [--jobs N] [--dir DIR]
+usage: python -m tests.faults.soak [--kills 1000] [--round 100] [--seed N] [--jobs N] [--replicated] [--dir DIR]
 
 The kills run in rounds of ``--round`` kills, each round a fresh server and journal
 with its own seed (derived from ``--seed``), so that a long soak also covers many
 starts from an empty journal and keeps each journal small. ``--jobs`` rounds run at
 once, each in its own process with its own server (the seeds do not depend on it).
-The table adds the rounds up; a failing round prints its seed and what went wrong, and
+``--replicated``: the server replicates to a sync replica and each fault strikes one of
+the two (checker.py). The table adds the rounds up; a failing round prints its seed and what went wrong, and
 the command exits 1.
 """
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round", type=int, default=100, help="kills per server and journal (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the whole soak (default: random)")
     parser.add_argument("--jobs", type=int, default=1, help="rounds at once (default 1)")
+    parser.add_argument("--replicated", action="store_true", help="with a sync replica (checker.py)")
     parser.add_argument("--dir", help="where the journals go (default: a temporary directory)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp, \
             concurrent.futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {
-            pool.submit(_round, Path(tmp) / f"round-{k}", round_seed, kills): (k, round_seed)
+            pool.submit(_round, Path(tmp) / f"round-{k}", round_seed, kills, args.replicated): (k, round_seed)
             for k, round_seed, kills in rounds
         }
         for future in concurrent.futures.as_completed(futures):
@@ -60,15 +62,15 @@ def main(argv: list[str] | None = None) -> int:
             total = verdict if total is None else _add(total, verdict)
     assert total is not None
     total = _add(total, None, seconds=time.monotonic() - started)
-    jobs = f" --jobs {args.jobs}" if args.jobs > 1 else ""
+    jobs = (f" --jobs {args.jobs}" if args.jobs > 1 else "") + (" --replicated" if args.replicated else "")
     print(f"\nconveyor soak, seed {seed} (python -m tests.faults.soak --kills {args.kills} --seed {seed}{jobs}):")
     print(total.table())
     return 0 if total.ok else 1
 
 
-def _round(directory: Path, seed: int, kills: int) -> Verdict:
+def _round(directory: Path, seed: int, kills: int, replicated: bool) -> Verdict:
     directory.mkdir()
-    return run_sync(directory, seed=seed, kills=kills)
+    return run_sync(directory, seed=seed, kills=kills, replicated=replicated)
 
 
 def _add(a: Verdict, b: Verdict | None, *, seconds: float | None = None) -> Verdict:

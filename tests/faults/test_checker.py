@@ -1,5 +1,7 @@
 """The queue checker in CI: 50 server kills of every kind, 0 lost, 0 duplicated, 0
-unexpected. ``make soak`` runs the same checker for 1,000 kills (tests/faults/soak.py)."""
+unexpected, and 10 more with a sync replica, either instance struck. ``make soak`` runs
+the same checker for 1,000 kills (tests/faults/soak.py; ``--replicated`` for the
+replica)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,21 @@ import random
 from tests.faults.checker import run_sync
 
 KILLS_CI = 50
+KILLS_REPLICATED_CI = 10
 
 
-def test_fifty_kills_lose_nothing_acknowledged_and_duplicate_nothing(tmp_path):
+def _check(tmp_path, kills: int, **kw) -> None:
     seed = int(os.environ.get("CONVEYOR_CHECKER_SEED", random.randrange(2**32)))
-    verdict = run_sync(tmp_path, seed=seed, kills=KILLS_CI)
+    verdict = run_sync(tmp_path, seed=seed, kills=kills, **kw)
     report = f"seed={seed} (replay: CONVEYOR_CHECKER_SEED={seed})\n{verdict.table()}\n" + "\n".join(verdict.details[-60:])
     print(report)
     assert verdict.ok, report
-    assert verdict.acknowledged > 0 and verdict.kills >= KILLS_CI, report
+    assert verdict.acknowledged > 0 and verdict.kills >= kills, report
+
+
+def test_fifty_kills_lose_nothing_acknowledged_and_duplicate_nothing(tmp_path):
+    _check(tmp_path, KILLS_CI)
+
+
+def test_kills_of_a_sync_replica_or_its_source_lose_nothing_acknowledged(tmp_path):
+    _check(tmp_path, KILLS_REPLICATED_CI, replicated=True)
