@@ -650,6 +650,16 @@ class Server:
             self._free_warned_at = None
             log.info("free space of %s is back above FreeSpaceWarning: %d bytes free", tlog.journal_directory, free)
 
+    def _close_on_io(self, scrubber: Scrubber) -> None:
+        """Close ``scrubber`` on the I/O thread, after the step that may still run there:
+        a scrub cancelled at shutdown leaves its step running, and closing its file from
+        the loop meanwhile raced the step's own close (EBADF, found by the checker), or
+        could close a descriptor number the journal had just reused."""
+        try:
+            self._io.submit(scrubber.close)
+        except RuntimeError:  # the I/O thread is gone: nothing runs there any more
+            scrubber.close()
+
     async def _scrub(self, scrub: Scrub) -> None:
         """Re-read the journal at ``scrub.bytes_per_s``, a pass every ``scrub.interval_s``
         (journal/scrub.py). A damaged record is logged, counted, and its segment's
@@ -675,7 +685,7 @@ class Server:
                         await loop.run_in_executor(self._io, forget_verified, problem.path)
                     await asyncio.sleep(max(0.0, result.bytes / scrub.bytes_per_s - (loop.time() - t0)))
             finally:
-                scrubber.close()
+                self._close_on_io(scrubber)
             self._scrub_passes += 1
             log.info(
                 "journal scrub: pass %d checked %d records (%d bytes) in %.1f s, %d problem(s)",
