@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test test-slow install install-test bench clean demo soak
+.PHONY: run test test-slow install install-test bench clean demo soak browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,8 +28,17 @@ run: $(STAMP)
 	$(BIN)/conveyor serve
 
 # Run the whole test suite (CI), without the tests marked slow.
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) browser
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# Debian's Chromium for the dashboard tests (tests/integration/test_dashboard.py): installed
+# when missing and we are root; otherwise those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "warning: could not install chromium: the dashboard tests will skip"; \
+	  else echo "note: chromium is not installed and we are not root: the dashboard tests will skip"; fi; }
 
 # The tests marked slow (nightly): e.g. the full driver-SIGKILL chain of tests/spark.
 test-slow: $(TEST_STAMP)

@@ -26,6 +26,7 @@ BASE_CONFIG = """\
             {transport_extra}
         </Transport>
     </Transports>
+    {admin}
     <TransactionLog>
         <JournalDirectory>{journal}</JournalDirectory>
         {txlog_extra}
@@ -39,16 +40,21 @@ BASE_CONFIG = """\
 """
 
 
+ADMIN_LOOPBACK = "<Admin><InetAddr>127.0.0.1:0</InetAddr></Admin>"
+
+
 def write_config(
     directory: Path, *, queues: str = "", recorded: str = ".*", transport_extra: str = "", txlog_extra: str = "",
-    limits: str = "",
+    limits: str = "", admin: bool = False,
 ) -> Path:
+    """``admin``: with an admin interface on a free loopback port (``ServerProcess.admin_url``)."""
     journal = directory / "journal"
     path = directory / "config.xml"
     path.write_text(
         BASE_CONFIG.format(
             journal=journal, queues=textwrap.dedent(queues), recorded=recorded, transport_extra=transport_extra,
             txlog_extra=txlog_extra, limits=f"<Limits>{limits}</Limits>" if limits else "",
+            admin=ADMIN_LOOPBACK if admin else "",
         )
     )
     return path
@@ -69,6 +75,7 @@ class ServerProcess:
         self.faults = faults
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self.admin_url: str | None = None  # "conveyor admin on URL", when configured
         self.stderr_lines: list[str] = []
 
     @property
@@ -96,6 +103,8 @@ class ServerProcess:
             line = self.proc.stdout.readline()
             if not line:
                 break
+            if line.startswith("conveyor admin on "):
+                self.admin_url = line.rsplit(" ", 1)[1].strip()
             if line.startswith("conveyor listening on port "):
                 self.port = int(line.rsplit(" ", 1)[1])
                 threading.Thread(target=self.proc.stdout.read, daemon=True).start()

@@ -188,6 +188,13 @@ class ServerFailed(ServerError):
     code = "server_failed"
 
 
+class NotAvailable(ServerError):
+    """The server knows the request but cannot do it yet (an administrative action whose
+    feature has not landed, such as proxied transfer before replicated queues)."""
+
+    code = "not_available"
+
+
 class BadReply(ServerError):
     """A reply from the server does not have the shape its command promises (client side:
     a server of another version, or a bug)."""

@@ -3,7 +3,9 @@
 Exit codes: 0 success, 1 a runtime failure (connection, server error; for ``serve``: the
 server stopped itself after a failure of its background work, such as a failed journal
 write or fsync), 2 bad usage or bad configuration, 3 a damaged journal (verify found
-problems / open refused).
+problems / open refused), 130 interrupted (Ctrl-C).
+
+No traceback reaches the user: every failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_JOURNAL = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 DEFAULT_URI = "tcp://127.0.0.1:9007"
 
 
@@ -52,6 +55,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         config = replace(config, transaction_log=replace(config.transaction_log, journal_directory=Path(args.journal)))
+    if args.no_admin or args.admin_port is not None:
+        from dataclasses import replace
+
+        from conveyor.config.model import Admin
+
+        admin = None if args.no_admin else replace(config.admin or Admin(), port=args.admin_port)
+        config = replace(config, admin=admin)
     return _run_server(config)
 
 
@@ -76,6 +86,9 @@ def _run_server(config) -> int:
             loop.add_signal_handler(sig, shut_down)
         server = Server(config)
         await server.start()
+        if server.admin is not None:
+            # Before the listening lines: tests and scripts read up to those.
+            print(f"conveyor admin on {server.admin.url}", flush=True)
         for port in server.ports:
             # Machine-readable readiness line: tests and scripts wait for it.
             print(f"conveyor listening on port {port}", flush=True)
@@ -200,15 +213,28 @@ def cmd_journal_dump(args: argparse.Namespace) -> int:
 # --- parser --------------------------------------------------------------------------------
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("conveyor")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="conveyor: durable message queues over a transaction log")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"conveyor {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the server (embedded default configuration unless --config)")
     p.add_argument("--config", "-c", help="XML configuration file (AMPSConfig)")
     p.add_argument("--port", type=int, help="override the first transport's port (0: any free port)")
     p.add_argument("--journal", help="override the journal directory")
+    p.add_argument("--admin-port", type=int, metavar="N",
+                   help="override the admin interface's port (0: any free port); adds one on 127.0.0.1 if none")
+    p.add_argument("--no-admin", action="store_true", help="do not start the admin interface")
     p.set_defaults(func=cmd_serve)
 
     def client_args(p: argparse.ArgumentParser) -> None:
@@ -266,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("directory")
     j.add_argument("--start", type=int, help="first position")
     j.set_defaults(func=cmd_journal_dump)
+
+    from conveyor.cli import config_cmd, ops
+
+    ops.add_parsers(sub)
+    config_cmd.add_parsers(sub)
     return parser
 
 
@@ -289,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("conveyor: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:  # a file that cannot be read, a port that cannot be used...
+        where = f" {exc.filename!r}" if exc.filename else ""
+        print(f"conveyor: {exc.strerror or exc}{':' + where if where else ''}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

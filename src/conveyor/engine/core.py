@@ -54,6 +54,7 @@ from conveyor.engine.bookmarks import publisher_id
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
 from conveyor.engine.delivery import QueueDelivery
+from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue import Queue, QueueStats
@@ -159,6 +160,9 @@ class Engine:
         self._publish_actions = PublishActions(config.actions)
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
                                   self.replication, sow=self.sow)
+        #: How log lines name a connection; the server sets it to add the peer address.
+        self.describe_connection = lambda conn_id: f"connection {conn_id}"
+        self.subscriptions.describe = lambda session: self._who(session)
 
     @property
     def queues(self) -> Mapping[str, Queue]:
@@ -360,14 +364,17 @@ class Engine:
                 self.outbox.close(session.conn_id, "name in use")
                 raise errors.NameInUse(f"client name {name!r} is in use by another user")
             # Same name, same user: a reconnect. The old connection is out of date.
-            log.warning("client %r reconnected: closing its previous connection (name in use)", name)
-            self.outbox.close(holder, "name in use")
+            log.warning("client %r logged on again on %s: closing its previous %s (name in use)", name,
+                        self.describe_connection(session.conn_id), self.describe_connection(holder))
+            self.outbox.close(holder, f"name in use: client {name!r} logged on again on another connection")
         self._names[name] = session.conn_id
         session.client_name = name
         session.user_id = cmd.user_id
         session.logged_on = True
         session.publisher = publisher_id(name)
         session.server_publisher = publisher_id(name, instance=self.instance)
+        if cmd.client_name:  # implicit logons (a bare publish) are not worth a line each
+            log.info("logon: client %r, user %r, %s", name, cmd.user_id, self.describe_connection(session.conn_id))
         if "processed" in ack_types(cmd.ack_type) or cmd.ack_type is None:
             self.outbox.send(
                 session.conn_id,
@@ -376,6 +383,9 @@ class Engine:
                       persisted=self.publishes.persisted_seq(session.publisher), version=VERSION,
                       journal=self.journal_id or None),
             )
+
+    def _who(self, session: Session) -> str:
+        return f"client {session.client_name!r} ({self.describe_connection(session.conn_id)})"
 
     def _implicit_logon(self, session: Session) -> None:
         self._logon(session, m.Logon(client_name="", ack_type="none"))
@@ -636,10 +646,23 @@ class Engine:
                 if match(name):
                     self.replicated_queues.set_proxied(name, step.enable)
 
-    def set_proxied_transfer(self, queue: str, enabled: bool) -> bool:
-        """The ``enable_proxied_transfer`` / ``disable_proxied_transfer`` admin action
-        (docs/replication.md); False when ``queue`` is not a replicated queue here."""
-        return self.replicated_queues.set_proxied(queue, enabled)
+    # --- operations (the admin interface, engine/explain.py) ----------------------------------------------
+
+    def explain(self, queue: str, bookmark: str, now: float) -> Explanation:
+        """Why the message ``bookmark`` of ``queue`` is or is not being delivered."""
+        return explain_message(self, queue, bookmark, now)
+
+    def set_proxied_transfer(self, queue: str, enabled: bool) -> None:
+        """The admin action ``enable_proxied_transfer`` / ``disable_proxied_transfer``
+        (docs/replication.md): UnknownTopic when ``queue`` is not a queue, NotAvailable
+        when it is not a replicated queue here (there is no ownership to proxy)."""
+        if self.bindings.get(queue) is None:
+            raise errors.UnknownTopic(f"{queue!r} is not a queue")
+        if not self.replicated_queues.set_proxied(queue, enabled):
+            raise errors.NotAvailable(
+                f"queue {queue!r} is not replicated from this instance: proxied transfer applies to a Queue or "
+                "GroupLocalQueue whose own topic is replicated"
+            )
 
     # --- statistics -------------------------------------------------------------------------------------
 

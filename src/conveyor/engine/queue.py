@@ -34,7 +34,10 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
    accepted. Unknown or already-done positions are ignored: acks are idempotent.
 6. Backlog (Subscription Backlog; Replacing Queue Subscriptions): delivery needs
    ``outstanding < max_backlog``; a replace keeps leases and outstanding, so a consumer
-   may sit above a lowered maximum until its acks bring it back under.
+   may sit above a lowered maximum until its acks bring it back under. ``MaxBacklog``
+   caps the whole queue the same way: no delivery while its leased messages plus its
+   at-most-once deliveries awaiting an ack reach it (barriers count in no backlog;
+   named consumers take what they ask for).
 7. Priority ("Priority Queues"; Message Flow, step 3): with ``Priority`` a consumer
    gets "the highest priority value for messages in the queue and ... the oldest message
    at that priority" it matches. The engine computes the value once, at enqueue
@@ -107,11 +110,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_left
 from typing import Callable, Hashable, Iterable, Iterator, NamedTuple
 
 from conveyor import expr
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine import queue_snapshot
+from conveyor.engine.explain import AHEAD_COUNT_MAX, MessageFacts, SeatFacts
 from conveyor.engine.queue_consumer import Consumer, effective_backlog
 from conveyor.engine.queue_elsewhere import Elsewhere
 from conveyor.engine.queue_expiry import MessageExpiry
@@ -520,6 +525,7 @@ class Queue:
         end = KEY_END if self._priority else self._active_end() + 1
         deliverable = order.deliverable()
         budget = -1 if max_deliveries is None else max_deliveries
+        max_out = self.config.max_backlog
         while budget != 0 and store and active:
             gate = None
             if order.barriers:
@@ -530,6 +536,8 @@ class Queue:
                     deliverable = order.deliverable()  # the first epoch may have changed
                     continue
                 gate = order.gate()
+            if max_out is not None and len(leases.leased) + len(leases.consumed) >= max_out:
+                break  # MaxBacklog: the queue-wide cap on outstanding messages (rule 6)
             head = order.head()
             best = None
             eligible: list[int] = []
@@ -1017,18 +1025,22 @@ class Queue:
             **{name: getattr(counters, name) for name in QueueCounters.__slots__},
         )
 
-    def details(self) -> QueueDetails:
-        """Every tracked message and consumer; O(queue), for the admin ``details``."""
+    def details(self, limit: int | None = None) -> QueueDetails:
+        """Every tracked message and consumer, for the admin ``details``: O(queue), or
+        the first ``limit`` available messages (by position) and every leased one."""
         leases, order = self._leases, self._order
-        priorities = order.priorities()
+        priorities = order.priorities() if self._priority else {}
         barriers = set(order.barriers)
-        rows = [
-            MessageDetail(
+        rows = []
+        truncated = False
+        for p, t in order.store.items():
+            if limit is not None and len(rows) >= limit:
+                truncated = True
+                break
+            rows.append(MessageDetail(
                 p, "available", t, leases.deliveries_of(p), leases.cancels_of(p), None, None,
                 priorities.get(p), p in barriers,
-            )
-            for p, t in order.store.items()
-        ]
+            ))
         for p, lease in leases.leased.items():
             rows.append(
                 MessageDetail(
@@ -1052,6 +1064,62 @@ class Queue:
                 (s.consumer.key, s.consumer.outstanding, s.consumer.max_backlog)
                 for s in self._seats.every()
             ),
+            truncated=truncated,
+        )
+
+    def explain(self, position: int, now: float) -> MessageFacts:
+        """What the queue knows of message ``position``, for :mod:`conveyor.engine.explain`
+        (which decides the verdict). Read-only: filters are evaluated without counting
+        their errors; O(consumers) filter calls plus, for an available message, the
+        messages ahead of it (up to ``AHEAD_COUNT_MAX``)."""
+        leases, order, window = self._leases, self._order, self._window
+        state = self.state_of(position)
+        lease = leases.leased.get(position)
+        consumed = leases.consumed.get(position)
+        published_at = lease.published_at if lease is not None else order.store.time_of(position)
+        barriers = order.barriers
+        before = bisect_left(barriers, position)
+        is_barrier = before < len(barriers) and barriers[before] == position
+        available = state is _AVAILABLE
+        seats = []
+        for seat in self._seats.every():
+            c = seat.consumer
+            matches = None
+            if available and c.filter is not None:
+                try:
+                    matches = bool(c.filter(self._load(position), now))
+                except Exception:  # a filter that raises is "no match" (see _matches)
+                    matches = False
+            named = isinstance(c.key, tuple) and bool(c.key) and c.key[0] == "named"
+            seats.append(SeatFacts(c.key, seat.active, named, c.outstanding, c.max_backlog,
+                                   c.filter is not None, matches))
+        ahead = None
+        if available:
+            ahead = 0
+            for p in order:
+                if p == position or ahead >= AHEAD_COUNT_MAX:
+                    break
+                ahead += 1
+        out_before = 0
+        if is_barrier:
+            out_before = sum(1 for p in leases.leased if p < position) + sum(1 for p in leases.consumed if p < position)
+            out_before += sum(1 for p, _ in order.store.items() if p < position)
+        priority = None
+        if self._priority and available:
+            priority = order.priorities().get(position)
+        expiration = self._expiration
+        return MessageFacts(
+            queue=self.name, position=position, state=state, semantics=self.config.semantics.value,
+            published_at=published_at, deliveries=leases.deliveries_of(position),
+            cancels=leases.cancels_of(position),
+            holder=lease.seat.consumer.key if lease is not None else consumed.consumer.key if consumed else None,
+            lease_deadline=lease.deadline if lease is not None else None, priority=priority,
+            barrier=is_barrier, barriers_before=before if available else 0,
+            unacked_before_barrier=out_before, ahead=ahead, inactive_count=window.inactive,
+            target_queue_depth=self._target, outstanding=len(leases.leased) + len(leases.consumed),
+            max_backlog=self.config.max_backlog,
+            expires_at=None if expiration is None or published_at is None else published_at + expiration,
+            seats=tuple(seats),
         )
 
     @property

@@ -191,7 +191,7 @@ class QueueStats:
     backlog: int  # leased messages awaiting an ack
     awaiting_ack: int  # at-most-once deliveries whose ack has not arrived (backlog only)
     consumers: int
-    max_backlog: int | None  # the configured MaxBacklog (reported, not enforced)
+    max_backlog: int | None  # the configured MaxBacklog (queue rule 6)
     target_queue_depth: int | None
     enqueued: int
     delivered: int
@@ -238,6 +238,7 @@ class QueueDetails:
     messages: tuple[MessageDetail, ...]  # position order
     awaiting_ack: tuple[tuple[int, Hashable], ...]  # at-most-once (position, consumer key)
     consumers: tuple[tuple[Hashable, int, int], ...]  # (key, outstanding, max_backlog)
+    truncated: bool = False  # Queue.details(limit=) left available messages out
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from conveyor import errors
@@ -34,6 +35,8 @@ from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types
 from conveyor.protocol.options import parse_options
 
+log = logging.getLogger("conveyor.engine")
+
 
 class Subscriptions:
     def __init__(self, bindings: QueueBindings, topics: Topics, delivery: QueueDelivery, outbox: Outbox,
@@ -44,6 +47,7 @@ class Subscriptions:
         self._delivery = delivery
         self._outbox = outbox
         self._journal = journal
+        self.describe = lambda session: f"connection {session.conn_id}"  # the engine names the client
 
     def subscribe(self, session: Session, cmd: m.Subscribe | m.SowAndSubscribe, now: float) -> None:
         opts = parse_options("sow_and_subscribe" if isinstance(cmd, m.SowAndSubscribe) else "subscribe", cmd.options)
@@ -67,6 +71,10 @@ class Subscriptions:
                                           SubKind.PUBSUB, flt, cmd.cid)
                 session.subs[sub_id] = sub
                 self._topics.add(sub)
+        sub = session.subs.get(sub_id)
+        if sub is not None:
+            log.info("%s %s: %s to %r%s", "replaced" if opts.has("replace") else "subscribed", sub_id,
+                     self.describe(session), cmd.topic, f" ({sub.kind.value})")
         if "processed" in acks or not acks:
             self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=sub_id))
 
@@ -138,6 +146,7 @@ class Subscriptions:
             if sub is None:
                 raise errors.UnknownSubscription(f"no subscription {sub_id!r}")
             self.remove(session, sub, now)
+            log.info("unsubscribed %s: %s from %r", sub_id, self.describe(session), sub.topic)
         if "processed" in ack_types(cmd.ack_type):
             self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid))
 

@@ -45,19 +45,27 @@ class Connection(asyncio.Protocol):
         # their own output and are quiet when nothing is published.
         self.client = True
 
+        self.close_reason: str | None = None
+        # For the admin interface: counters only (one addition per read or write).
+        self.connected_at = 0.0
+        self.bytes_in = self.bytes_out = 0
+        self.messages_in = self.messages_out = 0
+
     # asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.peer = transport.get_extra_info("peername")
-        self.last_heard = self.server.clock()
+        self.last_heard = self.connected_at = self.server.clock()
         self.server._register(self)
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = self.server.clock()
+        self.bytes_in += len(data)
         self.decoder.receive_data(data)
         items = self.decoder.next_items()
         if items:
+            self.messages_in += len(items)
             self.server._handle(self, items)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -76,6 +84,8 @@ class Connection(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         self.transport.writelines(frames)
+        for frame in frames:
+            self.bytes_out += len(frame)
         buffered = self.transport.get_write_buffer_size()
         self.server._output_changed(self, buffered)
         if buffered > self.config.output_bytes_max:
@@ -91,6 +101,7 @@ class Connection(asyncio.Protocol):
             return
         log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, reason)
         self.closed = True
+        self.close_reason = reason
         if self.transport is not None:
             if abort:
                 self.transport.abort()

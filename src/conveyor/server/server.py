@@ -56,6 +56,7 @@ from typing import Any
 
 from conveyor import errors
 from conveyor.config.model import Config, Scrub, Transport
+from conveyor.config.unsupported import refuse_unsupported
 from conveyor.engine.core import Engine
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
@@ -82,6 +83,43 @@ FREE_SPACE_CHECK_INTERVAL_S = 10.0  # statvfs of the journal's file system
 FREE_SPACE_REPORT_INTERVAL_S = 300.0  # while space is low, the warning repeats this often
 
 
+class CommitStats:
+    """Group commits, for the admin interface: how long each write + fsync took (seconds;
+    ``buckets[i]`` counts the commits whose time fell in ``COMMIT_SECONDS_BUCKETS[i]``
+    and no lower bucket) and how big each group was. A few additions per group, off the
+    per-message path."""
+
+    __slots__ = ("count", "seconds_sum", "seconds_max", "last_seconds", "bytes_sum", "records_sum",
+                 "bytes_max", "records_max", "buckets")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds_sum = self.seconds_max = self.last_seconds = 0.0
+        self.bytes_sum = self.records_sum = self.bytes_max = self.records_max = 0
+        self.buckets = [0] * len(COMMIT_SECONDS_BUCKETS)
+
+    def add(self, seconds: float, size: int, records: int) -> None:
+        self.count += 1
+        self.last_seconds = seconds
+        self.seconds_sum += seconds
+        if seconds > self.seconds_max:
+            self.seconds_max = seconds
+        self.bytes_sum += size
+        self.records_sum += records
+        if size > self.bytes_max:
+            self.bytes_max = size
+        if records > self.records_max:
+            self.records_max = records
+        for i, bound in enumerate(COMMIT_SECONDS_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+                break
+
+
+#: Upper bounds (seconds) of the group-commit latency histogram.
+COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
+
+
 @dataclass(frozen=True)
 class ServerStats:
     connections: int
@@ -102,6 +140,10 @@ def _replica_protocol():
     return IncomingReplica
 
 
+def _address(peer) -> str:
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+
+
 def _bind_problem(exc: OSError) -> str:
     if exc.errno == errno.EADDRINUSE:
         return "the address is already in use"
@@ -112,6 +154,7 @@ def _bind_problem(exc: OSError) -> str:
 
 class Server:
     def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
+        refuse_unsupported(config)  # nothing configured is silently ignored
         self.config = config
         self.clock = clock
         tlog = config.transaction_log
@@ -119,7 +162,14 @@ class Server:
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
         self.journal: Journal
         if tlog is not None:
+            directory = tlog.journal_directory.resolve()
+            fresh = not directory.is_dir() or not any(directory.glob("*.log"))
             self.journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
+            if fresh:
+                log.info("journal %s: created a new, empty journal", directory)
+            else:
+                log.info("journal %s: opened, positions %d to %d", directory, self.journal.first_position,
+                         self.journal.end)
             # Sidecars for the Spark journal reader, written behind the write that seals a segment.
             self.journal.on_seal = SealSummarizer(describe_record, run=self._io.submit)
         else:
@@ -127,6 +177,7 @@ class Server:
         self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
         self.engine = Engine(config, self.journal,
                              journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory")
+        self.engine.describe_connection = self._describe  # logon and subscription log lines name the address
         self.connections: dict[int, Connection] = {}
         self._next_conn_id = 1
         self._servers: list[asyncio.base_events.Server] = []
@@ -159,6 +210,13 @@ class Server:
         self._scrub_bytes = 0
         self._scrub_problems = 0
         self.ports: list[int] = []
+        self.started_at = clock()
+        self.commit_stats = CommitStats()  # group-commit latency and sizes (the admin interface)
+        # The admin interface (server/admin.py), bound from config.admin. Whoever builds the
+        # server may set an authenticator and a TLS context before start().
+        self.admin = None
+        self.admin_authenticator = None
+        self.admin_ssl_context = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -174,6 +232,8 @@ class Server:
         except BaseException:
             self._stopped = True  # nothing was served: there is nothing for stop() to do
             self._close_listeners()
+            if self.admin is not None:
+                self.admin.close()
             self.journal.close(commit=False)
             self._io.shutdown(wait=True)
             raise
@@ -181,6 +241,8 @@ class Server:
             await server.start_serving()
         self._writer_task = self.spawn(self._writer(), name="journal writer")
         self.spawn(self._timer(), name="timer")
+        if self.admin is not None:
+            self.spawn(self.admin.run(), name="admin interface")
         self._start_links()
         tlog = self.config.transaction_log
         if tlog is not None and tlog.scrub.bytes_per_s > 0:
@@ -209,6 +271,12 @@ class Server:
             self.ports.append(port)
             log.info("listening on %s:%d (%s%s)", tc.host, port, tc.name,
                      ", incoming replication" if tc.type == "replication" else "")
+        if self.config.admin is not None:
+            from conveyor.server.admin import AdminInterface  # the admin shell sits beside this one
+
+            self.admin = AdminInterface(self, self.config.admin, authenticate=self.admin_authenticator,
+                                        ssl=self.admin_ssl_context)
+            await self.admin.bind()
 
     def _recover(self) -> None:
         started = time.monotonic()
@@ -301,6 +369,11 @@ class Server:
             log.error("stopped after a failure; journal durable up to position %d", self.journal.durable_end)
 
     @property
+    def ready(self) -> bool:
+        """Recovered, serving, not failed and not stopping (the admin readiness probe)."""
+        return self._recovered and self._failure is None and not self._stopping
+
+    @property
     def failure(self) -> errors.ServerFailed | None:
         """Why the server failed, or None."""
         return self._failure
@@ -364,6 +437,10 @@ class Server:
 
     # --- connections ---------------------------------------------------------------------
 
+    def _describe(self, conn_id: int) -> str:
+        conn = self.connections.get(conn_id)
+        return f"connection {conn_id} from {_address(conn.peer)}" if conn is not None else f"connection {conn_id}"
+
     def _register(self, conn: Connection) -> None:
         conn.conn_id = self._next_conn_id
         self._next_conn_id += 1
@@ -372,12 +449,16 @@ class Server:
             return
         self.connections[conn.conn_id] = conn
         self.engine.connect(conn.conn_id)
+        log.info("connection %d from %s on %s", conn.conn_id, _address(conn.peer), conn.config.name)
         if self._reading_paused and conn.transport is not None:
             conn.transport.pause_reading()
 
     def _unregister(self, conn: Connection) -> None:
         self._output_changed(conn, 0)
         self._writing_paused.discard(conn.conn_id)
+
+        if conn.conn_id in self.connections and conn.close_reason is None:
+            log.info("connection %d from %s closed by the client", conn.conn_id, _address(conn.peer))
         if self.connections.pop(conn.conn_id, None) is not None and self._failure is None:
             self.engine.disconnect(conn.conn_id, self.clock())
             self._after_engine()
@@ -502,6 +583,7 @@ class Server:
         for conn_id, msgs in out.items():
             conn = self.connections.get(conn_id)
             if conn is not None:
+                conn.messages_out += len(msgs)
                 conn.write_frames(encode_frames(msgs))
 
     def _pause_reading(self, pause: bool) -> None:
@@ -537,7 +619,9 @@ class Server:
         batch = journal.take_batch()
         if batch is None:
             return False
+        started = time.perf_counter()
         end = await asyncio.get_running_loop().run_in_executor(self._io, journal.write_batch, batch)
+        self.commit_stats.add(time.perf_counter() - started, batch.bytes, batch.records)
         journal.mark_durable(end)
         self._commits += 1
         self._release_durable()

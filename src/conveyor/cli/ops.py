@@ -1,0 +1,280 @@
+"""Operator commands: ``stats``, ``queues``, ``clients``, ``explain``, ``replication``,
+``disconnect``: each reads the server's admin interface over HTTP.
+
+Rules:
+
+1. The admin address is ``--admin URL``, else the ``CONVEYOR_ADMIN`` environment
+   variable, else ``DEFAULT_ADMIN`` (the embedded default configuration's
+   ``Admin/InetAddr``). A bare ``HOST:PORT`` or ``PORT`` is accepted.
+2. ``--json`` prints the admin interface's JSON unchanged (for scripts); otherwise a
+   table or a few lines meant for a person.
+3. A server that cannot be reached, or answers with an error, is one line on stderr
+   and exit code 1 (2 for a request the server calls bad); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from conveyor import errors
+
+ADMIN_ENV = "CONVEYOR_ADMIN"
+DEFAULT_ADMIN = "http://127.0.0.1:8085"
+REQUEST_TIMEOUT_S = 10.0
+
+
+class AdminUnreachable(errors.ConveyorError):
+    code = "admin_unreachable"
+
+
+def admin_url(args: argparse.Namespace) -> str:
+    url = getattr(args, "admin", None) or os.environ.get(ADMIN_ENV) or DEFAULT_ADMIN
+    if url.isdigit():
+        url = f"127.0.0.1:{url}"
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+def fetch(args: argparse.Namespace, path: str) -> Any:
+    """GET ``path`` from the admin interface as JSON (rule 3 for failures)."""
+    base = admin_url(args)
+    try:
+        with urllib.request.urlopen(base + path, timeout=REQUEST_TIMEOUT_S) as resp:  # noqa: S310 (an operator's URL)
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+            message = body.get("message") or body.get("error")
+        except (ValueError, AttributeError):
+            message = exc.reason
+        error = errors.ClientError if 400 <= exc.code < 500 and exc.code not in (401, 403, 404) else errors.ServerError
+        raise error(f"{base}{path}: {message} (HTTP {exc.code})") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AdminUnreachable(
+            f"cannot reach the admin interface at {base}: {reason} (is the server running with <Admin>? "
+            f"set {ADMIN_ENV} or --admin to its address)"
+        ) from None
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False))
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> None:
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for r in cells:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 120:
+        return f"{value:.1f}s"
+    if value < 7200:
+        return f"{value / 60:.1f}m"
+    if value < 172800:
+        return f"{value / 3600:.1f}h"
+    return f"{value / 86400:.1f}d"
+
+
+def _bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    tree = fetch(args, "/amps/instance")
+    if args.json:
+        _print_json(tree)
+        return 0
+    j = tree["journal"]
+    queues = tree["queues"].values()
+    print(f"instance    {tree['name']} ({tree['version']}), pid {tree['pid']} on {tree['hostname']}")
+    state = "FAILED: " + str(tree["failure"]) if tree["failed"] else ("ready" if tree["ready"] else "starting")
+    print(f"state       {state}, up {_seconds(tree['uptime'])}")
+    print(f"clients     {tree['client_count']} ({tree['connections']} connections), "
+          f"{len(tree['subscriptions'])} subscriptions")
+    if j["in_memory"]:
+        print("journal     in memory (no TransactionLog)")
+    else:
+        print(f"journal     {j['directory']}: {_bytes(j['bytes'])} in {j.get('segments', '?')} segment(s), "
+              f"durable to {j['durable_end']}, {_bytes(j['unwritten_bytes'])} unwritten")
+    if j["commits"]:
+        print(f"commits     {j['commits']}: mean {j['commit_seconds_mean'] * 1000:.2f} ms, "
+              f"max {j['commit_seconds_max'] * 1000:.2f} ms, "
+              f"{j['commit_records_mean']:.1f} records / {_bytes(j['commit_bytes_mean'])} per group")
+    depth = sum(q["queue_depth"] for q in queues)
+    leased = sum(q["in_flight"] for q in queues)
+    print(f"queues      {len(tree['queues'])}: {depth} messages, {leased} in flight, "
+          f"{sum(q['consumers'] for q in queues)} consumers")
+    links = tree["replication"]["outgoing"]
+    if links:
+        up = sum(1 for link in links if link["state"] == "streaming")
+        print(f"replication {up}/{len(links)} outgoing link(s) streaming, "
+              f"{len(tree['replication']['incoming'])} incoming")
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    if args.queue:
+        return _queue_details(args)
+    queues = fetch(args, "/amps/instance/queues")
+    if args.json:
+        _print_json(queues)
+        return 0
+    rows = [
+        [name, q["queue_depth"], q["available"], q["in_flight"], q["consumers"], q["inactive_message_count"],
+         _seconds(q["seconds_behind"]), q["enqueued"], q["delivered"], q["acknowledged"], q["expired"]]
+        for name, q in sorted(queues.items())
+    ]
+    _table(rows, ["QUEUE", "DEPTH", "AVAILABLE", "IN-FLIGHT", "CONSUMERS", "INACTIVE", "BEHIND", "ENQUEUED",
+                  "DELIVERED", "ACKED", "EXPIRED"])
+    return 0
+
+
+def _queue_details(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.queue, safe="")
+    stats = fetch(args, f"/amps/instance/queues/{name}")
+    details = fetch(args, f"/amps/instance/queues/{name}/details?limit={args.limit}")
+    if args.json:
+        _print_json({"statistics": stats, "details": details})
+        return 0
+    print(f"queue {args.queue}: depth {stats['queue_depth']}, available {stats['available']}, "
+          f"in flight {stats['in_flight']}, inactive {stats['inactive_message_count']}, "
+          f"{stats['consumers']} consumer(s), oldest unacknowledged {_seconds(stats['seconds_behind'])} old")
+    if details["cursors"]:
+        print("\nsubscribers:")
+        _table([[c["subscriber"], c["client"], c["outstanding"], c["max_backlog"]] for c in details["cursors"]],
+               ["SUBSCRIBER", "CLIENT", "OUTSTANDING", "MAX_BACKLOG"])
+    now = time.time()
+    print()
+    _table(
+        [[m["bookmark"] or m["position"], m["state"], m["holder_client"] or m["holder"],
+          _seconds(m["lease_deadline"] - now) if m["lease_deadline"] else None, m["deliveries"],
+          _when(m["published_at"])] for m in details["messages"]],
+        ["BOOKMARK", "STATE", "HOLDER", "LEASE LEFT", "DELIVERIES", "PUBLISHED"],
+    )
+    if details["messages_truncated"]:
+        print(f"(the first {args.limit} available messages; --limit N for more)")
+    return 0
+
+
+def cmd_clients(args: argparse.Namespace) -> int:
+    clients = fetch(args, "/amps/instance/clients")
+    if args.json:
+        _print_json(clients)
+        return 0
+    rows = [
+        [c["id"], c["name"], c["user"], c["address"], _seconds(c["connected_for"]), c["subscriptions"],
+         c["messages_in"], c["messages_out"], _bytes(c["bytes_in"]), _bytes(c["bytes_out"]), _bytes(c["unsent_bytes"])]
+        for c in sorted(clients.values(), key=lambda c: c["id"])
+    ]
+    _table(rows, ["ID", "NAME", "USER", "ADDRESS", "CONNECTED", "SUBS", "MSGS IN", "MSGS OUT", "BYTES IN",
+                  "BYTES OUT", "UNSENT"])
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    name = urllib.parse.quote(args.queue, safe="")
+    bookmark = urllib.parse.quote(args.bookmark, safe="")
+    e = fetch(args, f"/amps/instance/queues/{name}/explain?bookmark={bookmark}")
+    if args.json:
+        _print_json(e)
+        return 0
+    print(f"{args.queue} {args.bookmark}: {e['verdict']}")
+    print(f"  {e['summary']}")
+    for reason in e["reasons"]:
+        print(f"  - {reason}")
+    return 0
+
+
+def cmd_replication(args: argparse.Namespace) -> int:
+    repl = fetch(args, "/amps/instance/replication")
+    if args.json:
+        _print_json(repl)
+        return 0
+    if not repl["outgoing"] and not repl["incoming"]:
+        print("no replication links (no <Replication> destinations, no source connected)")
+        return 0
+    if repl["outgoing"]:
+        _table(
+            [[link["destination"], link["state"], "sync" if link["sync"] else "async",
+              "yes" if link["downgraded"] else "no", link["acked"], _bytes(link["bytes_behind"]),
+              _seconds(link["seconds_behind"]), link["records_sent"], link["last_error"]]
+             for link in repl["outgoing"]],
+            ["DESTINATION", "STATE", "SYNC", "DOWNGRADED", "ACKED", "BEHIND", "BEHIND(s)", "SENT", "LAST ERROR"],
+        )
+    if repl["incoming"]:
+        if repl["outgoing"]:
+            print()
+        _table([[link["source"], link["group"], link["received_through"], link["records_received"],
+                 link["records_recorded"], link["gaps"]] for link in repl["incoming"]],
+               ["SOURCE", "GROUP", "RECEIVED THROUGH", "RECEIVED", "RECORDED", "GAPS"])
+    return 0
+
+
+def cmd_disconnect(args: argparse.Namespace) -> int:
+    client = urllib.parse.quote(args.client, safe="")
+    result = fetch(args, f"/amps/administrator/clients/{client}/disconnect")
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"disconnected client {result['disconnected']} ({result['client']})")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--admin", "-a", metavar="URL",
+                       help=f"admin interface address (default: ${ADMIN_ENV}, else {DEFAULT_ADMIN})")
+        p.add_argument("--json", action="store_true", help="print the admin interface's JSON")
+
+    p = sub.add_parser("stats", help="instance overview: state, clients, journal, queues, replication")
+    common(p)
+    p.set_defaults(func=cmd_stats)
+    p = sub.add_parser("queues", help="queue depths and rates; with QUEUE: its subscribers and messages")
+    p.add_argument("queue", nargs="?")
+    p.add_argument("--limit", type=int, default=50, help="messages to list for one queue (default 50)")
+    common(p)
+    p.set_defaults(func=cmd_queues)
+    p = sub.add_parser("clients", help="connected clients: name, user, address, traffic, unsent bytes")
+    common(p)
+    p.set_defaults(func=cmd_clients)
+    p = sub.add_parser("explain", help="why a queue message is or is not being delivered")
+    p.add_argument("queue")
+    p.add_argument("bookmark", help="the message's bookmark (or its journal position)")
+    common(p)
+    p.set_defaults(func=cmd_explain)
+    p = sub.add_parser("replication", help="replication links: state, lag, errors per destination and source")
+    common(p)
+    p.set_defaults(func=cmd_replication)
+    p = sub.add_parser("disconnect", help="close a client's connection (by id or name)")
+    p.add_argument("client")
+    common(p)
+    p.set_defaults(func=cmd_disconnect)

@@ -1,0 +1,181 @@
+"""Prometheus metrics at ``/metrics``, through ``prometheus-client``.
+
+A custom collector reads the same frozen statistics records as the JSON tree when it
+is scraped, so the publish and delivery paths keep nothing extra for it (the engine's
+cumulative counters are already there). Names follow Prometheus conventions: the
+``conveyor_`` prefix, base units in the name (``_seconds``, ``_bytes``), ``_total`` for
+counters (the client library adds it), one label per dimension (``queue``,
+``destination``, ``source``). Clients are summed, not labelled: 10,000 clients would
+be 10,000 series per metric.
+
+Cost: one ``Queue.statistics`` per queue and scrape (bench/bench_admin.py measures it
+with 1,000 queues; docs/benchmarks.md has the figures).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from conveyor.engine.core import VERSION
+
+if TYPE_CHECKING:
+    from conveyor.server.server import Server
+
+__all__ = ["CONTENT_TYPE_LATEST", "ServerCollector", "render"]
+
+# (QueueStats field, metric name, help, kind): kind "gauge" or "counter".
+_QUEUE_METRICS = (
+    ("queue_depth", "conveyor_queue_depth", "Unacknowledged active messages: available + leased", "gauge"),
+    ("available", "conveyor_queue_available_messages", "Messages ready for delivery", "gauge"),
+    ("backlog", "conveyor_queue_leased_messages", "Leased messages awaiting an acknowledgement", "gauge"),
+    ("awaiting_ack", "conveyor_queue_awaiting_ack_messages",
+     "At-most-once deliveries whose acknowledgement has not arrived", "gauge"),
+    ("consumers", "conveyor_queue_consumers", "Subscribers taking deliveries", "gauge"),
+    ("inactive_message_count", "conveyor_queue_inactive_messages", "Messages beyond TargetQueueDepth", "gauge"),
+    ("deferred_ack_count", "conveyor_queue_deferred_acks", "Acknowledgements held for inactive messages", "gauge"),
+    ("barriers_pending", "conveyor_queue_barriers_pending", "Barrier messages still in the queue", "gauge"),
+    ("enqueued", "conveyor_queue_enqueued", "Messages that entered the queue", "counter"),
+    ("delivered", "conveyor_queue_delivered", "Deliveries (redeliveries included)", "counter"),
+    ("acknowledged", "conveyor_queue_acknowledged", "Messages acknowledged", "counter"),
+    ("expired", "conveyor_queue_expired", "Messages expired", "counter"),
+    ("expired_leases", "conveyor_queue_expired_leases", "Leases that expired", "counter"),
+    ("returned", "conveyor_queue_returned", "Leases broken by unsubscribe, disconnect or restart", "counter"),
+    ("cancelled", "conveyor_queue_cancelled", "Leases cancelled by subscribers", "counter"),
+    ("filter_errors", "conveyor_queue_filter_errors", "Filter evaluations that raised", "counter"),
+    ("barriers_delivered", "conveyor_queue_barriers_delivered", "Barrier messages delivered", "counter"),
+)
+
+
+class ServerCollector:
+    """Yields every metric family from the server's statistics at scrape time."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+
+    def describe(self) -> list:
+        return []  # collected lazily: no describe-time scrape at registration
+
+    def collect(self) -> Iterator:
+        server = self._server
+        now = server.clock()
+        engine = server.engine
+        s = server.statistics()
+        cfg = server.config
+
+        info = GaugeMetricFamily("conveyor_info", "The instance (value 1)", labels=["instance", "version"])
+        info.add_metric([cfg.name, VERSION], 1)
+        yield info
+        yield _gauge("conveyor_start_time_seconds", "When the server started (epoch seconds)", server.started_at)
+        yield _gauge("conveyor_up_ready", "1 when recovered and serving, 0 otherwise", 1 if server.ready else 0)
+        yield _gauge("conveyor_failed", "1 when the server stopped itself after a failure", 1 if s.failed else 0)
+        yield _gauge("conveyor_connections", "Open connections (clients and replication)", s.connections)
+        yield _gauge("conveyor_clients", "Client sessions", len(engine.sessions))
+        yield _counter("conveyor_frames_received", "Frames received from clients", s.frames_in)
+        unsent = 0
+        for conn in server.connections.values():
+            if conn.transport is not None and not conn.closed:
+                unsent += conn.transport.get_write_buffer_size()
+        yield _gauge("conveyor_clients_unsent_bytes", "Output written and not yet sent, all connections", unsent)
+
+        # journal
+        j = server.journal
+        first = j.first_position if cfg.transaction_log is not None else 0
+        yield _gauge("conveyor_journal_end_bytes", "Journal end position (bytes)", j.end)
+        yield _gauge("conveyor_journal_durable_end_bytes", "Journal position durable on disk (bytes)", j.durable_end)
+        yield _gauge("conveyor_journal_size_bytes", "Journal bytes kept (durable end - first position)",
+                     j.durable_end - first)
+        yield _gauge("conveyor_journal_unwritten_bytes", "Appended, not yet durable", j.end - j.durable_end)
+        if cfg.transaction_log is not None:
+            yield _gauge("conveyor_journal_segments", "Journal segment files", j.statistics().segments)
+        c = server.commit_stats
+        from conveyor.server.server import COMMIT_SECONDS_BUCKETS
+
+        cumulative, buckets = 0, []
+        for bound, n in zip(COMMIT_SECONDS_BUCKETS, c.buckets):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        h = HistogramMetricFamily("conveyor_journal_commit_seconds", "Group commit: write + fsync time",
+                                  buckets=buckets, sum_value=c.seconds_sum)
+        yield h
+        yield _counter("conveyor_journal_commit_bytes", "Bytes written by group commits", c.bytes_sum)
+        yield _counter("conveyor_journal_commit_records", "Records written by group commits", c.records_sum)
+
+        # engine
+        yield _gauge("conveyor_publishers", "Publishers known to duplicate detection", engine.publishes.publishers)
+        yield _gauge("conveyor_pending_publishes", "Publishes appended, not yet durable", len(engine.publishes.pending))
+        yield _counter("conveyor_cache_misses", "Message cache misses (journal reads)", engine.cache.misses)
+        topic_subs, replays = engine.topics.statistics()
+        yield _gauge("conveyor_topic_subscriptions", "Pub/sub and replay subscriptions", topic_subs)
+        yield _gauge("conveyor_replays", "Bookmark replays still reading the journal", replays)
+
+        # queues
+        families = {}
+        for field, name, help_text, kind in _QUEUE_METRICS:
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            families[field] = cls(name, help_text, labels=["queue"])
+        oldest = GaugeMetricFamily("conveyor_queue_oldest_lease_age_seconds",
+                                   "Seconds since the oldest current lease began", labels=["queue"])
+        behind = GaugeMetricFamily("conveyor_queue_seconds_behind",
+                                   "Age of the oldest unacknowledged message", labels=["queue"])
+        max_backlog = GaugeMetricFamily("conveyor_queue_max_backlog", "The configured MaxBacklog", labels=["queue"])
+        target = GaugeMetricFamily("conveyor_queue_target_depth", "The configured TargetQueueDepth", labels=["queue"])
+        items = list(families.items())
+        for name, queue in engine.queues.items():
+            st = queue.statistics(now)
+            label = [name]
+            for field, family in items:
+                family.add_metric(label, getattr(st, field))
+            oldest.add_metric(label, st.age_of_oldest_lease or 0.0)
+            behind.add_metric(label, st.seconds_behind or 0.0)
+            if st.max_backlog is not None:
+                max_backlog.add_metric(label, st.max_backlog)
+            if st.target_queue_depth is not None:
+                target.add_metric(label, st.target_queue_depth)
+        yield from families.values()
+        yield oldest
+        yield behind
+        yield max_backlog
+        yield target
+
+        # replication
+        outgoing, incoming = engine.replication.statistics(now)
+        up = GaugeMetricFamily("conveyor_replication_link_up", "1 when the link to a destination is streaming",
+                               labels=["destination"])
+        lag_b = GaugeMetricFamily("conveyor_replication_behind_bytes", "Journal bytes the destination lacks",
+                                  labels=["destination"])
+        lag_s = GaugeMetricFamily("conveyor_replication_behind_seconds",
+                                  "Age of the oldest record the destination lacks", labels=["destination"])
+        sent = CounterMetricFamily("conveyor_replication_records_sent", "Records sent to a destination",
+                                   labels=["destination"])
+        for link in outgoing:
+            up.add_metric([link.destination], 1 if link.state == "streaming" else 0)
+            lag_b.add_metric([link.destination], link.bytes_behind)
+            lag_s.add_metric([link.destination], link.seconds_behind or 0.0)
+            sent.add_metric([link.destination], link.records_sent)
+        received = CounterMetricFamily("conveyor_replication_records_received", "Records received from a source",
+                                       labels=["source"])
+        for link in incoming:
+            received.add_metric([link.source], link.records_received)
+        yield from (up, lag_b, lag_s, sent, received)
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_text, value=value)
+
+
+def registry(server: Server) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ServerCollector(server))
+    return reg
+
+
+def render(reg: CollectorRegistry) -> bytes:
+    """The text exposition format of every family."""
+    return generate_latest(reg)
