@@ -355,3 +355,15 @@ def test_default_publish_target_equal_to_a_literal_underlying_topic():
     queue = load_queue("<DefaultPublishTarget>Work</DefaultPublishTarget>")
     assert queue.default_publish_target == "Work"
 
+
+
+def test_zero_means_no_maximum_and_sublet_is_the_reference_name():
+    from conveyor.config import load_text
+    from conveyor.config.model import Leasing
+
+    config = load_text("""<AMPSConfig><TransactionLog><JournalDirectory>j</JournalDirectory>
+        <Topic><Name>q</Name></Topic></TransactionLog><SOW><Queue><Name>q</Name><MessageType>json</MessageType>
+        <MaxCancels>0</MaxCancels><MaxDeliveries>0</MaxDeliveries><Leasing>sublet</Leasing></Queue></SOW></AMPSConfig>""")
+    (q,) = config.queues
+    assert q.max_cancels is None and q.max_deliveries is None and q.leasing is Leasing.SUBLET
+    assert Leasing.SLOPPY is Leasing.SUBLET

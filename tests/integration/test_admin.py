@@ -426,3 +426,10 @@ def test_config_check_and_default(tmp_path):
     assert proc.returncode == 2 and "cannot read configuration file" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "conveyor", "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("conveyor ")
+
+
+@pytest.mark.parametrize("flag", ["--port", "--admin-port"])
+def test_ports_are_validated(flag):
+    proc = subprocess.run([sys.executable, "-m", "conveyor", "serve", flag, "70000"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "is not a port" in proc.stderr and "Traceback" not in proc.stderr

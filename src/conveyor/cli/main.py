@@ -222,6 +222,13 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _port(text: str) -> int:
+    """A TCP port for argparse: 0..65535 (0: any free port)."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535; 0 picks a free one)")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="conveyor: durable message queues over a transaction log")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -230,9 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the server (embedded default configuration unless --config)")
     p.add_argument("--config", "-c", help="XML configuration file (AMPSConfig)")
-    p.add_argument("--port", type=int, help="override the first transport's port (0: any free port)")
+    p.add_argument("--port", type=_port, help="override the first transport's port (0: any free port)")
     p.add_argument("--journal", help="override the journal directory")
-    p.add_argument("--admin-port", type=int, metavar="N",
+    p.add_argument("--admin-port", type=_port, metavar="N",
                    help="override the admin interface's port (0: any free port); adds one on 127.0.0.1 if none")
     p.add_argument("--no-admin", action="store_true", help="do not start the admin interface")
     p.set_defaults(func=cmd_serve)

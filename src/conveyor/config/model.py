@@ -48,9 +48,11 @@ class Fairness(enum.Enum):
 
 class Leasing(enum.Enum):
     # strict: a message leased to one subscription cannot be acknowledged by another
-    # client (the ack is refused for that message). sloppy: any client may ack it.
+    # client (the ack is refused for that message). sublet (the reference's name; conveyor
+    # first called it sloppy, still accepted): any client may ack it.
     STRICT = "strict"
-    SLOPPY = "sloppy"
+    SUBLET = "sublet"
+    SLOPPY = "sublet"  # an alias of SUBLET (the name conveyor used first)
 
 
 #: Defaults where the reference marks them unconfirmed (docs/queues.md says why).

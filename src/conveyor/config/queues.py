@@ -13,8 +13,10 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
   ``proportional`` for at-least-once and ``round-robin`` for at-most-once, which
   supports nothing else. ``LeasePeriod`` defaults to ``LEASE_PERIOD_DEFAULT_S``;
   ``Leasing`` to ``strict``; ``FileBackedMetadata`` to disabled; the limits to none.
-- ``MaxBacklog``, ``MaxPerSubscriptionBacklog``, ``MaxCancels``, ``MaxDeliveries`` and
-  ``TargetQueueDepth`` are positive integers. ``TargetQueueDepth`` cannot be combined
+- ``MaxBacklog``, ``MaxPerSubscriptionBacklog`` and ``TargetQueueDepth`` are positive
+  integers; ``MaxCancels`` and ``MaxDeliveries`` too, or 0 for "no maximum" (the
+  reference's meaning). ``Leasing`` is ``strict`` or ``sublet`` (``sloppy``, conveyor's
+  first name for it, is accepted). ``TargetQueueDepth`` cannot be combined
   with ``Priority`` or ``BarrierExpression``.
 - ``UnderlyingTopic`` is a name or a regex (which must compile); a
   ``DefaultPublishTarget`` is a literal name that must match it (reference: inferred).
@@ -85,10 +87,14 @@ _QUEUE = {
 _POSITIVE_INTS = {
     "MaxBacklog": "max_backlog",
     "MaxPerSubscriptionBacklog": "max_per_subscription_backlog",
-    "MaxCancels": "max_cancels",
-    "MaxDeliveries": "max_deliveries",
     "TargetQueueDepth": "target_queue_depth",
 }
+#: 0 means "no maximum", as in the reference's queue table.
+_LIMITS_ZERO_UNLIMITED = {
+    "MaxCancels": "max_cancels",
+    "MaxDeliveries": "max_deliveries",
+}
+_LEASING = {"strict": Leasing.STRICT, "sublet": Leasing.SUBLET, "sloppy": Leasing.SUBLET}
 _TEXTS = {
     "Priority": "priority",
     "BarrierExpression": "barrier_expression",
@@ -201,11 +207,14 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
     for tag, attr in _POSITIVE_INTS.items():
         if (n := kids.one(tag)) is not None:
             values[attr] = doc.positive_int(n)
+    for tag, attr in _LIMITS_ZERO_UNLIMITED.items():
+        if (n := kids.one(tag)) is not None and doc.text(n) != "0":
+            values[attr] = doc.positive_int(n)
     for tag, attr in _TEXTS.items():
         if (n := kids.one(tag)) is not None:
             values[attr] = doc.text(n)
     if (n := kids.one("Leasing")) is not None:
-        values["leasing"] = doc.enum(n, Leasing)
+        values["leasing"] = doc.choice(n, _LEASING)
     if (n := kids.one("FileBackedMetadata")) is not None:
         values["file_backed_metadata"] = doc.choice(n, _FILE_BACKED)
 

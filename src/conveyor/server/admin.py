@@ -188,7 +188,7 @@ class AdminInterface:
             if path in _STATIC:
                 return _static(*_STATIC[path])
             if path == "/metrics":
-                return Response(200, admin_metrics.render(self._registry), admin_metrics.CONTENT_TYPE_LATEST)
+                return Response(200, admin_metrics.render(self.server, self._registry), admin_metrics.CONTENT_TYPE_LATEST)
             if path == "/healthz":
                 failed = self.server.failure is not None
                 return _json_response(

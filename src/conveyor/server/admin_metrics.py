@@ -8,8 +8,9 @@ counters (the client library adds it), one label per dimension (``queue``,
 ``destination``, ``source``). Clients are summed, not labelled: 10,000 clients would
 be 10,000 series per metric.
 
-Cost: one ``Queue.statistics`` per queue and scrape (bench/bench_admin.py measures it
-with 1,000 queues; docs/benchmarks.md has the figures).
+Cost: one ``Queue.statistics`` per queue and scrape, and the per-queue families are
+rendered by :func:`render_queues` (why: its docstring); bench/bench_admin.py measures a
+scrape with 1,000 queues (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -111,35 +112,6 @@ class ServerCollector:
         yield _gauge("conveyor_topic_subscriptions", "Pub/sub and replay subscriptions", topic_subs)
         yield _gauge("conveyor_replays", "Bookmark replays still reading the journal", replays)
 
-        # queues
-        families = {}
-        for field, name, help_text, kind in _QUEUE_METRICS:
-            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            families[field] = cls(name, help_text, labels=["queue"])
-        oldest = GaugeMetricFamily("conveyor_queue_oldest_lease_age_seconds",
-                                   "Seconds since the oldest current lease began", labels=["queue"])
-        behind = GaugeMetricFamily("conveyor_queue_seconds_behind",
-                                   "Age of the oldest unacknowledged message", labels=["queue"])
-        max_backlog = GaugeMetricFamily("conveyor_queue_max_backlog", "The configured MaxBacklog", labels=["queue"])
-        target = GaugeMetricFamily("conveyor_queue_target_depth", "The configured TargetQueueDepth", labels=["queue"])
-        items = list(families.items())
-        for name, queue in engine.queues.items():
-            st = queue.statistics(now)
-            label = [name]
-            for field, family in items:
-                family.add_metric(label, getattr(st, field))
-            oldest.add_metric(label, st.age_of_oldest_lease or 0.0)
-            behind.add_metric(label, st.seconds_behind or 0.0)
-            if st.max_backlog is not None:
-                max_backlog.add_metric(label, st.max_backlog)
-            if st.target_queue_depth is not None:
-                target.add_metric(label, st.target_queue_depth)
-        yield from families.values()
-        yield oldest
-        yield behind
-        yield max_backlog
-        yield target
-
         # replication
         outgoing, incoming = engine.replication.statistics(now)
         up = GaugeMetricFamily("conveyor_replication_link_up", "1 when the link to a destination is streaming",
@@ -162,6 +134,48 @@ class ServerCollector:
         yield from (up, lag_b, lag_s, sent, received)
 
 
+_QUEUE_EXTRA = (
+    ("conveyor_queue_oldest_lease_age_seconds", "Seconds since the oldest current lease began", "gauge"),
+    ("conveyor_queue_seconds_behind", "Age of the oldest unacknowledged message", "gauge"),
+    ("conveyor_queue_max_backlog", "The configured MaxBacklog", "gauge"),
+    ("conveyor_queue_target_depth", "The configured TargetQueueDepth", "gauge"),
+)
+
+
+def render_queues(server: Server) -> bytes:
+    """The per-queue families (``queue`` label), in the text exposition format.
+
+    Written here rather than through metric-family objects: these are most of a
+    scrape (21 samples per queue), and the library's generic renderer escapes every
+    label and formats every value through general code, which costs about a second per
+    scrape with 1,000 queues on a small machine (docs/benchmarks.md). Here each
+    queue's label is escaped once per scrape and integers are printed as integers. The
+    output is the same format (tests/integration/test_admin.py parses it with the
+    library's parser)."""
+    now = server.clock()
+    stats = [(_label(name), queue.statistics(now)) for name, queue in server.engine.queues.items()]
+    out: list[str] = []
+    for field, name, help_text, kind in _QUEUE_METRICS:
+        sample = f"{name}_total" if kind == "counter" else name
+        out.append(f"# HELP {sample} {help_text}\n# TYPE {sample} {kind}\n")
+        out.extend(f"{sample}{label} {getattr(st, field)}\n" for label, st in stats)
+    extra = (
+        [(label, st.age_of_oldest_lease or 0.0) for label, st in stats],
+        [(label, st.seconds_behind or 0.0) for label, st in stats],
+        [(label, st.max_backlog) for label, st in stats if st.max_backlog is not None],
+        [(label, st.target_queue_depth) for label, st in stats if st.target_queue_depth is not None],
+    )
+    for (name, help_text, kind), values in zip(_QUEUE_EXTRA, extra):
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+        out.extend(f"{name}{label} {value!r}\n" for label, value in values)
+    return "".join(out).encode()
+
+
+def _label(queue: str) -> str:
+    escaped = queue.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return f'{{queue="{escaped}"}}'
+
+
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_text, value=value)
 
@@ -176,6 +190,7 @@ def registry(server: Server) -> CollectorRegistry:
     return reg
 
 
-def render(reg: CollectorRegistry) -> bytes:
-    """The text exposition format of every family."""
-    return generate_latest(reg)
+def render(server: Server, reg: CollectorRegistry) -> bytes:
+    """The text exposition format of every family: the instance's through the library,
+    the queues' by :func:`render_queues`."""
+    return generate_latest(reg) + render_queues(server)
