@@ -186,6 +186,9 @@ def response_times(repeats: int) -> list[tuple[str, float, float, int]]:
     from conveyor.config import load_text
     from conveyor.server.server import Server
 
+    import logging
+
+    logging.getLogger("conveyor").setLevel(logging.ERROR)  # 10,000 closes at the end are not news
     tmp = tempfile.mkdtemp(prefix="bench-admin-api-")
     config = load_text(config_xml(Path(tmp), admin=True))
     ready = threading.Event()
@@ -228,7 +231,6 @@ def response_times(repeats: int) -> list[tuple[str, float, float, int]]:
             assert resp.status == 200, (route, resp.status, body[:200])
             size = len(body)
         out.append((route, statistics.median(times), max(times), size))
-    server_loop = server.engine  # noqa: F841 (kept alive until the loop stops)
     box["stop"].set()
     thread.join(timeout=120)
     return out

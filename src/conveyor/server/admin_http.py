@@ -120,6 +120,11 @@ class HttpServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
+    async def start_serving(self) -> None:
+        """Accept connections from now on (before :meth:`serve` runs as a task)."""
+        assert self._server is not None, "bind() first"
+        await self._server.start_serving()
+
     async def serve(self) -> None:
         """Serve until cancelled, then close every connection."""
         assert self._server is not None, "bind() first"

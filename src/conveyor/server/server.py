@@ -242,6 +242,7 @@ class Server:
         self._writer_task = self.spawn(self._writer(), name="journal writer")
         self.spawn(self._timer(), name="timer")
         if self.admin is not None:
+            await self.admin.http.start_serving()  # its address is printed once start() returns
             self.spawn(self.admin.run(), name="admin interface")
         self._start_links()
         tlog = self.config.transaction_log
