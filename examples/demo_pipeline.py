@@ -40,7 +40,7 @@ REGIONS = {0: "north", 1: "south", 2: "east", 3: "west"}
 
 def start_server(workdir: Path) -> subprocess.Popen:
     server = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "serve"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "conveyor", "serve", "--admin-port", "0"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     for line in server.stdout:  # type: ignore[union-attr]
