@@ -13,10 +13,10 @@ requests, and nothing here runs on the publish or delivery paths. Rules:
    own otherwise. Durations are seconds, sizes bytes, times epoch seconds.
 2. Only the subtree asked for is built: one queue's statistics cost one queue, not
    every queue (1,000 queues and 10,000 clients are the sizes measured in bench/).
-3. Per-queue replicated-queue metrics (``owned``, ``transferred_in``,
-   ``transferred_out``, ``proxied_transfer``) come from :func:`replicated_queue_metrics`:
-   the one place the replicated-queues work fills in. Until then a queue owns every
-   message it holds and transfers none.
+3. Per-queue replicated-queue metrics (``owned``, ``elsewhere``, ``transferred_in``,
+   ``transferred_out``, ``proxied_transfer``) are the queue's own statistics; a
+   replicated queue adds its transfer figures (requests, grants, claims, conflicts) from
+   the engine's ownership part (:func:`replicated_queue_metrics`).
 """
 
 from __future__ import annotations
@@ -120,9 +120,15 @@ def engine_summary(server: Server, now: float) -> dict:
 # --- queues --------------------------------------------------------------------------------------
 
 
-def replicated_queue_metrics(server: Server, name: str, queue_depth: int) -> dict:
-    """Rule 3: ``owned``, ``transferred_in``, ``transferred_out``, ``proxied_transfer``."""
-    return {"owned": queue_depth, "transferred_in": 0, "transferred_out": 0, "proxied_transfer": False}
+def replicated_queue_metrics(server: Server, name: str) -> dict:
+    """Rule 3: what a replicated queue adds (empty for any other queue)."""
+    own = server.engine.replicated_queues.by_queue.get(name)
+    if own is None:
+        return {}
+    stats = own.statistics()
+    return {"proxied_transfer": stats.proxied_transfer, "transfer_requests_sent": stats.requests_sent,
+            "transfer_grants": stats.grants, "proxied_claims": stats.proxied_claims,
+            "ownership_conflicts": stats.conflicts, "transfer_wait": stats.typical_ack_s}
 
 
 def queue(server: Server, name: str, now: float) -> dict:
@@ -140,7 +146,7 @@ def queue(server: Server, name: str, now: float) -> dict:
         expiration=cfg.expiration_s,
         in_flight=out["backlog"] + out["awaiting_ack"],
         paged_chunks=q.paged_chunks,
-        **replicated_queue_metrics(server, name, out["queue_depth"]),
+        **replicated_queue_metrics(server, name),
     )
     return out
 
