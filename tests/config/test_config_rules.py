@@ -49,8 +49,8 @@ def test_element_names_are_case_sensitive():
 
 
 def test_unsupported_amps_element_is_named():
-    refused(config_xml("<Logging><Target/></Logging>"), "AMPSConfig/Logging",
-            "<Logging> is not supported in <AMPSConfig>", hint="AMPS setting that conveyor does not implement")
+    refused(config_xml("<MessageTypes/>"), "AMPSConfig/MessageTypes",
+            "<MessageTypes> is not supported in <AMPSConfig>", hint="AMPS setting that conveyor does not implement")
 
 
 def test_sow_topic_must_be_recorded():

@@ -62,6 +62,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         admin = None if args.no_admin else replace(config.admin or Admin(), port=args.admin_port)
         config = replace(config, admin=admin)
+    from conveyor.server.log_targets import install
+
+    install(config.logging, verbose=args.verbose)  # <Logging>: replaces the stderr default
     return _run_server(config)
 
 

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from conveyor.config.actions import read_actions
+from conveyor.config.logging_targets import read_logging
 from conveyor.config.model import Config
 from conveyor.config.queues import read_sow
 from conveyor.config.replication import read_replication
@@ -43,9 +44,9 @@ _ROOT = {
     "Actions": OPTIONAL,
     "Replication": OPTIONAL,
     "Limits": OPTIONAL,
+    "Logging": OPTIONAL,
 }
 _UNSUPPORTED_AMPS = (
-    "Logging",
     "MessageTypes",
     "Modules",
     "Authentication",
@@ -110,6 +111,8 @@ def _read_root(doc: Document) -> Config:
     admin = None
     if (n := kids.one("Admin")) is not None:
         admin = values["admin"] = read_admin(doc, n)
+    if (n := kids.one("Logging")) is not None:
+        values["logging"] = read_logging(doc, n)
     txlog = None
     if (n := kids.one("TransactionLog")) is not None:
         txlog = values["transaction_log"] = read_transaction_log(doc, n)

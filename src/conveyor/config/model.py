@@ -86,6 +86,22 @@ class Admin:
     file_name: str | None = None
 
 
+#: Default size at which a log file is rotated: small enough to open in an editor.
+LOG_ROTATION_BYTES_DEFAULT = 100 * 1024 * 1024
+#: Rotated files kept per target by default: about 1 GB of history at the default size.
+LOG_ROTATION_COUNT_DEFAULT = 10
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    protocol: str  # one of PROTOCOLS
+    level: int = 20  # a Python logging level (logging.INFO)
+    file_name: Path | None = None  # file and gzip targets
+    rotation_bytes: int = LOG_ROTATION_BYTES_DEFAULT  # <RotationThreshold>
+    rotation_count: int = LOG_ROTATION_COUNT_DEFAULT  # <RotationCount>
+    path: str = ""  # the <Target> element's path, for errors at startup
+
+
 @dataclass(frozen=True)
 class RecordedTopic:
     """A ``TransactionLog/Topic``: messages on matching topics are journaled."""
@@ -338,6 +354,7 @@ class Config:
     group: str | None = None
     transports: tuple[Transport, ...] = ()
     admin: Admin | None = None
+    logging: tuple[LogTarget, ...] = ()  # <Logging>: empty means stderr at info
     transaction_log: TransactionLog | None = None
     queues: tuple[QueueConfig, ...] = ()
     sow_topics: tuple[SowTopicConfig, ...] = ()
