@@ -28,7 +28,7 @@ from conveyor.config import (
 )
 from conveyor.errors import ConfigError
 
-from tests.config.config_helpers import config_xml, load_queue, loads
+from tests.config.config_helpers import config_xml, load_queue, loads, queue_xml, refused
 
 FULL = """<?xml version="1.0" encoding="UTF-8"?>
 <AMPSConfig>
@@ -246,7 +246,8 @@ def test_queue_defaults():
     assert queue.semantics is Semantics.AT_LEAST_ONCE
     assert queue.fairness is Fairness.PROPORTIONAL
     assert queue.lease_period_s == LEASE_PERIOD_DEFAULT_S
-    assert queue.leasing is Leasing.STRICT
+    assert queue.leasing is Leasing.SUBLET  # the reference's queue table (G.8)
+    assert queue.deferred_ack_expiration_s == 86400.0  # one day, ditto
     assert queue.file_backed_metadata is False
     for attr in ("expiration_s", "max_backlog", "max_per_subscription_backlog", "max_cancels",
                  "max_deliveries", "priority", "barrier_expression", "target_queue_depth",
@@ -367,3 +368,24 @@ def test_zero_means_no_maximum_and_sublet_is_the_reference_name():
     (q,) = config.queues
     assert q.max_cancels is None and q.max_deliveries is None and q.leasing is Leasing.SUBLET
     assert Leasing.SLOPPY is Leasing.SUBLET
+
+
+@pytest.mark.parametrize("point", ["epoch", "now", "NOW", "0", "1|2|30", "20261123T120000Z", "20261123T120000.5"])
+def test_recovery_point_values_of_the_reference_are_accepted(point):
+    assert load_queue(f"<RecoveryPoint>{point}</RecoveryPoint>").recovery_point == point
+
+
+def test_recovery_point_creation_is_refused_with_a_way_out():
+    refused(config_xml(queue_xml("<RecoveryPoint>creation</RecoveryPoint>")), "AMPSConfig/SOW/Queue[1]/RecoveryPoint",
+            "'creation' is not supported", hint="write now")
+
+
+def test_a_recovery_point_that_is_no_bookmark_or_timestamp_is_refused_at_load():
+    refused(config_xml(queue_xml("<RecoveryPoint>LastThursday</RecoveryPoint>")),
+            "AMPSConfig/SOW/Queue[1]/RecoveryPoint", "RecoveryPoint 'LastThursday'", hint="epoch, now, a bookmark")
+
+
+def test_deferred_ack_expiration_is_a_duration():
+    assert load_queue("<DeferredAckExpiration>2h</DeferredAckExpiration>").deferred_ack_expiration_s == 7200.0
+    refused(config_xml(queue_xml("<DeferredAckExpiration>0</DeferredAckExpiration>")),
+            "AMPSConfig/SOW/Queue[1]/DeferredAckExpiration", "longer than zero")

@@ -81,7 +81,7 @@ def _jobs_queues():
             max_deliveries=10,
             semantics=Semantics.AT_LEAST_ONCE,  # no <Semantics>: our default
             fairness=Fairness.PROPORTIONAL,
-            leasing=Leasing.STRICT,
+            leasing=Leasing.SUBLET,  # no <Leasing>: the reference's default
             path="AMPSConfig/SOW/Queue[1]",
         ),
         QueueConfig(name="FailedJobs", message_type="json", path="AMPSConfig/SOW/Queue[2]"),

@@ -288,6 +288,40 @@ def test_a_removal_that_arrives_before_its_message_keeps_it_out():
     assert stats(c, "B").elsewhere == stats(c, "B").owned == 0  # ...but not in the queue
 
 
+def test_a_removal_is_kept_for_deferred_ack_expiration_then_the_message_may_enter():
+    """Rule 3 with the queue's DeferredAckExpiration (reference G.8: how long acks for
+    unknown messages are kept): within it the message is kept out, after it the message
+    enters as any other, also when the tombstone came back from a checkpoint."""
+    from conveyor.engine.bookmarks import publisher_id
+    from conveyor.protocol import replication as p
+
+    c = cluster(sow=queue_xml("WorkQ", underlying="Work", DeferredAckExpiration="10s"))
+    link = c.links[("A", "B")]
+    b = c.nodes["B"]
+    first, second = (publisher_id("app"), 1), (publisher_id("app"), 2)
+    removal = records.QueueRemovedRec("WorkQ", [first[0], second[0]], [first[1], second[1]], "ack")
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=10, positions=[5], records=[records.encode(removal)])], c.now)
+    b.commit()
+    own = b.engine.replicated_queues.by_queue["WorkQ"]
+    assert own.tombstone_count == 2
+    b.checkpoint()
+    c.crash("B")
+    c.restart("B")
+    c.connect("A", "B")
+    link = c.links[("A", "B")]
+    c.advance(9.0)
+    early = records.PublishRec("Work", first[0], first[1], c.now, b'{"n":1}')
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=20, positions=[15], records=[records.encode(early)])], c.now)
+    b.commit()
+    assert stats(c, "B").elsewhere == 0  # within 10 s: kept out
+    c.advance(2.0)
+    late = records.PublishRec("Work", second[0], second[1], c.now, b'{"n":2}')
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=30, positions=[25], records=[records.encode(late)])], c.now)
+    b.commit()
+    assert stats(c, "B").elsewhere == 1  # 11 s later: the tombstone is gone, the message is A's
+    assert b.engine.replicated_queues.by_queue["WorkQ"].tombstone_count == 0
+
+
 def test_two_copies_of_one_message_settle_on_one_owner():
     """Rule 7: a publisher failed over and published on B what A had recorded but not yet
     replicated: both recorded it as their own; once each sees the other's copy, the

@@ -57,6 +57,8 @@ class Leasing(enum.Enum):
 
 #: Defaults where the reference marks them unconfirmed (docs/queues.md says why).
 LEASE_PERIOD_DEFAULT_S = 60.0
+#: DeferredAckExpiration default of the reference's queue table: one day.
+DEFERRED_ACK_EXPIRATION_S_DEFAULT = 86400.0
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # one frame, incl. a batch of publishes
 OUTPUT_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # unsent output before a slow consumer is cut
 JOURNAL_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024  # JournalSize default of the reference
@@ -183,8 +185,11 @@ class QueueConfig:
     priority: str | None = None  # expression text
     barrier_expression: str | None = None  # filter text
     target_queue_depth: int | None = None
-    leasing: Leasing = Leasing.STRICT
+    leasing: Leasing = Leasing.SUBLET  # the reference's default (G.8 of its queue table)
     recovery_point: str | None = None
+    # <DeferredAckExpiration>: how long an acknowledgement of a message not (yet) here is
+    # kept, so the message is dropped when it arrives (replicated queues, ownership.py).
+    deferred_ack_expiration_s: float = DEFERRED_ACK_EXPIRATION_S_DEFAULT
     file_backed_metadata: bool = False
     filter: str | None = None  # queue-level filter: which messages enter the queue
     initial_owner: str | None = None  # GroupLocalQueue

@@ -12,7 +12,8 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
 - ``Semantics`` defaults to ``at-least-once``. ``FairnessModel`` defaults to
   ``proportional`` for at-least-once and ``round-robin`` for at-most-once, which
   supports nothing else. ``LeasePeriod`` defaults to ``LEASE_PERIOD_DEFAULT_S``;
-  ``Leasing`` to ``strict``; ``FileBackedMetadata`` to disabled; the limits to none.
+  ``Leasing`` to ``sublet`` and ``DeferredAckExpiration`` to one day (the reference's
+  queue table); ``FileBackedMetadata`` to disabled; the limits to none.
 - ``MaxBacklog``, ``MaxPerSubscriptionBacklog`` and ``TargetQueueDepth`` are positive
   integers; ``MaxCancels`` and ``MaxDeliveries`` too, or 0 for "no maximum" (the
   reference's meaning). ``Leasing`` is ``strict`` or ``sublet`` (``sloppy``, conveyor's
@@ -22,6 +23,10 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
   ``DefaultPublishTarget`` is a literal name that must match it (reference: inferred).
 - ``InitialOwner`` is required on ``GroupLocalQueue``; it and
   ``GroupLocalQueueDomain`` are refused on the other tags.
+- ``RecoveryPoint`` is ``epoch`` (the default: the whole log), ``now``, a bookmark or
+  a timestamp, checked here as a bookmark subscription would take it. ``creation`` is
+  refused: conveyor keeps a queue's start across restarts until its RecoveryPoint
+  changes, which is what ``now`` gives, and has no separate creation point.
 - ``Priority``, ``BarrierExpression`` and ``Filter`` stay text: the engine compiles them
   and reports errors with ``QueueConfig.path``.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conveyor import errors
 from conveyor.config.model import (
     LEASE_PERIOD_DEFAULT_S,
     Fairness,
@@ -79,6 +85,7 @@ _QUEUE = {
     "TargetQueueDepth": OPTIONAL,
     "Leasing": OPTIONAL,
     "RecoveryPoint": OPTIONAL,
+    "DeferredAckExpiration": OPTIONAL,
     "FileBackedMetadata": OPTIONAL,
     "Filter": OPTIONAL,
     "InitialOwner": OPTIONAL,
@@ -98,7 +105,6 @@ _LEASING = {"strict": Leasing.STRICT, "sublet": Leasing.SUBLET, "sloppy": Leasin
 _TEXTS = {
     "Priority": "priority",
     "BarrierExpression": "barrier_expression",
-    "RecoveryPoint": "recovery_point",
     "Filter": "filter",
     "InitialOwner": "initial_owner",
     "GroupLocalQueueDomain": "group_local_queue_domain",
@@ -215,12 +221,38 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
             values[attr] = doc.text(n)
     if (n := kids.one("Leasing")) is not None:
         values["leasing"] = doc.choice(n, _LEASING)
+    if (n := kids.one("RecoveryPoint")) is not None:
+        values["recovery_point"] = _recovery_point(doc, n)
+    if (n := kids.one("DeferredAckExpiration")) is not None:
+        values["deferred_ack_expiration_s"] = doc.duration(n)
     if (n := kids.one("FileBackedMetadata")) is not None:
         values["file_backed_metadata"] = doc.choice(n, _FILE_BACKED)
 
     _check_target_queue_depth(doc, node, kids.one("TargetQueueDepth"), kids)
     _check_group_local(doc, node, kind, kids)
     return QueueConfig(**values)  # type: ignore[arg-type]
+
+
+def _recovery_point(doc: Document, node: Node) -> str:
+    """``epoch`` (the default), ``now``, a bookmark or a timestamp, as a subscription's
+    bookmark takes them; ``creation`` is refused (see the module header)."""
+    from conveyor.engine.bookmarks import parse_replay_start  # pure: no engine state
+
+    text = doc.text(node)
+    if text.lower() == "creation":
+        raise doc.error(
+            node.path,
+            "RecoveryPoint 'creation' is not supported",
+            "write now: a new queue then starts at the end of the log, and keeps that start across restarts "
+            "until its RecoveryPoint changes; or epoch for the whole log",
+        )
+    try:
+        parse_replay_start(text)
+    except errors.BadBookmark as e:
+        raise doc.error(node.path, f"RecoveryPoint {text!r}: {e}",
+                        "write epoch, now, a bookmark (publisher|seq|position) or a timestamp "
+                        "YYYYMMDDTHHMMSS[Z]") from None
+    return text
 
 
 def _queue_name(doc: Document, queue: Node, name: Node | None, topic: Node | None) -> str:

@@ -16,7 +16,11 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    letter per expiry in the whole topology) and an at-most-once delivery are replicated
    as :class:`~conveyor.records.QueueRemovedRec`, naming messages by ``(publisher,
    seq)``. A removal that arrives before its message leaves a tombstone, so the message
-   never enters the queue.
+   never enters the queue. A tombstone is kept for the queue's ``DeferredAckExpiration``
+   (one day by default) from when this instance learned of the removal (for removals
+   replayed from the journal at a restart: from the restart), and at most
+   :data:`TOMBSTONES_MAX` of them, the oldest dropped first; a message that arrives
+   after its tombstone is gone enters the queue as any other.
 4. **Transfer requests.** An instance that has a subscriber with room asks the owner for
    a message owned elsewhere once it has waited here longer than acknowledgements
    usually take to arrive after their message (measured per queue: the 90th percentile
@@ -57,7 +61,7 @@ from typing import Any, Callable
 import msgspec
 
 from conveyor import records
-from conveyor.config.model import QueueKind
+from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine.queue import Event, Queue
 from conveyor.engine.queue_events import Acknowledged, BarrierDelivered, DeliveredAtMostOnce, Expired
 
@@ -89,8 +93,10 @@ class OwnershipStats(msgspec.Struct, frozen=True):
 class QueueOwnership:
     """Rules 1-8 for one replicated queue on this instance."""
 
-    def __init__(self, instance: str, queue: Queue, *, kind: QueueKind, initial_owner: str | None) -> None:
+    def __init__(self, instance: str, queue: Queue, *, kind: QueueKind, initial_owner: str | None,
+                 deferred_ack_expiration_s: float = DEFERRED_ACK_EXPIRATION_S_DEFAULT) -> None:
         self.instance = instance
+        self._tombstone_s = deferred_ack_expiration_s
         self.queue = queue
         self.name = queue.name
         self._group_local = kind is QueueKind.GROUP_LOCAL
@@ -99,7 +105,7 @@ class QueueOwnership:
         self._positions: dict[Ident, int] = {}  # messages in the queue here, by identity
         self._idents: dict[int, Ident] = {}
         self._epochs: dict[Ident, tuple[int, str, str]] = {}  # (epoch, owner, granter) after a transfer
-        self._tombstones: OrderedDict[Ident, str] = OrderedDict()
+        self._tombstones: OrderedDict[Ident, tuple[str, float]] = OrderedDict()  # (kind, when), oldest first
         self._requested: dict[Ident, tuple[float, int]] = {}  # (when, attempt) of our last request
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
@@ -116,9 +122,11 @@ class QueueOwnership:
         owner = (self._initial_owner or self.instance) if self._group_local else (origin or self.instance)
         return None if owner == self.instance else owner
 
-    def entering(self, ident: Ident, position: int, origin: str, barrier: bool) -> tuple[bool, str | None]:
+    def entering(self, ident: Ident, position: int, origin: str, barrier: bool,
+                 now: float) -> tuple[bool, str | None]:
         """Whether a message enters (False: removed elsewhere already, rule 3) and its
-        owner (None: this instance)."""
+        owner (None: this instance). ``now``: when it arrived here."""
+        self._trim_tombstones(now)
         if self._tombstones.pop(ident, None) is not None:
             return False, None
         owner = self.owner_for(origin, barrier)
@@ -128,6 +136,20 @@ class QueueOwnership:
         self._positions[ident] = position
         self._idents[position] = ident
         return True, owner
+
+    def _trim_tombstones(self, now: float) -> None:
+        """Drop the tombstones older than DeferredAckExpiration (rule 3): oldest first."""
+        tombstones = self._tombstones
+        oldest = now - self._tombstone_s
+        while tombstones:
+            ident, (_, when) = next(iter(tombstones.items()))
+            if when > oldest:
+                return
+            del tombstones[ident]
+
+    @property
+    def tombstone_count(self) -> int:
+        return len(self._tombstones)
 
     def position(self, ident: Ident) -> int | None:
         return self._positions.get(ident)
@@ -159,7 +181,9 @@ class QueueOwnership:
         nothing to do)."""
         position = self._positions.get(ident)
         if position is None:
-            self._tombstones[ident] = kind
+            self._trim_tombstones(now)
+            self._tombstones[ident] = (kind, now)
+            self._tombstones.move_to_end(ident)  # a repeated removal starts its time again
             if len(self._tombstones) > TOMBSTONES_MAX:
                 self._tombstones.popitem(last=False)
             return None
@@ -333,13 +357,14 @@ class QueueOwnership:
 
     def export_state(self) -> dict:
         return {
-            "tombstones": [[p, s, k] for (p, s), k in self._tombstones.items()],
+            "tombstones": [[p, s, k, t] for (p, s), (k, t) in self._tombstones.items()],
             "epochs": [[p, s, e, o, g] for (p, s), (e, o, g) in self._epochs.items()],
         }
 
-    def restore(self, state: dict) -> None:
-        for p, s, k in state.get("tombstones", ()):
-            self._tombstones[(p, s)] = k
+    def restore(self, state: dict, now: float) -> None:
+        for p, s, k, *when in state.get("tombstones", ()):
+            # A checkpoint of an older version has no time: it counts from the restart.
+            self._tombstones[(p, s)] = (k, when[0] if when else now)
         for p, s, e, o, g in state.get("epochs", ()):
             self._epochs[(p, s)] = (e, o, g)
 
@@ -366,7 +391,8 @@ class ReplicatedQueues:
         self._seen_requests: OrderedDict[tuple, None] = OrderedDict()
 
     def add(self, binding: Any, config: Any) -> QueueOwnership:
-        own = QueueOwnership(self.instance, binding.queue, kind=config.kind, initial_owner=config.initial_owner)
+        own = QueueOwnership(self.instance, binding.queue, kind=config.kind, initial_owner=config.initial_owner,
+                             deferred_ack_expiration_s=config.deferred_ack_expiration_s)
         self.by_queue[binding.name] = own
         return own
 
@@ -485,11 +511,11 @@ class ReplicatedQueues:
     def export_state(self) -> dict:
         return {name: own.export_state() for name, own in self.by_queue.items()}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, now: float) -> None:
         for name, s in state.items():
             own = self.by_queue.get(name)
             if own is not None:
-                own.restore(s)
+                own.restore(s, now)
 
     def statistics(self) -> tuple[OwnershipStats, ...]:
         return tuple(own.statistics() for own in self.by_queue.values())

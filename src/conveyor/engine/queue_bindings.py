@@ -106,10 +106,11 @@ class QueueBinding:
         if self.ownership is None:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration)
             return True
-        enters, owner = self.ownership.entering((entry.publisher, entry.seq), position, origin, barrier)
+        arrived = entry.timestamp if now is None else now
+        enters, owner = self.ownership.entering((entry.publisher, entry.seq), position, origin, barrier, arrived)
         if enters:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration, owner=owner,
-                               arrived=entry.timestamp if now is None else now)
+                               arrived=arrived)
         return enters
 
     def priority_of(self, entry: Entry) -> int | None:

@@ -148,7 +148,7 @@ class Recovery:
                 self._replication.recovered(records.ReceivedRec(source, journal_id, through))
             self._replication.restore_acknowledged(checkpoint.links)
             if self._replication.queues is not None:
-                self._replication.queues.restore(checkpoint.ownership)
+                self._replication.queues.restore(checkpoint.ownership, now)
         for b in self._bindings:
             saved = checkpoint.queues.get(b.name) if checkpoint is not None else None
             if saved is not None and saved[1] == (b.config.recovery_point or ""):
