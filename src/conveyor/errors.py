@@ -163,6 +163,13 @@ class BadMessage(ClientError):
     code = "bad_message"
 
 
+class BadExpiration(ClientError):
+    """A publish's expiration (``e``) that cannot be honoured: not a finite number of
+    seconds >= 0, or on a topic where nothing keeps the message (docs/queues.md)."""
+
+    code = "bad_expiration"
+
+
 class ReadOnlyTopic(ClientError):
     """A publish or ``sow_delete`` on a view: its records are computed, not published."""
 

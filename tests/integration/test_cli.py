@@ -47,6 +47,30 @@ def test_publish_subscribe_sow_ack_round_trip(server_factory):
     assert [json.loads(x)["n"] for x in proc.stdout.splitlines()] == [1, 2, 3]
 
 
+def test_publish_of_lines_that_are_not_json_to_a_json_topic_says_which_were_refused(server_factory):
+    server = server_factory(recorded="work")
+    proc = run("publish", "work", "--server", server.uri, input='{"n": 1}\nhello\n{"n": 3}\n')
+    assert proc.returncode == 1, proc.stderr
+    assert "takes JSON messages" in proc.stderr and "2 message(s) published to work, 1 refused" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run("subscribe", "work", "--server", server.uri, "--bookmark", "0", "--count", "2", "--timeout", "5")
+    assert [json.loads(x)["n"] for x in proc.stdout.splitlines()] == [1, 3]
+
+
+def test_replaying_a_topic_that_is_not_recorded_is_an_error(server_factory):
+    server = server_factory(recorded="work")
+    proc = run("subscribe", "chatter", "--server", server.uri, "--bookmark", "0", "--timeout", "5")
+    assert proc.returncode == 2 and "the transaction log does not record it" in proc.stderr, proc.stderr
+
+
+def test_subscribing_to_a_name_that_is_no_queue_or_recorded_topic_warns(server_factory):
+    server = server_factory(recorded="work", queues=(
+        "<Queue><Name>WorkToDo</Name><MessageType>json</MessageType><UnderlyingTopic>work</UnderlyingTopic></Queue>"))
+    proc = run("subscribe", "WorkToDoo", "--server", server.uri, "--timeout", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert "not a queue and not a recorded topic" in proc.stderr and "'WorkToDo'" in proc.stderr
+
+
 def test_connection_refused_is_exit_1():
     proc = run("publish", "t", "x", "--server", "tcp://127.0.0.1:1")
     assert proc.returncode == 1 and "cannot connect" in proc.stderr

@@ -114,22 +114,58 @@ def _client(args: argparse.Namespace):
     return Client(args.name).connect(args.server)
 
 
+#: After a Ctrl-C during a publish, how long to wait for the confirmations of what was
+#: already sent, so the count reported is what is on disk (a second Ctrl-C cuts it short).
+INTERRUPTED_PERSIST_WAIT_S = 5.0
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
+    """Publish one message per non-blank line. Lines are read as they come (a pipe
+    streams), so a Ctrl-C stops at once and says how many messages are persisted."""
     from tqdm import tqdm
 
     if args.data is not None:
-        lines = [args.data]
+        lines, total = iter([args.data]), 1
     elif args.file:
-        lines = Path(args.file).read_text().splitlines()
+        with open(args.file, encoding="utf-8") as f:  # OSError: "conveyor: No such file..."
+            text = f.read().splitlines()
+        lines, total = iter(text), len(text)
     else:
-        lines = sys.stdin.read().splitlines()
-    lines = [line for line in lines if line.strip()]
+        lines, total = sys.stdin, None
+    sent = 0
     with _client(args) as client:
-        for line in tqdm(lines, disable=len(lines) < 1000 or not sys.stderr.isatty(), unit="msg"):
-            client.publish(args.topic, line.encode())
-        client.flush()
-    print(f"published {len(lines)} message(s) to {args.topic}", file=sys.stderr)
+        try:
+            progress = tqdm(lines, total=total, disable=not sys.stderr.isatty() or (total or 0) < 1000, unit="msg")
+            for line in progress:
+                line = line.rstrip("\r\n")
+                if line.strip():
+                    client.publish(args.topic, line.encode())
+                    sent += 1
+            client.flush()
+        except KeyboardInterrupt:
+            persisted = _persisted_after_interrupt(client, sent)
+            print(f"conveyor publish: interrupted: {persisted} message(s) persisted to {args.topic}"
+                  + (f", {sent - persisted} sent but not confirmed (they may or may not be on disk)"
+                     if persisted < sent else ""), file=sys.stderr)
+            return EXIT_INTERRUPTED
+        refused = client.statistics().publishes_refused
+    if refused:  # each was logged with the server's reason (not JSON on a json topic...)
+        print(f"conveyor publish: {sent - refused} message(s) published to {args.topic}, {refused} refused by the "
+              "server (reasons above)", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"published {sent} message(s) to {args.topic}", file=sys.stderr)
     return EXIT_OK
+
+
+def _persisted_after_interrupt(client, sent: int) -> int:
+    """How many of the ``sent`` publishes the server confirmed persisted: the client
+    keeps every unconfirmed publish in its store until then."""
+    try:
+        client.wait_persisted(timeout=INTERRUPTED_PERSIST_WAIT_S)
+    except (KeyboardInterrupt, errors.ConveyorError):
+        pass  # a second Ctrl-C, a timeout or a lost connection: count what is confirmed
+    stats = client.statistics()
+    return sent - stats.unpersisted - stats.publishes_refused
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:

@@ -123,6 +123,7 @@ class ClientStatistics:
     acks_batched: int  # waiting for their batch to be sent
     ack_batches_unconfirmed: int  # sent (or to resend), not yet persisted by the server
     acks_refused: int  # batches the server refused (Leasing=strict)
+    publishes_refused: int  # publishes the server refused (never persisted; logged)
     reconnects: int
     subscriptions: int
 
@@ -155,6 +156,7 @@ class ClientCore:
         self._subs_with_acks: set[SubState] = set()
         self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
         self.acks_refused = 0
+        self.publishes_refused = 0
         self.online = False  # logged on over a live connection
         self.epoch = 0  # connections lost so far
         self.servers: list[str] = []
@@ -389,6 +391,15 @@ class ClientCore:
 
     def _on_ack(self, ack: m.Ack, done: list[PendingCommand]) -> None:
         cid = ack.cid
+        if cid is None and ack.status == "failure" and ack.seq is not None:
+            # A publish the server refused (not JSON on a json topic, a bad expiration...):
+            # it will never be persisted; drop it from the store and say so.
+            self.store.discard(ack.seq)
+            self.publishes_refused += 1
+            log.warning("publish %d refused by the server: %s", ack.seq, ack.reason)
+            if self.on_persisted is not None:
+                self.on_persisted(self.persisted_seq)
+            return
         if cid is None:
             # Publishes carry no command id: their persisted acks are conflated (one ack
             # covers every sequence up to ``seq``), duplicates are reported one by one.
@@ -414,6 +425,8 @@ class ClientCore:
             pending.error = errors.error_for_code(ack.code or "server_error", ack.reason or "", **(ack.details or {}))
         elif ack.ack_type != pending.kind.completed_by:
             return
+        elif ack.reason and pending.kind is CommandKind.SUBSCRIBE:
+            log.warning("%s", ack.reason)  # the server's warning about a subscription (say, a typo)
         pending.result = ack
         pending.done = True
         del self.awaiting_ack[cid]
@@ -441,6 +454,7 @@ class ClientCore:
             acks_batched=self.acks_count,
             ack_batches_unconfirmed=len(self.acks_unconfirmed),
             acks_refused=self.acks_refused,
+            publishes_refused=self.publishes_refused,
             reconnects=self.reconnects,
             subscriptions=len(self.subscriptions),
         )

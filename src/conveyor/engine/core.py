@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any, Container, Iterable, Mapping
 
 import msgspec
@@ -128,7 +129,7 @@ class Engine:
         # SOW topics and views: the publish hot path checks this one set first
         self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
         self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal,
-                                           records=self.sow)
+                                           records=self.sow, recorded=self.publishes.recorded)
         self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
         self.journal_id = journal_id
@@ -222,7 +223,10 @@ class Engine:
                     raise cmd
                 self._command(session, cmd, now)
             except errors.ConveyorError as exc:
-                self._fail(conn_id, getattr(cmd, "cid", None), exc)
+                # A refused publish names its sequence, so the publisher can drop it from
+                # its store and say which message was refused (publishes carry no cid).
+                seq = cmd.seq if type(cmd) is m.Publish or type(cmd) is m.DeltaPublish else None
+                self._fail(conn_id, getattr(cmd, "cid", None), exc, seq)
         self.outbox.end_frame(conn_id)
         self._dispatch(now)
 
@@ -230,11 +234,12 @@ class Engine:
         """Report a command the codec could not decode."""
         self._fail(conn_id, cid, error)
 
-    def _fail(self, conn_id: int, cid: str | None, exc: errors.ConveyorError) -> None:
+    def _fail(self, conn_id: int, cid: str | None, exc: errors.ConveyorError, seq: int | None = None) -> None:
         details = {k: v for k, v in exc.details.items() if isinstance(v, (str, int, float, bool))} or None
         self.outbox.send(
             conn_id,
-            m.Ack(ack_type="processed", cid=cid, status="failure", reason=str(exc), code=exc.code, details=details),
+            m.Ack(ack_type="processed", cid=cid, status="failure", reason=str(exc), code=exc.code, details=details,
+                  seq=seq),
         )
 
     def _command(self, session: Session, cmd, now: float) -> None:
@@ -402,12 +407,15 @@ class Engine:
         acks = ack_types(ack_type) if ack_type else _NO_ACKS
         publishes = self.publishes
         outbox = self.outbox
+        expires_at = 0.0 if cmd.expiration is None else self._expires_at(topic, cmd.expiration, now)
         if not publishes.recorded(topic):
             entry = Entry(topic, cmd.data, now, session.server_publisher, 0, cmd.correlation_id)
             self.topics.fan_out(None, entry, now)
             for kind in acks & _PUBLISH_ACKS:
                 outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, seq=cmd.seq))
             return
+        if publishes.takes_json(topic):
+            _check_json(topic, cmd.data)
         seq = cmd.seq
         if seq is not None:
             publisher = session.publisher
@@ -417,13 +425,28 @@ class Engine:
         else:
             publisher = session.server_publisher
             seq = publishes.next_seq(publisher)
-        pos = publishes.append(topic, publisher, seq, now, cmd.data, cmd.correlation_id, cmd.fingerprint)
+        pos = publishes.append(topic, publisher, seq, now, cmd.data, cmd.correlation_id, cmd.fingerprint, expires_at)
         if acks:
             if "persisted" in acks:
                 # One mark per frame (handle() files it): the ack is conflated anyway.
                 outbox.mark_persisted(session.conn_id, pos, seq, publisher, cmd.cid)
             if "processed" in acks:
                 outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
+
+    def _expires_at(self, topic: str, expiration: float, now: float) -> float:
+        """The absolute expiry of a message published at ``now`` with ``e`` (0: never).
+        It is journaled with the message; queues expire it then (queue_expiry), the
+        earlier of it and their own Expiration. Refused where nothing keeps the message:
+        reading it and doing nothing would mean less than the publisher said."""
+        if not math.isfinite(expiration) or expiration < 0:
+            raise errors.BadExpiration(f"expiration {expiration!r}: give a number of seconds >= 0 (0: never)")
+        if not expiration:
+            return 0.0
+        if not self.publishes.recorded(topic):
+            raise errors.BadExpiration(
+                f"expiration on topic {topic!r}: the topic is not recorded in the transaction log, so no queue "
+                "keeps the message and it cannot expire; publish without an expiration", topic=topic)
+        return now + expiration
 
     def _publish_sow(self, session: Session, cmd: m.Publish | m.DeltaPublish, topic: str, now: float) -> None:
         """A publish or delta publish to a SOW topic (engine/state_of_world.py rule 1): the
@@ -692,3 +715,18 @@ class Engine:
             staging=self.transactions.staging.statistics(),
             replicated_queues=self.replicated_queues.statistics(),
         )
+
+
+#: Checks that a body is one well-formed JSON value without building it (msgspec.Raw:
+#: about a third of a full decode), for topics recorded with MessageType json.
+_JSON_CHECK = msgspec.json.Decoder(msgspec.Raw)
+
+
+def _check_json(topic: str, data: bytes) -> None:
+    """Refuse a body that is not JSON on a json topic: filters, views and consumers would
+    each fail on it later, far from the publisher (docs/queues.md)."""
+    try:
+        _JSON_CHECK.decode(data)
+    except msgspec.DecodeError as exc:
+        raise errors.BadMessage(f"topic {topic!r} takes JSON messages (MessageType json): {exc}",
+                                topic=topic) from None

@@ -72,6 +72,7 @@ class PublishLog:
         self._highest: dict[int, int] = {}
         self._holes: dict[int, list[list[int]]] = {}  # publisher -> sorted [lo, hi] ranges (rule 2)
         self._recorded: RouteCache[bool] = RouteCache()  # topic -> recorded (bounded: routes.py)
+        self._json: RouteCache[bool] = RouteCache()  # topic -> recorded with MessageType json (bounded)
         self.pending: deque[PendingPublish] = deque()
         # Durable, not yet persisted (rule 4): (position, publisher, seq), kept only when
         # sync destinations exist.
@@ -81,6 +82,16 @@ class PublishLog:
         self.applied_end: int = getattr(journal, "first_position", 0)
 
     # --- what is recorded -------------------------------------------------------------
+
+    def takes_json(self, topic: str) -> bool:
+        """Whether ``topic`` is recorded with MessageType json (its first matching
+        TransactionLog Topic): its publishes must be JSON."""
+        hit = self._json.get(topic)
+        if hit is None:
+            tlog = self._tlog
+            first = next((t for t in tlog.topics if t.matches(topic)), None) if tlog is not None else None
+            hit = self._json.put(topic, first is not None and first.message_type.lower() == "json")
+        return hit
 
     def recorded(self, topic: str) -> bool:
         """Whether publishes to ``topic`` are recorded in the transaction log."""
@@ -148,21 +159,25 @@ class PublishLog:
 
     def append(
         self, topic: str, publisher: int, seq: int, now: float, data: bytes,
-        correlation_id: str | None, fingerprint: int | None = None,
+        correlation_id: str | None, fingerprint: int | None = None, expiration: float = 0.0,
     ) -> int:
-        """Journal a publish (``seq`` already checked); its position."""
+        """Journal a publish (``seq`` already checked); its position. ``expiration``: the
+        absolute time the message expires (0: never), from the publish's ``e``."""
         journal = self._journal
-        if fingerprint is None:
+        if fingerprint is None and not expiration:
             position = journal.append(_encode_publish(topic, publisher, seq, now, data, correlation_id))
         else:
-            self.fingerprints.note(publisher, seq, fingerprint)
-            rec = records.PublishRec(topic, publisher, seq, now, data, correlation_id, fingerprint=fingerprint)
+            if fingerprint is not None:
+                self.fingerprints.note(publisher, seq, fingerprint)
+            rec = records.PublishRec(topic, publisher, seq, now, data, correlation_id, fingerprint=fingerprint or 0,
+                                     expiration=expiration)
             position = journal.append(records.encode(rec))
         if seq == self._highest.get(publisher, 0) + 1:
             self._highest[publisher] = seq  # the usual case: in order
         else:
             self._note(publisher, seq)
-        self.pending.append(PendingPublish(position, journal.end, topic, publisher, seq, now, data, correlation_id))
+        self.pending.append(PendingPublish(position, journal.end, topic, publisher, seq, now, data, correlation_id,
+                                           "", expiration))
         return position
 
     def append_sow(self, topic: str, publisher: int, seq: int, now: float, data: bytes, correlation_id: str | None,

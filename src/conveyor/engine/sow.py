@@ -32,6 +32,7 @@ expire, one more (key -> expiry time). Rules:
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any, Iterator
 
 import msgspec
@@ -145,7 +146,13 @@ class SowTopic:
     def stamp(self, expiration: float | None, now: float) -> float:
         """Rule 2: the absolute expiry of a record published at ``now``."""
         cfg = self.config
+        if expiration is not None and (not math.isfinite(expiration) or expiration < 0):
+            raise errors.BadExpiration(f"expiration {expiration!r}: give a number of seconds >= 0 (0: never)")
         if not cfg.expiration:
+            if expiration:  # reading it and keeping the record forever would mean less than it says
+                raise errors.BadExpiration(
+                    f"expiration on SOW topic {self.name!r}, which has no Expiration: its records never expire "
+                    "(give the topic <Expiration>enabled</Expiration>, or publish without one)", topic=self.name)
             return 0.0
         lifetime = expiration if expiration is not None else cfg.expiration_s
         if not lifetime or lifetime < 0:

@@ -11,18 +11,25 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
    queue semantics (spec 000, "Bookmark Subscriptions to Queues").
 3. ``replace`` is atomic (spec 000, "Replacing Queue Subscriptions"): a queue consumer
    keeps its leases and outstanding count; a topic subscription changes topic and filter
-   for every later message.
+   for every later message; a bookmark (replay) subscription too, keeping its place in
+   the log (a bookmark on the replace is refused: it could only be ignored).
 4. The filters of one connection together have a worst-case cost per message
    (:mod:`conveyor.engine.filters`): a subscription or replace past it is refused.
+5. A bookmark subscription to a literal topic the transaction log does not record is
+   refused (``not_recorded``): it would replay nothing and say nothing.
+6. A live subscription to a literal name that is no queue and no recorded topic works
+   (pub/sub needs no declaration) but its success ack carries a warning in ``reason``,
+   with the nearest queue name: it is most often a typo.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from conveyor import errors
-from conveyor.config.model import topic_matcher
+from conveyor.config.model import is_regex_topic, topic_matcher
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.filters import check_connection_filters, compile_filter
@@ -40,8 +47,9 @@ log = logging.getLogger("conveyor.engine")
 
 class Subscriptions:
     def __init__(self, bindings: QueueBindings, topics: Topics, delivery: QueueDelivery, outbox: Outbox,
-                 journal: Any, records: Any = None) -> None:
+                 journal: Any, records: Any = None, recorded: Callable[[str], bool] = lambda topic: True) -> None:
         self._records = records  # the StateOfTheWorld: RECORDS subscriptions
+        self._recorded = recorded  # whether the transaction log records a topic (rule 5)
         self._bindings = bindings
         self._topics = topics
         self._delivery = delivery
@@ -53,6 +61,7 @@ class Subscriptions:
         opts = parse_options("sow_and_subscribe" if isinstance(cmd, m.SowAndSubscribe) else "subscribe", cmd.options)
         acks = ack_types(cmd.ack_type)
         sub_id = cmd.sub_id or cmd.cid or session.new_sub_id()
+        warning = None  # rule 6: told to the client in the success ack's reason
         if opts.has("replace"):
             self._replace(session, sub_id, cmd, opts, now)
         else:
@@ -71,12 +80,25 @@ class Subscriptions:
                                           SubKind.PUBSUB, flt, cmd.cid)
                 session.subs[sub_id] = sub
                 self._topics.add(sub)
+                warning = self._unknown_name_warning(cmd.topic)
         sub = session.subs.get(sub_id)
+        if warning:
+            log.info("%s %s: %s", self.describe(session), sub_id, warning)
         if sub is not None:
             log.info("%s %s: %s to %r%s", "replaced" if opts.has("replace") else "subscribed", sub_id,
                      self.describe(session), cmd.topic, f" ({sub.kind.value})")
         if "processed" in acks or not acks:
-            self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=sub_id))
+            self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=sub_id, reason=warning))
+
+    def _unknown_name_warning(self, topic: str) -> str | None:
+        """Rule 6: a live subscription to a literal name that is no queue and no recorded
+        topic gets only what is published from now on, and is often a typo."""
+        if is_regex_topic(topic) or self._recorded(topic):
+            return None
+        near = difflib.get_close_matches(topic, list(self._bindings.by_name), n=1)
+        hint = f" (did you mean the queue {near[0]!r}?)" if near else ""
+        return (f"warning: {topic!r} is not a queue and not a recorded topic: this subscription receives only what "
+                f"is published to it from now on, and nothing is kept{hint}")
 
     def _subscribe_queue(self, session: Session, sub_id: str, cmd, flt, requested, names: list[str], now: float) -> None:
         configs = [self._bindings.by_name[n].config for n in names]
@@ -91,13 +113,22 @@ class Subscriptions:
         )
         self._delivery.attach(consumer, names, now)
 
+    def _replay_matcher(self, topic: str, names: list[str]):
+        """Which recorded topics a replay of ``topic`` reads: a queue's underlying
+        topics when ``topic`` names queues (rule 2), else ``topic`` itself."""
+        if not names:
+            return topic_matcher(topic)
+        matchers = [topic_matcher(self._bindings.by_name[n].config.underlying) for n in names]
+        return lambda t, _ms=matchers: any(mt(t) for mt in _ms)
+
     def _subscribe_replay(self, session: Session, sub_id: str, cmd, flt, bookmark: str, names: list[str]) -> None:
         start = parse_replay_start(bookmark)
-        if names:  # rule 2
-            matchers = [topic_matcher(self._bindings.by_name[n].config.underlying) for n in names]
-            matches = lambda t, _ms=matchers: any(mt(t) for mt in _ms)  # noqa: E731
-        else:
-            matches = topic_matcher(cmd.topic)
+        if not names and not is_regex_topic(cmd.topic) and not self._recorded(cmd.topic):  # rule 5
+            raise errors.NotATransactionLogTopic(
+                f"cannot replay {cmd.topic!r}: the transaction log does not record it, so there is nothing to "
+                "replay; subscribe without a bookmark for live messages, or record the topic (TransactionLog/Topic)",
+                topic=cmd.topic)
+        matches = self._replay_matcher(cmd.topic, names)
         sub = SessionSubscription(sub_id, session.conn_id, cmd.topic, matches, SubKind.REPLAY, flt, cmd.cid)
         journal = self._journal
         if start.live_only:
@@ -135,6 +166,12 @@ class Subscriptions:
             self._delivery.replace(sub.consumer, names, flt, backlog, now)
         elif sub.kind is SubKind.PUBSUB:
             sub.matches_topic = topic_matcher(cmd.topic)
+        else:  # REPLAY: the place in the log is kept; topic and filter change from the next message
+            if getattr(cmd, "bookmark", None):
+                raise errors.InvalidOption(
+                    f"replace of bookmark subscription {sub_id!r} with a bookmark: a replace keeps the replay's "
+                    "place in the log; send it without a bookmark, or unsubscribe and subscribe again to restart")
+            sub.matches_topic = self._replay_matcher(cmd.topic, self._bindings.matching(cmd.topic))
         sub.filter = flt
         sub.topic = cmd.topic
         self._topics.changed()

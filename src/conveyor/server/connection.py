@@ -44,7 +44,6 @@ class Connection(asyncio.Protocol):
         # flow control apply. The server clears it for replication links, which bound
         # their own output and are quiet when nothing is published.
         self.client = True
-
         self.close_reason: str | None = None
         # For the admin interface: counters only (one addition per read or write).
         self.connected_at = 0.0

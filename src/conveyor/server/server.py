@@ -457,7 +457,6 @@ class Server:
     def _unregister(self, conn: Connection) -> None:
         self._output_changed(conn, 0)
         self._writing_paused.discard(conn.conn_id)
-
         if conn.conn_id in self.connections and conn.close_reason is None:
             log.info("connection %d from %s closed by the client", conn.conn_id, _address(conn.peer))
         if self.connections.pop(conn.conn_id, None) is not None and self._failure is None:
