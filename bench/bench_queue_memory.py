@@ -18,6 +18,7 @@ import gc
 import sys
 import time
 import tracemalloc
+from typing import Callable
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
 from conveyor.engine.queue import AckOption, Consumer, Queue
@@ -75,7 +76,7 @@ def throughput(n: int, *, semantics: Semantics, filtered: bool = False) -> float
     _fill(q, n)
     consumers = []
     for i in range(4):
-        flt = (lambda d, i=i: d["k"] == i) if filtered else None
+        flt = (lambda d, now, i=i: d["k"] == i) if filtered else None
         c = Consumer((1, f"s{i}"), i, filter=flt, max_backlog=10)
         q.add_consumer(c, 0.0)
         consumers.append(c)
@@ -83,15 +84,17 @@ def throughput(n: int, *, semantics: Semantics, filtered: bool = False) -> float
     return done / elapsed
 
 
-def drain_queue(q: Queue, count: int, seen: list[int] | None = None) -> tuple[int, float]:
-    """Dispatch and acknowledge until ``count`` messages are done: (done, seconds).
+def drain_queue(
+    q: Queue, count: int, seen: list[int] | None = None, *, now: float = 0.0, clock: Callable[[], float] = time.perf_counter
+) -> tuple[int, float]:
+    """Dispatch and acknowledge until ``count`` messages are done: (done, seconds by
+    ``clock``). ``now`` starts at ``now`` and moves 1 ms per turn (at most ``count``).
 
     Every delivery of a turn is acknowledged by its consumer in one call, as a client
     batching its acks would. ``seen`` collects the first 1,000 positions delivered.
     """
-    now = 0.0
     done = 0
-    t0 = time.perf_counter()
+    t0 = clock()
     while done < count:
         deliveries = q.dispatch(now)
         if not deliveries:
@@ -105,7 +108,7 @@ def drain_queue(q: Queue, count: int, seen: list[int] | None = None) -> tuple[in
             q.acknowledge(positions, by=c.owner, option=AckOption.NONE, now=now)
         done += len(deliveries)
         now += 0.001
-    return done, time.perf_counter() - t0
+    return done, clock() - t0
 
 
 def main(argv: list[str] | None = None) -> int:

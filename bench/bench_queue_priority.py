@@ -23,6 +23,7 @@ import random
 import sys
 import time
 import tracemalloc
+from typing import Callable
 
 from bench.bench_queue_memory import drain_queue
 from bench.report import machine, median, write_section
@@ -51,17 +52,17 @@ def _queue(priority: bool) -> Queue:
     return Queue(cfg, load=lambda p: None)
 
 
-def _fill(q: Queue, n: int, priorities: list[int] | None) -> float:
-    """Enqueue ``n`` messages; the seconds it took."""
+def fill_queue(q: Queue, n: int, priorities: list[int] | None, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Enqueue ``n`` messages; the seconds it took, by ``clock``."""
     enqueue = q.enqueue
-    t0 = time.perf_counter()
+    t0 = clock()
     if priorities is None:
         for i in range(n):
             enqueue(i, 1_700_000_000.0 + i * 1e-4)
     else:
         for i in range(n):
             enqueue(i, 1_700_000_000.0 + i * 1e-4, priorities[i])
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def memory(n: int, priority: bool) -> tuple[float, float]:
@@ -77,7 +78,7 @@ def _memory(n: int, priority: bool) -> tuple[float, float]:
     gc.collect()
     rss0 = _rss_bytes()
     q = _queue(priorities is not None)
-    _fill(q, n, priorities)
+    fill_queue(q, n, priorities)
     gc.collect()
     rss = (_rss_bytes() - rss0) / n
     del q
@@ -85,7 +86,7 @@ def _memory(n: int, priority: bool) -> tuple[float, float]:
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     q = _queue(priorities is not None)
-    _fill(q, n, priorities)
+    fill_queue(q, n, priorities)
     gc.collect()
     traced = (tracemalloc.get_traced_memory()[0] - base) / n
     tracemalloc.stop()
@@ -96,7 +97,7 @@ def _memory(n: int, priority: bool) -> tuple[float, float]:
 def throughput(n: int, drain: int, priorities: list[int] | None) -> tuple[float, float]:
     """(messages/second through dispatch + acknowledge, enqueue messages/second)."""
     q = _queue(priorities is not None)
-    fill_s = _fill(q, n, priorities)
+    fill_s = fill_queue(q, n, priorities)
     consumers = []
     for i in range(4):
         c = Consumer((1, f"s{i}"), i, max_backlog=10)

@@ -12,7 +12,7 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
 1. Delivery (Message Flow for Queues, step 3): a message goes to a consumer when the
    consumer's filter matches it, it is the oldest available message that consumer
    matches, the consumer has room in its backlog, and the fairness model picks that
-   consumer among all consumers that qualify (table 15.1, :func:`choose`).
+   consumer among all consumers that qualify (table 15.1, ``Seats.choose``).
 2. At-least-once (Delivery Semantics): a delivery leases the message until
    ``now + LeasePeriod``; the message is out of the view until the lease ends. An ack
    removes it; a cancel, an expired lease or a broken lease (unsubscribe, disconnect,
@@ -192,6 +192,11 @@ _ELSEWHERE = MessageState.ELSEWHERE
 _REPLICATED_REMOVAL = ("replicated",)  # the reason of an expiry reported by the owner
 _TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 _FORCED = (ExpiryReason.FORCED_EXPIRE,)
+#: A move from AVAILABLE takes the message out of the store at once, and the store
+#: confirms it held it (``DeliveryOrder.take`` / ``remove`` assert it, before anything
+#: else changes; ``LeaseTable.lease`` / ``consume`` assert they did not hold it): the
+#: transitions need not search the store a second time on the hot path.
+_CONFIRMED_BY_THE_STORE = frozenset({MessageState.AVAILABLE})
 
 
 class _LeaseEnd(NamedTuple):
@@ -319,7 +324,9 @@ class Queue:
         self._last_time = -math.inf
         self._counters = QueueCounters()
 
-        self._transitions = Transitions(config.semantics, self.state_of)
+        self._transitions = Transitions(
+            config.semantics, self.state_of, self._holds, confirmed=_CONFIRMED_BY_THE_STORE
+        )
         self._move = self._transitions.move
         self._seats = Seats(config.name, priority=self._priority, matches=self._matches)
         self._order = DeliveryOrder(
@@ -403,23 +410,23 @@ class Queue:
         self._counters.enqueued += 1
         if expires_at and owner is not None:
             self._stamped.note(position, expires_at)  # it expires here if it is transferred here
+        step = self._transitions.step  # ABSENT, derived: nothing is held above the last position
         if owner is not None:
             if barrier:
                 raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
-            self._move(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)
+            step(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)
             published_at = max(published_at, self._last_time)
             self._last_position = position
             self._last_time = published_at
             self._elsewhere.add(position, owner, published_at, key, published_at if arrived is None else arrived)
             return True
         if self._target is not None and self._window.holds_back(self._active()):
-            self._move(position, Verb.HOLD, _ABSENT)
+            step(position, Verb.HOLD, _ABSENT)
             self._window.hold(position)
             self._last_position = position
             return False
-        self._move(position, Verb.ENQUEUE, _ABSENT)
-        if published_at < self._last_time:
-            published_at = self._last_time
+        step(position, Verb.ENQUEUE, _ABSENT)
+        published_at = max(published_at, self._last_time)
         self._last_position = position
         self._last_time = published_at
         if self._target is not None:
@@ -464,7 +471,7 @@ class Queue:
         self,
         consumer: Consumer,
         *,
-        filter: Callable[[object], bool] | None,
+        filter: Callable[[object, float], bool] | None,
         max_backlog: int,
         now: float,
     ) -> None:
@@ -538,7 +545,7 @@ class Queue:
                 gate = order.gate()
             if max_out is not None and len(leases.leased) + len(leases.consumed) >= max_out:
                 break  # MaxBacklog: the queue-wide cap on outstanding messages (rule 6)
-            head = order.head()
+            head = deliverable.head()  # FIFO: the gate below stops it at the first barrier
             best = None
             eligible: list[int] = []
             for i, seat in enumerate(active):
@@ -569,7 +576,7 @@ class Queue:
             self._move(p, Verb.LEASE, _AVAILABLE)
             t = self._order.take(key)
             deadline: float | None = now + self._lease_period
-            n = self._leases.lease(p, seat, deadline, t, key, delivery=True)
+            n = self._leases.lease(p, seat, deadline, t, key, True)
         else:
             self._move(p, Verb.DELIVER, _AVAILABLE)
             self._order.take(key)
@@ -610,7 +617,7 @@ class Queue:
 
     def acknowledge_matching(
         self,
-        predicate: Callable[[object], bool],
+        predicate: Callable[[object, float], bool],
         *,
         by: Hashable | None,
         option: AckOption,
@@ -979,6 +986,14 @@ class Queue:
             return _INACTIVE
         return _ABSENT
 
+    def _holds(self, position: int, state: MessageState) -> bool:
+        """Whether the message at ``position`` is in ``state``: the transitions' check
+        under ``__debug__`` (AVAILABLE is confirmed by the store itself, see
+        ``_CONFIRMED_BY_THE_STORE``)."""
+        if state is _LEASED:
+            return position in self._leases.leased  # state_of answers LEASED exactly then
+        return self.state_of(position) is state
+
     def recovery_point(self) -> int:
         """The highest P such that every message of this queue below P is done
         (acknowledged, expired or delivered at-most-once): stored in ``queues.ack``.
@@ -1325,12 +1340,19 @@ class Queue:
 
     def check_invariants(self) -> None:
         """Every rule too costly to check on each call (AssertionError, with or without
-        ``-O``): the parts hold disjoint sets of messages, every lease has its deadline,
-        counts are kept only for messages in the queue, each seat holds exactly what is
-        leased or delivered to it. O(queue); the simulations call it after every step."""
+        ``-O``): the parts hold disjoint sets of messages, ``state_of`` names the part
+        that holds each one, every lease has its deadline, counts are kept only for
+        messages in the queue, each seat holds exactly what is leased or delivered to
+        it. O(queue); the simulations call it after every step."""
         leases, store = self._leases, self._order.store
         both = [p for p in leases.leased if p in store]
         _require(not both, f"leased and available at once: {both}")
+        for positions, state in (
+            (leases.leased, _LEASED), (leases.consumed, MessageState.CONSUMED),
+            ((p for p, _ in store.items()), _AVAILABLE),
+        ):
+            wrong = [p for p in positions if self.state_of(p) is not state]
+            _require(not wrong, f"state_of does not say {state.value} for {wrong[:5]}")
         leases.check(lambda p: p in store or p in leases.leased)
         for seat in self._seats.every():
             for p in seat.held:

@@ -74,10 +74,12 @@ class LeaseTable:
     # --- leases ---------------------------------------------------------------------------
 
     def lease(
-        self, p: int, seat: Seat, deadline: float, published_at: float, key: int, *, delivery: bool
+        self, p: int, seat: Seat, deadline: float, published_at: float, key: int, delivery: bool
     ) -> int:
         """Lease ``p`` to ``seat`` until ``deadline``: a new delivery (counted) or a
         re-offer (``delivery=False``). Its delivery count."""
+        if __debug__:
+            assert p not in self.leased and p not in self.consumed, f"{p} is leased or consumed already"
         self.leased[p] = Lease(seat, deadline, published_at, key)
         heappush(self._deadlines, (deadline, p))
         seat.held.add(p)
@@ -121,6 +123,8 @@ class LeaseTable:
 
     def consume(self, p: int, seat: Seat) -> None:
         """An at-most-once delivery: gone from the queue, in the backlog until its ack."""
+        if __debug__:
+            assert p not in self.consumed, f"{p} is consumed already"
         self.consumed[p] = seat
         seat.held.add(p)
         seat.consumer.outstanding += 1

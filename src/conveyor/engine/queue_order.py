@@ -152,22 +152,29 @@ class DeliveryOrder:
         return False
 
     def take(self, key: int) -> float:
-        """Rule 4: the message of ``key`` is delivered (exact removal); its publish time."""
-        if self._priority:
-            p = key & POSITION_MASK
-            barriers = self.barriers
-            self._epochs[bisect_left(barriers, p) if barriers else 0].remove(key)
-        else:
-            p = key
+        """Rule 4: the message of ``key`` is delivered (exact removal); its publish time.
+        It must be available (AssertionError, before anything changes, under
+        ``__debug__``)."""
+        if not self._priority:
+            t = self.store.discard(key)
+            if __debug__:
+                assert t is not None, f"position {key} taken but not available"
+            return t
+        p = key & POSITION_MASK
         t = self.store.discard(p)
         if __debug__:
             assert t is not None, f"position {p} taken but not available"
+        barriers = self.barriers
+        self._epochs[bisect_left(barriers, p) if barriers else 0].remove(key)
         return t
 
-    def remove(self, p: int) -> float | None:
-        """Rule 4: ``p`` leaves other than by a delivery; its publish time (None: it was
-        not available)."""
+    def remove(self, p: int) -> float:
+        """Rule 4: available ``p`` leaves other than by a delivery; its publish time. It
+        must be available (AssertionError, before anything changes, under
+        ``__debug__``)."""
         t = self.store.discard(p)
+        if __debug__:
+            assert t is not None, f"position {p} removed but not available"
         barriers = self.barriers
         if barriers and p >= barriers[0]:
             i = bisect_left(barriers, p)

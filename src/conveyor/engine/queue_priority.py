@@ -164,7 +164,8 @@ class _Run:
         if not self._chunks:
             return None
         ch = self._chunks[0]
-        return self._key(ch, ch.start)
+        s = ch.start  # self._key(ch, s), inlined: once per delivery
+        return ((ch.ranks[s] + self._base) << _SHIFT) | ch.positions[s]
 
     def pop_head(self) -> None:
         self.n -= 1
@@ -184,7 +185,7 @@ class _Run:
             del ch.positions[:s]
             s = 0
         ch.start = s
-        self._firsts[i] = self._key(ch, s)
+        self._firsts[i] = ((ch.ranks[s] + self._base) << _SHIFT) | ch.positions[s]  # _key, inlined
 
     def _split(self, i: int) -> None:
         ch = self._chunks[i]

@@ -9,8 +9,12 @@ A part of :class:`conveyor.engine.queue.Queue`. Rules:
    a named consumer's (the Spark connector: it takes messages only through
    ``lease_next``) do not, but keep what they hold. ``active`` and ``consumers`` list
    the active seats and their consumers in subscription order.
-2. Round-robin: :meth:`choose` remembers the index following the consumer served; a
-   consumer leaving before it moves it back by one, so nobody is skipped.
+2. "Delivery Fairness", table 15.1 (:meth:`choose`), among the consumers that have
+   room and whose filter matches the message, in subscription order: ``fast``: the
+   first one; ``round-robin``: the first one at or after the one following the last
+   consumer served (the cursor; a consumer leaving before it moves it back by one, so
+   nobody is skipped); ``proportional``: the lowest ``outstanding / max_backlog``, ties
+   to the first one found.
 3. A filtered consumer keeps a **cursor** (every available message before it, in
    delivery order, was evaluated) and a heap of **candidates** (evaluated matches
    behind the cursor): each message is evaluated at most once per consumer and filter,
@@ -34,7 +38,7 @@ from heapq import heappop, heappush
 from typing import Callable, Hashable, Iterable
 
 from conveyor.config.model import Fairness
-from conveyor.engine.queue_consumer import Consumer, choose
+from conveyor.engine.queue_consumer import Consumer
 from conveyor.engine.queue_priority import POSITION_MASK
 from conveyor.errors import DuplicateSubscription, UnknownSubscription
 
@@ -140,8 +144,26 @@ class Seats:
     # --- fairness ---------------------------------------------------------------------------
 
     def choose(self, fairness: Fairness, eligible: list[int]) -> int:
-        """The index (into ``active``) of the consumer that gets the message (rule 2)."""
-        i = choose(fairness, eligible, self.consumers, self._rr_next)
+        """The index (into ``active``) of the consumer that gets the message (rule 2).
+        ``eligible``: indices, ascending, of the consumers with room whose filter matches."""
+        i = eligible[0]
+        if len(eligible) > 1 and fairness is not Fairness.FAST:
+            if fairness is Fairness.ROUND_ROBIN:
+                rr_next = self._rr_next
+                for j in eligible:
+                    if j >= rr_next:
+                        i = j
+                        break  # else: wrap around to the first one
+            else:
+                # Proportional: the lowest outstanding / max_backlog, compared as integer
+                # cross products so that 1/2 and 2/4 tie exactly; strict "<" keeps the
+                # first one found on a tie.
+                consumers = self.consumers
+                b = consumers[i]
+                for j in eligible[1:]:
+                    c = consumers[j]
+                    if c.outstanding * b.max_backlog < b.outstanding * c.max_backlog:
+                        i, b = j, c
         self._rr_next = i + 1
         return i
 
