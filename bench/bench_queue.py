@@ -35,12 +35,17 @@ CONFIG = """<AMPSConfig><Name>bench</Name>
 </AMPSConfig>"""
 
 
-def start_conveyor(workdir: Path, port: int | None = None) -> tuple[subprocess.Popen, int, float]:
+def start_conveyor(
+    workdir: Path, port: int | None = None, config: str = CONFIG, gc_probe: Path | None = None
+) -> tuple[subprocess.Popen, int, float]:
+    """A server over ``workdir``; ``gc_probe``: its collections timed into that file
+    (bench.gc_probe)."""
     port = port or free_port()
     cfg = workdir / "conveyor.xml"
-    cfg.write_text(CONFIG.format(port=port, journal=workdir / "journal"))
+    cfg.write_text(config.format(port=port, journal=workdir / "journal"))
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = ["-m", "bench.gc_probe", str(gc_probe)] if gc_probe is not None else ["-m"]
+    proc = subprocess.Popen([sys.executable, *probe, "conveyor", "serve", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(port, timeout=300)
     return proc, port, started
 
@@ -52,12 +57,12 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-async def conveyor_fill(port: int, n: int) -> None:
+async def conveyor_fill(port: int, n: int, topic: str = "bench") -> None:
     from conveyor import AsyncClient
 
     client = await AsyncClient(f"filler-{time.time_ns()}", max_inflight=20_000).connect(f"tcp://127.0.0.1:{port}")
     for _ in range(n):
-        await client.publish("bench", PAYLOAD)
+        await client.publish(topic, PAYLOAD)
     await client.wait_persisted(timeout=600)
     await client.disconnect()
 
@@ -80,9 +85,13 @@ async def nats_fill(port: int, n: int) -> None:
     await nc.close()
 
 
-def drain(kind: str, uri: str, workers: int, backlog: int, n: int) -> float:
+def drain(kind: str, uri: str, workers: int, backlog: int, n: int, ack_batch: int | None = None) -> float:
+    extra = [str(ack_batch)] if ack_batch is not None else []
     procs = [
-        subprocess.Popen([sys.executable, "-m", "bench.queue_worker", kind, uri, f"w{i}-{time.time_ns()}", str(backlog)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.queue_worker", kind, uri, f"w{i}-{time.time_ns()}", str(backlog), *extra],
+            stdout=subprocess.PIPE, text=True,
+        )
         for i in range(workers)
     ]
     for p in procs:

@@ -1,7 +1,9 @@
 """A queue consumer process for bench_queue: drains until told how many to expect.
 
-usage: python -m bench.queue_worker conveyor|nats URI NAME BACKLOG
+usage: python -m bench.queue_worker conveyor|nats URI NAME BACKLOG [ACK_BATCH]
 Prints "ready", then the count it processed when the queue stays empty for 1 s.
+ACK_BATCH (conveyor): acknowledgements per sow_delete, default half the backlog; 1 is
+one sow_delete per message.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import time
 import uvloop
 
 
-async def conveyor_worker(uri: str, name: str, backlog: int) -> int:
+async def conveyor_worker(uri: str, name: str, backlog: int, ack_batch: int | None = None) -> int:
     from conveyor import AsyncClient
 
-    client = await AsyncClient(name, ack_batch_size=max(1, backlog // 2)).connect(uri)
+    client = await AsyncClient(name, ack_batch_size=ack_batch or max(1, backlog // 2)).connect(uri)
     count = 0
     last = time.monotonic()
     idle = asyncio.Event()
@@ -69,8 +71,11 @@ async def nats_worker(uri: str, name: str, backlog: int) -> int:
 
 def main() -> None:
     kind, uri, name, backlog = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    fn = conveyor_worker if kind == "conveyor" else nats_worker
-    print(uvloop.run(fn(uri, name, backlog)), flush=True)
+    if kind == "conveyor":
+        ack_batch = int(sys.argv[5]) if len(sys.argv) > 5 else None
+        print(uvloop.run(conveyor_worker(uri, name, backlog, ack_batch)), flush=True)
+    else:
+        print(uvloop.run(nats_worker(uri, name, backlog)), flush=True)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _run_server(config) -> int:
     import uvloop
 
+    from conveyor.server.collector import settle_after_recovery
     from conveyor.server.server import Server
 
     log = logging.getLogger("conveyor")
@@ -89,6 +90,7 @@ def _run_server(config) -> int:
             loop.add_signal_handler(sig, shut_down)
         server = Server(config)
         await server.start()
+        settle_after_recovery()  # process-wide: this command owns the process
         if server.admin is not None:
             # Before the listening lines: tests and scripts read up to those.
             print(f"conveyor admin on {server.admin.url}", flush=True)
