@@ -52,10 +52,10 @@ def _figure(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-def _export(rev: str, into: Path) -> str:
-    """Extract ``rev`` of this repository into ``into``; its short commit id."""
-    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-    archive = subprocess.run(["git", "archive", "--format=tar", commit, "src"], cwd=ROOT, check=True, capture_output=True).stdout
+def _export(rev: str, into: Path, repo: Path) -> str:
+    """Extract ``rev`` of the repository ``repo`` into ``into``; its short commit id."""
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, "src"], cwd=repo, check=True, capture_output=True).stdout
     tar_path = into / "src.tar"
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
@@ -79,14 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", default="main", help="the revision to compare against (default: main)")
     ap.add_argument("--repeat", type=int, default=5, help="runs on each side (default: 5)")
     ap.add_argument("--python-flags", default="", help="flags for both interpreters, e.g. -O")
+    ap.add_argument("--git", type=Path, default=ROOT, help="the repository of --base (default: this tree's)")
     ap.add_argument("module")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     ns = ap.parse_args(argv)
     flags = ns.python_flags.split()
-    here_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    here_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or str(ROOT)
     dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
-        base_commit = _export(ns.base, Path(tmp))
+        base_commit = _export(ns.base, Path(tmp), ns.git)
         sides = {"base": Path(tmp) / "src", "this": ROOT / "src"}
         results: dict[str, list[dict[str, float]]] = {"base": [], "this": []}
         loads: list[float] = []

@@ -212,23 +212,40 @@ class Engine:
         self.topics.new_turn()  # each call from the shell is a turn of its loop (topics.py rule 1)
         session = self.sessions[conn_id]
         publish = self._publish
+        delivery = self.delivery
         for cmd in commands:
             try:
+                # Consecutive sow_deletes are journaled together (QueueDelivery rule 6):
+                # anything else first closes the batch, so records keep command order.
                 if type(cmd) is m.Publish:  # the hot path first
+                    if delivery.acks_open:
+                        delivery.flush_acks(now)
                     if not session.logged_on:
                         self._implicit_logon(session)
                     publish(session, cmd, now)
                     continue
+                if type(cmd) is not m.SowDelete and delivery.acks_open:
+                    delivery.flush_acks(now)
                 if isinstance(cmd, errors.ConveyorError):  # a Rejected entry's error
                     raise cmd
                 self._command(session, cmd, now)
             except errors.ConveyorError as exc:
+                self._close_acks(conn_id, now)  # the replies before it come first
                 # A refused publish names its sequence, so the publisher can drop it from
                 # its store and say which message was refused (publishes carry no cid).
                 seq = cmd.seq if type(cmd) is m.Publish or type(cmd) is m.DeltaPublish else None
                 self._fail(conn_id, getattr(cmd, "cid", None), exc, seq)
+        self._close_acks(conn_id, now)
         self.outbox.end_frame(conn_id)
         self._dispatch(now)
+
+    def _close_acks(self, conn_id: int, now: float) -> None:
+        """Journal the frame's open batch of acknowledgements (QueueDelivery rule 6)."""
+        if self.delivery.acks_open:
+            try:
+                self.delivery.flush_acks(now)
+            except errors.ConveyorError as exc:  # as if the batch's last command had failed
+                self._fail(conn_id, None, exc)
 
     def reject(self, conn_id: int, error: errors.ConveyorError, cid: str | None = None) -> None:
         """Report a command the codec could not decode."""
@@ -265,6 +282,7 @@ class Engine:
                 self.subscriptions.unsubscribe(session, cmd, now)
             case m.SowDelete():
                 if cmd.topic in self._sow_topics:
+                    self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
                     self.sow.sow_delete(conn, cmd, now)
                 elif self.sow.is_view(cmd.topic):
                     raise errors.ReadOnlyTopic(f"{cmd.topic!r} is a view: its records are computed, not deleted")

@@ -25,6 +25,17 @@ Rules:
    delivered, as a message lost in flight would. A TargetQueueDepth refill that meets
    one stops for that queue until a restart. The other deliveries, consumers and
    queues go on.
+6. **Acknowledgements of one frame, one record per queue.** Consecutive ``sow_delete``
+   commands of one frame on the same queue with the same option are applied to the
+   queue one by one (each gets its own count, its own refusal) but journaled together
+   (:meth:`flush_acks`: one record per event kind, the same records one command with
+   all their bookmarks would write), and their persisted acks are filed only then, so
+   each still waits for the record that holds it to be fsynced. The engine flushes
+   before any other command of the frame, before reporting a failure, and at the end
+   of the frame, so records keep the order of the commands and nothing is dispatched
+   from a state whose records are not appended. One queue and one option per batch: a
+   message is then named by at most one event of the batch (an acknowledged or
+   cancelled message is not leased any more when a later command of the batch names it).
 """
 
 from __future__ import annotations
@@ -78,6 +89,10 @@ class QueueDelivery:
         self._attached: dict[Hashable, _Attachment] = {}
         self.unreadable = 0  # deliveries and dead letters a damaged record stopped (rule 5)
         self._refill_damaged: set[str] = set()  # queues whose refill met a damaged record
+        # Rule 6: the acknowledgements applied and not yet journaled, and their replies.
+        self._acks_of: tuple[QueueBinding, AckOption] | None = None  # None: no batch open
+        self._ack_events: list = []
+        self._ack_replies: list[tuple[int, bool, m.Ack]] = []  # (conn_id, wait for durability, ack)
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
         #: sent: the simulations learn each delivery when it is decided (None: off).
         self.on_dispatch: Callable[[QueueBinding, list[Delivery], float], None] | None = None
@@ -355,29 +370,61 @@ class QueueDelivery:
         option = AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire") else AckOption.NONE
         queue = binding.queue
         if cmd.bookmark:
-            result = queue.acknowledge(bookmark_positions(cmd.bookmark), by=conn_id, option=option, now=now)
+            positions = bookmark_positions(cmd.bookmark)
+            self._open_acks(binding, option, now)
+            result = queue.acknowledge(positions, by=conn_id, option=option, now=now)
         elif cmd.filter:
             predicate = consumer_predicate(compile_filter(cmd.filter))
+            self._open_acks(binding, option, now)
             result = queue.acknowledge_matching(predicate, by=conn_id, option=option, now=now)
         else:
             raise errors.ClientError("sow_delete on a queue needs bookmarks or a filter")
-        self.journal_events(binding, result.events, now)
+        self._ack_events += result.events
         self._dirty.add(binding)
         for key in result.freed:
             self.mark_consumer(key)
         # A bookmark ack names messages: a refusal is an error. A filter ack spares the
         # messages leased to others quietly (Leasing=strict), as a query would.
         refused = result.error() if cmd.bookmark else None
-        outbox = self._outbox
         if refused is not None:
             # Leasing=strict: the rest of the batch took effect; this says what did not.
             refused.details["records_deleted"] = result.deleted
             raise refused
         acks = ack_types(cmd.ack_type)
+        replies = self._ack_replies
         for kind in acks & {"processed", "stats"}:
-            outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted))
+            replies.append((conn_id, False, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
         for kind in acks & {"persisted", "completed"}:
-            outbox.send_when_durable(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted))
+            replies.append((conn_id, True, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
+
+    def _open_acks(self, binding: QueueBinding, option: AckOption, now: float) -> None:
+        """Rule 6: the batch the next acknowledgement joins (one queue, one option)."""
+        open_ = self._acks_of
+        if open_ is not None and open_[0] is binding and open_[1] is option:
+            return
+        self.flush_acks(now)
+        self._acks_of = (binding, option)
+
+    @property
+    def acks_open(self) -> bool:
+        """Acknowledgements are applied but not yet journaled (rule 6)."""
+        return self._acks_of is not None
+
+    def flush_acks(self, now: float) -> None:
+        """Rule 6: journal the batch of acknowledgements, then file their replies (in the
+        order of the commands; a persisted ack waits for the records just appended)."""
+        if self._acks_of is None:
+            return
+        binding = self._acks_of[0]
+        events, replies = self._ack_events, self._ack_replies
+        self._acks_of, self._ack_events, self._ack_replies = None, [], []
+        self.journal_events(binding, events, now)
+        outbox = self._outbox
+        for conn_id, durable, ack in replies:
+            if durable:
+                outbox.send_when_durable(conn_id, ack)
+            else:
+                outbox.send(conn_id, ack)
 
     def sow(self, conn_id: int, cmd: m.Sow | m.SowAndSubscribe, now: float) -> None:
         """The queue as a view (spec 000, "Querying Queues as a View"): its available
