@@ -12,7 +12,9 @@ view over a queue adds to the drain, and aggregated subscription update latency.
 - View over a queue: ``--drain`` messages (256 bytes, 5 regions) are queued, then 4
   consumer processes (bench/queue_worker.py, backlog 10) drain them; the same with one
   view over the queue (``SUM(/qty * /price)`` grouped by ``/region``). Runs alternate
-  (with, without) so that load on a shared machine hits both alike; medians.
+  (with, without) so that load on a shared machine hits both alike; medians. The
+  server's CPU time during the drain is measured too (load on a shared machine moves
+  the rate much more than the CPU a drain takes).
 - Aggregated subscription latency: one client holds a ``sow_and_subscribe`` with
   ``projection=[/region,SUM(/qty * /price) AS /v],grouping=[/region]`` on a SOW topic of
   10,000 records; another publishes one update at a time (persisted ack awaited); the time
@@ -71,6 +73,13 @@ def start(workdir: Path, *, view: bool = False, port: int | None = None) -> tupl
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(port, timeout=600)
     return proc, port
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used: what a view costs the server,
+    whatever else shares the machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:
@@ -136,7 +145,8 @@ async def first_answer(port: int, started: float) -> float:
     return elapsed
 
 
-def drain_once(n: int, workdir: Path, *, view: bool) -> float:
+def drain_once(n: int, workdir: Path, *, view: bool) -> tuple[float, float]:
+    """(msg/s, server CPU seconds) of draining ``n`` queued messages."""
     proc, port = start(workdir, view=view)
     rng = random.Random(2)
     try:
@@ -150,12 +160,14 @@ def drain_once(n: int, workdir: Path, *, view: bool) -> float:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         t0 = time.perf_counter()
+        cpu0 = cpu_seconds(proc.pid)
         ends, total = [], 0
         for p in procs:
             total += int(p.communicate(timeout=1200)[0].split()[-1])
             ends.append(time.perf_counter())
+        cpu = cpu_seconds(proc.pid) - cpu0
         assert total >= n, f"drained {total} of {n}"
-        return n / (max(ends) - t0 - 1.0)  # each worker stops after 1 s idle
+        return n / (max(ends) - t0 - 1.0), cpu  # each worker stops after 1 s idle
     finally:
         proc.terminate()
         proc.wait()
@@ -211,13 +223,16 @@ def main() -> None:
         print(f"SOW: insert {insert:,.0f} msg/s, update by key {update:,.0f} msg/s, {per_record:.0f} B/record, "
               f"restart {restart:.2f} s", flush=True)
         rates: dict[bool, list[float]] = {False: [], True: []}
+        cpus: dict[bool, list[float]] = {False: [], True: []}
         for run in range(args.runs):
             for view in (False, True):
                 d = root / f"drain-{run}-{view}"
                 d.mkdir()
-                rate = drain_once(args.drain, d, view=view)
+                rate, cpu = drain_once(args.drain, d, view=view)
                 rates[view].append(rate)
-                print(f"run {run + 1} drain {'with' if view else 'without'} view: {rate:,.0f} msg/s", flush=True)
+                cpus[view].append(cpu)
+                print(f"run {run + 1} drain {'with' if view else 'without'} view: {rate:,.0f} msg/s, "
+                      f"server CPU {cpu:.2f} s", flush=True)
         d = root / "latency"
         d.mkdir()
         proc, port = start(d)
@@ -229,6 +244,8 @@ def main() -> None:
     load_after = os.getloadavg()
     without, with_view = median(rates[False]), median(rates[True])
     cost = (without - with_view) / without * 100
+    cpu_without, cpu_with = median(cpus[False]), median(cpus[True])
+    cpu_cost = (cpu_with - cpu_without) / cpu_without * 100
     p50, p99 = lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
     rows = [
         "| measure | value |",
@@ -239,7 +256,10 @@ def main() -> None:
         f"| restart to first query answered, {args.keys + args.updates:,} publishes in the log | {restart:.2f} s |",
         f"| drain {args.drain:,} x 256 B, 4 consumers, backlog 10, no view (msg/s) | {without:,.0f} |",
         f"| same, one view over the queue (grouped SUM) (msg/s) | {with_view:,.0f} |",
-        f"| cost of the view on the drain (target < 20%) | {cost:.1f}% |",
+        f"| cost of the view on the drain rate (target < 20%) | {cost:.1f}% |",
+        f"| server CPU per 1,000 messages drained, no view / one view | {cpu_without / args.drain * 1e3 * 1e3:.1f} / "
+        f"{cpu_with / args.drain * 1e3 * 1e3:.1f} ms |",
+        f"| cost of the view in server CPU (target < 20%) | {cpu_cost:.1f}% |",
         f"| aggregated subscription update latency, median / p99 ({args.latency:,} updates) | {p50:.2f} / {p99:.2f} ms |",
     ]
     table = "\n".join(rows)
@@ -255,7 +275,8 @@ minus the same server with an empty journal, per record. Restart: from starting 
 server process to the first answered query. Drain: {args.drain:,} queued 256-byte
 orders, 4 consumer processes (backlog 10), with and without one view over the queue
 (`SUM(/qty * /price)` grouped by `/region`, 5 regions); runs alternate, medians of
-{args.runs}. Latency: publish of one update (persisted ack awaited) to the arrival of
+{args.runs}; the server's CPU time (user + system, from /proc) during the drain is
+the figure other load on the machine disturbs least. Latency: publish of one update (persisted ack awaited) to the arrival of
 the aggregated subscription's update, SOW topic of 10,000 records.
 
 Machine: {machine()}; commit {git_rev()}. Shared with other agents: load average

@@ -124,7 +124,8 @@ def available_messages(h: Harness) -> list[dict]:
 
 
 def view_records(h: Harness, name: str) -> dict:
-    return {json.loads(e.data).get("region"): json.loads(e.data) for e in h.engine.sow.views[name].records.values()}
+    rendered = h.engine.sow.view_records(name, h.now)
+    return {json.loads(e.data).get("region"): json.loads(e.data) for e in rendered.values()}
 
 
 class Sim:

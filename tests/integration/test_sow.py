@@ -45,6 +45,13 @@ SOW = """
 <View><Name>busy_kinds</Name><UnderlyingTopic>jobs_by_kind</UnderlyingTopic><MessageType>json</MessageType>
   <Projection><Field>/kind</Field><Field>SUM(/waiting) AS /waiting</Field></Projection>
   <Grouping><Field>/kind</Field></Grouping></View>
+<Topic><Name>buys</Name><MessageType>json</MessageType><Key>/id</Key></Topic>
+<Topic><Name>customers</Name><MessageType>json</MessageType><Key>/cust</Key></Topic>
+<View><Name>order_names</Name><MessageType>json</MessageType>
+  <UnderlyingTopic><Join>[buys].[/cust]=[customers].[/cust]</Join></UnderlyingTopic>
+  <Projection><Field>[buys].[/cust] AS /cust</Field><Field>[customers].[/name] AS /name</Field>
+              <Field>SUM([buys].[/qty]) AS /qty</Field></Projection>
+  <Grouping><Field>[buys].[/cust]</Field></Grouping></View>
 <Queue><Name>region_alerts</Name><MessageType>json</MessageType><UnderlyingTopic>open_value_by_region</UnderlyingTopic>
        <LeasePeriod>30s</LeasePeriod></Queue>
 """
@@ -301,6 +308,29 @@ def test_a_view_groups_filters_and_follows_updates(client, e1_orders):
     (oof,) = buffered(sub)
     assert (oof.oof, oof.json()["region"]) == ("deleted", "US")
     assert "US" not in by("region", bodies(client.sow("open_value_by_region")))
+
+
+def test_a_view_over_a_left_outer_join(client):
+    """G.2: "Left outer join: left-side records without a match project NULLs for the
+    right side; right-only records project nothing" (G.7 E4: "An order whose customer is
+    missing still yields a record with /name NULL; a customer with no orders yields
+    none"); the view follows changes of either side."""
+    for i, (cust, qty) in enumerate([(1, 10), (1, 5), (2, 7)]):
+        client.publish("buys", {"id": i, "cust": cust, "qty": qty})
+    client.publish("customers", {"cust": 1, "name": "Ann"})
+    client.publish("customers", {"cust": 9, "name": "Zed"})
+    client.flush()
+    assert by("cust", bodies(client.sow("order_names"))) == {
+        1: {"cust": 1, "name": "Ann", "qty": 15}, 2: {"cust": 2, "qty": 7}}
+    sub = client.subscribe("order_names", command="sow_and_subscribe")
+    barrier(client)
+    buffered(sub)
+    client.publish("customers", {"cust": 2, "name": "Bob"})
+    barrier(client)
+    assert bodies(buffered(sub)) == [{"cust": 2, "name": "Bob", "qty": 7}]
+    client.sow_delete("customers", filter="/cust = 1")
+    barrier(client)
+    assert bodies(buffered(sub)) == [{"cust": 1, "qty": 15}]
 
 
 def test_an_aggregated_subscription_and_query(client):

@@ -355,10 +355,11 @@ class Queue:
         """Position of the last message enqueued (start - 1 before the first)."""
         return self._last_position
 
-    def watch(self, observer: Callable[[int], object] | None) -> None:
-        """Call ``observer(position)`` for every message that changes state (None: stop):
-        what may have entered or left the available messages (views over the queue)."""
-        self._transitions.observer = observer
+    def watch(self, observer: Callable[[int, MessageState], object] | None, states: frozenset[MessageState]) -> None:
+        """Call ``observer(position, new_state)`` for every message that enters or leaves
+        ``states`` (None: stop): what entered or left the available messages (views over
+        the queue)."""
+        self._transitions.watch(observer, states)
 
     def __repr__(self) -> str:
         return (

@@ -210,7 +210,7 @@ class Transitions:
     caller's parts confirm themselves as the move happens, which ``move`` does not check
     again (the queue: AVAILABLE, see ``Queue._holds``)."""
 
-    __slots__ = ("_table", "_semantics", "_locate", "_holds", "_confirmed", "observer")
+    __slots__ = ("_table", "_semantics", "_locate", "_holds", "_confirmed", "observer", "_crossing")
 
     def __init__(
         self,
@@ -225,10 +225,18 @@ class Transitions:
         self._locate = locate
         self._holds = holds if holds is not None else (lambda p, state: locate(p) is state)
         self._confirmed = confirmed
-        #: Called with the position of every message that moves (None: nobody asks).
-        #: Views over the queue learn which messages may have become, or stopped
-        #: being, available (docs/sow-and-views.md); it must not call back into the queue.
-        self.observer: Callable[[int], object] | None = None
+        #: Called with the position and the new state of a message that moves into or out
+        #: of the watched states (:meth:`watch`; None: nobody asks). Views over the queue
+        #: learn which messages became, or stopped being, available
+        #: (docs/sow-and-views.md); it must not call back into the queue.
+        self.observer: Callable[[int, MessageState], object] | None = None
+        self._crossing: frozenset[tuple[MessageState, Verb]] = frozenset()
+
+    def watch(self, observer: Callable[[int, MessageState], object] | None, states: frozenset[MessageState]) -> None:
+        """Call ``observer(position, new_state)`` for every move that enters or leaves
+        ``states`` (the moves within or outside them cost nothing)."""
+        self.observer = observer
+        self._crossing = frozenset(k for k, to in self._table.items() if (k[0] in states) != (to in states))
 
     def move(self, position: int, verb: Verb, state: MessageState) -> MessageState:
         """The state ``verb`` moves the message at ``position``, which is in ``state``, to;
@@ -244,8 +252,8 @@ class Transitions:
             to = self._table[(state, verb)]
         except KeyError:
             raise IllegalTransition(position, state, verb, self._semantics) from None
-        if self.observer is not None:
-            self.observer(position)
+        if self.observer is not None and (state, verb) in self._crossing:
+            self.observer(position, to)
         return to
 
     def step(self, position: int, verb: Verb, state: MessageState) -> MessageState:
@@ -255,6 +263,6 @@ class Transitions:
             to = self._table[(state, verb)]
         except KeyError:
             raise IllegalTransition(position, state, verb, self._semantics) from None
-        if self.observer is not None:
-            self.observer(position)
+        if self.observer is not None and (state, verb) in self._crossing:
+            self.observer(position, to)
         return to

@@ -38,6 +38,12 @@ command dispatch (so its checks apply to them too). Rules:
    record is the very publish the delete removed there (:meth:`replicated_delete`),
    applied when durable, in journal order like a local delete, so it commutes with a
    later publish of the key on either side.
+8. **A view nobody follows is rendered when read.** With no record subscription, no
+   view or aggregated subscription over it and no queue fed by it, a view's changed
+   groups stay pending (one entry per group) and are rendered when a query or a new
+   subscription reads it (:meth:`_render`): the incremental counting goes on, only the
+   output records wait, so a view over a busy queue costs its drain little more than
+   the counting.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from conveyor.engine.aggregation import Aggregation
 from conveyor.engine.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.focus import RecordChange, RecordSubscription, deliver, record_message
+from conveyor.engine.joins import Join, rewrite_identifiers, unknown_roots
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBindings
@@ -137,32 +144,57 @@ class StateOfTheWorld:
 
     def _build_view(self, vc) -> None:
         if vc.joins:
-            raise errors.ConfigError(
-                f"view {vc.name!r}: joins are not supported yet", path=f"{vc.path}/UnderlyingTopic",
-                hint="make the view over one SOW topic, view or queue",
-            )
-        try:
-            projection = Projection(vc.projection, vc.grouping)
-        except expr.ExpressionError as exc:
-            raise errors.ConfigError(f"view {vc.name!r}: invalid projection or grouping: {exc}",
-                                     path=f"{vc.path}/Projection") from None
+            self._build_join_view(vc)
+            return
+        projection = _view_projection(vc, vc.projection, vc.grouping)
         flt = None
         if vc.filter is not None:
             flt = _filter(vc.filter, lambda msg: errors.ConfigError(f"view {vc.name!r}: invalid Filter: {msg}",
                                                                     path=f"{vc.path}/Filter"))
         aggregation = Aggregation(projection, flt)
-        view = View(vc, aggregation)
         (source,) = vc.underlying
         self._attach(source, aggregation)
+        self._add_view(vc, aggregation)
+
+    def _build_join_view(self, vc) -> None:
+        """A view over a left outer join (engine/joins.py)."""
+        if len(vc.joins) > 1:
+            raise errors.ConfigError(
+                f"view {vc.name!r}: more than one Join is not supported yet", path=f"{vc.path}/UnderlyingTopic/Join[2]",
+                hint="join two topics per view (a view over a join can be joined again by another view)",
+            )
+        (jc,) = vc.joins  # of two different topics (the configuration checked it)
+        fields = tuple(rewrite_identifiers(f) for f in vc.projection)
+        grouping = tuple(rewrite_identifiers(g) for g in vc.grouping)
+        projection = _view_projection(vc, fields, grouping)
+        topics = (jc.left_topic, jc.right_topic)
+        for section, texts, originals in (("Projection", fields, vc.projection), ("Grouping", grouping, vc.grouping)):
+            for text, original in zip(texts, originals):
+                stray = unknown_roots(text, topics)
+                if stray:
+                    raise errors.ConfigError(
+                        f"view {vc.name!r}: field {original!r} of a join names no joined topic ({', '.join(stray)})",
+                        path=f"{vc.path}/{section}",
+                        hint=f"write [{jc.left_topic}].[/path] or [{jc.right_topic}].[/path]",
+                    )
+        aggregation = Aggregation(projection)
+        join = Join(jc, aggregation, null_equivalency=vc.join_null_equivalency)
+        self._attach(jc.left_topic, join.left_side)
+        self._attach(jc.right_topic, join.right_side)
+        self._add_view(vc, aggregation)
+
+    def _add_view(self, vc, aggregation: Aggregation) -> None:
+        view = View(vc, aggregation)
         view.listeners.append(self._view_changed)
         self.views[vc.name] = view
         if any(topic_matcher(b.config.underlying)(vc.name) for b in self._bindings):
             view.feeds_queue = True
             self._outputs[vc.name] = SowTopic(SowTopicConfig(name=vc.name, message_type="json"))
 
-    def _attach(self, source: str, aggregation: Aggregation) -> None:
+    def _attach(self, source: str, aggregation: Aggregation, now: float | None = None) -> None:
         """Feed ``aggregation`` from ``source`` (a SOW topic, a view or a queue), counting
-        what the source holds now."""
+        what the source holds now (``now``: when a client asks; None: at startup, when
+        no view has anything to render yet)."""
         if source in self.topics:
             self._topic_aggs.setdefault(source, []).append(aggregation)
             load = self._cache.get
@@ -171,6 +203,8 @@ class StateOfTheWorld:
                 aggregation.add(key, position, entry.decoded(),
                                 entry.meta(format_bookmark(entry.publisher, entry.seq, position), entry.timestamp))
         elif source in self.views:
+            if now is not None:
+                self._render(source, now)
             self._view_aggs.setdefault(source, []).append(aggregation)
             for key, entry in self.views[source].records.items():
                 aggregation.add(key, entry.seq, entry.decoded(), entry.meta(None, entry.timestamp))
@@ -310,10 +344,27 @@ class StateOfTheWorld:
         for watch in self._watches.values():
             watch.reconcile()
         for view in self.views.values():
-            view.flush(now)
+            if self._followed(view):
+                view.flush(now)
         outbox = self._outbox
         for agg_sub in self._aggregated:
             agg_sub.flush(now, outbox)
+
+    def _followed(self, view: View) -> bool:
+        """Rule 8: whether anything takes the view's changes as they happen."""
+        name = view.name
+        return view.feeds_queue or bool(self._record_subs.get(name)) or bool(self._view_aggs.get(name))
+
+    def view_records(self, name: str, now: float) -> dict[int, Entry]:
+        """The current records of view ``name`` (view key -> record), rendered now."""
+        self._render(name, now)
+        return self.views[name].records
+
+    def _render(self, name: str, now: float) -> None:
+        """Rule 8: bring a view nobody follows up to date before its records are read."""
+        view = self.views.get(name)
+        if view is not None:
+            view.flush(now)
 
     def _view_changed(self, changes: list[RecordChange], now: float) -> None:
         """A view's records changed (views rule 3): its subscriptions, the views and
@@ -459,7 +510,7 @@ class StateOfTheWorld:
         flt = _filter(cmd.filter, errors.BadFilter)
         orderby = OrderBy(cmd.orderby) if cmd.orderby else None
         topic = cmd.topic
-        rows = self._rows(topic, cmd.sow_keys)
+        rows = self._rows(topic, cmd.sow_keys, now)
 
         def matches(row) -> bool:
             return flt is None or flt.matches(row[1].decoded(), row[1].meta(None, now))
@@ -491,9 +542,10 @@ class StateOfTheWorld:
             self._outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=returned,
                                              matches=hits, topic_matches=examined))
 
-    def _rows(self, topic: str, sow_keys: str | None) -> list[tuple[Any, Entry]]:
+    def _rows(self, topic: str, sow_keys: str | None, now: float) -> list[tuple[Any, Entry]]:
         """(key, record) of every current record of a SOW topic or view (``sow_keys``:
         only those)."""
+        self._render(topic, now)
         if topic in self.topics:
             st = self.topics[topic]
             load = self._cache.get
@@ -608,6 +660,7 @@ class StateOfTheWorld:
             if cmd.topic not in self.topics and cmd.topic not in self.views:
                 raise errors.UnknownTopic(f"{cmd.topic!r} is not a SOW topic or a view")
             sub.key_paths = self._key_paths(cmd.topic)
+            self._render(cmd.topic, now)  # what changed before it subscribed is not news to it
             if query:
                 self.query(session.conn_id, cmd, now, sub=sub, opts=opts)
             self._record_subs.setdefault(cmd.topic, []).append(sub)
@@ -644,7 +697,7 @@ class StateOfTheWorld:
         held.filter = flt
         if not query:
             return
-        for key, entry in self._rows(sub.topic, None):
+        for key, entry in self._rows(sub.topic, None, now):
             now_in = sub.matches(entry, None, now)
             was_in = key in sub.seen if sub.oof else (old_flt is None or old_flt.matches(entry.decoded(),
                                                                                             entry.meta(None, now)))
@@ -666,7 +719,7 @@ class StateOfTheWorld:
         agg_sub = AggregatedSubscription(sub, cmd.topic, aggregation)
         sub.filter = None  # it applied to the source messages (reference G.4)
         sub.key_paths = ()
-        self._attach(cmd.topic, aggregation)
+        self._attach(cmd.topic, aggregation, now)
         aggregation.take_changes()  # what it holds now is the query's answer
         rows = [(view_key(agg_sub.domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None))
                 for g, r in aggregation.records()]
@@ -690,7 +743,7 @@ class StateOfTheWorld:
         check_batch_size(cmd.batch_size)
         aggregation = self._aggregation(cmd.topic, opts.list("projection"), opts.list("grouping"),
                                          _filter(cmd.filter, errors.BadFilter))
-        self._attach(cmd.topic, aggregation)
+        self._attach(cmd.topic, aggregation, now)
         self._detach(cmd.topic, aggregation)
         domain = f"{cmd.topic}/query"
         rows = [(view_key(domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None)) for g, r in aggregation.records()]
@@ -731,8 +784,16 @@ class StateOfTheWorld:
     def statistics(self) -> dict[str, dict[str, int]]:
         out = {name: {"records": len(st), "expiring": len(st.expiry)} for name, st in self.topics.items()}
         for name, view in self.views.items():
-            out[name] = {"records": len(view), "members": len(view.aggregation.members)}
+            out[name] = {"records": len(view.aggregation), "members": len(view.aggregation.members)}
         return out
+
+
+def _view_projection(vc, fields: tuple[str, ...], grouping: tuple[str, ...]) -> Projection:
+    try:
+        return Projection(fields, grouping)
+    except expr.ExpressionError as exc:
+        raise errors.ConfigError(f"view {vc.name!r}: invalid projection or grouping: {exc}",
+                                 path=f"{vc.path}/Projection") from None
 
 
 def _filter(text: str | None, error):

@@ -10,9 +10,9 @@ Rules:
    expired; a view record changed; a queue message entering or leaving the available
    messages); the aggregation updates the member's group only.
 2. **Over a queue, only what is available counts** (spec 000, "Views and Aggregated
-   Subscriptions over Queues"): the queue tells the watch every message that moved
-   (:meth:`conveyor.engine.queue.Queue.watch`); at the end of the engine's step the
-   watch asks the queue where each one is now and adds or removes it. A leased message
+   Subscriptions over Queues"): the queue tells the watch every message that moved and
+   where to (:meth:`conveyor.engine.queue.Queue.watch`); at the end of the engine's
+   step the watch adds or removes each one by its last state. A leased message
    leaves, a returned one comes back, an acknowledged or expired one leaves for good,
    one beyond TargetQueueDepth is not there yet. The watch never changes the queue.
    In a replicated queue a message another instance owns (ELSEWHERE) counts like an
@@ -51,9 +51,8 @@ from conveyor.expr.values import to_text
 
 log = logging.getLogger("conveyor.engine")
 _encode = msgspec.json.Encoder().encode
-#: What a view over a queue counts: what the queue shows as available (Queue.available),
-#: messages another instance owns in a replicated queue included (rule 2).
-_COUNTED = (MessageState.AVAILABLE, MessageState.ELSEWHERE)
+#: The states Queue.available lists: what a view over the queue counts (rule 2).
+_SHOWN = frozenset({MessageState.AVAILABLE, MessageState.ELSEWHERE})
 
 
 def view_key(domain: str, group: tuple) -> int:
@@ -64,13 +63,14 @@ def view_key(domain: str, group: tuple) -> int:
 class View:
     """One configured view: its aggregation and its current records (rules 1, 3, 4)."""
 
-    __slots__ = ("config", "name", "aggregation", "records", "feeds_queue", "_seq", "listeners", "key_paths")
+    __slots__ = ("config", "name", "aggregation", "records", "feeds_queue", "_seq", "listeners", "key_paths", "_keys")
 
     def __init__(self, config: ViewConfig, aggregation: Aggregation) -> None:
         self.config = config
         self.name = config.name
         self.aggregation = aggregation
         self.records: dict[int, Entry] = {}  # view key -> the record
+        self._keys: dict[tuple, tuple[int, str]] = {}  # group -> its view key and its text (a checksum: kept)
         self.feeds_queue = False
         self._seq = 0
         #: Called with the RecordChanges of each flush: subscriptions, downstream views.
@@ -88,20 +88,25 @@ class View:
     def flush(self, now: float) -> list[RecordChange]:
         """Rule 3: the records of the groups changed since the last flush."""
         changes = []
-        domain = self.config.domain
+        keys = self._keys
         for group, record in self.aggregation.take_changes():
-            key = view_key(domain, group)
+            known = keys.get(group)
+            if known is None:
+                key = view_key(self.config.domain, group)
+                known = keys[group] = (key, str(key))
+            key, text = known
             old = self.records.get(key)
             if record is None:
+                del keys[group]
                 if old is None:
                     continue
                 del self.records[key]
-                changes.append(RecordChange(self.name, key, str(key), old, None, "deleted"))
+                changes.append(RecordChange(self.name, key, text, old, None, "deleted"))
                 continue
             self._seq += 1
             new = Entry(self.name, _encode(record), now, 0, self._seq, None)
             self.records[key] = new
-            changes.append(RecordChange(self.name, key, str(key), old, new))
+            changes.append(RecordChange(self.name, key, text, old, new))
         if changes:
             for listener in self.listeners:
                 listener(changes, now)
@@ -123,9 +128,10 @@ class QueueWatch:
         self.queue = queue
         self.name = queue.name
         self._cache = cache
-        self.touched: set[int] = set()
+        #: position -> its state after its last move since the last reconcile
+        self.touched: dict[int, MessageState] = {}
         self.aggregations: list[Aggregation] = []
-        queue.watch(self.touched.add)
+        queue.watch(self.touched.__setitem__, _SHOWN)
 
     def attach(self, agg: Aggregation) -> None:
         """Count the queue's available messages in ``agg`` now; it follows from here."""
@@ -155,22 +161,22 @@ class QueueWatch:
 
     def reconcile(self) -> None:
         """Rule 2: every message that moved since the last call is counted where it is now."""
-        if not self.touched:
+        touched = self.touched
+        if not touched:
             return
-        touched = sorted(self.touched)
-        self.touched.clear()
-        state_of = self.queue.state_of
         load = self._load
+        # (positions are unique orders: the order of the adds does not matter)
         for agg in self.aggregations:
             members = agg.members
-            for p in touched:
-                if state_of(p) in _COUNTED:
+            for p, state in touched.items():
+                if state in _SHOWN:
                     if p not in members:
                         entry = load(p)
                         if entry is not None:
                             agg.add(p, p, entry.decoded(), _meta(entry, p))
                 elif p in members:
                     agg.remove(p)
+        touched.clear()
 
 
 def member_of_record(agg: Aggregation, change: RecordChange, now: float) -> None:

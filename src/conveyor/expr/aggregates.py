@@ -42,6 +42,9 @@ AGGREGATES = frozenset({"AVG", "COUNT", "COUNT_DISTINCT", "MIN", "MAX", "STDDEV_
 
 # --- exact float sums (Shewchuk) ---------------------------------------------------------
 
+#: Integers below this magnitude convert to a double exactly.
+_FLOAT_EXACT_INT = 2**53
+
 
 def _add_partials(partials: list[float], x: float) -> None:
     """Add ``x`` to the non-overlapping partials exactly (as math.fsum does)."""
@@ -109,6 +112,13 @@ class _Sum:
             return special
         if not self.floats:
             return big_int(self.ints)
+        if -_FLOAT_EXACT_INT < self.ints < _FLOAT_EXACT_INT:
+            # The same single rounding, fast: fsum rounds the exact sum of its inputs
+            # once, and these inputs are exact (the integer part converts exactly).
+            try:
+                return math.fsum(self.partials) + 0.0 if not self.ints else math.fsum([*self.partials, self.ints])
+            except OverflowError:
+                pass  # an intermediate overflow: the rational sum below decides
         try:
             return float(self.exact())
         except OverflowError:

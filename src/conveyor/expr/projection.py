@@ -64,7 +64,7 @@ def _placeholder(name: str, pos: int) -> Field:
     return Field((name,), pos)
 
 
-def _split_as(text: str) -> tuple[str, tuple[str, ...] | None]:
+def split_as(text: str) -> tuple[str, tuple[str, ...] | None]:
     """``expr AS /path`` -> (expr text, path steps); without AS, (text, None)."""
     tokens = list(tokenize(text))
     # the last three tokens: NAME AS, PATH, END
@@ -140,7 +140,7 @@ class Projection:
         self.needs_newest = bool(self.reads)
 
     def _field(self, text: str) -> ProjectedField:
-        expr_text, out_path = _split_as(text)
+        expr_text, out_path = split_as(text)
         tree = parse(expr_text)
         _check_deterministic(tree)
         if out_path is None:
