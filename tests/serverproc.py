@@ -36,6 +36,7 @@ BASE_CONFIG = """\
         {queues}
     </SOW>
     {limits}
+    {root_extra}
 </AMPSConfig>
 """
 
@@ -45,16 +46,17 @@ ADMIN_LOOPBACK = "<Admin><InetAddr>127.0.0.1:0</InetAddr></Admin>"
 
 def write_config(
     directory: Path, *, queues: str = "", recorded: str = ".*", transport_extra: str = "", txlog_extra: str = "",
-    limits: str = "", admin: bool = False,
+    limits: str = "", admin: bool = False, root_extra: str = "",
 ) -> Path:
-    """``admin``: with an admin interface on a free loopback port (``ServerProcess.admin_url``)."""
+    """``admin``: with an admin interface on a free loopback port (``ServerProcess.admin_url``).
+    ``root_extra``: elements of AMPSConfig itself (Authentication, Entitlement, Limits...)."""
     journal = directory / "journal"
     path = directory / "config.xml"
     path.write_text(
         BASE_CONFIG.format(
             journal=journal, queues=textwrap.dedent(queues), recorded=recorded, transport_extra=transport_extra,
             txlog_extra=txlog_extra, limits=f"<Limits>{limits}</Limits>" if limits else "",
-            admin=ADMIN_LOOPBACK if admin else "",
+            admin=ADMIN_LOOPBACK if admin else "", root_extra=root_extra,
         )
     )
     return path
@@ -76,6 +78,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.admin_url: str | None = None  # "conveyor admin on URL", when configured
+        self.ports: list[int] = []  # every listener, in the order of the configuration's transports
         self.stderr_lines: list[str] = []
 
     @property
@@ -99,6 +102,7 @@ class ServerProcess:
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         deadline = time.monotonic() + STARTUP_SECONDS_MAX
         assert self.proc.stdout is not None
+        self.ports = []
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
@@ -106,7 +110,9 @@ class ServerProcess:
             if line.startswith("conveyor admin on "):
                 self.admin_url = line.rsplit(" ", 1)[1].strip()
             if line.startswith("conveyor listening on port "):
-                self.port = int(line.rsplit(" ", 1)[1])
+                self.ports.append(int(line.rsplit(" ", 1)[1]))
+                self.port = self.ports[0]
+            elif line.startswith("conveyor ready"):
                 threading.Thread(target=self.proc.stdout.read, daemon=True).start()
                 return self
         self.proc.kill()

@@ -7,7 +7,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "conveyor"
 CORE = ["engine", "journal", "expr", "config", "protocol", "records"]
-SHELLS = {"server", "client", "cli", "spark", "replication"}
+SHELLS = {"server", "client", "cli", "spark", "replication", "security"}
 
 
 def _imports(path: Path):

@@ -78,6 +78,33 @@ class NameInUse(ClientError):
     code = "name_in_use"
 
 
+class NotAuthenticated(ClientError):
+    """With ``Authentication`` on: a command before a successful logon, or a logon whose
+    credentials were refused (the connection is then closed)."""
+
+    code = "not_authenticated"
+
+
+class NotEntitled(ClientError):
+    """The authenticated user is not granted what the command needs (``details``:
+    ``permission``, ``name``)."""
+
+    code = "not_entitled"
+
+
+class ClientReplaced(ClientError):
+    """This connection was replaced by a newer logon of the same client name and user
+    (spec 002, "name in use"); a client told so does not reconnect on its own."""
+
+    code = "client_replaced"
+
+
+class LimitExceeded(ClientError):
+    """A limit of ``<Limits>`` (``details``: ``limit``, ``max``)."""
+
+    code = "limit_exceeded"
+
+
 class UnknownTopic(ClientError):
     code = "unknown_topic"
 

@@ -28,7 +28,7 @@ DOCUMENTED_DEFAULT = Config(
         Transport(
             name="json-tcp",
             type="tcp",
-            host="0.0.0.0",
+            host="127.0.0.1",
             port=9007,
             protocol="conveyor",
             message_type="json",

@@ -436,10 +436,17 @@ def test_two_listeners_on_one_port():
             hint="its own port")
 
 
-@pytest.mark.parametrize("kind, hint", [("amps-replication-secure", "TLS"), ("tcps", "TLS")])
-def test_unsupported_transport_types(kind, hint):
-    refused(_transports(f"<Type>{kind}</Type><InetAddr>9007</InetAddr>"), f"{T1}/Type",
-            f"transport type {kind!r} is not supported", hint=hint)
+@pytest.mark.parametrize("kind", ["amps-replication-secure", "tcps"])
+def test_tls_transports_need_a_certificate_and_key(kind):
+    refused(_transports(f"<Type>{kind}</Type><InetAddr>9007</InetAddr>"), T1,
+            "a TLS listener needs <Certificate> and <PrivateKey>", hint="PEM files")
+
+
+def test_tls_elements_on_a_plain_transport_are_refused(tmp_path):
+    pem = tmp_path / "cert.pem"
+    pem.write_text("x")
+    refused(_transports(f"<Type>tcp</Type><InetAddr>9007</InetAddr><Certificate>{pem}</Certificate>"),
+            f"{T1}/Certificate", "<Certificate> needs TLS", hint="tcps")
 
 
 def test_one_incoming_replication_transport():

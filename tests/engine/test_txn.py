@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from conveyor import records
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.engine.bookmarks import publisher_id, txn_publisher_id
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
@@ -66,7 +66,7 @@ def test_commit_publishes_every_staged_row_atomically_once_durable():
     assert items(h.messages(w)) == [1, 2, 3, 4]
     recs = publishes(h)
     assert [(r.txn_index, r.txn_total, r.seq) for r in recs] == [(i, 4, 1) for i in range(4)]
-    assert {r.publisher for r in recs} == {publisher_id("sink/q1")}
+    assert {r.publisher for r in recs} == {txn_publisher_id("sink/q1", None)}
 
 
 def test_a_repeated_commit_is_a_duplicate_and_discards_the_new_staging():
@@ -175,7 +175,7 @@ def _journal_with_partial_run(segment_bytes: int | None = None) -> tuple[MemoryJ
     j = MemoryJournal(**kw)
     pub = publisher_id("someone")
     j.append(records.encode_publish("Work", pub, 1, 1.0, body({"i": 0}), None))
-    sink = publisher_id("sink/q1")
+    sink = txn_publisher_id("sink/q1", None)
     start = None
     for i in range(2):
         rec = records.PublishRec("Work", sink, 7, 1.0, body({"i": 100 + i, "pad": "x" * 80}), None, txn_index=i, txn_total=3)
@@ -194,7 +194,7 @@ def test_recovery_truncates_a_transaction_cut_short_at_the_tail(caplog):
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=10")
     assert items(h.messages(w)) == [0]
-    assert not h.engine.publishes.knows(publisher_id("sink/q1"))  # the commit never happened
+    assert not h.engine.publishes.knows(txn_publisher_id("sink/q1", None))  # the commit never happened
     sink = h.connect("sink")
     stage(h, sink, "a", [5])
     assert commit(h, sink, 7, ["a"]).result == replies.CommitReply(published=1)
@@ -293,7 +293,7 @@ def test_a_fenced_commit_publishes_nothing_and_a_current_one_acks_its_deliveries
     ack = last_ack(h, old)
     assert (ack.status, ack.code) == ("failure", "fenced")
     assert h.messages(w) == []
-    assert [r.publisher for r in publishes(h)].count(publisher_id("sink/old")) == 0
+    assert [r.publisher for r in publishes(h)].count(txn_publisher_id("sink/old", None)) == 0
     # the newer holder re-offers deliveries 1..2 and commits them with its epoch: acked with the rows
     assert _named(h, new, m.Lease(queue="Q", consumer="c", after=0, max=2, ttl=30, epoch=e2)).d == 2
     stage(h, new, "new/0", [20, 21])
@@ -306,7 +306,7 @@ def test_a_fenced_commit_publishes_nothing_and_a_current_one_acks_its_deliveries
     h.handle(new, m.CommitTxn(publisher="sink/new", seq=2, txns=["new/1"], fences=[m.ConsumerFence("Q", "c", e2, 9)]))
     h.commit()
     assert last_ack(h, new).code == "bad_delivery_range"
-    assert [r.seq for r in publishes(h) if r.publisher == publisher_id("sink/new")] == [1, 1]
+    assert [r.seq for r in publishes(h) if r.publisher == txn_publisher_id("sink/new", None)] == [1, 1]
 
 
 def test_the_acknowledgement_of_a_fenced_commit_survives_a_crash():

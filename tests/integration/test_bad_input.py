@@ -133,7 +133,9 @@ def test_name_in_use_same_user_replaces_old_connection(server):
     raw2.send(encode_frame([m.Logon(client_name="dup", cid="1", ack_type="processed", user_id="alice")]))
     assert raw2.read()[0].status == "success"
     raw1.sock.settimeout(5)
-    assert raw1.sock.recv(100) == b""  # the old one was closed
+    (told,) = raw1.read()  # the old one is told why (client_replaced), then closed
+    assert (told.status, told.code) == ("failure", "client_replaced")
+    assert raw1.sock.recv(100) == b""
     server.wait_log("name in use")
 
 

@@ -81,14 +81,19 @@ def _run_server(config) -> int:
         # during recovery) asks for a graceful stop instead of killing the process.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        server = Server(config)
 
         def shut_down() -> None:
             log.info("shutting down")
             stop.set()
 
+        def reload() -> None:
+            log.info("SIGHUP: reloading the users file, TLS certificates and entitlements")
+            server.reload_security(force=True)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, shut_down)
-        server = Server(config)
+        loop.add_signal_handler(signal.SIGHUP, reload)
         await server.start()
         settle_after_recovery()  # process-wide: this command owns the process
         if server.admin is not None:
@@ -101,6 +106,7 @@ def _run_server(config) -> int:
             print(f"journal: {config.transaction_log.journal_directory}", flush=True)
         if config.queues:
             print("queues: " + ", ".join(q.name for q in config.queues), flush=True)
+        print("conveyor ready", flush=True)
         await server.run_until(stop)  # raises ServerFailed (exit 1) if the server fails
 
     uvloop.run(main())
@@ -113,7 +119,7 @@ def _run_server(config) -> int:
 def _client(args: argparse.Namespace):
     from conveyor.client import Client
 
-    return Client(args.name).connect(args.server)
+    return Client(args.name, user_id=args.user, ca_file=args.ca_file).connect(args.server)
 
 
 #: After a Ctrl-C during a publish, how long to wait for the confirmations of what was
@@ -143,7 +149,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 if line.strip():
                     client.publish(args.topic, line.encode())
                     sent += 1
-            client.flush()
+            try:
+                client.flush()
+            except errors.ConveyorError as exc:
+                # flush() reports the first refused publish once everything is persisted;
+                # each refusal was logged with its reason, and they are counted below.
+                if exc.details.get("seq") is None:
+                    raise
         except KeyboardInterrupt:
             persisted = _persisted_after_interrupt(client, sent)
             print(f"conveyor publish: interrupted: {persisted} message(s) persisted to {args.topic}"
@@ -205,6 +217,62 @@ def cmd_ack(args: argparse.Namespace) -> int:
     with _client(args) as client:
         removed = client.sow_delete(args.queue, bookmarks=args.bookmark or None, filter=args.filter, options=args.option)
     print(f"{removed} message(s) acknowledged", file=sys.stderr)
+    return EXIT_OK
+
+
+# --- users ------------------------------------------------------------------------------------
+
+
+def _users_file(args: argparse.Namespace):
+    from conveyor.security.users import UsersFile
+
+    if args.file:
+        return UsersFile(args.file)
+    from conveyor.config import load_file
+
+    config = load_file(args.config)
+    if config.authentication is None or config.authentication.users_file is None:
+        raise errors.ClientError(f"{args.config} has no Authentication/UsersFile: give the file with --file")
+    return UsersFile(config.authentication.users_file)
+
+
+def _read_password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        line = sys.stdin.readline()
+        password = line[:-1] if line.endswith("\n") else line
+    else:
+        import getpass
+
+        if not sys.stdin.isatty():
+            raise errors.ClientError("no terminal to ask for the password: use --password-stdin")
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise errors.ClientError("the two passwords differ; nothing was changed")
+    if not password:
+        raise errors.ClientError("a password cannot be empty; nothing was changed")
+    return password
+
+
+def cmd_users_add(args: argparse.Namespace) -> int:
+    users = _users_file(args)
+    from conveyor.security.users import check_name
+
+    check_name(args.name)
+    new = users.add(args.name, _read_password(args), replace=args.replace)
+    print(f"user {args.name} {'added to' if new else 'given a new password in'} {users.path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_users_remove(args: argparse.Namespace) -> int:
+    users = _users_file(args)
+    users.remove(args.name)
+    print(f"user {args.name} removed from {users.path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_users_list(args: argparse.Namespace) -> int:
+    for name in sorted(_users_file(args).read()):
+        print(name)
     return EXIT_OK
 
 
@@ -286,8 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     def client_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", "-s", default=DEFAULT_URI, help=f"server URI (default {DEFAULT_URI})")
+        p.add_argument("--server", "-s", default=DEFAULT_URI,
+                       help=f"server URI (default {DEFAULT_URI}); tcps://HOST:PORT for TLS")
         p.add_argument("--name", help="client name (default: generated)")
+        p.add_argument("--user", help="user name to log on with (the password comes from the URI or "
+                                      "the CONVEYOR_PASSWORD environment variable)")
+        p.add_argument("--ca-file", help="CA certificates (PEM) that sign the server's certificate, for tcps://")
 
     p = sub.add_parser("publish", help="publish messages (one per line from DATA, --file or stdin)")
     p.add_argument("topic")
@@ -323,6 +395,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", choices=["cancel", "expire"])
     client_args(p)
     p.set_defaults(func=cmd_ack)
+
+    p = sub.add_parser("users", help="manage a users file (Authentication/UsersFile)")
+    usub = p.add_subparsers(dest="users_command", required=True)
+
+    def users_file(p: argparse.ArgumentParser) -> None:
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("--file", "-f", help="the users file")
+        where.add_argument("--config", "-c", help="the server configuration whose Authentication/UsersFile to use")
+
+    u = usub.add_parser("add", help="add a user (the password is asked for, never echoed, or read from stdin)")
+    u.add_argument("name")
+    users_file(u)
+    u.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    u.add_argument("--replace", action="store_true", help="set a new password for an existing user")
+    u.set_defaults(func=cmd_users_add)
+    u = usub.add_parser("remove", help="remove a user")
+    u.add_argument("name")
+    users_file(u)
+    u.set_defaults(func=cmd_users_remove)
+    u = usub.add_parser("list", help="list the users (names only)")
+    users_file(u)
+    u.set_defaults(func=cmd_users_list)
 
     p = sub.add_parser("journal", help="transaction log tools")
     jsub = p.add_subparsers(dest="journal_command", required=True)

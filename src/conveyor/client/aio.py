@@ -27,6 +27,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from conveyor import errors
@@ -40,6 +41,7 @@ from conveyor.client.core import (
     PendingCommand,
     parse_uri,
 )
+from conveyor.client.endpoints import Endpoint
 from conveyor.client.message import Acker, AckVerb, to_bytes
 from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange, make_policy
 from conveyor.client.store import PublishStore
@@ -147,6 +149,10 @@ class AsyncClient:
         reconnect_timeout: float | None = UNSET,  # type: ignore[assignment]
         user_id: str | None = None,
         password: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.core = ClientCore(
             client_name=client_name or f"client-{os.getpid()}-{id(self):x}",
@@ -159,8 +165,14 @@ class AsyncClient:
         self.ack_batch_seconds = ack_batch_seconds
         self.max_inflight = max_inflight
         self.timeout = timeout
+        # Credentials (client/endpoints.py rule 1: arguments, then the URI, then the
+        # environment) and TLS settings for tcps:// servers. Never logged.
         self.user_id = user_id
-        self.password = password
+        self._password = password
+        self.ca_file = ca_file
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.ssl_context = ssl_context
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task | None = None
         self._reconnect_task: asyncio.Task | None = None
@@ -248,7 +260,9 @@ class AsyncClient:
         raise error
 
     async def logon(self) -> m.Ack:
-        ack = await self._wait(self.core.logon(user_id=self.user_id, password=self.password))
+        endpoint = self.core.endpoints[self.core.server_index]
+        user, password = endpoint.credentials(self.user_id, self._password)
+        ack = await self._wait(self.core.logon(user_id=user, password=password))
         for hook in self._resume_hooks:
             hook()
         self.core.logged_on(ack)
@@ -304,10 +318,29 @@ class AsyncClient:
     async def __aexit__(self, *exc: Any) -> None:
         await self.disconnect()
 
+    def _tls_for(self, endpoint: Endpoint) -> ssl.SSLContext | None:
+        if not endpoint.tls:
+            return None
+        if self.ssl_context is not None:
+            return self.ssl_context
+        from conveyor.security.tls import client_context
+
+        return client_context(ca_file=endpoint.ca_file or self.ca_file, cert_file=endpoint.cert_file or self.cert_file,
+                              key_file=endpoint.key_file or self.key_file)
+
     async def _open(self, index: int, uri: str) -> None:
-        host, port = parse_uri(uri)
+        endpoint = self.core.endpoints[index]
+        host, port = endpoint.host, endpoint.port
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), self.timeout)
+            tls = self._tls_for(endpoint)
+        except (OSError, ssl.SSLError) as exc:
+            raise errors.ClientError(f"cannot use the TLS files for {uri}: {exc}") from None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None), self.timeout)
+        except ssl.SSLCertVerificationError as exc:
+            raise errors.ConnectionLost(f"cannot connect to {uri}: the server's certificate was refused: "
+                                        f"{exc.verify_message or exc}") from None
         except (OSError, asyncio.TimeoutError) as exc:
             raise errors.ConnectionLost(f"cannot connect to {uri}: {exc}") from None
         try:
@@ -360,8 +393,11 @@ class AsyncClient:
             self._complete(pending)
         if self._closing or self.core.state is not S.CONNECTED:
             return  # connect() or the reconnect task sees its own command fail
+        if self.core.replaced is not None:
+            error = self.core.replaced  # final: reconnecting would take the name back
+            log.warning("client %s: %s; not reconnecting", self.client_name, error)
         self._move(S.DISCONNECTED, reason=str(error))
-        if self.core.reconnect.enabled:
+        if self.core.reconnect.enabled and self.core.replaced is None:
             self._move(S.RECONNECTING, reason=str(error))
             assert self.loop is not None
             self._reconnect_task = self.loop.create_task(self._reconnect(str(error)))
@@ -386,6 +422,15 @@ class AsyncClient:
             try:
                 await self._open(index, uri)
                 await self.logon()
+            except (errors.NotAuthenticated, errors.NameInUse) as exc:
+                # Credentials or a name another user holds will not get better by retrying.
+                self._drop_transport()
+                for pending in self.core.connection_lost(errors.ConnectionLost(str(exc))):
+                    self._complete(pending)
+                log.warning("client %s: reconnection to %s refused: %s", self.client_name, uri, exc)
+                self._move(S.FAILED, reason=str(exc), attempt=attempt)
+                self._give_up(exc)
+                return
             except Exception as exc:  # any failed attempt is retried; only the policy gives up
                 if isinstance(exc, errors.ConveyorError):
                     log.debug("client %s: reconnection attempt %d to %s failed: %s", self.client_name, attempt, uri, exc)
@@ -561,6 +606,7 @@ class AsyncClient:
         if seq is None:
             seq = self.core.next_seq - 1
         if self.core.persisted_seq >= seq or len(self.core.store) == 0:
+            self._raise_publish_error()
             return
         if self._error is not None:
             raise self._error
@@ -571,6 +617,15 @@ class AsyncClient:
             await asyncio.wait_for(fut, timeout or self.timeout)
         except asyncio.TimeoutError:
             raise errors.TimedOut(f"publishes up to {seq} not persisted within {timeout or self.timeout} s") from None
+        self._raise_publish_error()
+
+    def _raise_publish_error(self) -> None:
+        """Report a publish the server refused (once): it was not and will not be persisted."""
+        failures = self.core.publish_errors
+        if failures:
+            first = failures[0]
+            failures.clear()
+            raise first
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send batched acks, then wait until the server has processed and persisted

@@ -36,9 +36,9 @@ import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urlparse
 
 from conveyor import errors
+from conveyor.client.endpoints import URI_SCHEMES, Endpoint, parse_endpoint
 from conveyor.client.message import AckVerb, Message, to_bytes
 from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectPolicy
 from conveyor.client.store import FilePublishStore, PublishStore
@@ -55,21 +55,14 @@ log = logging.getLogger("conveyor.client")
 
 ACK_BATCH_SIZE_DEFAULT = 100  # acknowledgements per sow_delete frame
 ACK_BATCH_SECONDS_DEFAULT = 0.05  # longest an acknowledgement waits to be sent
-URI_SCHEMES = ("tcp", "conveyor", "amps")
+__all__ += ["URI_SCHEMES"]
 
 
 def parse_uri(uri: str) -> tuple[str, int]:
-    """``tcp://host:port`` (or ``host:port``) -> (host, port); ClientError if malformed."""
-    parsed = urlparse(uri if "://" in uri else f"tcp://{uri}")
-    if parsed.scheme not in URI_SCHEMES:
-        raise errors.ClientError(f"unsupported URI scheme {parsed.scheme!r} (use tcp://host:port)")
-    try:
-        port = parsed.port
-    except ValueError:
-        port = None
-    if not parsed.hostname or not port:
-        raise errors.ClientError(f"URI {uri!r} needs a host and a port, e.g. tcp://127.0.0.1:9007")
-    return parsed.hostname, port
+    """``tcp://host:port`` (or ``host:port``, ``tcps://...``) -> (host, port); ClientError
+    if malformed (:func:`conveyor.client.endpoints.parse_endpoint` gives the rest)."""
+    endpoint = parse_endpoint(uri)
+    return endpoint.host, endpoint.port
 
 
 def _publish_command(topic: str, data: bytes, seq: int, correlation_id: str | None, extra: dict | None):
@@ -158,8 +151,11 @@ class ClientCore:
         self.acks_refused = 0
         self.publishes_refused = 0
         self.online = False  # logged on over a live connection
+        self.publish_errors: list[errors.ConveyorError] = []  # refused publishes, until flush() reports them
+        self.replaced: errors.ClientReplaced | None = None  # the server said another connection took the name
         self.epoch = 0  # connections lost so far
-        self.servers: list[str] = []
+        self.servers: list[str] = []  # as shown: the URIs without their passwords
+        self.endpoints: list[Endpoint] = []
         self.server_index = 0
         self.reconnects = 0
         self.on_persisted: Callable[[int], None] | None = None
@@ -180,9 +176,8 @@ class ClientCore:
         servers = [uris] if isinstance(uris, str) else list(uris)
         if not servers:
             raise errors.ClientError("connect() needs at least one server URI")
-        for uri in servers:
-            parse_uri(uri)
-        self.servers = servers
+        self.endpoints = [parse_endpoint(uri) for uri in servers]
+        self.servers = [e.display for e in self.endpoints]
         self.server_index = 0
 
     def server_for(self, attempt: int, *, failover: bool) -> tuple[int, str]:
@@ -195,6 +190,7 @@ class ClientCore:
     def connection_opened(self, index: int) -> None:
         """A fresh transport to ``servers[index]``: a new decoder, nothing stale to send."""
         self.server_index = index
+        self.replaced = None
         self.decoder = MessageDecoder()
         self.outgoing = []
 
@@ -391,12 +387,20 @@ class ClientCore:
 
     def _on_ack(self, ack: m.Ack, done: list[PendingCommand]) -> None:
         cid = ack.cid
+        if cid is None and ack.code == errors.ClientReplaced.code:
+            # The server handed this client's name to a newer connection of the same user
+            # (spec 002): the loss that follows is final, never a reason to reconnect.
+            self.replaced = errors.ClientReplaced(ack.reason or "replaced by a newer connection")
+            return
         if cid is None and ack.status == "failure" and ack.seq is not None:
-            # A publish the server refused (not JSON on a json topic, a bad expiration...):
-            # it will never be persisted; drop it from the store and say so.
+            # A publish the server refused (not entitled, a limit, not JSON on a json
+            # topic, a bad expiration...): it will never be persisted. The store lets it
+            # go, the refusal is counted and logged, and the next wait_persisted() raises why.
+            error = errors.error_for_code(ack.code or "server_error", ack.reason or "", seq=ack.seq)
+            log.warning("client %s: publish %d refused by the server: %s", self.client_name, ack.seq, error)
             self.store.discard(ack.seq)
             self.publishes_refused += 1
-            log.warning("publish %d refused by the server: %s", ack.seq, ack.reason)
+            self.publish_errors.append(error)
             if self.on_persisted is not None:
                 self.on_persisted(self.persisted_seq)
             return

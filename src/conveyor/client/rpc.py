@@ -29,6 +29,10 @@ from processes Spark creates and kills at will, and objects that are pickled. Ru
    the state the calls rely on (a named consumer's deliveries, acked pointer and epoch,
    publishers' highest sequences) is journaled, while staged rows are not and fail the
    commit with ``unknown_txn`` (docs/spark.md, "Failover between instances").
+7. **Credentials and TLS** as for :class:`~conveyor.client.Client`: ``tcps://`` URIs,
+   ``user:password@`` in the URI, the ``user_id``/``password`` arguments or the
+   environment (:mod:`conveyor.client.endpoints`); a password never appears in a
+   message, a log line or a ``repr``.
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import socket
+import ssl
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
 
 from conveyor import errors
-from conveyor.client.core import parse_uri
+from conveyor.client.endpoints import Endpoint, parse_endpoint
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies as r
 from conveyor.protocol.codec import MessageDecoder, encode_frame
@@ -51,13 +56,14 @@ ROWS_PER_FRAME_MAX = 5000
 RECV_BYTES = 1 << 20
 
 
-def parse_servers(servers: str) -> list[tuple[str, tuple[str, int]]]:
-    """``"tcp://a:1,tcp://b:2"`` -> [(uri, (host, port)), ...]; ClientError if none or
-    one is malformed."""
+def parse_servers(servers: str) -> list[tuple[str, Endpoint]]:
+    """``"tcp://a:1,tcp://b:2"`` -> [(uri as shown, endpoint), ...]; ClientError if none or
+    one is malformed. The URI as shown has no password (rule 7)."""
     uris = [u.strip() for u in servers.split(",") if u.strip()]
     if not uris:
         raise errors.ClientError("no server URI given (e.g. tcp://127.0.0.1:9007, or several, comma separated)")
-    return [(u, parse_uri(u)) for u in uris]
+    endpoints = [parse_endpoint(u) for u in uris]
+    return [(e.display, e) for e in endpoints]
 
 
 def fingerprint(data: bytes) -> int:
@@ -80,8 +86,13 @@ def _chunks(rows: Sequence[bytes], overhead: int = 16) -> Iterator[tuple[int, in
 class RpcClient:
     """Blocking calls to one conveyor server; see the module rules."""
 
-    def __init__(self, server: str, *, client_name: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, server: str, *, client_name: str | None = None, timeout: float = 30.0,
+                 user_id: str | None = None, password: str | None = None, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None) -> None:
         self.servers = parse_servers(server)
+        self.user_id = user_id
+        self._password = password
+        self.ca_file, self.cert_file, self.key_file = ca_file, cert_file, key_file
         self._at = 0  # index of the server that last accepted a connection (rule 6)
         self.client_name = client_name or f"conveyor-rpc-{uuid.uuid4().hex[:12]}"
         self.timeout = timeout
@@ -117,9 +128,15 @@ class RpcClient:
         failures = []
         for i in range(len(self.servers)):  # rule 6: from the last that worked, in order
             at = (self._at + i) % len(self.servers)
-            uri, address = self.servers[at]
+            uri, endpoint = self.servers[at]
             try:
-                sock = socket.create_connection(address, timeout=self.timeout)
+                sock = socket.create_connection((endpoint.host, endpoint.port), timeout=self.timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if endpoint.tls:
+                    sock = self._tls(endpoint).wrap_socket(sock, server_hostname=endpoint.host)
+            except ssl.SSLCertVerificationError as exc:
+                failures.append(f"{uri}: the server's certificate was refused: {exc.verify_message or exc}")
+                continue
             except OSError as exc:
                 failures.append(f"{uri}: {exc}")
                 continue
@@ -127,9 +144,10 @@ class RpcClient:
             break
         else:
             raise errors.ConnectionLost(f"cannot connect to {'; '.join(failures)}")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._decoder, self._items = sock, MessageDecoder(), []
-        logon = m.Logon(client_name=self.client_name, cid=self._cid(), ack_type="processed")
+        user, password = endpoint.credentials(self.user_id, self._password)
+        logon = m.Logon(client_name=self.client_name, cid=self._cid(), ack_type="processed", user_id=user,
+                        password=password)
         try:
             self._send([logon])
             self._wait(logon.cid)
@@ -137,6 +155,15 @@ class RpcClient:
             self.close()
             raise
         return sock
+
+    def _tls(self, endpoint: Endpoint) -> ssl.SSLContext:
+        from conveyor.security.tls import client_context
+
+        try:
+            return client_context(ca_file=endpoint.ca_file or self.ca_file, cert_file=endpoint.cert_file or self.cert_file,
+                                  key_file=endpoint.key_file or self.key_file)
+        except ssl.SSLError as exc:
+            raise errors.ClientError(f"cannot use the TLS files for {endpoint.display}: {exc}") from None
 
     def _cid(self) -> str:
         return f"r{next(self._cids)}"

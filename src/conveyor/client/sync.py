@@ -111,7 +111,8 @@ class Client:
     Takes the arguments of :class:`AsyncClient` (``client_name``, then ``publish_store``,
     ``auto_ack``, ``ack_batch_size``, ``ack_batch_seconds``, ``max_inflight``,
     ``timeout``, ``reconnect``, ``max_reconnect_attempts``, ``reconnect_timeout``,
-    ``user_id``, ``password``) and passes them to the asyncio client it runs.
+    ``user_id``, ``password``, ``ca_file``, ``cert_file``, ``key_file``, ``ssl_context``)
+    and passes them to the asyncio client it runs.
     """
 
     def __init__(self, client_name: str | None = None, **options: Any) -> None:

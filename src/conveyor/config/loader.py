@@ -26,7 +26,8 @@ from conveyor.config.model import Config
 from conveyor.config.queues import read_sow
 from conveyor.config.replication import read_replication
 from conveyor.config.rules import check
-from conveyor.config.transports import check_listeners, read_admin, read_limits, read_transports
+from conveyor.config.security import read_authentication, read_entitlement, read_limits
+from conveyor.config.transports import check_listeners, read_admin, read_transports
 from conveyor.config.tree import OPTIONAL, Document, parse
 from conveyor.config.txlog import read_transaction_log
 from conveyor.errors import ConfigError
@@ -43,14 +44,14 @@ _ROOT = {
     "SOW": OPTIONAL,
     "Actions": OPTIONAL,
     "Replication": OPTIONAL,
+    "Authentication": OPTIONAL,
+    "Entitlement": OPTIONAL,
     "Limits": OPTIONAL,
     "Logging": OPTIONAL,
 }
 _UNSUPPORTED_AMPS = (
     "MessageTypes",
     "Modules",
-    "Authentication",
-    "Entitlement",
     "Protocols",
     "Tuning",
     "ConfigIncludeDirectories",
@@ -129,8 +130,23 @@ def _read_root(doc: Document) -> Config:
     replication = None
     if (n := kids.one("Replication")) is not None:
         replication = values["replication"] = read_replication(doc, n)
+    authentication = None
+    if (n := kids.one("Authentication")) is not None:
+        authentication = values["authentication"] = read_authentication(doc, n)
+    if (n := kids.one("Entitlement")) is not None:
+        if authentication is None:
+            raise doc.error(n.path, "<Entitlement> without <Authentication>: nobody would be known to be entitled",
+                            "add <Authentication> with a <UsersFile> (docs/security.md)")
+        values["entitlement"] = read_entitlement(doc, n)
     if (n := kids.one("Limits")) is not None:
         values["limits"] = read_limits(doc, n)
+    if authentication is not None and authentication.client_certificates:
+        verifying = [t for t in transports if t.tls is not None and t.tls.client_certificates != "none"]
+        if not verifying:
+            raise doc.error(f"{authentication.path}/ClientCertificates",
+                            "client certificates authenticate, but no transport verifies them",
+                            "give a tcps Transport <CAFile> and <ClientCertificates>optional</ClientCertificates> "
+                            "(or required)")
 
     listeners = [
         (f"AMPSConfig/Transports/Transport[{i}]/InetAddr", t.host, t.port)

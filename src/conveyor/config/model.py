@@ -66,16 +66,34 @@ JOURNAL_SEGMENT_BYTES_MIN = 1024 * 1024  # below this, segments churn for no gai
 
 
 @dataclass(frozen=True)
+class Tls:
+    """TLS settings of a listener (``tcps``, ``amps-replication-secure``, the admin port)
+    or of an outgoing replication link (docs/security.md). Paths are read when the server
+    starts and again when certificates are reloaded."""
+
+    certificate: Path | None = None  # PEM chain; required on a listener
+    private_key: Path | None = None  # PEM; required on a listener
+    ca_file: Path | None = None  # listener: CAs for client certificates; link: CAs for the destination
+    # Listener only: "none" (no client certificate asked), "optional" (verified when
+    # given), "required" (the handshake fails without one signed by CAFile).
+    client_certificates: str = "none"
+    ciphers: str | None = None  # OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are fixed)
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
 class Transport:
     name: str
     type: str = "tcp"  # "tcp" (client connections) or "replication" (incoming replication)
-    host: str = "0.0.0.0"
+    # A bare port in InetAddr means loopback: exposing a port is written explicitly.
+    host: str = "127.0.0.1"
     port: int = 9007
     protocol: str = "conveyor"  # "amps" is accepted as a synonym
     message_type: str | None = None
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT  # <MaxFrameSize>
     output_bytes_max: int = OUTPUT_BYTES_MAX_DEFAULT  # <SlowClientDisconnectThreshold>
     idle_timeout_s: float | None = None  # <IdleTimeout>: close connections silent this long
+    tls: Tls | None = None  # Type tcps / amps-replication-secure
     # Element path in the XML, for errors found when the server binds it (not part of
     # what the transport is: two equal transports may sit at different paths).
     path: str = field(default="", compare=False)
@@ -86,6 +104,7 @@ class Admin:
     host: str = "127.0.0.1"
     port: int = 8085
     file_name: str | None = None
+    tls: Tls | None = None  # <Certificate>/<PrivateKey>...: serve the admin interface over HTTPS
 
 
 #: Default size at which a log file is rotated: small enough to open in an editor.
@@ -261,6 +280,17 @@ class Action:
 
 
 @dataclass(frozen=True)
+class LinkEndpoint:
+    """One address of a destination's failover list, with how to reach it: TLS
+    (``amps-replication-secure``) and the credentials this instance logs on with."""
+
+    address: str
+    tls: Tls | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a repr or a log
+
+
+@dataclass(frozen=True)
 class ReplicationDestination:
     name: str  # the Name of the instance it replicates to (checked at the handshake)
     group: str | None
@@ -272,6 +302,8 @@ class ReplicationDestination:
     # this is treated as async until it is back under <UpgradeAge> (default: half).
     downgrade_age_s: float | None = None
     upgrade_age_s: float = 0.0
+    # The addresses again, each with its transport's TLS and credentials (same order).
+    endpoints: tuple[LinkEndpoint, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -289,12 +321,34 @@ OUTPUT_BUDGET_BYTES_DEFAULT = 2 * OUTPUT_BYTES_MAX_DEFAULT
 IDLE_TIMEOUT_S_DEFAULT = 3600.0
 
 
+#: Defaults of ``<Limits>`` (docs/configuration.md): generous for one application,
+#: small enough that one client cannot take the server's memory or file descriptors.
+CONNECTIONS_MAX_DEFAULT = 10_000
+CONNECTIONS_PER_USER_MAX_DEFAULT = 1_000
+SUBSCRIPTIONS_PER_CONNECTION_MAX_DEFAULT = 10_000
+TOPIC_CHARS_MAX_DEFAULT = 1024
+PENDING_LOGONS_MAX_DEFAULT = 256
+LOGON_TIMEOUT_S_DEFAULT = 10.0
+FAILED_LOGONS_PER_ADDRESS_MAX_DEFAULT = 10
+FAILED_LOGON_WINDOW_S_DEFAULT = 60.0
+
+
 @dataclass(frozen=True)
 class Limits:
-    """``<Limits>``: bounds on what the server as a whole holds for its clients."""
+    """``<Limits>``: bounds on what the server as a whole holds for its clients, and
+    on what one client may take of it."""
 
     output_budget_bytes: int = OUTPUT_BUDGET_BYTES_DEFAULT  # <OutputBudget>
     idle_timeout_s: float = IDLE_TIMEOUT_S_DEFAULT  # <IdleTimeout>: connections with no subscription
+    connections_max: int = CONNECTIONS_MAX_DEFAULT  # <MaxConnections>
+    connections_per_user_max: int = CONNECTIONS_PER_USER_MAX_DEFAULT  # <MaxConnectionsPerUser>
+    subscriptions_per_connection_max: int = SUBSCRIPTIONS_PER_CONNECTION_MAX_DEFAULT  # <MaxSubscriptionsPerConnection>
+    topic_chars_max: int = TOPIC_CHARS_MAX_DEFAULT  # <MaxTopicLength>, characters
+    # <MaxPendingLogons>: connections not yet authenticated (with Authentication).
+    pending_logons_max: int = PENDING_LOGONS_MAX_DEFAULT
+    logon_timeout_s: float = LOGON_TIMEOUT_S_DEFAULT  # <LogonTimeout>
+    failed_logons_per_address_max: int = FAILED_LOGONS_PER_ADDRESS_MAX_DEFAULT  # <MaxFailedLogonsPerAddress>
+    failed_logon_window_s: float = FAILED_LOGON_WINDOW_S_DEFAULT  # <FailedLogonWindow>
 
 
 @dataclass(frozen=True)
@@ -354,6 +408,46 @@ class ViewConfig:
 
 
 @dataclass(frozen=True)
+class Authentication:
+    """``<Authentication>``: logons must prove who they are (docs/security.md)."""
+
+    users_file: Path | None = None  # <UsersFile>: user names and argon2 password hashes
+    # <ClientCertificates>: a client certificate verified by a transport's CAFile
+    # authenticates its subject's common name, without a password.
+    client_certificates: bool = False
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """``Entitlement/Grant``: what some users and groups may do. Every name list holds
+    literal names or regexes matched against the whole name."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()  # topics (a queue is a topic)
+    subscribe: tuple[str, ...] = ()  # topics, live
+    sow: tuple[str, ...] = ()  # topics and queues: queries
+    replay: tuple[str, ...] = ()  # topics and queues: bookmark subscriptions
+    consume: tuple[str, ...] = ()  # queues: subscriptions that lease messages
+    acknowledge: tuple[str, ...] = ()  # queues: sow_delete by bookmark
+    purge: tuple[str, ...] = ()  # queues: sow_delete by filter
+    named_consumers: tuple[str, ...] = ()  # queues: the Spark source's commands
+    transactions: bool = False  # stage, commit_txn, abort_txn (rows still need publish)
+    admin: str | None = None  # "read" or "full"
+    replicate: bool = False  # may log on to the incoming replication transport
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Entitlement:
+    """``<Entitlement>``: groups of users and what they are granted. Deny by default."""
+
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> members
+    grants: tuple[Grant, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     name: str = "conveyor"
     group: str | None = None
@@ -366,6 +460,8 @@ class Config:
     views: tuple[ViewConfig, ...] = ()
     actions: tuple[Action, ...] = ()
     replication: Replication | None = None
+    authentication: Authentication | None = None
+    entitlement: Entitlement | None = None
     limits: Limits = field(default_factory=Limits)
     source: str = "<config>"  # file name or "<embedded default>"
 

@@ -12,7 +12,13 @@ Rules:
   treated as async until it is back under ``UpgradeAge`` (default: half the downgrade
   age); both are refused on an ``async`` destination, and ``UpgradeAge`` must be below
   ``DowngradeAge``.
-- ``amps-replication-secure`` needs TLS, which is not available yet: refused.
+- A ``Transport`` of ``Type`` ``amps-replication-secure`` dials over TLS: ``CAFile``
+  (the CAs that sign the destination's certificate; the system's when absent), and
+  ``Certificate`` with ``PrivateKey`` when the destination asks for a client certificate.
+  ``User`` and ``Password`` are the credentials this instance logs on with when the
+  destination has ``Authentication`` (write ``${VAR}`` to keep the password out of the
+  file). They apply to every ``InetAddr`` of that ``Transport``: servers that need
+  different credentials get a ``Transport`` each.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from __future__ import annotations
 import re
 
 from conveyor.config._invalid import Invalid
-from conveyor.config.model import Replication, ReplicationDestination
+from conveyor.config.model import LinkEndpoint, Replication, ReplicationDestination
+from conveyor.config.security import TLS_ELEMENTS, read_tls
 from conveyor.config.transports import inet_addr
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, REQUIRED_MANY, Document, Node
 from conveyor.config.txlog import read_recorded_topic
@@ -35,9 +42,10 @@ _DESTINATION = {
     "DowngradeAge": OPTIONAL,
     "UpgradeAge": OPTIONAL,
 }
-_TRANSPORT = {"Name": OPTIONAL, "Type": OPTIONAL, "InetAddr": REQUIRED_MANY}
+_TRANSPORT = {"Name": OPTIONAL, "Type": OPTIONAL, "InetAddr": REQUIRED_MANY, "User": OPTIONAL, "Password": OPTIONAL,
+              **TLS_ELEMENTS}
 _SYNC_TYPES = {"sync": "sync", "async": "async"}
-_TRANSPORT_TYPES = {"amps-replication": True}
+_TRANSPORT_TYPES = {"amps-replication": False, "amps-replication-secure": True}
 
 
 def read_replication(doc: Document, node: Node) -> Replication:
@@ -64,9 +72,9 @@ def _read_destination(doc: Document, node: Node) -> ReplicationDestination:
     assert name is not None and sync_type is not None  # REQUIRED
     group = kids.one("Group")
     pass_through = kids.one("PassThrough")
-    addresses: list[str] = []
+    endpoints: list[LinkEndpoint] = []
     for transport in kids.many("Transport"):
-        addresses.extend(_read_transport(doc, transport))
+        endpoints.extend(_read_transport(doc, transport))
     kind = doc.choice(sync_type, _SYNC_TYPES)
     downgrade = kids.one("DowngradeAge")
     upgrade = kids.one("UpgradeAge")
@@ -84,7 +92,8 @@ def _read_destination(doc: Document, node: Node) -> ReplicationDestination:
         name=doc.text(name),
         group=doc.text(group) if group is not None else None,
         sync_type=kind,  # type: ignore[arg-type]
-        addresses=tuple(addresses),
+        addresses=tuple(e.address for e in endpoints),
+        endpoints=tuple(endpoints),
         topics=tuple(read_recorded_topic(doc, t) for t in kids.many("Topic")),
         pass_through=_regex(doc, pass_through) if pass_through is not None else None,
         downgrade_age_s=downgrade_s,
@@ -92,13 +101,17 @@ def _read_destination(doc: Document, node: Node) -> ReplicationDestination:
     )
 
 
-def _read_transport(doc: Document, node: Node) -> list[str]:
+def _read_transport(doc: Document, node: Node) -> list[LinkEndpoint]:
     kids = doc.children(node, _TRANSPORT)
+    secure = False
     if (n := kids.one("Type")) is not None:
-        if doc.text(n).lower() == "amps-replication-secure":
-            raise doc.error(n.path, "replication over TLS (amps-replication-secure) is not supported yet",
-                            "use amps-replication on a private network, or a TLS tunnel")
-        doc.choice(n, _TRANSPORT_TYPES)
+        secure = bool(doc.choice(n, _TRANSPORT_TYPES))
+    tls = read_tls(doc, kids, node, listener=False, secure=secure)
+    user = doc.text(n) if (n := kids.one("User")) is not None else None
+    password = doc.text(n) if (n := kids.one("Password")) is not None else None
+    if (user is None) != (password is None):
+        raise doc.error(node.path, "<User> and <Password> go together",
+                        "give both (the destination's Authentication checks them), or neither")
     addresses = []
     for addr in kids.many("InetAddr"):
         text = doc.text(addr)
@@ -113,7 +126,7 @@ def _read_transport(doc: Document, node: Node) -> list[str]:
                 "conveyor connects to a destination: write HOST:PORT or [IPV6]:PORT, "
                 "e.g. replica.example.com:10005",
             )
-        addresses.append(text)
+        addresses.append(LinkEndpoint(address=text, tls=tls, user=user, password=password))
     return addresses
 
 

@@ -1,21 +1,21 @@
-"""``<Transports>`` and ``<Admin>``: where the server listens.
+"""``<Transports>`` and ``<Admin>``: where the server listens (``<Limits>`` is read by
+:mod:`conveyor.config.security`).
 
 Rules:
 
 - ``InetAddr`` is ``PORT``, ``HOST:PORT`` or ``[IPV6]:PORT``; the port is 0..65535
   (0 asks the operating system for a free port, handy in tests). A bare port listens
-  on every interface for a client transport (``0.0.0.0``) but only on loopback for the
-  admin interface (``127.0.0.1``): the admin interface has no authentication.
+  on loopback only (``127.0.0.1``), for client transports and the admin interface
+  alike: listening on other interfaces is written explicitly (``0.0.0.0:9007``).
 - A client transport's ``Type`` is ``tcp`` (``amps`` is accepted: older AMPS
-  configurations use it); its ``Protocol`` is ``conveyor`` or its synonym ``amps``,
-  both stored as ``conveyor``. ``amps-replication`` is the incoming replication
-  transport: at most one per instance, and it serves no application clients. TLS
-  transports are refused.
+  configurations use it) or ``tcps`` (TLS); its ``Protocol`` is ``conveyor`` or its
+  synonym ``amps``, both stored as ``conveyor``. ``amps-replication`` (or
+  ``amps-replication-secure``, over TLS) is the incoming replication transport: at most
+  one per instance, and it serves no application clients. The TLS elements
+  (``Certificate``, ``PrivateKey``, ``CAFile``, ``ClientCertificates``, ``Ciphers``) are
+  read by :func:`conveyor.config.security.read_tls`; the admin interface takes them too.
 - Transport names are unique (a missing ``Name`` becomes ``transport-N``), and no two
   listeners (transports and admin) may share a port on overlapping addresses.
-- ``<Limits>`` (a conveyor extension) bounds what the server holds for all its clients
-  together: ``OutputBudget`` (a positive size) and ``IdleTimeout`` (a positive duration,
-  for connections that hold no subscription).
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ from __future__ import annotations
 import re
 
 from conveyor.config._invalid import Invalid
-from conveyor.config.model import Admin, Limits, Transport
+from conveyor.config.model import Admin, Transport
+from conveyor.config.security import TLS_ELEMENTS, read_tls
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
 
 INET_ADDR_HINT = "write PORT, HOST:PORT or [IPV6]:PORT, e.g. 9007, 0.0.0.0:9007, [::1]:9007"
 _INET_ADDR = re.compile(r"\[([0-9A-Fa-f:.]+)\]:([0-9]+)|([^:\[\]\s]+):([0-9]+)|([0-9]+)")
 _WILDCARDS = {"0.0.0.0", "::", "*"}
-_TYPES = {"tcp": "tcp", "amps": "tcp", "amps-replication": "replication"}
+_TYPES = {"tcp": "tcp", "amps": "tcp", "tcps": "tcp", "amps-replication": "replication",
+          "amps-replication-secure": "replication"}
+_SECURE_TYPES = {"tcps", "amps-replication-secure"}
 _PROTOCOLS = {"conveyor": "conveyor", "amps": "conveyor"}
-_REFUSED_TYPES = {
-    "tcps": "TLS transports are not supported yet; use tcp behind a TLS proxy",
-    "amps-replication-secure": "replication over TLS is not supported yet; use "
-    "amps-replication on a private network, or a TLS tunnel",
-}
+LOOPBACK = "127.0.0.1"
 
 _TRANSPORT = {
     "Name": OPTIONAL,
@@ -46,9 +45,9 @@ _TRANSPORT = {
     "MaxFrameSize": OPTIONAL,
     "SlowClientDisconnectThreshold": OPTIONAL,
     "IdleTimeout": OPTIONAL,
+    **TLS_ELEMENTS,
 }
-_ADMIN = {"InetAddr": REQUIRED, "FileName": OPTIONAL}
-_LIMITS = {"OutputBudget": OPTIONAL, "IdleTimeout": OPTIONAL}
+_ADMIN = {"InetAddr": REQUIRED, "FileName": OPTIONAL, **TLS_ELEMENTS}
 
 
 def inet_addr(text: str) -> tuple[str | None, int]:
@@ -88,18 +87,15 @@ def read_transports(doc: Document, node: Node) -> tuple[Transport, ...]:
 def _read_transport(doc: Document, node: Node, index: int) -> Transport:
     kids = doc.children(node, _TRANSPORT)
     values: dict[str, object] = {}
+    secure = False
     if (n := kids.one("Type")) is not None:
-        text = doc.text(n)
-        if text.lower() in _REFUSED_TYPES:
-            raise doc.error(
-                n.path, f"transport type {text!r} is not supported", _REFUSED_TYPES[text.lower()]
-            )
         values["type"] = doc.choice(n, _TYPES)
+        secure = doc.text(n).lower() in _SECURE_TYPES
+    values["tls"] = read_tls(doc, kids, node, listener=True, secure=secure)
     if (n := kids.one("Protocol")) is not None:
         values["protocol"] = doc.choice(n, _PROTOCOLS)
     host, port = _address(doc, kids.one("InetAddr"))
-    if host is not None:
-        values["host"] = host
+    values["host"] = host if host is not None else LOOPBACK
     values["port"] = port
     if (n := kids.one("MessageType")) is not None:
         values["message_type"] = doc.text(n)
@@ -114,24 +110,16 @@ def _read_transport(doc: Document, node: Node, index: int) -> Transport:
     return Transport(name=name, path=node.path, **values)  # type: ignore[arg-type]
 
 
-def read_limits(doc: Document, node: Node) -> Limits:
-    kids = doc.children(node, _LIMITS)
-    values: dict[str, object] = {}
-    if (n := kids.one("OutputBudget")) is not None:
-        values["output_budget_bytes"] = doc.size(n)
-    if (n := kids.one("IdleTimeout")) is not None:
-        values["idle_timeout_s"] = doc.duration(n)
-    return Limits(**values)  # type: ignore[arg-type]
-
-
 def read_admin(doc: Document, node: Node) -> Admin:
     kids = doc.children(node, _ADMIN)
     host, port = _address(doc, kids.one("InetAddr"))
     file_node = kids.one("FileName")
+    tls = read_tls(doc, kids, node, listener=True, secure=any(tag in kids for tag in TLS_ELEMENTS))
     return Admin(
-        host=host if host is not None else Admin.host,
+        host=host if host is not None else LOOPBACK,
         port=port,
         file_name=doc.text(file_node) if file_node is not None else None,
+        tls=tls,
     )
 
 

@@ -20,13 +20,31 @@ from datetime import datetime, timezone
 from conveyor.errors import BadBookmark
 
 
-def publisher_id(client_name: str, *, instance: str | None = None) -> int:
+def publisher_id(client_name: str, *, instance: str | None = None, user: str | None = None) -> int:
     """A stable 63-bit id for a publisher.
 
     With ``instance`` it is the server-made id used for publishes that carry no
-    sequence number (spec 002), distinct from the client's own id.
+    sequence number (spec 002), distinct from the client's own id. With ``user`` (an
+    authenticated user) the id belongs to that user's namespace: another user logging on
+    with the same client name gets another id, so it can never burn this one's sequence
+    numbers. Client and user names hold no NUL (checked at logon), so the keys of the
+    namespaces cannot collide.
     """
     key = client_name if instance is None else f"{client_name}\x00{instance}\x00server"
+    if user is not None:
+        key = f"{key}\x00user\x00{user}"
+    return _hash(key)
+
+
+def txn_publisher_id(name: str, owner: str | None) -> int:
+    """The publisher id of a transaction publisher (``commit_txn(publisher=name)``):
+    its own namespace, apart from every client's, and under the authenticated user
+    ``owner`` when there is one. A commit can therefore never burn a client's sequence
+    numbers, nor another user's transaction publisher's (docs/security.md)."""
+    return _hash(f"\x00txn\x00{owner or ''}\x00{name}")
+
+
+def _hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1
 
 

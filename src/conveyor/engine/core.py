@@ -31,9 +31,17 @@ Rules the engine itself keeps:
    ``<=`` the highest seen for that publisher is acknowledged as a duplicate and never
    journaled.
 3. **Client names** (spec 002): a logon with a name in use by the same user replaces the
-   old connection (closed with a reason); by another user, it is refused.
+   old connection (told why, then closed); by another user, it is refused. With
+   ``Authentication`` the user is the one the shell authenticated (:meth:`authenticate`),
+   never what the logon claims, and the publisher ids behind sequence numbers belong to
+   that user (:func:`~conveyor.engine.bookmarks.publisher_id`), so no other user can
+   publish or burn sequence numbers under them.
 4. **Time is an argument.** Every seam method takes ``now`` and passes it down; nothing
    stores it.
+5. **Entitlements** (:mod:`conveyor.engine.entitlements`): with ``Authentication`` a
+   session does nothing before it is authenticated and logged on, and each command is
+   checked against its user's grants before it runs; decisions are cached per user and
+   name, so a publish pays one dict lookup.
 
 The journal is injected (``append``/``read``/``scan``/``durable_end``/``end``), and
 reading it is the only outside access the engine makes.
@@ -52,6 +60,7 @@ from conveyor import errors, records
 from conveyor.config.model import Config, topic_matcher
 from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishActions
 from conveyor.engine.bookmarks import publisher_id
+from conveyor.engine.entitlements import Entitlements, Permission, check_command, not_entitled
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
 from conveyor.engine.delivery import QueueDelivery
@@ -63,7 +72,7 @@ from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.engine.recovery import Checkpoint, Recovery
 from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication import Replication
-from conveyor.engine.sessions import Session
+from conveyor.engine.sessions import Session, SubKind
 from conveyor.engine.sow import key_text
 from conveyor.engine.state_of_world import StateOfTheWorld
 from conveyor.engine.subscribing import Subscriptions
@@ -80,6 +89,7 @@ __all__ = ["Checkpoint", "Engine", "EngineStats", "REPLAY_RECORDS_PER_PUMP", "VE
 log = logging.getLogger("conveyor.engine")
 
 VERSION = "conveyor-0.1"
+CLIENT_NAME_CHARS_MAX = 256  # a client name is journaled in no record, but logged and kept per session
 _NO_ACKS: frozenset[str] = frozenset()
 _PUBLISH_ACKS = frozenset({"processed", "persisted"})
 
@@ -129,7 +139,8 @@ class Engine:
         # SOW topics and views: the publish hot path checks this one set first
         self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
         self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal,
-                                           records=self.sow, recorded=self.publishes.recorded)
+                                           records=self.sow, recorded=self.publishes.recorded,
+                                           subscriptions_max=config.limits.subscriptions_per_connection_max)
         self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
         self.journal_id = journal_id
@@ -164,6 +175,9 @@ class Engine:
         #: How log lines name a connection; the server sets it to add the peer address.
         self.describe_connection = lambda conn_id: f"connection {conn_id}"
         self.subscriptions.describe = lambda session: self._who(session)
+        self.limits = config.limits
+        self.entitlements = Entitlements.from_config(config)
+        self.delivery.entitled = self._may_consume
 
     @property
     def queues(self) -> Mapping[str, Queue]:
@@ -185,8 +199,53 @@ class Engine:
     # --- connections ---------------------------------------------------------------------------
 
     def connect(self, conn_id: int) -> None:
-        self.sessions[conn_id] = Session(conn_id)
+        session = self.sessions[conn_id] = Session(conn_id)
+        if self.entitlements.required:
+            session.restricted = True
+            session.grants = self.entitlements.for_user("")  # nobody: denied everything
         self.outbox.open(conn_id)
+
+    def authenticate(self, conn_id: int, user: str) -> None:
+        """The shell verified that connection ``conn_id`` is ``user`` (a password or a
+        client certificate): its logon and commands now act as that user (rule 3)."""
+        session = self.sessions[conn_id]
+        session.user_id = user
+        session.authenticated = True
+        session.grants = self.entitlements.for_user(user)
+
+    def set_entitlements(self, entitlements: Entitlements, now: float) -> None:
+        """Apply reloaded entitlements (rule 5) to every session. Topic subscriptions are
+        filtered by the new grants from the next message on; a queue subscription whose
+        queues are no longer all allowed, or a subscription to a SOW topic's or view's
+        records no longer allowed, ends, and its connection is closed with the reason
+        (leases return to the queue at once)."""
+        self.entitlements = entitlements
+        for session in list(self.sessions.values()):
+            if not session.restricted or not session.authenticated:
+                continue
+            session.grants = entitlements.for_user(session.user_id or "")
+            for sub in list(session.subs.values()):
+                if sub.kind is SubKind.RECORDS:  # a SOW topic's or view's records: one literal name
+                    permission, lost = Permission.SUBSCRIBE, [sub.topic]
+                    if session.grants.allows(permission, sub.topic):
+                        continue
+                else:
+                    queues = self.delivery.queues_of(sub.consumer) if sub.consumer is not None else ()
+                    permission = Permission.CONSUME
+                    lost = [q for q in queues if not session.grants.allows(permission, q)]
+                    if not lost:
+                        continue
+                self.subscriptions.remove(session, sub, now)
+                log.warning("client %r (user %r): subscription %s ended: no longer entitled to %s %s",
+                            session.client_name, session.user_id, sub.sub_id, permission.value, ", ".join(lost))
+                self.outbox.close(session.conn_id, f"entitlements changed: no longer entitled to {permission.value} "
+                                                   f"{', '.join(lost)}")
+        self.topics.changed()
+        self.delivery.dispatch(now)
+
+    def _may_consume(self, conn_id: int, queue: str) -> bool:
+        session = self.sessions.get(conn_id)
+        return session is not None and (not session.restricted or session.grants.allows(Permission.CONSUME, queue))
 
     def disconnect(self, conn_id: int, now: float) -> None:
         session = self.sessions.pop(conn_id, None)
@@ -213,6 +272,7 @@ class Engine:
         session = self.sessions[conn_id]
         publish = self._publish
         delivery = self.delivery
+        topic_chars_max = self.limits.topic_chars_max
         for cmd in commands:
             try:
                 # Consecutive sow_deletes are journaled together (QueueDelivery rule 6):
@@ -222,6 +282,11 @@ class Engine:
                         delivery.flush_acks(now)
                     if not session.logged_on:
                         self._implicit_logon(session)
+                    if len(cmd.topic) > topic_chars_max:
+                        raise self._topic_too_long(cmd.topic)
+                    if session.restricted and not (session.grants.published.get(cmd.topic)
+                                                   or session.grants.may_publish(cmd.topic)):
+                        raise not_entitled(session.user_id, Permission.PUBLISH, cmd.topic)
                     publish(session, cmd, now)
                     continue
                 if type(cmd) is not m.SowDelete and delivery.acks_open:
@@ -247,6 +312,11 @@ class Engine:
             except errors.ConveyorError as exc:  # as if the batch's last command had failed
                 self._fail(conn_id, None, exc)
 
+    def _topic_too_long(self, topic: str) -> errors.LimitExceeded:
+        limit = self.limits.topic_chars_max
+        return errors.LimitExceeded(f"topic name of {len(topic)} characters is over the limit of {limit} "
+                                    "(Limits/MaxTopicLength)", limit="MaxTopicLength", max=limit)
+
     def reject(self, conn_id: int, error: errors.ConveyorError, cid: str | None = None) -> None:
         """Report a command the codec could not decode."""
         self._fail(conn_id, cid, error)
@@ -261,6 +331,12 @@ class Engine:
 
     def _command(self, session: Session, cmd, now: float) -> None:
         conn = session.conn_id
+        if session.logged_on:
+            topic = getattr(cmd, "topic", None)
+            if topic is not None and len(topic) > self.limits.topic_chars_max:
+                raise self._topic_too_long(topic)
+            if session.restricted:
+                check_command(session.grants, cmd)  # rule 5: before anything happens
         match cmd:
             case m.Logon():
                 self._logon(session, cmd)
@@ -269,7 +345,7 @@ class Engine:
                 self._command(session, cmd, now)
             case m.Subscribe():
                 if self.sow.is_view(cmd.topic):  # a view's records are not journaled
-                    self.sow.subscribe(session, cmd, now, query=False, is_delta=False)
+                    self._records_subscribe(session, cmd, now, query=False, is_delta=False)
                 else:
                     self.subscriptions.subscribe(session, cmd, now)
             case m.SowAndSubscribe() | m.SowAndDeltaSubscribe():
@@ -295,7 +371,8 @@ class Engine:
             case m.Claim() | m.Lease() | m.Fetch() | m.AckThrough() | m.Extend() | m.Reclaim() | m.Head() | m.ConsumerInfo():
                 self.named.handle(conn, cmd, now)
             case m.Stage() | m.CommitTxn() | m.AbortTxn():
-                self.transactions.handle(conn, cmd, now)
+                # Staged handles and transaction publishers belong to the user (rule 3).
+                self.transactions.handle(conn, cmd, now, owner=session.user_id if session.authenticated else None)
             case m.Heartbeat():
                 parse_options("heartbeat", cmd.options)
                 if "processed" in ack_types(cmd.ack_type):
@@ -328,7 +405,7 @@ class Engine:
         opts = parse_options(command, cmd.options)
         aggregated = opts.list("projection") is not None or opts.list("grouping") is not None
         if aggregated or self.sow.owns(cmd.topic):
-            self.sow.subscribe(session, cmd, now, query=True, is_delta=is_delta)
+            self._records_subscribe(session, cmd, now, query=True, is_delta=is_delta)
             return
         if opts.flags & {"oof", "no_empties", "no_sowkey", "send_keys"} or opts.get("skip_n") is not None:
             raise errors.InvalidOption(f"{cmd.topic!r} is not a SOW topic or a view: oof, no_empties, no_sowkey, "
@@ -349,9 +426,18 @@ class Engine:
                 self.outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=0))
         self.subscriptions.subscribe(session, plain, now)
 
+    def _records_subscribe(self, session: Session, cmd, now: float, *, query: bool, is_delta: bool) -> None:
+        """A subscription to a SOW topic's or view's records, or an aggregated one: it
+        needs ``Subscribe`` on the name it gives (rule 5; a view is entitled by its own
+        name, not its underlying topics'); the other subscriptions are decided in
+        subscribing.py, and the query part by :func:`~conveyor.engine.entitlements.required`."""
+        if session.restricted:
+            session.grants.check(Permission.SUBSCRIBE, cmd.topic)
+        self.sow.subscribe(session, cmd, now, query=query, is_delta=is_delta)
+
     def _delta_subscribe(self, session: Session, cmd: m.DeltaSubscribe, now: float) -> None:
         if self.sow.owns(cmd.topic):
-            self.sow.subscribe(session, cmd, now, query=False, is_delta=True)
+            self._records_subscribe(session, cmd, now, query=False, is_delta=True)
             return
         if cmd.bookmark:
             raise errors.InvalidOption("a delta subscription cannot replay from a bookmark", option="bookmark")
@@ -377,25 +463,43 @@ class Engine:
     def _logon(self, session: Session, cmd: m.Logon) -> None:
         if session.logged_on:
             raise errors.AlreadyLoggedOn("logon must be the first command, and only one is allowed")
+        if session.restricted and not session.authenticated:
+            self.outbox.close(session.conn_id, "not authenticated")
+            raise errors.NotAuthenticated("this server requires a logon with credentials before any command")
+        if session.authenticated and cmd.user_id and cmd.user_id != session.user_id:
+            # e.g. a client certificate of one user and a logon naming another
+            self.outbox.close(session.conn_id, "logon as another user than authenticated")
+            raise errors.NotAuthenticated(f"this connection is authenticated as {session.user_id!r}, "
+                                          f"not {cmd.user_id!r}")
         name = cmd.client_name or f"anonymous-{session.conn_id}"
+        if len(name) > CLIENT_NAME_CHARS_MAX or not name.isprintable():
+            raise errors.InvalidOption(f"a client name is 1 to {CLIENT_NAME_CHARS_MAX} printable characters")
+        # Rule 3: with Authentication, the user is the authenticated one, not a claim.
+        user = session.user_id if session.authenticated else cmd.user_id
         holder = self._names.get(name)
         if holder is not None and holder != session.conn_id:
             other = self.sessions.get(holder)
-            if other is not None and other.user_id != cmd.user_id:
+            if other is not None and other.user_id != user:
                 # Same name, different user: a different application. Refuse the new one.
                 log.warning("client %r refused: name in use by another user", name)
                 self.outbox.close(session.conn_id, "name in use")
                 raise errors.NameInUse(f"client name {name!r} is in use by another user")
-            # Same name, same user: a reconnect. The old connection is out of date.
+            # Same name, same user: a reconnect. The old connection is out of date: tell
+            # it why before closing it, so it does not reconnect and take the name back.
             log.warning("client %r logged on again on %s: closing its previous %s (name in use)", name,
                         self.describe_connection(session.conn_id), self.describe_connection(holder))
+            self.outbox.send(holder, m.Ack(
+                ack_type="processed", status="failure", code=errors.ClientReplaced.code,
+                reason=f"client name {name!r} was taken over by a newer connection of the same user",
+            ))
             self.outbox.close(holder, f"name in use: client {name!r} logged on again on another connection")
         self._names[name] = session.conn_id
         session.client_name = name
-        session.user_id = cmd.user_id
+        session.user_id = user
         session.logged_on = True
-        session.publisher = publisher_id(name)
-        session.server_publisher = publisher_id(name, instance=self.instance)
+        owner = user if session.authenticated else None
+        session.publisher = publisher_id(name, user=owner)
+        session.server_publisher = publisher_id(name, instance=self.instance, user=owner)
         if cmd.client_name:  # implicit logons (a bare publish) are not worth a line each
             log.info("logon: client %r, user %r, %s", name, cmd.user_id, self.describe_connection(session.conn_id))
         if "processed" in ack_types(cmd.ack_type) or cmd.ack_type is None:

@@ -96,6 +96,10 @@ class QueueDelivery:
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
         #: sent: the simulations learn each delivery when it is decided (None: off).
         self.on_dispatch: Callable[[QueueBinding, list[Delivery], float], None] | None = None
+        #: ``entitled(conn_id, queue)``: whether that connection's user may consume the
+        #: queue (engine/entitlements.py). A barrier goes only to entitled recipients;
+        #: the others still wait for it, as for a content filter that does not match.
+        self.entitled: Callable[[int, str], bool] | None = None
 
     # --- dirtiness (rule 1) -------------------------------------------------------------
 
@@ -155,6 +159,11 @@ class QueueDelivery:
 
     def consumers(self) -> int:
         return len(self._attached)
+
+    def queues_of(self, consumer: Consumer) -> tuple[str, ...]:
+        """The queues ``consumer`` takes from (not those a replace left)."""
+        att = self._attached.get(consumer.key)
+        return att.queues if att is not None else ()
 
     # --- dispatch (rules 1 and 2) -----------------------------------------------------------
 
@@ -263,7 +272,9 @@ class QueueDelivery:
         for d in deliveries:
             if d.barrier:
                 journal.append(records.encode(records.BarrierRec(name, [d.position])))
-                sends = self._messages(name, [(d, c) for c in d.recipients], at_most_once)
+                entitled = self.entitled
+                sends = self._messages(name, [(d, c) for c in d.recipients
+                                              if entitled is None or entitled(c.owner, name)], at_most_once)
             elif at_most_once:
                 journal.append(records.encode(records.DeliveredRec(name, [d.position])))
                 sends = self._messages(name, [(d, d.consumer)], at_most_once)

@@ -21,6 +21,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from conveyor.engine.entitlements import UNRESTRICTED, Grants
+
 
 class SubKind(enum.Enum):
     PUBSUB = "pubsub"
@@ -50,8 +52,12 @@ class SessionSubscription:
 class Session:
     conn_id: int
     client_name: str | None = None
-    user_id: str | None = None
+    user_id: str | None = None  # with Authentication: the authenticated user, else as the logon said
     logged_on: bool = False
+    # What the session may do (engine/entitlements.py); ``restricted``: checks apply.
+    grants: Grants = UNRESTRICTED
+    restricted: bool = False
+    authenticated: bool = False
     publisher: int | None = None  # id for publishes carrying the client's own sequence
     server_publisher: int | None = None  # id for publishes the server numbers
     subs: dict[str, SessionSubscription] = field(default_factory=dict)

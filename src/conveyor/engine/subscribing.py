@@ -20,6 +20,14 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
 6. A live subscription to a literal name that is no queue and no recorded topic works
    (pub/sub needs no declaration) but its success ack carries a warning in ``reason``,
    with the nearest queue name: it is most often a typo.
+7. **Entitlements** (:mod:`conveyor.engine.entitlements`), for a restricted session: a
+   queue subscription needs ``consume`` (a bookmark subscription ``replay``) on the
+   queues it names, and takes only from those its user may (none: refused); a topic
+   subscription needs ``subscribe`` (``replay``) on a literal topic, while a regex
+   topic subscription receives only the topics its user may see, checked per topic
+   through its topic matcher, so the fan-out cache carries the decision and no message
+   pays for it.
+8. A connection holds at most ``Limits/MaxSubscriptionsPerConnection`` subscriptions.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from conveyor import errors
 from conveyor.config.model import is_regex_topic, topic_matcher
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.delivery import QueueDelivery
+from conveyor.engine.entitlements import Permission, not_entitled
 from conveyor.engine.filters import check_connection_filters, compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.queue import Consumer, effective_backlog
@@ -47,9 +56,11 @@ log = logging.getLogger("conveyor.engine")
 
 class Subscriptions:
     def __init__(self, bindings: QueueBindings, topics: Topics, delivery: QueueDelivery, outbox: Outbox,
-                 journal: Any, records: Any = None, recorded: Callable[[str], bool] = lambda topic: True) -> None:
+                 journal: Any, records: Any = None, recorded: Callable[[str], bool] = lambda topic: True, *,
+                 subscriptions_max: int | None = None) -> None:
         self._records = records  # the StateOfTheWorld: RECORDS subscriptions
         self._recorded = recorded  # whether the transaction log records a topic (rule 5)
+        self.subscriptions_max = subscriptions_max  # rule 8, per connection (None: no limit)
         self._bindings = bindings
         self._topics = topics
         self._delivery = delivery
@@ -67,16 +78,23 @@ class Subscriptions:
         else:
             if sub_id in session.subs:
                 raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists (use the replace option)")
+            if self.subscriptions_max is not None and len(session.subs) >= self.subscriptions_max:
+                raise errors.LimitExceeded(
+                    f"this connection holds {len(session.subs)} subscriptions, the limit "
+                    "(Limits/MaxSubscriptionsPerConnection)", limit="MaxSubscriptionsPerConnection",
+                    max=self.subscriptions_max)
             flt = compile_filter(cmd.filter)
             check_connection_filters([s.filter for s in session.subs.values()], flt)
             bookmark = getattr(cmd, "bookmark", None)
-            names = self._bindings.matching(cmd.topic)
+            permission = Permission.REPLAY if bookmark else Permission.CONSUME
+            names = self._entitled_queues(session, cmd.topic, permission)
             if bookmark:
                 self._subscribe_replay(session, sub_id, cmd, flt, bookmark, names)
             elif names:
                 self._subscribe_queue(session, sub_id, cmd, flt, opts.get("max_backlog"), names, now)
             else:
-                sub = SessionSubscription(sub_id, session.conn_id, cmd.topic, topic_matcher(cmd.topic),
+                sub = SessionSubscription(sub_id, session.conn_id, cmd.topic,
+                                          self._topic_matcher(session, cmd.topic, Permission.SUBSCRIBE),
                                           SubKind.PUBSUB, flt, cmd.cid)
                 session.subs[sub_id] = sub
                 self._topics.add(sub)
@@ -100,6 +118,29 @@ class Subscriptions:
         return (f"warning: {topic!r} is not a queue and not a recorded topic: this subscription receives only what "
                 f"is published to it from now on, and nothing is kept{hint}")
 
+    def _entitled_queues(self, session: Session, topic: str, permission: Permission) -> list[str]:
+        """The queues ``topic`` names that the session may use (rule 7); refused when it
+        names queues but none of them is allowed."""
+        names = self._bindings.matching(topic)
+        if names and session.restricted:
+            allowed = [n for n in names if session.grants.allows(permission, n)]
+            if not allowed:
+                raise not_entitled(session.user_id, permission, topic if len(names) > 1 else names[0])
+            names = allowed
+        return names
+
+    @staticmethod
+    def _topic_matcher(session: Session, topic: str, permission: Permission):
+        """Rule 7 for topics: a literal topic is checked now; a regex one per topic, by
+        the session's grants of the moment (a reload takes effect at once)."""
+        base = topic_matcher(topic)
+        if not session.restricted:
+            return base
+        if not is_regex_topic(topic):
+            session.grants.check(permission, topic)
+            return base
+        return lambda name, _base=base, _s=session, _p=permission: _base(name) and _s.grants.allows(_p, name)
+
     def _subscribe_queue(self, session: Session, sub_id: str, cmd, flt, requested, names: list[str], now: float) -> None:
         configs = [self._bindings.by_name[n].config for n in names]
         consumer = Consumer(
@@ -113,22 +154,23 @@ class Subscriptions:
         )
         self._delivery.attach(consumer, names, now)
 
-    def _replay_matcher(self, topic: str, names: list[str]):
+    def _replay_matcher(self, session: Session, topic: str, names: list[str]):
         """Which recorded topics a replay of ``topic`` reads: a queue's underlying
-        topics when ``topic`` names queues (rule 2), else ``topic`` itself."""
+        topics when ``topic`` names queues (rule 2; ``names`` are those the session
+        may replay), else ``topic`` itself as far as the session may replay it (rule 7)."""
         if not names:
-            return topic_matcher(topic)
+            return self._topic_matcher(session, topic, Permission.REPLAY)
         matchers = [topic_matcher(self._bindings.by_name[n].config.underlying) for n in names]
         return lambda t, _ms=matchers: any(mt(t) for mt in _ms)
 
     def _subscribe_replay(self, session: Session, sub_id: str, cmd, flt, bookmark: str, names: list[str]) -> None:
         start = parse_replay_start(bookmark)
+        matches = self._replay_matcher(session, cmd.topic, names)  # entitled first (rule 7)
         if not names and not is_regex_topic(cmd.topic) and not self._recorded(cmd.topic):  # rule 5
             raise errors.NotATransactionLogTopic(
                 f"cannot replay {cmd.topic!r}: the transaction log does not record it, so there is nothing to "
                 "replay; subscribe without a bookmark for live messages, or record the topic (TransactionLog/Topic)",
                 topic=cmd.topic)
-        matches = self._replay_matcher(cmd.topic, names)
         sub = SessionSubscription(sub_id, session.conn_id, cmd.topic, matches, SubKind.REPLAY, flt, cmd.cid)
         journal = self._journal
         if start.live_only:
@@ -158,20 +200,21 @@ class Subscriptions:
         flt = compile_filter(cmd.filter)
         check_connection_filters([s.filter for s in session.subs.values() if s is not sub], flt)
         if sub.kind is SubKind.QUEUE:
-            names = self._bindings.matching(cmd.topic)
+            names = self._entitled_queues(session, cmd.topic, Permission.CONSUME)
             if not names:
                 raise errors.InvalidOption(f"replace: {cmd.topic!r} matches no queue; unsubscribe instead")
             configs = [self._bindings.by_name[n].config for n in names]
             backlog = effective_backlog(opts.get("max_backlog"), configs)
             self._delivery.replace(sub.consumer, names, flt, backlog, now)
         elif sub.kind is SubKind.PUBSUB:
-            sub.matches_topic = topic_matcher(cmd.topic)
+            sub.matches_topic = self._topic_matcher(session, cmd.topic, Permission.SUBSCRIBE)
         else:  # REPLAY: the place in the log is kept; topic and filter change from the next message
             if getattr(cmd, "bookmark", None):
                 raise errors.InvalidOption(
                     f"replace of bookmark subscription {sub_id!r} with a bookmark: a replace keeps the replay's "
                     "place in the log; send it without a bookmark, or unsubscribe and subscribe again to restart")
-            sub.matches_topic = self._replay_matcher(cmd.topic, self._bindings.matching(cmd.topic))
+            names = self._entitled_queues(session, cmd.topic, Permission.REPLAY)
+            sub.matches_topic = self._replay_matcher(session, cmd.topic, names)
         sub.filter = flt
         sub.topic = cmd.topic
         self._topics.changed()

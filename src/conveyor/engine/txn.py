@@ -24,6 +24,12 @@ Rules:
    a transaction.
 4. ``seq`` must be >= 1 (a Spark sink sends ``batchId + 1``): sequence 0 would never be
    above "nothing seen", so it could not be deduplicated after a restart.
+6. **Owners** (docs/security.md). With ``Authentication`` the authenticated user owns
+   what it stages and commits: staged handles are kept per user (another user cannot
+   commit or abort them by guessing a handle), and a commit's ``publisher`` is the
+   transaction publisher ``(user, name)`` (:func:`~conveyor.engine.bookmarks.txn_publisher_id`).
+   Transaction publishers never share ids with clients, so no commit can burn a client's
+   sequence numbers, with or without authentication.
 5. **Fences.** A commit may name the named consumers its rows derive from, each with
    the epoch it holds and the delivery it read through. Before anything else, each must
    still be at that epoch (``fenced`` otherwise: a query fenced out by a newer claim
@@ -40,7 +46,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from conveyor import errors, records
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.engine.bookmarks import txn_publisher_id
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBindings
@@ -109,7 +115,7 @@ class Staging:
         missing = [t for t in dict.fromkeys(txns) if t not in self._txns]
         if missing:
             raise errors.UnknownTxn(
-                f"nothing is staged under {', '.join(repr(t) for t in missing[:3])}"
+                f"nothing is staged under {', '.join(repr(t.rpartition(chr(0))[2]) for t in missing[:3])}"
                 f"{' and others' if len(missing) > 3 else ''} (never staged, already committed or aborted, "
                 "expired, or lost in a server restart): stage the batch again",
                 txns=len(missing),
@@ -151,6 +157,11 @@ class StagingStats(msgspec.Struct, frozen=True):
     expired: int
 
 
+def _handle(owner: str | None, txn: str) -> str:
+    """The staging key of handle ``txn`` (rule 6): the user's own namespace."""
+    return txn if owner is None else f"{owner}\x00{txn}"
+
+
 class Transactions:
     """The transaction commands (rules 2 and 4) over a :class:`Staging`."""
 
@@ -162,7 +173,8 @@ class Transactions:
         self.staging = staging if staging is not None else Staging()
         self._named = named  # for the fences of rule 5
 
-    def handle(self, conn: int, cmd, now: float) -> None:
+    def handle(self, conn: int, cmd, now: float, *, owner: str | None = None) -> None:
+        """``owner``: the authenticated user (rule 6), None without authentication."""
         match cmd:
             case m.Stage():
                 topic = self._bindings.target(cmd.topic)
@@ -172,35 +184,36 @@ class Transactions:
                     )
                 if not cmd.txn:
                     raise errors.InvalidOption("stage needs a transaction handle (txn)")
-                total = self.staging.stage(cmd.txn, topic, cmd.rows, now)
+                total = self.staging.stage(_handle(owner, cmd.txn), topic, cmd.rows, now)
                 self._outbox.send(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=replies.StageReply(staged=total)))
             case m.AbortTxn():
-                n = self.staging.discard(cmd.txns)
+                n = self.staging.discard([_handle(owner, t) for t in cmd.txns])
                 self._outbox.send(conn, m.Ack(ack_type="processed", cid=cmd.cid,
                                               result=replies.AbortReply(discarded=n)))
             case m.CommitTxn():
-                self._commit(conn, cmd, now)
+                self._commit(conn, cmd, now, owner)
             case _:
                 raise errors.UnknownCommand(f"not a transaction command: {type(cmd).__name__}")
 
-    def _commit(self, conn: int, cmd: m.CommitTxn, now: float) -> None:
+    def _commit(self, conn: int, cmd: m.CommitTxn, now: float, owner: str | None) -> None:
         if cmd.seq < 1:
             raise errors.InvalidOption(f"commit_txn seq must be >= 1, not {cmd.seq} (send batchId + 1)")
         if cmd.fences and self._named is None:
             raise errors.InvalidOption("commit_txn fences: this engine has no named consumers")
         for fence in cmd.fences:  # rule 5: refused before anything happens
             self._named.check_fence(fence)
-        publisher = publisher_id(cmd.publisher)
+        publisher = txn_publisher_id(cmd.publisher, owner)
+        txns = [_handle(owner, t) for t in cmd.txns]
         publishes = self._publishes
         if publishes.is_duplicate(publisher, cmd.seq):
-            self.staging.discard(cmd.txns)
+            self.staging.discard(txns)
             highest = publishes.highest_seq(publisher)
             ack = m.Ack(ack_type="processed", cid=cmd.cid, status="duplicate", seq=cmd.seq,
                         reason=f"duplicate: sequence {cmd.seq} is not above {highest}",
                         result=replies.CommitReply(published=0))
             self._outbox.send_when_persisted(conn, ack)  # the commit it repeats may still be in flight
             return
-        rows = self.staging.take(cmd.txns)
+        rows = self.staging.take(txns)
         n = len(rows)
         # Rule 2: one synchronous step, so one contiguous run in one group commit.
         for i, (topic, data) in enumerate(rows):

@@ -31,8 +31,9 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically; fsync file and directory if ``durable``.
+    ``mode``: the new file's permissions (0o600 for a secret, e.g. the users file).
 
     Raises OSError on failure, after removing the temporary file. The temporary name is
     unique per process and thread, so two writers of the same file never share one.
@@ -40,7 +41,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool) ->
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
             view = memoryview(data)
             while view:

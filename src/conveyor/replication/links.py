@@ -17,6 +17,13 @@ Rules:
    the configuration and restarting the other side heals the link without a restart
    here.
 4. Every state change is one log line; the engine's statistics say the rest.
+5. **Secure links** (docs/security.md): an address of an ``amps-replication-secure``
+   transport is dialled over TLS (the destination's certificate verified against the
+   transport's ``CAFile``, a client certificate presented when configured), and the
+   transport's ``User``/``Password`` go in the ``Hello`` for a destination with
+   ``Authentication``. A destination that refuses them answers ``Refused`` (rule 3).
+   The incoming side authenticates in the server shell before the engine sees the
+   handshake (``Server.replica_frames``).
 """
 
 from __future__ import annotations
@@ -24,10 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from conveyor import errors
-from conveyor.config.model import Transport
+from conveyor.config.model import LinkEndpoint, Transport
 from conveyor.protocol import replication as p
 from conveyor.protocol.codec import Rejected, encode_frame
 from conveyor.server.connection import Connection
@@ -105,10 +115,13 @@ class _LinkProtocol(Connection):
 class OutgoingLink:
     """One ``Destination`` (rule 2)."""
 
-    def __init__(self, server: Server, destination: str, addresses: tuple[str, ...]) -> None:
+    def __init__(self, server: Server, destination: str, addresses: tuple[str, ...],
+                 endpoints: tuple[LinkEndpoint, ...] = ()) -> None:
         self.server = server
         self.destination = destination
         self.addresses = addresses
+        # How to reach each address (rule 5), by address; plain and anonymous when absent.
+        self.endpoints = {e.address: e for e in endpoints}
         self._transport = Transport(name=f"replication to {destination}", type="replication",
                                     output_bytes_max=LINK_OUTPUT_BYTES_MAX)
         self._protocol: _LinkProtocol | None = None
@@ -145,18 +158,32 @@ class OutgoingLink:
         host, _, port = address.rpartition(":")
         host = host.strip("[]")
         loop = asyncio.get_running_loop()
+        endpoint = self.endpoints.get(address) or LinkEndpoint(address)
+        try:
+            tls = self._context(endpoint)
+        except (OSError, ssl.SSLError) as exc:
+            self._problem(f"cannot use the TLS files for {address}: {exc}")
+            return "unreachable"
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _LinkProtocol(self.server, self, self._transport), host, int(port)),
+                loop.create_connection(lambda: _LinkProtocol(self.server, self, self._transport), host, int(port),
+                                       ssl=tls, server_hostname=host if tls else None),
                 CONNECT_TIMEOUT_S,
             )
+        except ssl.SSLCertVerificationError as exc:
+            self._problem(f"cannot connect to {address}: the destination's certificate was refused: "
+                          f"{exc.verify_message or exc}")
+            return "unreachable"
         except (OSError, asyncio.TimeoutError) as exc:
             self._problem(f"cannot connect to {address}: {exc or 'timed out'}")
             return "unreachable"
         self._protocol = protocol
         self._handshake = loop.create_future()
         try:
-            protocol.transport.write(encode_frame([self.server.engine.link_hello(self.destination)]))
+            hello = self.server.engine.link_hello(self.destination)
+            if endpoint.user is not None:
+                hello = msgspec.structs.replace(hello, user=endpoint.user, password=endpoint.password)
+            protocol.transport.write(encode_frame([hello]))
             try:
                 answer = await asyncio.wait_for(asyncio.shield(self._handshake), HANDSHAKE_TIMEOUT_S)
             except asyncio.TimeoutError:
@@ -185,6 +212,17 @@ class OutgoingLink:
             self._protocol = None
             if not protocol.closed:
                 protocol.close("replication link ended", abort=True)
+
+    @staticmethod
+    def _context(endpoint: LinkEndpoint) -> ssl.SSLContext | None:
+        """The TLS context of a secure address (rule 5), built at every dial: a dial is
+        rare (once per connection, after a backoff), and so a renewed certificate, key or
+        CA file is used by the next connection without a reload or a restart."""
+        if endpoint.tls is None:
+            return None
+        from conveyor.security.tls import client_context
+
+        return client_context(endpoint.tls)
 
     def closed_early(self, exc: Exception | None) -> None:
         """The connection closed; during the handshake that is its answer."""

@@ -49,6 +49,12 @@ class Connection(asyncio.Protocol):
         self.connected_at = 0.0
         self.bytes_in = self.bytes_out = 0
         self.messages_in = self.messages_out = 0
+        # Authentication (server.py, docs/security.md): who this is once proved, and the
+        # commands that arrived while its logon was being verified.
+        self.authenticated = False
+        self.user: str | None = None
+        self.held: list | None = None
+        self.counted = ""  # "pending" or "user" once the server counts it against a limit
 
     # asyncio.Protocol ------------------------------------------------------------------
 
@@ -92,6 +98,20 @@ class Connection(asyncio.Protocol):
                 f"slow consumer: {buffered} bytes unsent, over the limit of {self.config.output_bytes_max}",
                 abort=True,
             )
+
+    @property
+    def host(self) -> str:
+        """The peer's host alone: what failed logons are counted by."""
+        peer = self.peer
+        return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+
+    @property
+    def address(self) -> str:
+        """The peer's address, for logs (host:port)."""
+        peer = self.peer
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            return f"{peer[0]}:{peer[1]}"
+        return str(peer)
 
     def close(self, reason: str, *, abort: bool = False) -> None:
         """Close with a logged ``reason``. ``abort`` drops unsent output and closes now;

@@ -23,6 +23,17 @@ Disk work happens on ONE I/O thread (``self._io``): journal writes, checkpoint f
 the verified prefix and segment summaries, in the order they were submitted, so none
 of it competes with the writer for the disk or reads a segment before it is written.
 
+Security (docs/security.md): with ``Authentication`` a connection's first command must
+be a logon whose credentials the authenticator verifies off the loop (or a verified
+client certificate stands in for them); its later commands wait, reading paused, and
+reach the engine only after the engine was told who the user is. A refused logon is
+answered, logged with the address and closed; failures are rate-limited per address.
+``Limits`` bound connections in total, per user and waiting to log on (closed after
+``LogonTimeout``). TLS listeners (``tcps``, ``amps-replication-secure``) reload their
+certificates, and the users file and the entitlements are reloaded, on SIGHUP
+(:meth:`Server.reload_security`) and when their files change. Without
+``Authentication``, a listener on a non-loopback address is logged as a warning.
+
 Protection (memory is bounded whatever clients do):
 
 - frames over ``MaxFrameSize`` are refused before buffering (codec);
@@ -45,10 +56,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import errno
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -68,6 +81,9 @@ from conveyor.protocol.options import parse_options
 from conveyor.records.facts import describe_record
 from conveyor.protocol import replication as p_repl
 from conveyor.server.checkpoints import journal_id, page_files, read_checkpoint, with_snapshots, write_checkpoint
+from conveyor.engine.entitlements import Entitlements, Permission
+from conveyor.security.authenticator import Authenticator, basic_credentials
+from conveyor.security.tls import ServerTls, peer_user
 from conveyor.server.connection import Connection
 
 __all__ = ["CHECKPOINT_INTERVAL_S", "Connection", "Server", "ServerStats"]
@@ -81,6 +97,9 @@ CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery repl
 STOP_GROUPS_MAX = 16  # groups written and applied at shutdown before the rest is only written
 FREE_SPACE_CHECK_INTERVAL_S = 10.0  # statvfs of the journal's file system
 FREE_SPACE_REPORT_INTERVAL_S = 300.0  # while space is low, the warning repeats this often
+SECURITY_CHECK_S = 2.0  # how often the users file, certificates and entitlements are checked for changes
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a TLS client that does not finish its handshake is dropped
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 class CommitStats:
@@ -217,6 +236,15 @@ class Server:
         self.admin = None
         self.admin_authenticator = None
         self.admin_ssl_context = None
+        # Security (docs/security.md): the authenticator, each TLS listener's reloadable
+        # context, and what the limits count.
+        self.auth = Authenticator(config)
+        self.tls: dict[str, ServerTls] = {}
+        self._pending_logons = 0
+        self._user_connections: dict[str, int] = {}
+        self._verifying: set[asyncio.Task] = set()
+        self._last_security_check = 0.0
+        self._config_stamp = self._source_stamp()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -257,9 +285,14 @@ class Server:
         transports = self.config.transports or (Transport(name="default"),)
         for tc in transports:
             protocol = _replica_protocol() if tc.type == "replication" else Connection
+            ssl_context = None
+            if tc.tls is not None:
+                self.tls[tc.name] = ServerTls(tc.tls)  # ConfigError with the element's path
+                ssl_context = self.tls[tc.name].context
             try:
                 server = await loop.create_server(
-                    lambda tc=tc, protocol=protocol: protocol(self, tc), tc.host, tc.port, start_serving=False
+                    lambda tc=tc, protocol=protocol: protocol(self, tc), tc.host, tc.port, start_serving=False,
+                    ssl=ssl_context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl_context else None,
                 )
             except OSError as exc:  # socket.gaierror too: a host name that does not resolve
                 raise errors.ConfigError(
@@ -270,13 +303,18 @@ class Server:
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.ports.append(port)
-            log.info("listening on %s:%d (%s%s)", tc.host, port, tc.name,
-                     ", incoming replication" if tc.type == "replication" else "")
+            log.info("listening on %s:%d (%s%s%s)", tc.host, port, tc.name,
+                     ", incoming replication" if tc.type == "replication" else "", ", TLS" if ssl_context else "")
+            if not self.auth.required and tc.host not in LOOPBACK_HOSTS:
+                log.warning("SECURITY WARNING: transport %s listens on %s:%d, beyond this machine, WITHOUT "
+                            "<Authentication>: anyone who can reach the port can publish, consume, acknowledge and "
+                            "purge. Add <Authentication> and <Entitlement> (docs/security.md), or listen on 127.0.0.1.",
+                            tc.name, tc.host, port)
         if self.config.admin is not None:
             from conveyor.server.admin import AdminInterface  # the admin shell sits beside this one
 
             self.admin = AdminInterface(self, self.config.admin, authenticate=self.admin_authenticator,
-                                        ssl=self.admin_ssl_context)
+                                        ssl=self.admin_ssl_context or self.admin_tls())
             await self.admin.bind()
 
     def _recover(self) -> None:
@@ -344,7 +382,7 @@ class Server:
         self._close_listeners()
         for conn in list(self.connections.values()):
             conn.close("server shutting down")
-        for task in self._tasks:
+        for task in (*self._tasks, *self._verifying):
             if task is not self._writer_task:
                 task.cancel()
         await asyncio.gather(*(t for t in self._tasks if t is not self._writer_task), return_exceptions=True)
@@ -364,6 +402,7 @@ class Server:
             log.error("could not close the journal: %s", exc)
         # After a failure the I/O thread may be stuck on a dead disk: do not wait for it.
         self._io.shutdown(wait=self._failure is None, cancel_futures=self._failure is not None)
+        self.auth.close()
         if self._failure is None:
             log.info("stopped; journal closed at position %d", self.journal.durable_end)
         else:
@@ -448,17 +487,34 @@ class Server:
         if self._failure is not None:
             conn.close(f"server failed: {self._failure.__cause__}", abort=True)
             return
+        limits = self.config.limits
+        if len(self.connections) >= limits.connections_max:
+            conn.close(f"too many connections: the server holds {len(self.connections)} "
+                       f"(Limits/MaxConnections {limits.connections_max})", abort=True)
+            return
+        if self.auth.required:
+            if self._pending_logons >= limits.pending_logons_max:
+                conn.close(f"too many connections waiting to log on (Limits/MaxPendingLogons "
+                           f"{limits.pending_logons_max})", abort=True)
+                return
+            self._pending_logons += 1
+            conn.counted = "pending"
         self.connections[conn.conn_id] = conn
         self.engine.connect(conn.conn_id)
         log.info("connection %d from %s on %s", conn.conn_id, _address(conn.peer), conn.config.name)
         if self._reading_paused and conn.transport is not None:
             conn.transport.pause_reading()
+        if self.auth.by_certificate and conn.config.tls is not None:
+            user = peer_user(conn.transport)
+            if user is not None:  # a verified client certificate authenticates (docs/security.md)
+                self._admit(conn, user, None)
 
     def _unregister(self, conn: Connection) -> None:
         self._output_changed(conn, 0)
         self._writing_paused.discard(conn.conn_id)
         if conn.conn_id in self.connections and conn.close_reason is None:
             log.info("connection %d from %s closed by the client", conn.conn_id, _address(conn.peer))
+        self._uncount(conn)
         if self.connections.pop(conn.conn_id, None) is not None and self._failure is None:
             self.engine.disconnect(conn.conn_id, self.clock())
             self._after_engine()
@@ -506,10 +562,168 @@ class Server:
             )
             self._output_bytes -= held
             c.buffered = 0
+    def _uncount(self, conn: Connection) -> None:
+        if conn.counted == "pending":
+            self._pending_logons -= 1
+        elif conn.counted == "user" and conn.user is not None:
+            left = self._user_connections.get(conn.user, 0) - 1
+            if left > 0:
+                self._user_connections[conn.user] = left
+            else:
+                self._user_connections.pop(conn.user, None)
+        conn.counted = ""
+
+    # --- authentication (docs/security.md) ------------------------------------------------
+
+    def _gate(self, conn: Connection, items: list) -> None:
+        """Commands of a connection not yet authenticated: the first must be a logon;
+        while it is verified, the rest wait and reading pauses."""
+        if conn.held is not None:
+            conn.held.extend(items)
+            return
+        first = items[0]
+        if type(first) is not m.Logon:
+            log.warning("connection %s from %s refused: %s before logon", conn.conn_id, conn.address,
+                        type(first).__name__)
+            self._refuse(conn, getattr(first, "cid", None),
+                         errors.NotAuthenticated("this server requires a logon with credentials before any command"))
+            return
+        self._verify(conn, items[1:], self._verify_logon(conn, first))
+
+    def _verify(self, conn: Connection, rest: list, verification: Coroutine[Any, Any, None]) -> None:
+        """Hold ``rest`` (and pause reading) while ``verification`` runs off the loop."""
+        conn.held = list(rest)
+        if conn.transport is not None:
+            conn.transport.pause_reading()
+        task = asyncio.get_running_loop().create_task(verification)
+        self._verifying.add(task)
+        task.add_done_callback(self._verifying.discard)
+
+    async def _verify_logon(self, conn: Connection, logon: m.Logon) -> None:
+        now = self.clock()
+        if self.auth.by_certificate and conn.config.tls is not None and peer_user(conn.transport) is not None:
+            verdict = self.auth.certificate(peer_user(conn.transport), logon.user_id, conn.host, now)
+        else:
+            verdict = await self.auth.verify(logon.user_id, logon.password, conn.host, now)
+        if conn.closed or self._failure is not None:
+            return
+        if verdict.user is None:
+            log.warning("logon refused from %s (client %r, user %r): %s", conn.address, logon.client_name,
+                        logon.user_id, verdict.detail)
+            self._refuse(conn, logon.cid, errors.NotAuthenticated(verdict.reason))
+            return
+        if not self._admit(conn, verdict.user, logon.cid):
+            return
+        held, conn.held = conn.held or [], None
+        self._handle(conn, [logon, *held])
+        if not conn.closed and not self._reading_paused and conn.transport is not None:
+            conn.transport.resume_reading()
+
+    def _admit(self, conn: Connection, user: str, cid: str | None) -> bool:
+        """``conn`` is ``user``: count it against MaxConnectionsPerUser, tell the engine."""
+        limit = self.config.limits.connections_per_user_max
+        if self._user_connections.get(user, 0) >= limit:
+            log.warning("logon of user %r from %s refused: %d connections (MaxConnectionsPerUser)", user,
+                        conn.address, limit)
+            self._refuse(conn, cid, errors.LimitExceeded(
+                f"user {user!r} holds {limit} connections, the limit (Limits/MaxConnectionsPerUser)",
+                limit="MaxConnectionsPerUser", max=limit))
+            return False
+        self._uncount(conn)
+        conn.user, conn.authenticated, conn.counted = user, True, "user"
+        self._user_connections[user] = self._user_connections.get(user, 0) + 1
+        self.engine.authenticate(conn.conn_id, user)
+        log.info("connection %s from %s authenticated as %r", conn.conn_id, conn.address, user)
+        return True
+
+    def _refuse(self, conn: Connection, cid: str | None, error: errors.ConveyorError) -> None:
+        """Answer ``error`` to the command ``cid`` and close the connection."""
+        details = {k: v for k, v in error.details.items() if isinstance(v, (str, int, float, bool))} or None
+        conn.write_frames(encode_frames([m.Ack(ack_type="processed", cid=cid, status="failure", reason=str(error),
+                                               code=error.code, details=details)]))
+        conn.close(str(error))
+
+    # --- the admin interface's hooks (docs/security.md, "The admin interface") -----------------
+
+    def admin_tls(self) -> ssl.SSLContext | None:
+        """The admin port's TLS context (reloaded with the others), or None without TLS
+        in ``<Admin>``. Raises ConfigError (naming the element) if the files are bad."""
+        admin = self.config.admin
+        if admin is None or admin.tls is None:
+            return None
+        if "admin" not in self.tls:
+            self.tls["admin"] = ServerTls(admin.tls)
+        return self.tls["admin"].context
+
+    async def admin_user(self, authorization: str | None, transport, *, full: bool) -> str | None:
+        """Who an admin request is, if it may read (``full``: act): HTTP Basic credentials
+        from ``authorization``, or the transport's verified client certificate. None when
+        authentication is off (the admin port is then protected only by where it
+        listens). Raises NotAuthenticated (answer 401) or NotEntitled (answer 403)."""
+        if not self.auth.required:
+            return None
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        cert_user = peer_user(transport) if self.auth.by_certificate else None
+        user, password = basic_credentials(authorization)
+        if cert_user is not None and password is None:
+            verdict = self.auth.certificate(cert_user, user, host, self.clock())
+        else:
+            verdict = await self.auth.verify(user, password, host, self.clock())
+        if verdict.user is None:
+            log.warning("admin request refused from %s (user %r): %s", host, user, verdict.detail)
+            raise errors.NotAuthenticated(verdict.reason)
+        permission = Permission.ADMIN_FULL if full else Permission.ADMIN_READ
+        self.engine.entitlements.for_user(verdict.user).check(permission)
+        return verdict.user
+
+    def reload_security(self, *, force: bool = False) -> None:
+        """Reload what changed (everything with ``force``, e.g. on SIGHUP): the users file,
+        TLS certificates, and the configuration's ``Entitlement``. A reload that fails is
+        logged and keeps what was in force."""
+        if self._failure is not None:
+            return
+        if self.auth.reload(force=force):
+            for conn in list(self.connections.values()):
+                if conn.user is not None and not self.auth.knows(conn.user):
+                    conn.close(f"user {conn.user!r} was removed from the users file")
+        for tls in self.tls.values():
+            tls.reload(force=force)
+        stamp = self._source_stamp()
+        if stamp is not None and (force or stamp != self._config_stamp):
+            self._config_stamp = stamp
+            self._reload_entitlements()
+        self._after_engine()
+
+    def _source_stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.config.source)
+        except (OSError, ValueError):
+            return None  # the embedded default, or a configuration given as text
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _reload_entitlements(self) -> None:
+        from conveyor.config import load_file
+
+        try:
+            new = load_file(self.config.source)
+        except errors.ConfigError as exc:
+            log.error("configuration NOT reloaded (the entitlements in force stay): %s", exc)
+            return
+        if (new.authentication is None) != (self.config.authentication is None):
+            log.error("configuration NOT reloaded: turning <Authentication> on or off needs a restart")
+            return
+        if new.entitlement != self.config.entitlement:
+            self.config = dataclasses.replace(self.config, entitlement=new.entitlement)
+            self.engine.set_entitlements(Entitlements.from_config(self.config), self.clock())
+            log.info("entitlements reloaded from %s", self.config.source)
 
     def _handle(self, conn: Connection, items: list) -> None:
         if self._failure is not None:
             return  # the connection is closing: nothing more is accepted
+        if not conn.authenticated and self.auth.required:
+            self._gate(conn, items)
+            return
         self._frames_in += 1
         self._replays_blocked = False  # a command may have started a replay
         engine = self.engine
@@ -658,6 +872,9 @@ class Server:
                 if now - last_housekeeping >= TIMER_PERIOD_S_MAX:
                     last_housekeeping = now
                     self._housekeeping(now)
+                    if now - self._last_security_check >= SECURITY_CHECK_S:
+                        self._last_security_check = now
+                        self.reload_security()
                     if now - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
                         self._last_checkpoint = now
                         await self._checkpoint()
@@ -794,6 +1011,8 @@ class Server:
                 idle = self.config.limits.idle_timeout_s  # a quiet subscriber is not idle
             if idle and now - conn.last_heard > idle:
                 conn.close(f"idle for {now - conn.last_heard:.1f} s")
+            elif conn.counted == "pending" and now - conn.connected_at > self.config.limits.logon_timeout_s:
+                conn.close(f"no logon within {self.config.limits.logon_timeout_s:g} s (Limits/LogonTimeout)")
         for conn in beats:
             conn.write_frames(encode_frames([m.ServerHeartbeat()]))
 
@@ -804,7 +1023,7 @@ class Server:
 
         repl = self.config.replication
         for dest in repl.destinations if repl else ():
-            link = OutgoingLink(self, dest.name, dest.addresses)
+            link = OutgoingLink(self, dest.name, dest.addresses, dest.endpoints)
             self.spawn(link.run(), name=f"replication link to {dest.name}")
 
     def register_replica(self, conn: Connection) -> None:
@@ -827,8 +1046,52 @@ class Server:
     def replica_frames(self, conn: Connection, items: list) -> None:
         if self._failure is not None:
             return
+        if self.auth.required and not conn.authenticated:
+            self._gate_replica(conn, items)  # a source authenticates like a client
+            return
         self.engine.replica_frames(conn.conn_id, items, self.clock())
         self._after_engine()
+
+    def _gate_replica(self, conn: Connection, items: list) -> None:
+        if conn.held is not None:
+            conn.held.extend(items)
+            return
+        hello = items[0]
+        if not isinstance(hello, p_repl.Hello):
+            self._refuse_replica(conn, "the link must start with its handshake")
+            return
+        self._verify(conn, items[1:], self._verify_replica(conn, hello))
+
+    async def _verify_replica(self, conn: Connection, hello: p_repl.Hello) -> None:
+        now = self.clock()
+        cert_user = peer_user(conn.transport) if conn.config.tls is not None else None
+        if self.auth.by_certificate and cert_user is not None:
+            verdict = self.auth.certificate(cert_user, hello.user, conn.host, now)
+        else:
+            verdict = await self.auth.verify(hello.user, hello.password, conn.host, now)
+        if conn.closed or self._failure is not None:
+            return
+        source = hello.profile.instance
+        if verdict.user is None:
+            log.warning("replication from %s (%s, user %r) refused: %s", source, conn.address, hello.user,
+                        verdict.detail)
+            self._refuse_replica(conn, verdict.reason)
+            return
+        if not self.engine.entitlements.for_user(verdict.user).allows(Permission.REPLICATE):
+            log.warning("replication from %s (%s) refused: user %r is not entitled to replicate", source,
+                        conn.address, verdict.user)
+            self._refuse_replica(conn, f"user {verdict.user!r} is not entitled to replicate to this instance")
+            return
+        conn.user, conn.authenticated = verdict.user, True
+        log.info("replication from %s (%s) authenticated as %r", source, conn.address, verdict.user)
+        held, conn.held = conn.held or [], None
+        self.replica_frames(conn, [hello, *held])
+        if not conn.closed and not self._reading_paused and conn.transport is not None:
+            conn.transport.resume_reading()
+
+    def _refuse_replica(self, conn: Connection, reason: str) -> None:
+        conn.write_frames(encode_frames([p_repl.Refused(reason=reason, code=errors.NotAuthenticated.code)]))
+        conn.close(f"replication refused: {reason}")
 
     def link_up(self, destination: str, conn: Connection, welcome: p_repl.Welcome) -> None:
         """An outgoing link finished its handshake (raises ReplicationRefused)."""

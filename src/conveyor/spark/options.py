@@ -9,6 +9,7 @@ and say what is allowed, because they surface in a Spark stack trace.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 class OptionError(ValueError):
@@ -77,3 +78,31 @@ def seconds(options: Mapping[str, str], name: str, default: float) -> float:
     if number <= 0:
         raise OptionError(f"option {name!r} must be positive, not {number}")
     return number
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How the connector reaches the server: credentials and TLS files (docs/security.md).
+
+    ``user`` and ``password`` (Spark redacts an option named ``password`` in its plans and
+    UI; a password written in the ``server`` URI is not redacted, so prefer this option or
+    the ``CONVEYOR_USER``/``CONVEYOR_PASSWORD`` environment of the executors), ``caFile``
+    for ``tcps://`` servers, ``certFile``/``keyFile`` for a client certificate. The
+    password is never in a ``repr``."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "ConnectOptions":
+        return cls(user=text(options, "user"), password=_get(options, "password"), ca_file=text(options, "caFile"),
+                   cert_file=text(options, "certFile"), key_file=text(options, "keyFile"))
+
+    def client(self, server: str, **kw):
+        from conveyor.client.rpc import RpcClient
+
+        return RpcClient(server, user_id=self.user, password=self.password, ca_file=self.ca_file,
+                         cert_file=self.cert_file, key_file=self.key_file, **kw)

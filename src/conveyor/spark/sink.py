@@ -53,7 +53,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from conveyor import errors
-from conveyor.client.rpc import RpcClient
 from conveyor.spark import fencing
 from conveyor.spark import options as opt
 from conveyor.spark.faults import fault
@@ -77,6 +76,7 @@ class SinkOptions:
     timeout: float
     raw: dict
     fence_column: str | None = None  # the source's fencing tokens, when the rows carry them
+    connect: opt.ConnectOptions = opt.ConnectOptions()  # credentials and TLS
 
     @classmethod
     def parse(cls, options, schema: StructType) -> SinkOptions:
@@ -115,6 +115,7 @@ class SinkOptions:
             chunk_rows=opt.integer(options, "chunkRows", 10000, minimum=1),
             timeout=opt.seconds(options, "timeout", 60.0),
             raw={k.lower(): v for k, v in options.items() if k.lower().startswith("test")},
+            connect=opt.ConnectOptions.parse(options),
             fence_column=_fence_column(names),
         )
 
@@ -185,7 +186,7 @@ def _canonical(batches: Iterator[pa.RecordBatch], o: SinkOptions) -> Iterator[pa
 def stage_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], base: str) -> tuple[list[str], int, list[str]]:
     """Stage every row under ``base/t<i>`` (one handle per topic); returns (handles,
     rows, the distinct fencing tokens of the rows)."""
-    rpc = RpcClient(o.server, timeout=o.timeout)
+    rpc = o.connect.client(o.server, timeout=o.timeout)
     fences: set[str] = set()
     handles: dict[str, str] = {}
     buffers: dict[str, list[bytes]] = {}
@@ -220,7 +221,7 @@ def publish_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], publish
     """Publish every row as ``publisher`` with seq ``seq_base + i + 1``; (accepted, duplicates)."""
     if o.ordering == "canonical":
         batches = _canonical(batches, o)
-    rpc = RpcClient(o.server, client_name=publisher, timeout=o.timeout)
+    rpc = o.connect.client(o.server, client_name=publisher, timeout=o.timeout)
     accepted = duplicates = 0
     i = 0
     try:
@@ -238,7 +239,7 @@ def publish_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], publish
 def _discard(o: SinkOptions, txns: list[str]) -> None:
     if not txns:
         return
-    with RpcClient(o.server, timeout=o.timeout) as rpc:
+    with o.connect.client(o.server, timeout=o.timeout) as rpc:
         try:
             rpc.abort_txn(txns)
         except errors.ConveyorError as exc:  # best effort: the server expires staging anyway
@@ -287,7 +288,7 @@ class ConveyorStreamWriter(DataSourceStreamArrowWriter):
             txns = [t for msg in got for t in msg.txns]
             fences = fencing.parse(t for msg in got for t in msg.fences)
             try:
-                with RpcClient(o.server, timeout=o.timeout) as rpc:
+                with o.connect.client(o.server, timeout=o.timeout) as rpc:
                     outcome, _ = rpc.commit_txn(f"{o.sink_name}/{query_id}", batchId + 1, txns, fences)
             except errors.Fenced as exc:
                 _discard(o, txns)
@@ -327,7 +328,7 @@ class ConveyorBatchWriter(DataSourceArrowWriter):
         o = self.options
         if o.mode == "txn":
             txns = [t for msg in messages if isinstance(msg, TxnMessage) for t in msg.txns]
-            with RpcClient(o.server, timeout=o.timeout) as rpc:
+            with o.connect.client(o.server, timeout=o.timeout) as rpc:
                 rpc.commit_txn(f"{o.sink_name}/batch/{self.job}", 1, txns)
 
     def abort(self, messages: list) -> None:

@@ -94,6 +94,7 @@ class SourceOptions:
     output: str  # "arrow" (RecordBatches) or "rows" (tuples; slower, kept for the benchmark)
     timeout: float
     raw: dict  # for the test hooks
+    connect: opt.ConnectOptions = opt.ConnectOptions()  # credentials and TLS
 
     @classmethod
     def parse(cls, options) -> SourceOptions:
@@ -109,6 +110,7 @@ class SourceOptions:
             output=opt.choice(options, "output", ("arrow", "rows"), "arrow"),
             timeout=opt.seconds(options, "timeout", 30.0),
             raw={k.lower(): v for k, v in options.items() if k.lower().startswith("test")},
+            connect=opt.ConnectOptions.parse(options),
         )
 
 
@@ -152,7 +154,7 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The driver runner's connection; the first call claims the consumer (rule 4)."""
         if self._rpc is None:
             o = self.options
-            rpc = RpcClient(o.server, timeout=o.timeout)
+            rpc = o.connect.client(o.server, timeout=o.timeout)
             self._claim = self._guard(lambda: rpc.claim(o.queue, o.consumer, uuid.uuid4().hex))
             self._rpc = rpc
             log.info("claimed consumer %s of %s: %s", o.consumer, o.queue, self._claim)
@@ -272,7 +274,7 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return  # a batch with nothing to read (rule 3): Spark plans one empty partition
         o = self.options
         schema = arrow_schema(self.schema)
-        rpc = RpcClient(o.server, timeout=o.timeout)
+        rpc = o.connect.client(o.server, timeout=o.timeout)
         try:
             count, half = 0, partition.lo + (partition.hi - partition.lo) // 2
             page: list = []
@@ -348,7 +350,7 @@ class _Heartbeat:
 
     def _run(self) -> None:
         o = self.options
-        rpc = RpcClient(o.server, timeout=o.timeout)
+        rpc = o.connect.client(o.server, timeout=o.timeout)
         try:
             while not self._stop.wait(o.lease_seconds / 3):
                 try:

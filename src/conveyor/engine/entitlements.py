@@ -1,0 +1,216 @@
+"""Entitlements: what an authenticated user may do, decided without I/O.
+
+Rules:
+
+1. **Deny by default once authentication is on.** A user may do what some grant of the
+   configuration gives them or a group they belong to (``Entitlement/Grant``), and
+   nothing else. Without ``Authentication`` every session holds :data:`UNRESTRICTED`
+   and nothing is checked.
+2. **Names are matched whole.** A literal grant (``orders``) allows that name only; a
+   regex grant (``orders\\..*``) must match the whole name. A queue is a topic: the same
+   grants name both (spec 000, "queues work with the entitlement system").
+3. **One table says what each command needs** (:func:`required`): the permission and
+   the name it applies to, for every command kind. Subscriptions are decided by
+   :mod:`conveyor.engine.subscribing` from the same permissions, since what they need
+   depends on what the topic is (a queue, a bookmark replay, a regex).
+4. **Decisions are cached per user and name**, so a publish pays a dict lookup, never a
+   regex: :meth:`Grants.allows` compiles nothing and each permission's answer for a name
+   is computed once (the cache of one permission is dropped when it holds
+   :data:`DECISIONS_CACHED_MAX` names, so a client inventing topic names cannot grow it
+   without bound).
+5. **Reloadable.** :class:`Entitlements` is immutable; a reload builds a new one and the
+   engine re-resolves every session's :class:`Grants` (``Engine.set_entitlements``).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Iterable
+
+from conveyor import errors
+from conveyor.config.model import Entitlement, Grant, is_regex_topic
+from conveyor.protocol import messages as m
+
+DECISIONS_CACHED_MAX = 100_000  # names remembered per permission and user
+
+
+class Permission(enum.Enum):
+    PUBLISH = "publish"  # topics
+    SUBSCRIBE = "subscribe"  # topics, live
+    SOW = "sow"  # topics and queues: queries
+    REPLAY = "replay"  # topics and queues: bookmark subscriptions
+    CONSUME = "consume"  # queues: leasing subscriptions
+    ACKNOWLEDGE = "acknowledge"  # queues: sow_delete by bookmark
+    PURGE = "purge"  # queues: sow_delete by filter
+    NAMED_CONSUMERS = "named_consumers"  # queues: the Spark source's commands
+    TRANSACTIONS = "transactions"  # stage, commit_txn, abort_txn
+    ADMIN_READ = "admin_read"  # the admin interface: read
+    ADMIN_FULL = "admin_full"  # the admin interface: actions
+    REPLICATE = "replicate"  # log on to the incoming replication transport
+
+
+#: Permissions that name nothing: the grant is a yes or no.
+FLAGS = frozenset({Permission.TRANSACTIONS, Permission.ADMIN_READ, Permission.ADMIN_FULL, Permission.REPLICATE})
+_NAMED = tuple(p for p in Permission if p not in FLAGS)
+
+
+class _Matcher:
+    """The names one permission allows: a set of literals and one alternation of regexes."""
+
+    __slots__ = ("literals", "regex")
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        literals, regexes = set(), []
+        for p in patterns:
+            if is_regex_topic(p):
+                regexes.append(p)
+            else:
+                literals.add(p)
+        self.literals = frozenset(literals)
+        self.regex = re.compile("|".join(f"(?:{r})" for r in dict.fromkeys(regexes))) if regexes else None
+
+    def __call__(self, name: str) -> bool:
+        return name in self.literals or (self.regex is not None and self.regex.fullmatch(name) is not None)
+
+
+class Grants:
+    """What one user may do (rules 1, 2 and 4). ``unrestricted``: everything."""
+
+    __slots__ = ("user", "unrestricted", "_matchers", "_flags", "_cache", "published")
+
+    def __init__(self, user: str | None, grants: Iterable[Grant] = (), *, unrestricted: bool = False) -> None:
+        self.user = user
+        self.unrestricted = unrestricted
+        grants = tuple(grants)
+        self._matchers = {
+            p: _Matcher(name for g in grants for name in getattr(g, p.value)) for p in _NAMED
+        }
+        self._flags = {
+            Permission.TRANSACTIONS: any(g.transactions for g in grants),
+            Permission.ADMIN_READ: any(g.admin in ("read", "full") for g in grants),
+            Permission.ADMIN_FULL: any(g.admin == "full" for g in grants),
+            Permission.REPLICATE: any(g.replicate for g in grants),
+        }
+        self._cache: dict[Permission, dict[str, bool]] = {p: {} for p in _NAMED}
+        #: The publish decisions (rule 4), for the engine's hot path to read directly:
+        #: ``published.get(topic)`` is True/False once decided, None before.
+        self.published = self._cache[Permission.PUBLISH]
+
+    def allows(self, permission: Permission, name: str = "") -> bool:
+        if self.unrestricted:
+            return True
+        if permission in FLAGS:
+            return self._flags[permission]
+        cache = self._cache[permission]
+        hit = cache.get(name)
+        if hit is None:
+            if len(cache) >= DECISIONS_CACHED_MAX:
+                cache.clear()  # in place: ``published`` is this very dict
+            hit = cache[name] = self._matchers[permission](name)
+        return hit
+
+    def may_publish(self, topic: str) -> bool:
+        """:meth:`allows` for publishing: one dict lookup once decided."""
+        hit = self.published.get(topic)
+        if hit is None:
+            return self.allows(Permission.PUBLISH, topic)
+        return hit
+
+    def check(self, permission: Permission, name: str = "") -> None:
+        """Raise :class:`~conveyor.errors.NotEntitled` unless allowed."""
+        if not self.allows(permission, name):
+            raise not_entitled(self.user, permission, name)
+
+    def __repr__(self) -> str:
+        return f"Grants(user={self.user!r}, unrestricted={self.unrestricted})"
+
+
+def not_entitled(user: str | None, permission: Permission, name: str = "") -> errors.NotEntitled:
+    what = f"{permission.value} on {name!r}" if name else permission.value
+    return errors.NotEntitled(f"user {user!r} is not entitled to {what}", permission=permission.value, name=name)
+
+
+#: Every session's grants while authentication is off.
+UNRESTRICTED = Grants(None, unrestricted=True)
+
+
+class Entitlements:
+    """The grants of every user, from ``<Entitlement>`` (rule 5: immutable)."""
+
+    def __init__(self, config: Entitlement | None, *, required: bool) -> None:
+        self.required = required  # authentication is on: sessions need a user, deny by default
+        self._config = config or Entitlement()
+        self._memo: dict[str, Grants] = {}
+
+    @classmethod
+    def from_config(cls, config) -> Entitlements:
+        return cls(config.entitlement, required=config.authentication is not None)
+
+    def for_user(self, user: str) -> Grants:
+        """The user's grants: shared by every session of the user, so decisions are too."""
+        if not self.required:
+            return UNRESTRICTED
+        grants = self._memo.get(user)
+        if grants is None:
+            groups = {g for g, members in self._config.groups.items() if user in members}
+            mine = [g for g in self._config.grants if user in g.users or groups.intersection(g.groups)]
+            grants = self._memo[user] = Grants(user, mine)
+        return grants
+
+
+OPEN = Entitlements(None, required=False)
+
+
+# --- rule 3: what each command needs ----------------------------------------------------
+
+_P = Permission
+#: Commands every authenticated session may send: they touch only its own session.
+FREE_COMMANDS = (m.Logon, m.Unsubscribe, m.Heartbeat, m.Flush)
+#: Subscriptions: decided in subscribing.py, or for a SOW topic's or view's records in
+#: ``Engine._records_subscribe`` (rule 3); listed here so the table is whole.
+SUBSCRIPTION_COMMANDS = (m.Subscribe, m.SowAndSubscribe, m.DeltaSubscribe, m.SowAndDeltaSubscribe)
+_NAMED_CONSUMER_COMMANDS = (m.Claim, m.Lease, m.Fetch, m.AckThrough, m.Extend, m.Reclaim, m.Head, m.ConsumerInfo)
+
+
+def required(cmd) -> list[tuple[Permission, str]]:
+    """The permissions ``cmd`` needs, each with the name it applies to."""
+    match cmd:
+        case m.Publish() | m.DeltaPublish():
+            return [(_P.PUBLISH, cmd.topic)]
+        case m.Sow():
+            return [(_P.SOW, cmd.topic)]
+        case m.SowAndSubscribe() | m.SowAndDeltaSubscribe():
+            return [(_P.SOW, cmd.topic)]  # and the subscription's own (rule 3)
+        case m.Subscribe() | m.DeltaSubscribe():
+            return []  # decided where the subscription is made (rule 3)
+        case m.SowDelete():
+            # By bookmark: acknowledging queue messages. By filter: a purge, of a queue or
+            # a SOW topic. By SowKeys or data: the records one could overwrite by publishing.
+            if cmd.bookmark:
+                return [(_P.ACKNOWLEDGE, cmd.topic)]
+            if cmd.filter:
+                return [(_P.PURGE, cmd.topic)]
+            return [(_P.PUBLISH, cmd.topic)]
+        case m.Claim() | m.Lease() | m.Fetch() | m.AckThrough() | m.Extend() | m.Reclaim() | m.Head() | m.ConsumerInfo():
+            return [(_P.NAMED_CONSUMERS, cmd.queue)]
+        case m.Stage():
+            return [(_P.TRANSACTIONS, ""), (_P.PUBLISH, cmd.topic)]
+        case m.CommitTxn():
+            # A fence acknowledges the named consumer's deliveries in the same step.
+            return [(_P.TRANSACTIONS, ""), *((_P.NAMED_CONSUMERS, f.queue) for f in cmd.fences)]
+        case m.AbortTxn():
+            return [(_P.TRANSACTIONS, "")]
+        case m.Logon() | m.Unsubscribe() | m.Heartbeat() | m.Flush():  # FREE_COMMANDS
+            return []
+        case _:
+            # Fail closed: a command kind added to the protocol without a line here is
+            # refused, never allowed by omission.
+            raise errors.NotEntitled(f"no entitlement rule for the command {type(cmd).__name__}",
+                                     permission="unknown", name=type(cmd).__name__)
+
+
+def check_command(grants: Grants, cmd) -> None:
+    """Raise NotEntitled unless ``grants`` allow everything ``cmd`` needs."""
+    for permission, name in required(cmd):
+        grants.check(permission, name)
