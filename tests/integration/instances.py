@@ -39,8 +39,9 @@ class Instance:
     """One instance's configuration and process."""
 
     def __init__(self, root: Path, name: str, *, group: str | None = None, queues: str = "",
-                 topics: tuple[str, ...] = (TOPIC,), actions: str = "") -> None:
+                 topics: tuple[str, ...] = (TOPIC,), actions: str = "", admin: bool = False) -> None:
         self.name = name
+        self.admin_port = free_port() if admin else None  # the admin HTTP interface, if asked for
         self.actions = actions  # an <Actions> element
         self.group = group
         self.queues = queues  # <Queue> elements for the <SOW>
@@ -74,7 +75,9 @@ class Instance:
             f"<TransactionLog><JournalDirectory>{self.dir / 'journal'}</JournalDirectory>"
             f"<Topic><Name>{TOPIC}</Name><MessageType>json</MessageType></Topic>"
             "<Topic><Name>dr-control</Name><MessageType>json</MessageType></Topic></TransactionLog>"
-            f"<SOW>{self.queues}</SOW>{self.actions}{repl}</AMPSConfig>"
+            f"<SOW>{self.queues}</SOW>{self.actions}{repl}"
+            + (f"<Admin><InetAddr>127.0.0.1:{self.admin_port}</InetAddr></Admin>" if self.admin_port else "")
+            + "</AMPSConfig>"
         )
         return path
 

@@ -232,3 +232,35 @@ def test_owner_sigkilled_messages_wait_then_proxied_transfer_delivers_them_once(
     run_workers([Worker(a.uri, "a0", again)], again, 0, timeout=5)
     assert_once(processed, 100)
     assert again == []
+
+
+def test_proxied_transfer_switched_by_the_admin_interface(instances):
+    """The admin action (docs/operations.md): with the owner A down, B's worker gets
+    none of A's messages until an operator enables proxied transfer on B over HTTP;
+    then each once. The action answers 501 for a queue that is not replicated here."""
+    import json
+    import urllib.request
+
+    a = instances("A", queues=QUEUE, topics=TOPICS)
+    b = instances("B", queues=QUEUE, topics=TOPICS, admin=True)
+    a.replicate_to(b)
+    b.replicate_to(a)
+    a.start()
+    b.start()
+    publish_n(a.uri, 40)
+    b.wait_for_queue(40)
+    a.kill()
+    processed: list = []
+    worker = Worker(b.uri, "b0", processed)
+    worker.start()
+    time.sleep(3)  # longer than the transfer wait: the messages must still wait
+    assert processed == []
+    base = f"http://127.0.0.1:{b.admin_port}/amps/administrator/queues"
+    with urllib.request.urlopen(f"{base}/WorkQ/enable_proxied_transfer", timeout=10) as resp:
+        assert json.loads(resp.read())["done"] is True
+    run_workers([], processed, 40)
+    worker.stop.set()
+    worker.join(30)
+    assert_once(processed, 40)
+    with urllib.request.urlopen(f"{base}/WorkQ/disable_proxied_transfer", timeout=10) as resp:
+        assert resp.status == 200
