@@ -43,7 +43,6 @@ tests/engine/test_engine_sim.py``; more seeds: ``CONVEYOR_SIM_SEEDS=50000``.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -56,6 +55,7 @@ from conveyor.engine.bookmarks import bookmark_position
 from conveyor.protocol import messages as m
 
 from .engine_harness import Harness, config_xml, decode, queue_xml
+from tests.engine.seeds import seed_batches
 
 SEEDS_DEFAULT = 2000
 BATCH = 100  # seeds per test case: a failing case still names the exact seed
@@ -83,16 +83,6 @@ TOPICS = ("Work", "A", "B")
 WATCH_TOPIC = "^(Work|A|B)$"  # a regex matching every topic and no queue name
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("CONVEYOR_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("CONVEYOR_SIM_SEEDS", SEEDS_DEFAULT))))
-
-
-def _batches() -> list[list[int]]:
-    seeds = _seeds()
-    return [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
 
 
 class SimFailure(AssertionError):
@@ -933,7 +923,7 @@ class Sim:
         self.drain()
 
 
-@pytest.mark.parametrize("seeds", _batches(), ids=lambda b: f"seeds{b[0]}-{b[-1]}")
+@pytest.mark.parametrize("seeds", seed_batches(SEEDS_DEFAULT, BATCH), ids=lambda b: f"seeds{b[0]}-{b[-1]}")
 def test_engine_simulation(seeds):
     for seed in seeds:
         failure = None

@@ -30,7 +30,6 @@ More seeds (nightly): ``CONVEYOR_SIM_SEEDS=200000``.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 
@@ -49,6 +48,7 @@ from conveyor.engine.queue_events import (
 from conveyor.engine.queue_state import MessageState
 
 from .queue_model import MConsumer, ModelQueue, replay
+from tests.engine.seeds import seed_batches
 
 SEEDS_DEFAULT = 2000
 BATCH = 100  # seeds per test case: a failing case still names the exact seed
@@ -56,16 +56,6 @@ STEPS = 70  # operations per seed
 OWNERS = ("o1", "o2", "o3")
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("CONVEYOR_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("CONVEYOR_SIM_SEEDS", SEEDS_DEFAULT))))
-
-
-def _batches() -> list[list[int]]:
-    seeds = _seeds()
-    return [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
 
 
 #: Priority values: few, so that equal priorities (oldest first) are common; -1 is NaN.
@@ -553,7 +543,7 @@ def run_seed(seed: int, steps: int = STEPS) -> World:
     return world
 
 
-@pytest.mark.parametrize("seeds", _batches(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+@pytest.mark.parametrize("seeds", seed_batches(SEEDS_DEFAULT, BATCH), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
 def test_simulation(seeds: list[int]) -> None:
     for seed in seeds:
         run_seed(seed)

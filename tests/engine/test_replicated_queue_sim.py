@@ -23,7 +23,6 @@ tests/engine/test_replicated_queue_sim.py``; more seeds: ``CONVEYOR_SIM_SEEDS=20
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 
@@ -34,6 +33,7 @@ from conveyor.engine.ownership import WAIT_DEFAULT_S
 
 from .cluster import Cluster, destination, instance_xml
 from .engine_harness import queue_xml
+from tests.engine.seeds import seed_batches
 
 SEEDS_DEFAULT = 2000
 STEPS = 70
@@ -286,19 +286,9 @@ class Sim:
             self.fail(f"{len(missing)} durable messages never acknowledged, e.g. {sorted(missing)[:3]}")
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("CONVEYOR_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("CONVEYOR_SIM_SEEDS", SEEDS_DEFAULT))))
 
 
-def _batches(size: int = 100) -> list[list[int]]:
-    seeds = _seeds()
-    return [seeds[i : i + size] for i in range(0, len(seeds), size)]
-
-
-@pytest.mark.parametrize("seeds", _batches(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+@pytest.mark.parametrize("seeds", seed_batches(SEEDS_DEFAULT, 100), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
 def test_replicated_queue_simulation(seeds):
     for seed in seeds:
         Sim(seed).run()

@@ -27,7 +27,6 @@ tests/engine/test_replication_sim.py``; more seeds: ``CONVEYOR_SIM_SEEDS=20000``
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from conveyor.engine.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 
 from .cluster import Cluster, destination, instance_xml
+from tests.engine.seeds import seed_batches
 
 SEEDS_DEFAULT = 2000
 STEPS = 80
@@ -278,19 +278,9 @@ class Sim:
         self.check_end()
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("CONVEYOR_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("CONVEYOR_SIM_SEEDS", SEEDS_DEFAULT))))
 
 
-def _batches(size: int = 250) -> list[list[int]]:
-    seeds = _seeds()
-    return [seeds[i : i + size] for i in range(0, len(seeds), size)]
-
-
-@pytest.mark.parametrize("seeds", _batches(), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
+@pytest.mark.parametrize("seeds", seed_batches(SEEDS_DEFAULT, 250), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
 def test_replication_simulation(seeds):
     for seed in seeds:
         Sim(seed).run()

@@ -30,7 +30,6 @@ more seeds: ``CONVEYOR_SIM_SEEDS=20000``.
 from __future__ import annotations
 
 import json
-import os
 import random
 from fractions import Fraction
 
@@ -41,6 +40,7 @@ from conveyor.engine.queue_state import MessageState
 from conveyor.protocol import messages as m
 
 from .engine_harness import Harness, recorded
+from tests.engine.seeds import seed_batches
 
 SEEDS_DEFAULT = 300
 BATCH = 50
@@ -49,16 +49,6 @@ REGIONS = ("EU", "US", "ASIA")
 KEYS = 12
 
 
-def _seeds() -> list[int]:
-    one = os.environ.get("CONVEYOR_SIM_SEED")
-    if one is not None:
-        return [int(one)]
-    return list(range(int(os.environ.get("CONVEYOR_SIM_SEEDS", SEEDS_DEFAULT))))
-
-
-def _batches() -> list[list[int]]:
-    seeds = _seeds()
-    return [seeds[i : i + BATCH] for i in range(0, len(seeds), BATCH)]
 
 
 PROJECTION = ("<Projection><Field>/region</Field><Field>SUM(/qty * /price) AS /value</Field>"
@@ -338,7 +328,7 @@ def run(seed: int) -> None:
         raise AssertionError(f"seed {seed} (step {sim.steps}): {exc}") from exc
 
 
-@pytest.mark.parametrize("seeds", _batches(), ids=lambda s: f"{s[0]}-{s[-1]}")
+@pytest.mark.parametrize("seeds", seed_batches(SEEDS_DEFAULT, BATCH), ids=lambda s: f"{s[0]}-{s[-1]}")
 def test_views_follow_the_queue_and_the_sow_topic(seeds):
     for seed in seeds:
         run(seed)
