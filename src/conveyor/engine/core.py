@@ -538,15 +538,10 @@ class Engine:
             return
         if publishes.takes_json(topic):
             _check_json(topic, cmd.data)
-        seq = cmd.seq
-        if seq is not None:
-            publisher = session.publisher
-            if publishes.is_duplicate(publisher, seq):
-                self._duplicate(session, cmd, acks)
-                return
-        else:
-            publisher = session.server_publisher
-            seq = publishes.next_seq(publisher)
+        ident = self._identity(session, cmd, acks)
+        if ident is None:
+            return
+        publisher, seq = ident
         pos = publishes.append(topic, publisher, seq, now, cmd.data, cmd.correlation_id, cmd.fingerprint, expires_at)
         if acks:
             if "persisted" in acks:
@@ -554,6 +549,18 @@ class Engine:
                 outbox.mark_persisted(session.conn_id, pos, seq, publisher, cmd.cid)
             if "processed" in acks:
                 outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
+
+    def _identity(self, session: Session, cmd, acks) -> tuple[int, int] | None:
+        """(publisher, seq) of a publish: the client's sequence under its publisher id, or
+        the next server-made one; None for a duplicate (answered here)."""
+        publishes = self.publishes
+        if cmd.seq is None:
+            publisher = session.server_publisher
+            return publisher, publishes.next_seq(publisher)
+        if publishes.is_duplicate(session.publisher, cmd.seq):
+            self._duplicate(session, cmd, acks)
+            return None
+        return session.publisher, cmd.seq
 
     def _expires_at(self, topic: str, expiration: float, now: float) -> float:
         """The absolute expiry of a message published at ``now`` with ``e`` (0: never).
@@ -586,15 +593,10 @@ class Engine:
         publishes = self.publishes
         if not publishes.recorded(topic):  # the configuration requires it; be safe
             raise errors.NotATransactionLogTopic(f"SOW topic {topic!r} is not recorded in the transaction log")
-        seq = cmd.seq
-        if seq is not None:
-            publisher = session.publisher
-            if publishes.is_duplicate(publisher, seq):
-                self._duplicate(session, cmd, acks)
-                return
-        else:
-            publisher = session.server_publisher
-            seq = publishes.next_seq(publisher)
+        ident = self._identity(session, cmd, acks)
+        if ident is None:
+            return
+        publisher, seq = ident
         data, key, expires_at, correlation_id = self.sow.prepare(st, cmd, now, is_delta=type(cmd) is m.DeltaPublish)
         pos = publishes.append_sow(topic, publisher, seq, now, data, correlation_id, expires_at, key_text(key))
         self.sow.appended(st, key, pos, data)
