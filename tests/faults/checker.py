@@ -98,6 +98,7 @@ FAULTS = ("kill", "powercut", "recovery", "torn", "damage")
 WINDOW_MAX = 300  # unacknowledged publishes a publisher keeps in flight
 STARTUP_S_MAX = 120.0  # a server start, under a loaded CI machine
 DRAIN_S_MAX = 120.0  # the final drain
+STOP_S_MAX = 60.0  # a graceful stop: the writer finishes its group, checkpoint, close
 QUIET_S = 1.5  # no delivery for this long: the at-most-once queue is drained
 RECONNECT_S = 0.05
 
@@ -414,7 +415,12 @@ class ServerUnderTest:
     async def stop(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.wait_for(self.proc.wait(), 60)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.proc.wait()), STOP_S_MAX)
+        except asyncio.TimeoutError:
+            stacks = await _stacks(self.proc.pid)
+            raise CheckerError(f"{self.name} did not stop within {STOP_S_MAX} s of SIGTERM:\n"
+                               f"{self.tail()}\n{stacks}") from None
 
     async def exit_code(self) -> int:
         assert self.proc is not None
@@ -429,6 +435,18 @@ class ServerUnderTest:
 
 class CheckerError(AssertionError):
     pass
+
+
+async def _stacks(pid: int) -> str:
+    """The Python stacks of a process that hangs (py-spy, when installed)."""
+    beside = Path(sys.executable).parent / "py-spy"  # in the virtualenv, maybe not on PATH
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(beside) if beside.exists() else "py-spy", "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    except FileNotFoundError:
+        return "(install py-spy to see where it hangs)"
+    out, _ = await proc.communicate()
+    return out.decode(errors="replace")
 
 
 async def _verify_journal(journal: Path) -> tuple[int, str]:

@@ -16,8 +16,9 @@ KILLS_REPLICATED_CI = 10
 
 def _check(tmp_path, kills: int, **kw) -> None:
     seed = int(os.environ.get("CONVEYOR_CHECKER_SEED", random.randrange(2**32)))
+    print(f"seed={seed} (replay: CONVEYOR_CHECKER_SEED={seed})")  # shown if the run raises
     verdict = run_sync(tmp_path, seed=seed, kills=kills, **kw)
-    report = f"seed={seed} (replay: CONVEYOR_CHECKER_SEED={seed})\n{verdict.table()}\n" + "\n".join(verdict.details[-60:])
+    report = f"seed={seed}\n{verdict.table()}\n" + "\n".join(verdict.details[-60:])
     print(report)
     assert verdict.ok, report
     assert verdict.acknowledged > 0 and verdict.kills >= kills, report

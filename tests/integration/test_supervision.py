@@ -133,3 +133,45 @@ def test_the_cli_exits_1_when_the_writer_fails(tmp_path):
         got = [msg.json()["n"] for msg in replay_all(reader, "t")]
     server.kill()
     assert acked > 0 and got[:acked] == list(range(acked))
+
+
+def test_a_link_whose_handshake_answer_lands_with_the_shutdown_lets_the_server_stop(tmp_path, monkeypatch, caplog):
+    """The destination's Welcome and the shutdown's cancellation of the link arrive in one
+    loop iteration. ``asyncio.wait_for`` (Python 3.11) returned the answer and dropped the
+    cancellation: the link came up after stop() had closed the connections, and stop()
+    waited for it for ever (seen as a fault-checker stop that timed out)."""
+    from conveyor.protocol import replication as p_repl
+    from conveyor.replication import links
+    from tests.integration.instances import Instance
+
+    destination = Instance(tmp_path, "b").start()
+    source = Instance(tmp_path, "a")
+    source.replicate_to(destination, sync=True)
+    config = load_file(source.config())
+    received = links.OutgoingLink.received
+
+    async def scenario() -> None:
+        server = Server(config)
+        stop = asyncio.Event()
+
+        def welcome_then_shutdown(link, items):
+            received(link, items)  # resolves the handshake
+            if any(isinstance(i, p_repl.Welcome) for i in items):
+                task = next(t for t in server._tasks if t.get_name() == "replication link to b")
+                task.cancel()  # as stop() does, in the same iteration as the answer
+                stop.set()
+                seen.append(task)
+
+        seen: list[asyncio.Task] = []
+        monkeypatch.setattr(links.OutgoingLink, "received", welcome_then_shutdown)
+        await server.start()
+        with caplog.at_level(logging.INFO, logger="conveyor"):
+            await asyncio.wait_for(server.run_until(stop), 60)
+        assert len(seen) == 1 and seen[0].cancelled()
+        assert "did not end within" not in caplog.text
+        assert "streaming from position" not in caplog.text  # the link never came up
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        destination.stop()

@@ -165,11 +165,13 @@ class OutgoingLink:
             self._problem(f"cannot use the TLS files for {address}: {exc}")
             return "unreachable"
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _LinkProtocol(self.server, self, self._transport), host, int(port),
-                                       ssl=tls, server_hostname=host if tls else None),
-                CONNECT_TIMEOUT_S,
-            )
+            # asyncio.timeout, not wait_for: in Python 3.11 wait_for returns a result
+            # that lands together with a cancellation and drops the cancellation, and a
+            # link that ignores the server's shutdown keeps the server from stopping.
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, protocol = await loop.create_connection(
+                    lambda: _LinkProtocol(self.server, self, self._transport), host, int(port),
+                    ssl=tls, server_hostname=host if tls else None)
         except ssl.SSLCertVerificationError as exc:
             self._problem(f"cannot connect to {address}: the destination's certificate was refused: "
                           f"{exc.verify_message or exc}")
@@ -185,8 +187,9 @@ class OutgoingLink:
                 hello = msgspec.structs.replace(hello, user=endpoint.user, password=endpoint.password)
             protocol.transport.write(encode_frame([hello]))
             try:
-                answer = await asyncio.wait_for(asyncio.shield(self._handshake), HANDSHAKE_TIMEOUT_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):  # not wait_for: see above
+                    answer = await self._handshake
+            except TimeoutError:
                 answer = None
             if isinstance(answer, p.Refused):
                 log.error("replication to %s (%s): REFUSED by the destination: %s", self.destination, address,

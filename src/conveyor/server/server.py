@@ -95,6 +95,7 @@ TIMER_PERIOD_S_MAX = 1.0  # housekeeping (heartbeats, idle) runs at least this o
 HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dead
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
 STOP_GROUPS_MAX = 16  # groups written and applied at shutdown before the rest is only written
+STOP_TASKS_S_MAX = 10.0  # how long stop() waits for its cancelled tasks to end
 FREE_SPACE_CHECK_INTERVAL_S = 10.0  # statvfs of the journal's file system
 FREE_SPACE_REPORT_INTERVAL_S = 300.0  # while space is low, the warning repeats this often
 SECURITY_CHECK_S = 2.0  # how often the users file, certificates and entitlements are checked for changes
@@ -385,7 +386,12 @@ class Server:
         for task in (*self._tasks, *self._verifying):
             if task is not self._writer_task:
                 task.cancel()
-        await asyncio.gather(*(t for t in self._tasks if t is not self._writer_task), return_exceptions=True)
+        others = [t for t in self._tasks if t is not self._writer_task]
+        if others:
+            _, stuck = await asyncio.wait(others, timeout=STOP_TASKS_S_MAX)
+            for task in stuck:  # a task that swallowed its cancellation: a bug, but not a hang
+                log.error("shutdown: %s did not end within %.0f s of its cancellation; stopping without it",
+                          task.get_name(), STOP_TASKS_S_MAX)
         loop = asyncio.get_running_loop()
         if self._failure is None and self._writer_task is not None:
             self._wake_writer.set()  # the writer finishes the group in flight, then returns
@@ -1097,6 +1103,8 @@ class Server:
         """An outgoing link finished its handshake (raises ReplicationRefused)."""
         if self._failure is not None:
             raise errors.ReplicationRefused("the server failed")
+        if self._stopping:  # stop() closed the connections already: this one would stay open
+            raise errors.ReplicationRefused("the server is stopping")
         conn.client = False
         conn.conn_id = self._next_conn_id
         self._next_conn_id += 1
