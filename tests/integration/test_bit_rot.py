@@ -4,16 +4,20 @@ journal find it, the server keeps serving, and the next start refuses the journa
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
-
-import json
+import threading
 
 from conveyor import Client
+from conveyor.config import load_file
+from conveyor.journal.scrub import Scrubber
 from conveyor.journal.verified import VERIFIED_SUFFIX
 from conveyor.protocol import encode_frame
 from conveyor.protocol import messages as m
+from conveyor.server.server import Server
 from tests.integration.test_bad_input import Raw
 from tests.serverproc import ServerProcess, write_config
 
@@ -139,3 +143,56 @@ def test_a_damaged_record_found_at_read_time_fails_only_its_own_delivery(tmp_pat
     assert end.code == "journal_corrupt" and str(sealed) in end.reason and "offset" in end.reason
     assert f"journal segment {sealed}" in server.log and "not delivered, its journal record is damaged" in server.log
     assert "Traceback" not in server.log
+
+
+def test_a_scrub_step_running_at_shutdown_is_closed_after_it_on_the_io_thread(tmp_path, monkeypatch):
+    """A graceful stop cancels the scrub while its step runs on the I/O thread. Closing
+    the scrubber from the loop then raced the step (EBADF failed a graceful stop, found
+    by the queue checker); the close now runs on the I/O thread after the step."""
+    config_path = write_config(tmp_path, recorded="t", txlog_extra=SCRUB)
+    server = ServerProcess(config_path).start()
+    with Client("pub").connect(server.uri) as client:
+        for i in range(50):
+            client.publish("t", {"i": i})
+        client.flush()
+    server.stop()
+
+    events: list[str] = []
+    in_step, release = threading.Event(), threading.Event()
+    step, close = Scrubber.step, Scrubber.close
+    stepping = threading.local()  # a step's own close (at the end of a segment) is not the race
+
+    def held_step(self, *args):
+        events.append("step")
+        in_step.set()
+        release.wait(30)  # until the loop has had its chance to close the scrubber
+        stepping.on = True
+        try:
+            return step(self, *args)
+        finally:
+            stepping.on = False
+            events.append("step returned")
+
+    def recorded_close(self):
+        if not getattr(stepping, "on", False):
+            events.append("close")
+        close(self)
+
+    monkeypatch.setattr(Scrubber, "step", held_step)
+    monkeypatch.setattr(Scrubber, "close", recorded_close)
+
+    async def scenario() -> None:
+        live = Server(load_file(config_path))
+        await live.start()
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, in_step.wait, 30)
+        stopping = asyncio.create_task(live.stop())
+        for _ in range(20):  # the scrub task sees its cancellation and runs its finally
+            await asyncio.sleep(0.01)
+        assert "close" not in events  # not from the loop while the step holds the file
+        release.set()
+        await asyncio.wait_for(stopping, 30)
+        assert live.failure is None
+
+    asyncio.run(scenario())
+    assert events[:2] == ["step", "step returned"] and "close" in events[2:]
