@@ -120,6 +120,37 @@ def test_async_inline_callback_and_coroutine_handler_with_auto_ack(server_factor
     assert handled == [4, 5]
 
 
+def test_async_get_cancelled_as_its_message_arrives_raises_and_keeps_the_message(server_factory):
+    """A message and the caller's cancellation land in one loop iteration. With
+    ``asyncio.wait_for`` (Python 3.11) ``get`` returned the message and the cancellation
+    was lost: a task the application cancelled went on running. Now the cancellation
+    wins and the message waits for the next ``get``."""
+    server = server_factory(queues=QUEUE)
+
+    async def main() -> None:
+        async with AsyncClient("w") as client:
+            await client.connect(server.uri)
+            sub = await client.subscribe("Jobs", max_backlog=10)
+            held: list = []
+            sub.state.sink = held.append  # hold what arrives: the test hands it over itself
+            client.publish_nowait("jobs", {"n": 7})
+            await client.flush()
+            while not held:
+                await asyncio.sleep(0.01)
+            getting = asyncio.create_task(sub.get(timeout=30))
+            await asyncio.sleep(0.05)  # get waits on the empty buffer
+            sub.queue.put_nowait(held[0])  # the message arrives...
+            getting.cancel()  # ...as the caller cancels, in the same iteration
+            with pytest.raises(asyncio.CancelledError):
+                await getting
+            msg = await sub.get(timeout=5)
+            assert msg is not None and msg.json() == {"n": 7}
+            msg.ack()
+            await client.flush()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_without_reconnection_a_loss_ends_the_client(server_factory):
     server = server_factory(queues=QUEUE)
     with Client("c", reconnect=False).connect(server.uri) as client:

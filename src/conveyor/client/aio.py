@@ -106,8 +106,12 @@ class AsyncSubscription(SubscriptionBase):
                 if remaining <= 0:
                     return None
                 try:
-                    item = await asyncio.wait_for(queue.get(), remaining)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, never wait_for, everywhere in this module: in
+                    # Python 3.11 wait_for returns a result that lands together with a
+                    # cancellation of the caller and drops the cancellation.
+                    async with asyncio.timeout(remaining):
+                        item = await queue.get()
+                except TimeoutError:
                     return None
             msg = self._take(item)
             if msg is not None:
@@ -295,8 +299,9 @@ class AsyncClient:
                     pass
             self._send_now()
             try:
-                await asyncio.wait_for(writer.drain(), self.timeout)
-            except (ConnectionError, RuntimeError, asyncio.TimeoutError):
+                async with asyncio.timeout(self.timeout):
+                    await writer.drain()
+            except (ConnectionError, RuntimeError, TimeoutError):
                 pass
         self._drop_transport()
         for pending in self.core.connection_lost(errors.ConnectionLost("disconnected")):
@@ -336,8 +341,9 @@ class AsyncClient:
         except (OSError, ssl.SSLError) as exc:
             raise errors.ClientError(f"cannot use the TLS files for {uri}: {exc}") from None
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=tls, server_hostname=host if tls else None)
         except ssl.SSLCertVerificationError as exc:
             raise errors.ConnectionLost(f"cannot connect to {uri}: the server's certificate was refused: "
                                         f"{exc.verify_message or exc}") from None
@@ -538,8 +544,9 @@ class AsyncClient:
         pending.waiter = fut
         self._kick()
         try:
-            return await asyncio.wait_for(fut, timeout or self.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout or self.timeout):
+                return await fut
+        except TimeoutError:
             raise errors.TimedOut(f"no answer from the server within {timeout or self.timeout} s") from None
 
     async def _request(self, build: Callable[[], PendingCommand], timeout: float | None = None) -> Any:
@@ -614,8 +621,9 @@ class AsyncClient:
         self._persist_waiters.append((seq, fut))
         self._kick()
         try:
-            await asyncio.wait_for(fut, timeout or self.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout or self.timeout):
+                await fut
+        except TimeoutError:
             raise errors.TimedOut(f"publishes up to {seq} not persisted within {timeout or self.timeout} s") from None
         self._raise_publish_error()
 
@@ -639,8 +647,9 @@ class AsyncClient:
             if remaining <= 0:
                 raise errors.TimedOut(f"flush did not complete within {budget} s")
             try:
-                await asyncio.wait_for(self._wait_connected(), remaining)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(remaining):
+                    await self._wait_connected()
+            except TimeoutError:
                 raise errors.TimedOut(f"not reconnected within {budget} s") from None
             self.core.flush_acks()
             cid = self.core.new_cid()
