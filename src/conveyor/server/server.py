@@ -890,8 +890,9 @@ class Server:
             self._timer_at = now + wait
             self._wake_timer.clear()
             try:
-                await asyncio.wait_for(self._wake_timer.wait(), timeout=wait)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(wait):  # not wait_for: it can drop stop()'s cancellation
+                    await self._wake_timer.wait()
+            except TimeoutError:
                 pass
 
     async def _checkpoint(self, *, final: bool = False) -> None:
