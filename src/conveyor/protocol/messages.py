@@ -32,7 +32,9 @@ class Logon(_Msg, tag="logon"):
     version: str | None = field(default=None, name="v")
 
 
-class Publish(_Msg, tag="publish"):
+class _PublishFields(_Msg):
+    """What every kind of publish carries (not a command of its own)."""
+
     topic: str = field(name="t")
     data: bytes = field(name="d")
     seq: int | None = field(default=None, name="s")
@@ -40,6 +42,9 @@ class Publish(_Msg, tag="publish"):
     ack_type: str | None = field(default=None, name="a")
     correlation_id: str | None = field(default=None, name="x")
     expiration: float | None = field(default=None, name="e")
+
+
+class Publish(_PublishFields, tag="publish"):
     # Hash of the payload: a duplicate (publisher, seq) whose fingerprint differs from the
     # one recorded is a conflict (failure ``duplicate_conflict``), not a silent drop.
     fingerprint: int | None = field(default=None, name="fp")
@@ -47,22 +52,18 @@ class Publish(_Msg, tag="publish"):
     sow_key: str | None = field(default=None, name="k")
 
 
-class DeltaPublish(_Msg, tag="delta_publish"):
+class DeltaPublish(_PublishFields, tag="delta_publish"):
     """A publish merged into the current record of a SOW topic (docs/sow-and-views.md):
     fields present replace the stored ones, absent ones are kept; what is journaled and
     delivered is the merged message. On a topic without SOW: a plain publish."""
 
-    topic: str = field(name="t")
-    data: bytes = field(name="d")
-    seq: int | None = field(default=None, name="s")
-    cid: str | None = None
-    ack_type: str | None = field(default=None, name="a")
-    correlation_id: str | None = field(default=None, name="x")
-    expiration: float | None = field(default=None, name="e")
     sow_key: str | None = field(default=None, name="k")
 
 
-class Subscribe(_Msg, tag="subscribe"):
+class _SubscribeFields(_Msg):
+    """What every kind of subscription carries (not a command of its own). The command
+    classes do not derive from one another, so ``isinstance`` tells them apart."""
+
     topic: str = field(name="t")
     sub_id: str | None = None
     cid: str | None = None
@@ -72,20 +73,18 @@ class Subscribe(_Msg, tag="subscribe"):
     bookmark: str | None = field(default=None, name="bm")
 
 
-class DeltaSubscribe(_Msg, tag="delta_subscribe"):
+class Subscribe(_SubscribeFields, tag="subscribe"):
+    pass
+
+
+class DeltaSubscribe(_SubscribeFields, tag="delta_subscribe"):
     """A subscription that receives, for an update of a SOW record it has seen, the key
     fields and the fields that changed (docs/sow-and-views.md)."""
 
-    topic: str = field(name="t")
-    sub_id: str | None = None
-    cid: str | None = None
-    ack_type: str | None = field(default=None, name="a")
-    filter: str | None = field(default=None, name="f")
-    options: str | None = field(default=None, name="o")
-    bookmark: str | None = field(default=None, name="bm")
 
+class _SowFields(_Msg):
+    """What every SOW query carries (not a command of its own)."""
 
-class Sow(_Msg, tag="sow"):
     topic: str = field(name="t")
     query_id: str | None = None
     cid: str | None = None
@@ -98,34 +97,18 @@ class Sow(_Msg, tag="sow"):
     sow_keys: str | None = None  # comma list of SowKeys: only these records
 
 
-class SowAndSubscribe(_Msg, tag="sow_and_subscribe"):
-    topic: str = field(name="t")
+class Sow(_SowFields, tag="sow"):
+    pass
+
+
+class SowAndSubscribe(_SowFields, tag="sow_and_subscribe"):
     sub_id: str | None = None
-    query_id: str | None = None
-    cid: str | None = None
-    ack_type: str | None = field(default=None, name="a")
-    filter: str | None = field(default=None, name="f")
-    options: str | None = field(default=None, name="o")
-    batch_size: int | None = field(default=None, name="bs")
-    top_n: int | None = None
-    orderby: str | None = None
-    sow_keys: str | None = None
 
 
-class SowAndDeltaSubscribe(_Msg, tag="sow_and_delta_subscribe"):
+class SowAndDeltaSubscribe(_SowFields, tag="sow_and_delta_subscribe"):
     """``sow_and_subscribe`` whose live part is a delta subscription."""
 
-    topic: str = field(name="t")
     sub_id: str | None = None
-    query_id: str | None = None
-    cid: str | None = None
-    ack_type: str | None = field(default=None, name="a")
-    filter: str | None = field(default=None, name="f")
-    options: str | None = field(default=None, name="o")
-    batch_size: int | None = field(default=None, name="bs")
-    top_n: int | None = None
-    orderby: str | None = None
-    sow_keys: str | None = None
 
 
 class Unsubscribe(_Msg, tag="unsubscribe"):
