@@ -57,6 +57,27 @@ def test_publish_of_lines_that_are_not_json_to_a_json_topic_says_which_were_refu
     assert [json.loads(x)["n"] for x in proc.stdout.splitlines()] == [1, 3]
 
 
+def test_publish_json_reads_the_whole_input_as_one_document(server_factory, tmp_path):
+    """``--json``: a pretty-printed array is one message per element, an object one
+    message; input that is not JSON is refused before anything is sent."""
+    server = server_factory(recorded="work")
+    orders = tmp_path / "orders.json"
+    orders.write_text(json.dumps([{"n": 1, "items": ["a", "b"]}, {"n": 2}, {"n": 3}], indent=2))
+    proc = run("publish", "work", "--json", "--file", str(orders), "--server", server.uri)
+    assert proc.returncode == 0 and "published 3" in proc.stderr, proc.stderr
+    proc = run("publish", "work", "--json", "--server", server.uri, input='{\n  "n": 4\n}\n')
+    assert proc.returncode == 0 and "published 1" in proc.stderr, proc.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('[\n  {"n": 5},\n  {"n": 6,}\n]\n')
+    proc = run("publish", "work", "--json", "--file", str(broken), "--server", server.uri)
+    assert proc.returncode == 2, proc.stderr
+    assert "is not JSON (line 3, column" in proc.stderr and "nothing was published" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run("subscribe", "work", "--server", server.uri, "--bookmark", "0", "--timeout", "2")
+    assert [json.loads(x) for x in proc.stdout.splitlines()] == [
+        {"n": 1, "items": ["a", "b"]}, {"n": 2}, {"n": 3}, {"n": 4}]
+
+
 def test_replaying_a_topic_that_is_not_recorded_is_an_error(server_factory):
     server = server_factory(recorded="work")
     proc = run("subscribe", "chatter", "--server", server.uri, "--bookmark", "0", "--timeout", "5")

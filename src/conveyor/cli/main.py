@@ -132,7 +132,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     streams), so a Ctrl-C stops at once and says how many messages are persisted."""
     from tqdm import tqdm
 
-    if args.data is not None:
+    if args.json:
+        messages = _json_messages(args)  # all parsed before anything is sent
+        lines, total = iter(messages), len(messages)
+    elif args.data is not None:
         lines, total = iter([args.data]), 1
     elif args.file:
         with open(args.file, encoding="utf-8") as f:  # OSError: "conveyor: No such file..."
@@ -169,6 +172,29 @@ def cmd_publish(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print(f"published {sent} message(s) to {args.topic}", file=sys.stderr)
     return EXIT_OK
+
+
+def _json_messages(args: argparse.Namespace) -> list[str]:
+    """``publish --json``: the whole input (DATA, --file or stdin) is one JSON document,
+    pretty-printed or not; an array is one message per element, anything else one
+    message. Each message goes out compact, on one line. Input that is not JSON is
+    refused before anything is sent, with the line and column."""
+    import json
+
+    if args.data is not None:
+        text, source = args.data, "DATA"
+    elif args.file:
+        with open(args.file, encoding="utf-8") as f:  # OSError: "conveyor: No such file..."
+            text, source = f.read(), args.file
+    else:
+        text, source = sys.stdin.read(), "stdin"
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.ClientError(f"{source} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+                                 "nothing was published") from None
+    items = document if isinstance(document, list) else [document]
+    return [json.dumps(item, ensure_ascii=False, separators=(",", ":")) for item in items]
 
 
 def _persisted_after_interrupt(client, sent: int) -> int:
@@ -365,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topic")
     p.add_argument("data", nargs="?", help="message body (default: read lines from stdin)")
     p.add_argument("--file", "-f", help="read messages from this file, one per line")
+    p.add_argument("--json", action="store_true",
+                   help="read the whole input as one JSON document (pretty-printed or not): an array is one "
+                        "message per element, anything else one message")
     client_args(p)
     p.set_defaults(func=cmd_publish)
 
