@@ -370,19 +370,15 @@ def test_zero_means_no_maximum_and_sublet_is_the_reference_name():
     assert Leasing.SLOPPY is Leasing.SUBLET
 
 
-@pytest.mark.parametrize("point", ["epoch", "now", "NOW", "0", "1|2|30", "20261123T120000Z", "20261123T120000.5"])
+@pytest.mark.parametrize("point", ["epoch", "now", "NOW", "creation", "0", "1|2|30", "20261123T120000Z",
+                                   "20261123T120000.5"])
 def test_recovery_point_values_of_the_reference_are_accepted(point):
     assert load_queue(f"<RecoveryPoint>{point}</RecoveryPoint>").recovery_point == point
 
 
-def test_recovery_point_creation_is_refused_with_a_way_out():
-    refused(config_xml(queue_xml("<RecoveryPoint>creation</RecoveryPoint>")), "AMPSConfig/SOW/Queue[1]/RecoveryPoint",
-            "'creation' is not supported", hint="write now")
-
-
 def test_a_recovery_point_that_is_no_bookmark_or_timestamp_is_refused_at_load():
     refused(config_xml(queue_xml("<RecoveryPoint>LastThursday</RecoveryPoint>")),
-            "AMPSConfig/SOW/Queue[1]/RecoveryPoint", "RecoveryPoint 'LastThursday'", hint="epoch, now, a bookmark")
+            "AMPSConfig/SOW/Queue[1]/RecoveryPoint", "RecoveryPoint 'LastThursday'", hint="epoch, now, creation, a bookmark")
 
 
 def test_deferred_ack_expiration_is_a_duration():

@@ -392,3 +392,56 @@ def test_a_queue_with_a_recovery_point_keeps_its_messages_when_no_checkpoint_was
     h.crash()  # within the first CHECKPOINT_INTERVAL_S: only the startup checkpoint exists
     w = consumer(h)
     assert items(h.messages(w)) == [0]
+
+
+def _reconfigure(h: Harness, sow: str) -> None:
+    """The next start reads another configuration (queues added or changed)."""
+    from conveyor.config import load_text
+
+    h.config = load_text(config_xml(sow, topics=("Work", "Other")))
+
+
+def test_recovery_point_creation_is_where_the_log_ended_when_the_queue_was_first_seen():
+    """RecoveryPoint ``creation`` (recovery rule 1): a new queue starts at the end of the
+    log, like ``now``; an existing queue whose RecoveryPoint changes to ``creation``
+    replays its own history from its creation point: what it acknowledged stays
+    acknowledged, and nothing published before it existed comes in."""
+    h = harness()
+    _reconfigure(h, queue_xml("Elsewhere", underlying="Other"))
+    h.crash()
+    pub = h.connect("pub")
+    publish(h, pub, [0, 1, 2])  # before Q exists
+    h.commit()
+    _reconfigure(h, queue_xml("Q", LeasePeriod=f"{LEASE_S:g}s"))  # Q appears, RecoveryPoint epoch
+    h.crash()
+    pub = h.connect("pub")
+    publish(h, pub, [3, 4])
+    h.commit()
+    w = consumer(h)
+    got = h.messages(w)
+    assert items(got) == [0, 1, 2, 3, 4]  # epoch: the whole log
+    h.ack(w, "Q", got[3])  # 3 is done
+    h.commit()
+    h.checkpoint()
+    h.commit()
+    _reconfigure(h, queue_xml("Q", LeasePeriod=f"{LEASE_S:g}s", RecoveryPoint="creation"))
+    h.crash()
+    assert items(h.messages(consumer(h))) == [4]
+    h.crash()  # unchanged RecoveryPoint: the checkpoint's point, the same messages
+    assert items(h.messages(consumer(h))) == [4]
+
+
+def test_a_new_queue_with_recovery_point_creation_starts_at_the_end_of_the_log():
+    h = harness()
+    _reconfigure(h, queue_xml("Elsewhere", underlying="Other"))
+    h.crash()
+    pub = h.connect("pub")
+    publish(h, pub, [0, 1])
+    h.commit()
+    _reconfigure(h, queue_xml("Q", LeasePeriod=f"{LEASE_S:g}s", RecoveryPoint="creation"))
+    h.crash()
+    pub = h.connect("pub")
+    publish(h, pub, [2])
+    h.commit()
+    h.crash()
+    assert items(h.messages(consumer(h))) == [2]

@@ -23,10 +23,10 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
   ``DefaultPublishTarget`` is a literal name that must match it (reference: inferred).
 - ``InitialOwner`` is required on ``GroupLocalQueue``; it and
   ``GroupLocalQueueDomain`` are refused on the other tags.
-- ``RecoveryPoint`` is ``epoch`` (the default: the whole log), ``now``, a bookmark or
-  a timestamp, checked here as a bookmark subscription would take it. ``creation`` is
-  refused: conveyor keeps a queue's start across restarts until its RecoveryPoint
-  changes, which is what ``now`` gives, and has no separate creation point.
+- ``RecoveryPoint`` is ``epoch`` (the default: the whole log), ``now``, ``creation``
+  (where the log ended when this instance first saw the queue: engine/recovery.py
+  rule 1), a bookmark or a timestamp, checked here as a bookmark subscription would
+  take it.
 - ``Priority``, ``BarrierExpression`` and ``Filter`` stay text: the engine compiles them
   and reports errors with ``QueueConfig.path``.
 """
@@ -234,23 +234,18 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
 
 
 def _recovery_point(doc: Document, node: Node) -> str:
-    """``epoch`` (the default), ``now``, a bookmark or a timestamp, as a subscription's
-    bookmark takes them; ``creation`` is refused (see the module header)."""
+    """``epoch`` (the default), ``now``, ``creation``, a bookmark or a timestamp, as a
+    subscription's bookmark takes them (see the module header)."""
     from conveyor.engine.bookmarks import parse_replay_start  # pure: no engine state
 
     text = doc.text(node)
     if text.lower() == "creation":
-        raise doc.error(
-            node.path,
-            "RecoveryPoint 'creation' is not supported",
-            "write now: a new queue then starts at the end of the log, and keeps that start across restarts "
-            "until its RecoveryPoint changes; or epoch for the whole log",
-        )
+        return text
     try:
         parse_replay_start(text)
     except errors.BadBookmark as e:
         raise doc.error(node.path, f"RecoveryPoint {text!r}: {e}",
-                        "write epoch, now, a bookmark (publisher|seq|position) or a timestamp "
+                        "write epoch, now, creation, a bookmark (publisher|seq|position) or a timestamp "
                         "YYYYMMDDTHHMMSS[Z]") from None
     return text
 

@@ -6,7 +6,11 @@ live engine applies, each queue from its recovery point. Rules:
 1. **Where each queue starts.** A :class:`Checkpoint` (``queues.ack``, ``publishers.seq``,
    ``consumers.state``, FileBackedMetadata snapshots; written by the server) gives each
    queue's recovery point: used when the queue's configured ``RecoveryPoint`` is
-   unchanged, else the configured point (the beginning, a bookmark, a time or ``NOW``).
+   unchanged, else the configured point (the beginning, a bookmark, a time, ``NOW`` or
+   ``creation``). A queue's **creation point** is the end of the journal when this
+   instance first saw the queue configured (kept in the checkpoint while the queue stays
+   configured): ``creation`` starts there, so a queue whose RecoveryPoint changes to it
+   replays its own history and nothing published before it existed.
    A FileBackedMetadata queue with a valid snapshot starts from the snapshot instead
    (rule 4). The scan starts at the oldest point needed.
 2. **Publishes** are offered to queues exactly as live (the queue filter evaluated at the
@@ -85,6 +89,8 @@ class Checkpoint:
     # State of the World: SOW topic (or "view:<name>", a view's journaled records) -> the
     # position its rebuild starts at (every record below it was replaced or deleted).
     sow: dict = field(default_factory=dict)
+    # Queue -> its creation point (rule 1); missing for a queue first seen now.
+    created: dict = field(default_factory=dict)
 
 
 class Recovery:
@@ -99,6 +105,7 @@ class Recovery:
         self._topics = topics
         self._replication = replication
         self._persisted_end: int | None = None
+        self._created: dict[str, int] = {}  # rule 1: each configured queue's creation point
 
     # --- checkpoints ------------------------------------------------------------------------
 
@@ -123,7 +130,8 @@ class Recovery:
                           consumers=self._named.export_state(), snapshots=snapshots,
                           replication=self._replication.received(), links=self._replication.acknowledged(),
                           ownership=self._replication.queues.export_state() if self._replication.queues else {},
-                          sow=self._sow.floors(first_unapplied) if self._sow is not None else {})
+                          sow=self._sow.floors(first_unapplied) if self._sow is not None else {},
+                          created={b.name: self._created.get(b.name, end) for b in self._bindings})
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything still needs: queues, replays, named consumers,
@@ -149,6 +157,8 @@ class Recovery:
             self._replication.restore_acknowledged(checkpoint.links)
             if self._replication.queues is not None:
                 self._replication.queues.restore(checkpoint.ownership, now)
+        created = checkpoint.created if checkpoint is not None else {}
+        self._created = {b.name: created.get(b.name, journal.durable_end) for b in self._bindings}
         for b in self._bindings:
             saved = checkpoint.queues.get(b.name) if checkpoint is not None else None
             if saved is not None and saved[1] == (b.config.recovery_point or ""):
@@ -237,6 +247,8 @@ class Recovery:
         text = binding.config.recovery_point
         if not text:
             return 0, None
+        if text.lower() == "creation":
+            return self._created[binding.name], None
         start = parse_replay_start(text)
         if start.after_position is not None:
             return self._journal.position_after(start.after_position), None

@@ -46,6 +46,9 @@ class _QueuesFile(msgspec.Struct):
     # SOW topics (and views' journaled records): where each one's rebuild starts
     # (engine/recovery.py rule 6); missing: from the start of the journal.
     sow: dict[str, int] = {}
+    # Each configured queue's creation point (engine/recovery.py rule 1); missing in a
+    # file from before creation points were kept: those queues count as created now.
+    created: dict[str, int] = {}
 
 
 class _PublishersFile(msgspec.Struct):
@@ -149,7 +152,7 @@ def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
         _write_atomic(directory / REPLICATION_FILE, msgspec.json.encode(
             _ReplicationFile(FORMAT_VERSION, cp.position, cp.replication, cp.links, cp.ownership)))
     _write_atomic(directory / QUEUES_FILE,
-                  msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues, cp.sow)))
+                  msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues, cp.sow, cp.created)))
 
 
 def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -> Checkpoint | None:
@@ -170,6 +173,7 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
         or pubs.position < queues.position
         or any(point > durable_end for point, _ in queues.queues.values())
         or any(point > durable_end for point in queues.sow.values())
+        or any(point > durable_end for point in queues.created.values())
     ):
         log.warning("ignoring checkpoint beyond the journal's end: recovering from the whole journal")
         return None
@@ -184,6 +188,7 @@ def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -
         position=max(queues.position, first_position), queues=points, publishers=pubs.publishers, holes=pubs.holes,
         consumers=consumers, replication=dict(repl.received), links=dict(repl.links), ownership=dict(repl.ownership),
         sow={name: max(point, first_position) for name, point in queues.sow.items()},
+        created={name: max(point, first_position) for name, point in queues.created.items()},
     )
 
 
