@@ -630,7 +630,7 @@ class Engine:
         durable, release what waited for it, dispatch."""
         self.topics.new_turn()  # each call from the shell is a turn of its loop (topics.py rule 1)
         topics, delivery, cache, sow = self.topics, self.delivery, self.cache, self.sow
-        actions = self._publish_actions
+        actions = bool(self._publish_actions)  # once per call, not once per publish
         sow_topics = self._sow_topics
         for p in self.publishes.take_durable():
             entry = None

@@ -91,6 +91,9 @@ class QueueDelivery:
         self._refill_damaged: set[str] = set()  # queues whose refill met a damaged record
         # Rule 6: the acknowledgements applied and not yet journaled, and their replies.
         self._acks_of: tuple[QueueBinding, AckOption] | None = None  # None: no batch open
+        #: Acknowledgements are applied but not yet journaled (rule 6); an attribute, not
+        #: a property: the engine reads it before every publish.
+        self.acks_open = False
         self._ack_events: list = []
         self._ack_replies: list[tuple[int, bool, m.Ack]] = []  # (conn_id, wait for durability, ack)
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
@@ -415,11 +418,7 @@ class QueueDelivery:
             return
         self.flush_acks(now)
         self._acks_of = (binding, option)
-
-    @property
-    def acks_open(self) -> bool:
-        """Acknowledgements are applied but not yet journaled (rule 6)."""
-        return self._acks_of is not None
+        self.acks_open = True
 
     def flush_acks(self, now: float) -> None:
         """Rule 6: journal the batch of acknowledgements, then file their replies (in the
@@ -429,6 +428,7 @@ class QueueDelivery:
         binding = self._acks_of[0]
         events, replies = self._ack_events, self._ack_replies
         self._acks_of, self._ack_events, self._ack_replies = None, [], []
+        self.acks_open = False
         self.journal_events(binding, events, now)
         outbox = self._outbox
         for conn_id, durable, ack in replies:
