@@ -63,7 +63,8 @@ def start_conveyor(workdir: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-async def conveyor_run(port: int, n: int) -> tuple[float, float]:
+async def publish_only(port: int, n: int) -> float:
+    """Seconds to publish ``n`` messages, each persisted, from one pipelined client."""
     from conveyor import AsyncClient
 
     client = await AsyncClient(f"bench-{time.time_ns()}", max_inflight=20_000).connect(f"tcp://127.0.0.1:{port}")
@@ -71,7 +72,16 @@ async def conveyor_run(port: int, n: int) -> tuple[float, float]:
     for _ in range(n):
         await client.publish("bench", PAYLOAD)
     await client.wait_persisted(timeout=300)
-    publish_s = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    await client.disconnect()
+    return elapsed
+
+
+async def conveyor_run(port: int, n: int) -> tuple[float, float]:
+    from conveyor import AsyncClient
+
+    publish_s = await publish_only(port, n)
+    client = await AsyncClient(f"bench-{time.time_ns()}").connect(f"tcp://127.0.0.1:{port}")
 
     done = asyncio.Event()
     count = 0

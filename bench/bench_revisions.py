@@ -37,6 +37,25 @@ with tempfile.TemporaryDirectory() as d:
         proc.terminate(); proc.wait(timeout=60)
 print(50_000 / pub_s)
 """),
+    "publish_cpu": ("persisted publish, server CPU per message, 6 x 50,000 x 256 B (µs; lower is better)", """
+import os, tempfile, uvloop
+from pathlib import Path
+from bench.bench_publish import start_conveyor, publish_only
+def cpu_s(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+with tempfile.TemporaryDirectory() as d:
+    proc, port = start_conveyor(Path(d))
+    try:
+        uvloop.run(publish_only(port, 10_000))  # warm up: imports, first segment
+        before = cpu_s(proc.pid)
+        for _ in range(6):
+            uvloop.run(publish_only(port, 50_000))
+        used = cpu_s(proc.pid) - before
+    finally:
+        proc.terminate(); proc.wait(timeout=60)
+print(1e6 * used / 300_000)
+"""),
     "drain": ("queue drain, 50,000 x 256 B, 4 consumer processes, backlog 10 (msg/s)", """
 import tempfile
 from pathlib import Path
@@ -50,6 +69,11 @@ n = 200_000
 print(throughput(n, n, _priorities(n))[0])
 """),
 }
+
+
+def _fmt(value: float) -> str:
+    """Rates as whole numbers; small figures (µs per message) with two decimals."""
+    return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
 
 
 def checkout(rev: str, into: Path) -> Path:
@@ -87,7 +111,7 @@ def main() -> None:
                     for rev, tree in trees.items():
                         value = measure(tree, code)
                         results[name][rev].append(value)
-                        print(f"round {round_ + 1} {name} {rev}: {value:,.0f}", flush=True)
+                        print(f"round {round_ + 1} {name} {rev}: {_fmt(value)}", flush=True)
                 loads.append(" / ".join(f"{x:.1f}" for x in os.getloadavg()))
         finally:
             for tree in trees.values():
@@ -98,7 +122,7 @@ def main() -> None:
             "| --- | ---: | ---: | ---: |"]
     for name, (label, _) in workloads.items():
         before, after = median(results[name][args.base]), median(results[name][args.head])
-        rows.append(f"| {label} | {before:,.0f} | {after:,.0f} | {after / before:.2f} |")
+        rows.append(f"| {label} | {_fmt(before)} | {_fmt(after)} | {after / before:.2f} |")
     table = "\n".join(rows)
     print(table)
     print(json.dumps(results))
