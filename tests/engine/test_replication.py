@@ -351,3 +351,24 @@ def test_a_destination_that_does_not_read_costs_the_source_its_window_only():
     assert out.sent - out.acked <= window + BATCH_BYTES_MAX and out.bytes_behind > 3_000_000
     c.settle()
     assert len(c.publishes("B")) == 1000
+
+
+def test_retention_keeps_what_a_destination_has_not_acknowledged():
+    """Retention waits for destinations: records a destination lacks stay in the
+    journal (no gap), and the floor moves up once it has them."""
+    c = pair()
+    a = c.nodes["A"]
+    pub = a.connect("app")
+    publish(c, "A", pub, 1)
+    c.settle()
+    c.cut("A", "B")
+    for seq in range(2, 6):
+        publish(c, "A", pub, seq)
+    a.commit()
+    behind = a.engine.replication.acknowledged()["B"]
+    assert behind < a.journal.durable_end
+    assert a.engine.retention_floor(a.engine.checkpoint()) <= behind
+    c.connect("A", "B")
+    c.settle()
+    assert a.engine.replication.acknowledged()["B"] > behind
+    assert a.engine.retention_floor(a.engine.checkpoint()) > behind

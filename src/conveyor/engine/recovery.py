@@ -135,8 +135,10 @@ class Recovery:
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything still needs: queues, replays, named consumers,
-        the checkpoint."""
-        lows = [checkpoint.position, *(p for p, _ in checkpoint.queues.values()), *checkpoint.sow.values()]
+        the checkpoint, and every replication destination (what it has not acknowledged
+        is still to be sent from the journal: removing it would be a gap)."""
+        lows = [checkpoint.position, *(p for p, _ in checkpoint.queues.values()), *checkpoint.sow.values(),
+                *checkpoint.links.values()]
         for low in (self._topics.replay_floor(), self._named.floor()):
             if low is not None:
                 lows.append(low)
