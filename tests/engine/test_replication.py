@@ -372,3 +372,30 @@ def test_retention_keeps_what_a_destination_has_not_acknowledged():
     c.settle()
     assert a.engine.replication.acknowledged()["B"] > behind
     assert a.engine.retention_floor(a.engine.checkpoint()) > behind
+
+
+def test_a_down_sync_destination_costs_a_note_per_run_of_publishes_not_per_publish():
+    """Memory while a sync destination is down: consecutive publishes of one publisher
+    share one unpersisted note (publish_log rule 4) and a connection keeps a bounded
+    number of frames awaiting their persisted ack (outbox rule 3). When the destination
+    is back, the publisher's last publish is acknowledged as persisted."""
+    from conveyor.engine.outbox import PERSIST_MARKS_MAX
+    from conveyor.engine.publish_log import UNPERSISTED_RUN_MAX
+
+    c = pair(sync=True)
+    a = c.nodes["A"]
+    pub = a.connect("app")
+    c.cut("A", "B")
+    n = 3 * PERSIST_MARKS_MAX
+    for seq in range(1, n + 1):  # one frame each
+        publish(c, "A", pub, seq)
+    a.commit()
+    assert persisted(c, "A", pub) == []
+    assert a.engine.publishes.unpersisted_notes <= n // UNPERSISTED_RUN_MAX + 1
+    assert a.engine.publishes.persisted_seq(a.engine.sessions[pub].publisher) == 0
+    c.connect("A", "B")
+    c.settle()
+    acks = persisted(c, "A", pub)
+    assert acks[-1] == n and len(acks) <= PERSIST_MARKS_MAX
+    assert acks == sorted(acks)
+    assert a.engine.publishes.unpersisted_notes == 0

@@ -13,7 +13,10 @@ Rules:
 3. **Persisted acks are conflated** (one per connection per durability step, for the
    highest persisted sequence): a frame of publishes leaves one mark
    (:meth:`mark_persisted`, filed by :meth:`end_frame`), and :meth:`release` answers the
-   last mark below the persisted end.
+   last mark below the persisted end. A connection keeps at most
+   :data:`PERSIST_MARKS_MAX` marks: past it the newest mark takes the place of the one
+   before (that frame is answered with the next, cumulative ack), so publishers whose
+   acks wait on a down sync destination cost a bounded number of marks each.
 4. **Persisted can mean more than durable here.** With sync replication destinations a
    publish is persisted once they hold it too: :meth:`release` takes that
    ``persisted_end`` (at most the durable end), and sends made with
@@ -29,6 +32,10 @@ from typing import Any
 
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.protocol import messages as m
+
+
+#: Frames awaiting their persisted ack, per connection (rule 3).
+PERSIST_MARKS_MAX = 1024
 
 
 class _PersistMarks:
@@ -106,7 +113,10 @@ class Outbox:
     def end_frame(self, conn_id: int) -> None:
         marks = self._persist.get(conn_id)
         if marks is not None and marks.frame is not None:
-            marks.marks.append(marks.frame)
+            if len(marks.marks) < PERSIST_MARKS_MAX:
+                marks.marks.append(marks.frame)
+            else:
+                marks.marks[-1] = marks.frame  # rule 3: the next ack answers both frames
             marks.frame = None
 
     def release(self, persisted_end: int | None = None) -> None:

@@ -23,7 +23,13 @@ bookkeeping. Rules:
    publishes next) and the highest it can forget (:meth:`persisted_seq`): below the
    first of its publishes not yet persisted and below its first hole, so a publish store
    never drops a message a crash could still take, or one that is still on its way
-   from another instance.
+   from another instance. The publishes not yet persisted are kept as notes of runs:
+   one publisher's publishes share a note (up to :data:`UNPERSISTED_RUN_MAX` of them,
+   interleaved with other publishers' or not), which holds the run's lowest sequence
+   and is dropped once the whole run is persisted, notes in the order they were opened;
+   until then the publisher is told the run's start, a little lower than exact, never
+   higher. So a sync destination that is down costs the source one note per run, not
+   one per publish.
 5. ``applied_end`` is the end of the last applied publish: bookmark replays read the
    journal up to it, and live delivery takes over from there.
 6. Checkpoints carry :meth:`sequences` and :meth:`holes` so duplicate detection
@@ -47,6 +53,10 @@ _encode_publish = records.encode_publish
 #: Holes kept per publisher (rule 2); 16 bytes each. Past it the oldest hole is
 #: forgotten: a message of it that arrives by replication much later counts as a duplicate.
 HOLES_PER_PUBLISHER_MAX = 1024
+#: Consecutive unpersisted publishes of one publisher that share one note (rule 4): the
+#: memory a down sync destination costs is divided by up to this; a logon's persisted
+#: sequence may be up to this many publishes lower than exact.
+UNPERSISTED_RUN_MAX = 1024
 
 
 class PendingPublish(msgspec.Struct, frozen=True, gc=False):
@@ -76,7 +86,10 @@ class PublishLog:
         self.pending: deque[PendingPublish] = deque()
         # Durable, not yet persisted (rule 4): (position, publisher, seq), kept only when
         # sync destinations exist.
-        self._unpersisted: deque[tuple[int, int, int]] = deque()
+        # Rule 4: [last position, publisher, lowest sequence, publishes] per run, in the
+        # order the runs were opened; each publisher's run that still takes publishes.
+        self._unpersisted: deque[list[int]] = deque()
+        self._open_runs: dict[int, list[int]] = {}
         self.track_persisted = False
         self.fingerprints = FingerprintWindow()
         self.applied_end: int = getattr(journal, "first_position", 0)
@@ -212,20 +225,40 @@ class PublishLog:
             p = pending.popleft()
             self.applied_end = p.end
             if track:
-                self._unpersisted.append((p.position, p.publisher, p.seq))
+                self._note_unpersisted(p.position, p.publisher, p.seq)
             yield p
 
     def persisted(self, end: int) -> None:
         """Every record below ``end`` is persisted (rule 4)."""
-        unpersisted = self._unpersisted
+        unpersisted, open_runs = self._unpersisted, self._open_runs
         while unpersisted and unpersisted[0][0] < end:
-            unpersisted.popleft()
+            run = unpersisted.popleft()
+            if open_runs.get(run[1]) is run:
+                del open_runs[run[1]]
+
+    def _note_unpersisted(self, position: int, publisher: int, seq: int) -> None:
+        """Rule 4: the publish extends its publisher's open run, or opens one."""
+        run = self._open_runs.get(publisher)
+        if run is not None and run[3] < UNPERSISTED_RUN_MAX:
+            run[0] = position
+            if seq < run[2]:
+                run[2] = seq
+            run[3] += 1
+            return
+        run = self._open_runs[publisher] = [position, publisher, seq, 1]
+        self._unpersisted.append(run)
+
+    @property
+    def unpersisted_notes(self) -> int:
+        """Notes kept for publishes not yet persisted (rule 4): what a lagging sync
+        destination costs here."""
+        return len(self._unpersisted)
 
     def persisted_seq(self, publisher: int) -> int:
         """The highest sequence of ``publisher`` below its first publish that is not yet
         persisted (rule 4). O(publishes in flight): called at logon only."""
         highest = self._highest.get(publisher, 0)
-        waiting = [seq for _, pub, seq in self._unpersisted if pub == publisher]
+        waiting = [seq for _, pub, seq, _ in self._unpersisted if pub == publisher]
         waiting += [p.seq for p in self.pending if p.publisher == publisher]
         holes = self._holes.get(publisher)
         if holes:
@@ -248,6 +281,6 @@ class PublishLog:
         last checkpoint (None: no sync destinations)."""
         self._note(rec.publisher, rec.seq)
         if persisted_end is not None and position >= persisted_end:
-            self._unpersisted.append((position, rec.publisher, rec.seq))
+            self._note_unpersisted(position, rec.publisher, rec.seq)
         if rec.fingerprint:
             self.fingerprints.note(rec.publisher, rec.seq, rec.fingerprint)
