@@ -10,13 +10,20 @@ Rules:
    table or a few lines meant for a person.
 3. A server that cannot be reached, or answers with an error, is one line on stderr
    and exit code 1 (2 for a request the server calls bad); never a traceback.
+4. **Credentials** (a server with ``Authentication``): in the address
+   (``http://USER:PASSWORD@HOST:PORT``), else ``--user`` (or ``CONVEYOR_USER``) with the
+   password from ``CONVEYOR_PASSWORD``, sent as HTTP Basic. They are never printed: the
+   address in messages is shown without them. ``--ca-file`` verifies an HTTPS admin
+   port's certificate.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -25,6 +32,7 @@ import urllib.request
 from typing import Any
 
 from conveyor import errors
+from conveyor.client.endpoints import PASSWORD_ENV, USER_ENV
 
 ADMIN_ENV = "CONVEYOR_ADMIN"
 DEFAULT_ADMIN = "http://127.0.0.1:8085"
@@ -44,11 +52,33 @@ def admin_url(args: argparse.Namespace) -> str:
     return url.rstrip("/")
 
 
+def _credentials(args: argparse.Namespace, url: str) -> tuple[str, str | None]:
+    """Rule 4: the address without its user information, and the Authorization header
+    (None: no credentials)."""
+    split = urllib.parse.urlsplit(url)
+    user = urllib.parse.unquote(split.username) if split.username else None
+    password = urllib.parse.unquote(split.password) if split.password is not None else None
+    if split.username or split.password is not None:
+        netloc = split.hostname if ":" not in (split.hostname or "") else f"[{split.hostname}]"
+        netloc += f":{split.port}" if split.port else ""
+        url = urllib.parse.urlunsplit((split.scheme, netloc, split.path, split.query, split.fragment))
+    user = user or getattr(args, "user", None) or os.environ.get(USER_ENV)
+    if user is None:
+        return url, None
+    if password is None:
+        password = os.environ.get(PASSWORD_ENV, "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return url, f"Basic {token}"
+
+
 def fetch(args: argparse.Namespace, path: str) -> Any:
     """GET ``path`` from the admin interface as JSON (rule 3 for failures)."""
-    base = admin_url(args)
+    base, authorization = _credentials(args, admin_url(args))
+    request = urllib.request.Request(base + path, headers={"Authorization": authorization} if authorization else {})
+    ca_file = getattr(args, "ca_file", None)
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     try:
-        with urllib.request.urlopen(base + path, timeout=REQUEST_TIMEOUT_S) as resp:  # noqa: S310 (an operator's URL)
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=context) as resp:  # noqa: S310
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -56,6 +86,9 @@ def fetch(args: argparse.Namespace, path: str) -> Any:
             message = body.get("message") or body.get("error")
         except (ValueError, AttributeError):
             message = exc.reason
+        if exc.code == 401:
+            message = (f"{message}: give credentials in the address (http://USER:PASSWORD@HOST:PORT), or --user "
+                       f"(or ${USER_ENV}) with ${PASSWORD_ENV}")
         error = errors.ClientError if 400 <= exc.code < 500 and exc.code not in (401, 403, 404) else errors.ServerError
         raise error(f"{base}{path}: {message} (HTTP {exc.code})") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -254,6 +287,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--admin", "-a", metavar="URL",
                        help=f"admin interface address (default: ${ADMIN_ENV}, else {DEFAULT_ADMIN})")
         p.add_argument("--json", action="store_true", help="print the admin interface's JSON")
+        p.add_argument("--user", help=f"admin user (default ${USER_ENV}); the password comes from the address "
+                                      f"or ${PASSWORD_ENV}")
+        p.add_argument("--ca-file", help="CA certificates (PEM) that sign an HTTPS admin port's certificate")
 
     p = sub.add_parser("stats", help="instance overview: state, clients, journal, queues, replication")
     common(p)

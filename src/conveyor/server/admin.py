@@ -27,10 +27,16 @@ Rules:
    request a browser marks ``Sec-Fetch-Site: cross-site`` is refused (403), so a web
    page elsewhere cannot make an operator's browser disconnect clients on a loopback
    admin port.
-2. Authentication and TLS are hooks (``authenticate``, ``ssl``) set by whoever starts
-   the server; the probes stay open so an orchestrator can reach them. With neither
-   set the interface should stay on loopback, which a bare ``InetAddr`` port gives; a
-   non-loopback address without an authenticator is logged as a warning at startup.
+2. **Who may ask.** With ``Authentication`` configured, every request but the probes
+   (``/healthz``, ``/readyz``: an orchestrator must reach them) needs a user: HTTP Basic
+   credentials checked against the users file like a client's logon (same hashes,
+   same per-address rate limit), or a verified client certificate on an HTTPS admin
+   port. No or wrong credentials: 401 with ``WWW-Authenticate``. Then the user's
+   ``Admin`` grant: ``read`` for statistics, metrics and the dashboard, ``full`` for
+   the actions; without it, 403. Without ``Authentication`` the interface should stay
+   on loopback, which a bare ``InetAddr`` port gives; a non-loopback address without
+   authentication is logged as a warning at startup. ``ssl`` (TLS) and an extra
+   ``authenticate`` hook are set by whoever starts the server.
 3. The history behind the dashboard's charts is sampled every ``HISTORY_INTERVAL_S``
    (``HISTORY_SAMPLES_MAX`` samples: the last few minutes), five numbers per queue in
    one flat array per sample, so 1,000 queues cost a few MB.
@@ -40,6 +46,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 from array import array
@@ -64,6 +71,11 @@ HISTORY_SAMPLES_MAX = 180  # 6 minutes at 2 s
 HISTORY_QUEUES_DEFAULT = 8  # queues in /api/history when none are named: the deepest
 HISTORY_FIELDS = ("queue_depth", "in_flight", "enqueued", "delivered", "acknowledged")
 _OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def _is_action(path: str) -> bool:
+    """An administrative action (the Admin grant ``full``), not a read."""
+    return path.startswith("/amps/administrator/") or path.startswith("/api/admin/")
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -132,7 +144,7 @@ class AdminInterface:
         self.http = HttpServer(self.handle, ssl=ssl, authenticate=authenticate, open_paths=_OPEN_PATHS)
         self.history = History(list(server.engine.queues))
         self.port = 0
-        self._authenticated = authenticate is not None
+        self._authenticated = authenticate is not None or server.auth.required
         self._tls = ssl is not None
         self._registry = admin_metrics.registry(server)
 
@@ -184,6 +196,11 @@ class AdminInterface:
 
     async def handle(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"
+        if path not in _OPEN_PATHS and self.server.auth.required:
+            target = _ALIASES.get(path, path)
+            request, refused = await self._check_user(request, full=_is_action(target))
+            if refused is not None:
+                return refused
         try:
             if path in _STATIC:
                 return _static(*_STATIC[path])
@@ -199,7 +216,7 @@ class AdminInterface:
                 ready = self.server.ready
                 return _json_response({"ready": ready}, 200 if ready else 503)
             path = _ALIASES.get(path, path)
-            if path.startswith("/amps/administrator/") or path.startswith("/api/admin/"):
+            if _is_action(path):
                 return self._action(request, path)
             if request.method == "POST":
                 raise AdminError(405, "method_not_allowed", "POST is for administrative actions")
@@ -215,6 +232,21 @@ class AdminInterface:
             return _json_response({"error": exc.code, "message": str(exc)}, 501)
         except errors.ClientError as exc:
             return _json_response({"error": exc.code, "message": str(exc)}, 400)
+
+    async def _check_user(self, request: Request, *, full: bool) -> tuple[Request, Response | None]:
+        """Rule 2: the request with its user as ``identity`` and None when it may go on,
+        else the 401 or 403 to answer."""
+        try:
+            user = await self.server.admin_user(request.headers.get("authorization"), request.transport, full=full)
+        except errors.NotAuthenticated as exc:
+            response = _json_response({"error": exc.code, "message": str(exc)}, 401)
+            response.headers["WWW-Authenticate"] = 'Basic realm="conveyor admin", charset="UTF-8"'
+            return request, response
+        except errors.NotEntitled as exc:
+            need = "full" if full else "read"
+            return request, _json_response(
+                {"error": exc.code, "message": f"{exc}: this needs the Admin grant {need!r}"}, 403)
+        return dataclasses.replace(request, identity=user), None
 
     def _read(self, parts: list[str], request: Request) -> Any:
         server = self.server

@@ -60,6 +60,7 @@ class Request:
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     peer: tuple | None
     identity: object = None  # what the authenticator returned
+    transport: object = None  # the connection's transport (its TLS peer certificate)
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         values = self.query.get(name)
@@ -172,7 +173,8 @@ class HttpServer:
                 return
             first = False
             try:
-                request = await asyncio.wait_for(self._read_request(start, reader, peer), REQUEST_TIMEOUT_S)
+                request = await asyncio.wait_for(self._read_request(start, reader, peer, writer.transport),
+                                                 REQUEST_TIMEOUT_S)
             except _BadRequest as bad:
                 await self._send(writer, _text(bad.status, str(bad)), head=False, keep_alive=False)
                 return
@@ -189,7 +191,7 @@ class HttpServer:
             if not keep_alive:
                 return
 
-    async def _read_request(self, start: bytes, reader: asyncio.StreamReader, peer) -> Request:
+    async def _read_request(self, start: bytes, reader: asyncio.StreamReader, peer, transport=None) -> Request:
         line = start + await _read_line(reader, REQUEST_LINE_BYTES_MAX, HTTPStatus.REQUEST_URI_TOO_LONG)
         parts = line.decode("latin-1").rstrip("\r\n").split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -223,7 +225,7 @@ class HttpServer:
         return Request(
             method=method, target=target, path=unquote(split.path) or "/",
             query=parse_qs(split.query, keep_blank_values=True), version=version,
-            headers=headers, peer=peer,
+            headers=headers, peer=peer, transport=transport,
         )
 
     async def _answer(self, request: Request) -> Response:
