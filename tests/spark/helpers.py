@@ -9,6 +9,7 @@ from collections import Counter
 from conveyor import Client
 from conveyor.client.rpc import RpcClient
 from conveyor.protocol.replies import ConsumerInfoReply
+from tests.serverproc import ServerProcess
 
 QUEUE = "In"
 QUEUES = """
@@ -60,3 +61,33 @@ def assert_exactly_once(rows: list[dict], numbers: range) -> None:
 def consumer_info(uri: str, consumer: str) -> ConsumerInfoReply:
     with RpcClient(uri) as rpc:
         return rpc.consumer_info(QUEUE, consumer)
+
+
+#: Users of :func:`secure_server`: the pipeline's and a feeder's.
+SECURE_USERS = {"spark": "spark-pw", "feed": "feed-pw"}
+
+
+def secure_server(directory, pki) -> ServerProcess:
+    """A server with only a ``tcps`` transport (certificates from ``pki``, the security
+    tests' fixture), a users file and grants for the pipeline: ``spark`` may run the
+    named consumers of the queue, transactions, and publish and replay ``out``; ``feed``
+    may publish ``in``. Its ``tls_uri`` is set."""
+    from tests.security.helpers import make_users, tls_elements
+
+    users = make_users(directory / "users", SECURE_USERS)
+    path = directory / "config.xml"
+    path.write_text(f"""<AMPSConfig><Name>spark-tls</Name><Transports>
+      <Transport><Name>secure</Name><Type>tcps</Type><InetAddr>127.0.0.1:0</InetAddr>{tls_elements(pki)}</Transport>
+      </Transports>
+      <TransactionLog><JournalDirectory>{directory / 'journal'}</JournalDirectory>
+        <Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
+      <SOW>{QUEUES}</SOW>
+      <Authentication><UsersFile>{users}</UsersFile></Authentication>
+      <Entitlement>
+        <Grant><User>feed</User><Publish>in</Publish></Grant>
+        <Grant><User>spark</User><NamedConsumers>{QUEUE}</NamedConsumers><Publish>out</Publish>
+          <Replay>out</Replay><Transactions>true</Transactions></Grant>
+      </Entitlement></AMPSConfig>""")
+    server = ServerProcess(path).start()
+    server.tls_uri = f"tcps://127.0.0.1:{server.port}"
+    return server

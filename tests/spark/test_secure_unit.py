@@ -17,32 +17,15 @@ from conveyor.client import Client
 from conveyor.spark import fencing
 from conveyor.spark.sink import SinkOptions, stage_partition
 from conveyor.spark.source import ConveyorStreamReader, SourceOptions, source_schema
-from tests.security.helpers import make_users, pki, tls_elements  # noqa: F401 (pki: a fixture)
-from tests.serverproc import ServerProcess
-from tests.spark.helpers import QUEUE, QUEUES
+from tests.security.helpers import pki  # noqa: F401 (a fixture)
+from tests.spark.helpers import QUEUE, SECURE_USERS, secure_server
 
-USERS = {"spark": "spark-pw", "feed": "feed-pw"}
+USERS = SECURE_USERS
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, pki):
-    directory = tmp_path_factory.mktemp("spark-tls")
-    users = make_users(directory / "users", USERS)
-    path = directory / "config.xml"
-    path.write_text(f"""<AMPSConfig><Name>spark-tls</Name><Transports>
-      <Transport><Name>secure</Name><Type>tcps</Type><InetAddr>127.0.0.1:0</InetAddr>{tls_elements(pki)}</Transport>
-      </Transports>
-      <TransactionLog><JournalDirectory>{directory / 'journal'}</JournalDirectory>
-        <Topic><Name>.*</Name><MessageType>json</MessageType></Topic></TransactionLog>
-      <SOW>{QUEUES}</SOW>
-      <Authentication><UsersFile>{users}</UsersFile></Authentication>
-      <Entitlement>
-        <Grant><User>feed</User><Publish>in</Publish></Grant>
-        <Grant><User>spark</User><NamedConsumers>{QUEUE}</NamedConsumers><Publish>out</Publish>
-          <Replay>out</Replay><Transactions>true</Transactions></Grant>
-      </Entitlement></AMPSConfig>""")
-    s = ServerProcess(path).start()
-    s.tls_uri = f"tcps://127.0.0.1:{s.port}"
+    s = secure_server(tmp_path_factory.mktemp("spark-tls"), pki)
     yield s
     s.stop()
 

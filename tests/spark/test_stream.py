@@ -10,12 +10,15 @@ import time
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from tests.security.helpers import pki  # noqa: F401 (a fixture)
 from tests.spark import pipeline
 from tests.spark.helpers import (
+    SECURE_USERS,
     assert_exactly_once,
     consumer_info,
     publish_numbers,
     read_topic,
+    secure_server,
 )
 
 # Deadlines, not durations: a passing test never waits them out. Generous, because the
@@ -137,3 +140,31 @@ def _wait(condition, timeout: float = PATIENCE_S) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
+
+
+def test_a_query_over_tls_with_credentials(spark, tmp_path, pki):
+    """The streaming pipeline end to end against a server that has only a ``tcps``
+    transport and authentication: the source, the heartbeat, the tasks and the sink's
+    commits all connect with ``user``, ``password`` and ``caFile``."""
+    from conveyor import Client
+
+    server = secure_server(tmp_path / "server", pki)
+    try:
+        with Client("feed", user_id="feed", password=SECURE_USERS["feed"], ca_file=str(pki.ca_file)).connect(
+                server.tls_uri) as feeder:
+            for n in range(30):
+                feeder.publish("in", {"n": n}, sequence=n + 1)
+            feeder.flush()
+        secure = {"user": "spark", "password": SECURE_USERS["spark"], "caFile": str(pki.ca_file)}
+        query = pipeline.start(spark, uri=server.tls_uri, consumer="etl", checkpoint=str(tmp_path / "ck"),
+                               max_records=10, source_extra=secure, sink_extra=secure)
+        query.awaitTermination(PATIENCE_S)
+        assert query.exception() is None
+        with Client("check", user_id="spark", password=SECURE_USERS["spark"], ca_file=str(pki.ca_file)).connect(
+                server.tls_uri) as reader:
+            sub = reader.subscribe("out", bookmark="0")
+            rows = [msg.json() for msg in iter(lambda: sub.get(timeout=2), None)]
+        assert_exactly_once(rows, range(30))
+        assert SECURE_USERS["spark"] not in server.log
+    finally:
+        server.stop()
