@@ -48,7 +48,8 @@ def config_xml(directory: Path, admin: bool) -> str:
 {admin_xml}
 <TransactionLog><JournalDirectory>{directory}/journal</JournalDirectory>
 <Topic><Name>^t[0-9]+$</Name><MessageType>json</MessageType></Topic></TransactionLog>
-<SOW>{queues}</SOW></AMPSConfig>"""
+<SOW>{queues}</SOW>
+<Limits><MaxConnections>{CLIENTS + 100}</MaxConnections></Limits></AMPSConfig>"""
 
 
 # --- 1. cost on publish and drain ---------------------------------------------------------------

@@ -154,7 +154,10 @@ class HttpServer:
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl_module.SSLError):
             pass  # the client went away or stalled: only its connection is lost
         except asyncio.CancelledError:
-            raise
+            # The interface is closing (serve() cancels its connections). This task is
+            # the connection's own, started by asyncio's stream server, whose callback
+            # would log a cancelled task as an error with a traceback: end quietly.
+            return
         except Exception:  # noqa: BLE001 (rule 4: never out of serve())
             log.exception("admin connection from %s failed", peer)
         finally:
@@ -166,15 +169,16 @@ class HttpServer:
         while True:
             # Idle wait for the first byte of the next request (rule 2).
             try:
-                start = await asyncio.wait_for(reader.read(1), KEEPALIVE_IDLE_S if not first else REQUEST_TIMEOUT_S)
+                async with asyncio.timeout(KEEPALIVE_IDLE_S if not first else REQUEST_TIMEOUT_S):  # not wait_for:
+                    start = await reader.read(1)  # it can drop a cancellation (Python 3.11)
             except TimeoutError:
                 return
             if not start:
                 return
             first = False
             try:
-                request = await asyncio.wait_for(self._read_request(start, reader, peer, writer.transport),
-                                                 REQUEST_TIMEOUT_S)
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    request = await self._read_request(start, reader, peer, writer.transport)
             except _BadRequest as bad:
                 await self._send(writer, _text(bad.status, str(bad)), head=False, keep_alive=False)
                 return
@@ -183,10 +187,8 @@ class HttpServer:
                 return
             keep_alive = _keep_alive(request)
             response = await self._answer(request)
-            await asyncio.wait_for(
-                self._send(writer, response, head=request.method == "HEAD", keep_alive=keep_alive),
-                WRITE_TIMEOUT_S,
-            )
+            async with asyncio.timeout(WRITE_TIMEOUT_S):
+                await self._send(writer, response, head=request.method == "HEAD", keep_alive=keep_alive)
             self.requests += 1
             if not keep_alive:
                 return
