@@ -85,3 +85,46 @@ def test_a_turn_spends_a_bounded_filter_budget_and_the_rest_waits_in_order():
         got = [(x.sub_id, json.loads(x.data)["n"]) for x in h.messages(conn)]
         for k in range(4):
             assert [n for s, n in got if s == f"s{k}"] == list(range(20))
+
+
+def test_a_queue_dispatch_spends_the_turn_s_budget_and_goes_on_in_order():
+    """Queue subscriptions share the turn's filter budget (queue rule 12): ten consumers
+    with the slow filter and 20 messages of which half match. One turn evaluates what its
+    budget allows; another client is answered in the next turn; later turns go on from
+    each consumer's cursor, and every matching message is delivered once, in order."""
+    from conveyor.engine.topics import FILTER_TICKS_PER_TURN
+    from conveyor.protocol import messages as m
+
+    per_turn = FILTER_TICKS_PER_TURN // regex_cost_ticks_max
+    h = Harness(config_xml(queue_xml("Jobs", LeasePeriod="600s"), topics=("Work",)))
+    h.replay_budget = 0  # the harness pumps one turn per call, like the server
+    consumers = [h.connect(f"w{i}") for i in range(10)]
+    for conn in consumers:
+        h.subscribe(conn, "Jobs", sub_id="s", filter=SLOW, options="max_backlog=100")
+    assert all(h.failures(c) == [] for c in consumers)
+    pub = h.connect("pub")
+    h.handle(pub, *(m.Publish(topic="Work", data=b'{"a": "%s%s", "n": %d}' % (b"ab" * 20, b"c" if n % 2 == 0 else b"",
+                                                                                n)) for n in range(20)))
+    h.journal_commit()
+    h.engine.on_durable(h.now)  # one turn: the publishes are applied and dispatch starts
+    h._collect()
+
+    def delivered(conn) -> list[int]:
+        return [json.loads(x.data)["n"] for x in h.inbox[conn] if isinstance(x, m.Message)]
+
+    assert sum(len(delivered(c)) for c in consumers) <= 2 * per_turn
+    assert h.engine.fanout_pending  # the dispatch goes on in later turns
+    other = h.connect("other")
+    h.handle(other, m.Flush(cid="f", ack_type="processed"))  # answered at once
+    assert [a.cid for a in h.acks(other) if a.cid] == ["f"]
+    turns = 0
+    while h.engine.fanout_pending:
+        h._collect()
+        turns += 1
+        assert turns < 10_000
+    assert turns > 10
+    got = {c: delivered(c) for c in consumers}
+    for numbers in got.values():
+        assert numbers == sorted(numbers)
+    assert sorted(n for numbers in got.values() for n in numbers) == list(range(0, 20, 2))
+    assert h.stats("Jobs").available == 10  # the ten that match no consumer wait

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
+from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.queue import AckOption, Consumer, Queue, effective_backlog
 from conveyor.engine.queue_events import (
     Acknowledged,
@@ -84,12 +85,19 @@ def _random_config(rng: random.Random, name: str) -> QueueConfig:
 
 
 # Filters are module-level callables so the real and the model consumer share them.
+# Each costs one tick of the filter budget (queue rule 12), which half the seeds give a
+# few ticks per turn, so that dispatches are cut short and go on in later turns.
+def _costed(flt):
+    flt.cost_ticks = 1
+    return flt
+
+
 def _eq(k):
-    return lambda d, now: d["k"] == k
+    return _costed(lambda d, now: d["k"] == k)
 
 
 def _ne(k):
-    return lambda d, now: d["k"] != k
+    return _costed(lambda d, now: d["k"] != k)
 
 
 FILTERS = [None, None, _eq(0), _eq(1), _ne(2)]
@@ -124,7 +132,9 @@ class World:
 
     def __post_init__(self) -> None:
         n = len(self.configs)
-        self.queues = [Queue(c, load=self.data.__getitem__) for c in self.configs]
+        # Not drawn from rng: the seeds' workloads stay what they were without a budget.
+        self.budget = None if self.seed % 2 else FilterBudget(1 + self.seed % 5)
+        self.queues = [Queue(c, load=self.data.__getitem__, budget=self.budget) for c in self.configs]
         self.models = [ModelQueue(c, self.data.__getitem__) for c in self.configs]
         self.stored_rp = [0] * n
         self.enqueued = [set() for _ in range(n)]
@@ -257,6 +267,18 @@ class World:
         sub.qids = qids
         sub.lowered = sub.real.outstanding > backlog
 
+    def dispatch_in_turns(self, q: Queue, limit: int | None) -> list:
+        """What the engine does: a dispatch the filter budget cut short goes on in the
+        next turns; together they must deliver what one unbounded dispatch would."""
+        out = q.dispatch(self.now, limit)
+        while q.cut_short:
+            self.seen["dispatch_cut_short"] = self.seen.get("dispatch_cut_short", 0) + 1
+            self.budget.new_turn()
+            out += q.dispatch(self.now, None if limit is None else limit - len(out))
+        if self.budget is not None:
+            self.budget.new_turn()
+        return out
+
     def dispatch(self) -> None:
         qids = range(len(self.queues))
         if self.rng.random() < 0.5:
@@ -267,7 +289,7 @@ class World:
             q, m = self.queues[qid], self.models[qid]
             before = m.available()
             awaiting = [p for p, _ in q.details().awaiting_ack]
-            got = q.dispatch(self.now, limit)
+            got = self.dispatch_in_turns(q, limit)
             want = m.dispatch(self.now, limit)
             got_t = [
                 (None if d.barrier else d.consumer.key, d.position, d.lease_deadline,
@@ -399,7 +421,7 @@ class World:
         lossy = self.rng.random() < 0.5
         for qid, cfg in enumerate(self.configs):
             start = self.stored_rp[qid]
-            q = Queue(cfg, load=self.data.__getitem__, start=start)
+            q = Queue(cfg, load=self.data.__getitem__, start=start, budget=self.budget)
             records = self.journal[start:]
             if lossy:
                 records = _lossy(records)
@@ -567,5 +589,6 @@ def test_simulation_exercises_every_path() -> None:
         "BarrierDelivered",
     } <= kinds, kinds
     assert all(
-        seen.get(k, 0) >= 5 for k in ("barrier", "activated", "deferred ack", "deferred ack consumed")
+        seen.get(k, 0) >= 5
+        for k in ("barrier", "activated", "deferred ack", "deferred ack consumed", "dispatch_cut_short")
     ), seen

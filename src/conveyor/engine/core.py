@@ -76,7 +76,8 @@ from conveyor.engine.sessions import Session, SubKind
 from conveyor.engine.sow import key_text
 from conveyor.engine.state_of_world import StateOfTheWorld
 from conveyor.engine.subscribing import Subscriptions
-from conveyor.engine.topics import REPLAY_RECORDS_PER_PUMP, Topics
+from conveyor.engine.filter_budget import FilterBudget
+from conveyor.engine.topics import FILTER_TICKS_PER_TURN, REPLAY_RECORDS_PER_PUMP, Topics
 from conveyor.engine.txn import StagingStats, Transactions
 from conveyor.protocol import messages as m
 from conveyor.protocol import replication as p_repl
@@ -128,8 +129,11 @@ class Engine:
         self.cache = MessageCache(journal.read, bytes_max=cache_bytes_max)
         self.outbox = Outbox(journal)
         self.publishes = PublishLog(journal, config.transaction_log)
-        self.bindings = QueueBindings(config, self.cache)
-        self.topics = Topics(journal, self.outbox)
+        # One filter budget per turn of the shell's loop, for fan-out and queue dispatch
+        # alike (engine/filter_budget.py); topics.new_turn() renews it.
+        budget = FilterBudget(FILTER_TICKS_PER_TURN)
+        self.bindings = QueueBindings(config, self.cache, budget)
+        self.topics = Topics(journal, self.outbox, budget)
         self.delivery = QueueDelivery(
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance),
@@ -712,8 +716,8 @@ class Engine:
     @property
     def fanout_pending(self) -> bool:
         """Whether a fan-out waits for the next turn's filter budget (:meth:`pump_replays`
-        goes on with it; topics.py rule 1)."""
-        return self.topics.fanout_pending
+        goes on with it; topics.py rule 1), or a queue dispatch (queue rule 12)."""
+        return self.topics.fanout_pending or self.delivery.dispatch_pending
 
     def pump_replays(self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP, *, paused: Container[int] = ()) -> bool:
         """One turn of background delivery: the fan-outs a filter budget cut short, then
@@ -723,6 +727,9 @@ class Engine:
         topics = self.topics
         topics.new_turn()
         more = topics.continue_fanout()
+        if self.delivery.dispatch_pending:
+            self.delivery.continue_dispatch(now)
+            more = more or self.delivery.dispatch_pending
         return topics.pump(now, self.publishes.applied_end, budget, paused) or more
 
     def subscribed(self, conn_id: int) -> bool:

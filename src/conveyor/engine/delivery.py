@@ -91,6 +91,7 @@ class QueueDelivery:
         self._refill_damaged: set[str] = set()  # queues whose refill met a damaged record
         # Rule 6: the acknowledgements applied and not yet journaled, and their replies.
         self._acks_of: tuple[QueueBinding, AckOption] | None = None  # None: no batch open
+        self._cut_short: set[QueueBinding] = set()  # dispatches the filter budget stopped
         #: Acknowledgements are applied but not yet journaled (rule 6); an attribute, not
         #: a property: the engine reads it before every publish.
         self.acks_open = False
@@ -183,11 +184,25 @@ class QueueDelivery:
             deliveries = queue.dispatch(now)
             while deliveries:
                 self._deliver(binding, deliveries, now)
-                if queue.wants() <= 0:
+                if queue.cut_short or queue.wants() <= 0:
                     break
                 # delivered messages left the active window (at-most-once): refill it
                 self._refill(binding)
                 deliveries = queue.dispatch(now)
+            if queue.cut_short:
+                self._cut_short.add(binding)  # the turn's filter budget ran out (queue rule 12)
+
+    @property
+    def dispatch_pending(self) -> bool:
+        """Queues whose dispatch the filter budget cut short: the shell calls
+        :meth:`continue_dispatch` in a later turn (queue rule 12)."""
+        return bool(self._cut_short)
+
+    def continue_dispatch(self, now: float) -> None:
+        """A new turn: go on with the dispatches the filter budget cut short."""
+        self._dirty |= self._cut_short
+        self._cut_short = set()
+        self.dispatch(now)
 
     def _refill(self, binding: QueueBinding) -> None:
         """TargetQueueDepth refill; a damaged record on the way stops this queue's refill

@@ -72,6 +72,13 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
    with :meth:`remove_replicated`. A barrier is delivered on every instance once every
    earlier message of this instance is acknowledged, wherever they are owned, so a
    message ELSEWHERE before it holds it too.
+12. Filter work per turn (engine/filter_budget.py): with a ``budget``, each consumer
+   filter a dispatch evaluates is charged its worst-case cost first; when the turn
+   cannot pay, :meth:`dispatch` returns what it delivered so far with ``cut_short``
+   set, and the consumer's cursor keeps every message already evaluated, so the next
+   dispatch goes on from there. Only dispatch stops: a message coming back is offered
+   to the filtered consumers it is behind whatever the budget (that work is bounded by
+   the consumers of one message).
 
 The queue is an orchestrator of parts that own their state; it moves each message
 through the transition table (:class:`~conveyor.engine.queue_state.Transitions`: the
@@ -120,6 +127,7 @@ from conveyor.engine.explain import AHEAD_COUNT_MAX, MessageFacts, SeatFacts
 from conveyor.engine.queue_consumer import Consumer, effective_backlog
 from conveyor.engine.queue_elsewhere import Elsewhere
 from conveyor.engine.queue_expiry import MessageExpiry
+from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue_events import (
     Acknowledged,
     AckOption,
@@ -305,9 +313,11 @@ class Queue:
         load: Callable[[int], object],
         start: int = 0,
         chunk_slots: int | None = None,
+        budget: FilterBudget | None = None,
     ) -> None:
         """``start``: the recovery point replay begins at (every message below it is done).
-        ``chunk_slots``: messages per chunk of the store (``queue_store.CHUNK_SLOTS``)."""
+        ``chunk_slots``: messages per chunk of the store (``queue_store.CHUNK_SLOTS``).
+        ``budget``: the turn's filter budget (rule 12); None: unbounded."""
         check_config(config)
         self.config = config
         self._load = load
@@ -328,7 +338,8 @@ class Queue:
             config.semantics, self.state_of, self._holds, confirmed=_CONFIRMED_BY_THE_STORE
         )
         self._move = self._transitions.move
-        self._seats = Seats(config.name, priority=self._priority, matches=self._matches)
+        self._seats = Seats(config.name, priority=self._priority, matches=self._matches, budget=budget)
+        self.cut_short = False  # the last dispatch stopped for the filter budget (rule 12)
         self._order = DeliveryOrder(
             priority=self._priority, chunk_slots=chunk_slots,
             on_first_epoch_grew=self._seats.reset_cursors,
@@ -527,12 +538,21 @@ class Queue:
         """
         self._settle(now)
         out: list[Delivery] = []
+        self.cut_short = False
+        try:
+            self._dispatch(now, -1 if max_deliveries is None else max_deliveries, out)
+        except FilterBudgetSpent:
+            self.cut_short = True  # rule 12: the next dispatch goes on from the cursors
+        return out
+
+    def _dispatch(self, now: float, budget: int, out: list[Delivery]) -> None:
+        """:meth:`dispatch`'s loop: deliveries go to ``out`` as they are made, so those
+        made before the filter budget runs out stand (rule 12)."""
         seats, order, leases = self._seats, self._order, self._leases
         active, consumers, store = seats.active, seats.consumers, order.store
         contains, next_for = store.__contains__, seats.next_for
         end = KEY_END if self._priority else self._active_end() + 1
         deliverable = order.deliverable()
-        budget = -1 if max_deliveries is None else max_deliveries
         max_out = self.config.max_backlog
         while budget != 0 and store and active:
             gate = None
@@ -565,7 +585,6 @@ class Queue:
             i = seats.choose(self._fairness, eligible)
             out.append(self._deliver(active[i], best, now))
             budget -= 1
-        return out
 
     def _active_end(self) -> int:
         """The last position that entered the active part."""

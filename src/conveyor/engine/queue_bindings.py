@@ -28,7 +28,8 @@ from conveyor import errors, records
 from conveyor.config.model import Config, QueueConfig, topic_matcher
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
-from conveyor.engine.filters import compile_filter
+from conveyor.engine.filter_budget import FilterBudget
+from conveyor.engine.filters import compile_filter, filter_cost_ticks
 from conveyor.engine.queue import Queue
 from conveyor.engine.routes import RouteCache
 
@@ -46,6 +47,7 @@ def consumer_predicate(flt: Any) -> Callable[[View, float], bool] | None:
         entry, position = view
         return flt.matches(entry.decoded(), entry.meta(format_bookmark(entry.publisher, entry.seq, position), now))
 
+    predicate.cost_ticks = filter_cost_ticks(flt)  # what queue dispatch charges the turn (queue rule 12)
     return predicate
 
 
@@ -60,7 +62,7 @@ class QueueBinding:
     __slots__ = ("queue", "name", "config", "filter", "priority", "barrier", "plain", "barrier_until",
                  "snapshot_events_from", "ownership")
 
-    def __init__(self, config: QueueConfig, cache: MessageCache) -> None:
+    def __init__(self, config: QueueConfig, cache: MessageCache, budget: FilterBudget | None = None) -> None:
         self.config = config
         self.name = config.name
         self.filter = _compiled(config, "Filter", config.filter)
@@ -75,7 +77,7 @@ class QueueBinding:
         def load(position: int) -> View:
             return cache.get(position), position
 
-        self.queue = Queue(config, load=load)
+        self.queue = Queue(config, load=load, budget=budget)
 
     def __repr__(self) -> str:
         return f"<QueueBinding {self.name!r}>"
@@ -147,12 +149,12 @@ class QueueBinding:
 class QueueBindings:
     """Every configured queue's binding, and routing from topics to them (rule 4)."""
 
-    def __init__(self, config: Config, cache: MessageCache) -> None:
+    def __init__(self, config: Config, cache: MessageCache, budget: FilterBudget | None = None) -> None:
         self.by_name: dict[str, QueueBinding] = {}
         self._targets: dict[str, str] = {}  # DefaultPublishTarget: queue name -> topic
         self._routes: RouteCache[tuple[QueueBinding, ...]] = RouteCache()  # bounded: routes.py
         for qc in config.queues:
-            self.by_name[qc.name] = QueueBinding(qc, cache)
+            self.by_name[qc.name] = QueueBinding(qc, cache, budget)
             if qc.default_publish_target and qc.default_publish_target != qc.name:
                 self._targets[qc.name] = qc.default_publish_target
 

@@ -38,6 +38,7 @@ from heapq import heappop, heappush
 from typing import Callable, Hashable, Iterable
 
 from conveyor.config.model import Fairness
+from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue_consumer import Consumer
 from conveyor.engine.queue_priority import POSITION_MASK
 from conveyor.errors import DuplicateSubscription, UnknownSubscription
@@ -72,10 +73,11 @@ class Seats:
     """Rules 1-4. ``matches(filter, position, now)`` evaluates a filter (the queue counts
     the ones that raise); ``contains(position)`` on a store tells a stale candidate."""
 
-    __slots__ = ("active", "consumers", "_by_key", "_rr_next", "_mask", "_matches", "_name")
+    __slots__ = ("active", "consumers", "_by_key", "_rr_next", "_mask", "_matches", "_name", "_budget")
 
     def __init__(
-        self, name: str, *, priority: bool, matches: Callable[[Callable, int, float], bool]
+        self, name: str, *, priority: bool, matches: Callable[[Callable, int, float], bool],
+        budget: FilterBudget | None = None,
     ) -> None:
         self.active: list[Seat] = []  # active seats, in subscription order
         self.consumers: list[Consumer] = []  # their consumers, same order
@@ -84,6 +86,7 @@ class Seats:
         self._mask = POSITION_MASK if priority else -1  # order key -> position
         self._matches = matches
         self._name = name
+        self._budget = budget  # the turn's filter budget (queue rule 12), charged by next_for
 
     def __len__(self) -> int:
         return len(self.active)
@@ -184,8 +187,12 @@ class Seats:
             if contains(k & mask):
                 return k
             heappop(candidates)
-        matches = self._matches
+        matches, budget = self._matches, self._budget
+        cost = getattr(flt, "cost_ticks", 0)
         for k in order.scan(seat.cursor):
+            if budget is not None and not budget.take(cost):
+                seat.cursor = k  # everything before k was evaluated: go on from k next time
+                raise FilterBudgetSpent
             if matches(flt, k & mask, now):
                 seat.cursor = k + 1
                 heappush(candidates, k)

@@ -7,7 +7,8 @@ Rules:
    fan-out. The matching subscriptions per topic are cached (a bounded cache,
    routes.py) and the cache is dropped whenever a subscription is added, replaced or
    removed. **Bounded work per turn:** filters are charged their worst-case cost
-   (filters.py); once a turn has spent ``FILTER_TICKS_PER_TURN``, the rest of the
+   (filters.py) from the turn's budget, which queue dispatch shares
+   (engine/filter_budget.py); once a turn has spent ``FILTER_TICKS_PER_TURN``, the rest of the
    fan-out waits for the next turn (:meth:`continue_fanout`, which the shell calls as
    it pumps replays), and later messages queue behind it, so each subscription still
    sees messages in order and a hundred slow filters cannot stall every client.
@@ -35,6 +36,7 @@ from typing import Any, Container
 from conveyor import errors, records
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry
+from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import filter_cost_ticks
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.routes import RouteCache
@@ -72,7 +74,7 @@ def _filter_ticks(flt) -> int:
 
 
 class Topics:
-    def __init__(self, journal: Any, outbox: Outbox) -> None:
+    def __init__(self, journal: Any, outbox: Outbox, budget: FilterBudget | None = None) -> None:
         self._journal = journal
         self._outbox = outbox
         self._subs: list[SessionSubscription] = []  # pub/sub and replay subscriptions
@@ -80,7 +82,8 @@ class Topics:
         self._replaying: list[SessionSubscription] = []
         self._active: set[SessionSubscription] = set()
         self._fanout: deque[_FanOut] = deque()  # fan-outs a turn's budget cut short, in order
-        self._ticks_left = FILTER_TICKS_PER_TURN
+        # The turn's filter budget, shared with queue dispatch (engine/filter_budget.py).
+        self._budget = budget if budget is not None else FilterBudget(FILTER_TICKS_PER_TURN)
 
     def add(self, sub: SessionSubscription) -> None:
         self._subs.append(sub)
@@ -111,7 +114,7 @@ class Topics:
 
     def new_turn(self) -> None:
         """A turn of the shell's loop begins: the filter budget is whole again."""
-        self._ticks_left = FILTER_TICKS_PER_TURN
+        self._budget.new_turn()
 
     def fan_out(self, position: int | None, entry: Entry, now: float) -> None:
         subs = self.listeners(entry.topic)
@@ -125,12 +128,9 @@ class Topics:
             for i, sub in enumerate(subs):
                 if not sub.live:
                     continue
-                if sub.filter is not None:
-                    cost = _filter_ticks(sub.filter)
-                    if cost > self._ticks_left and self._ticks_left < FILTER_TICKS_PER_TURN:
-                        self._fanout.append(_FanOut(entry, bookmark, tuple(s for s in subs[i:] if s.live), now))
-                        return
-                    self._ticks_left -= cost
+                if sub.filter is not None and not self._budget.take(_filter_ticks(sub.filter)):
+                    self._fanout.append(_FanOut(entry, bookmark, tuple(s for s in subs[i:] if s.live), now))
+                    return
                 self.deliver(sub, entry, bookmark, now)
             return
         # Behind the fan-outs already waiting: order kept.
@@ -155,11 +155,8 @@ class Topics:
         while work.index < len(subs):
             sub = subs[work.index]
             if sub in self._active:  # not unsubscribed meanwhile
-                if sub.filter is not None:
-                    cost = _filter_ticks(sub.filter)
-                    if cost > self._ticks_left and self._ticks_left < FILTER_TICKS_PER_TURN:
-                        return False
-                    self._ticks_left -= cost
+                if sub.filter is not None and not self._budget.take(_filter_ticks(sub.filter)):
+                    return False
                 self.deliver(sub, work.entry, work.bookmark, work.now)
             work.index += 1
         return True
@@ -202,8 +199,8 @@ class Topics:
             limit = budget
             cost = _filter_ticks(sub.filter) if sub.filter is not None else 0
             if cost:  # a filtered replay shares the turn's filter budget (rule 1)
-                limit = max(1, min(budget, self._ticks_left // cost))
-                self._ticks_left -= limit * cost
+                limit = max(1, min(budget, self._budget.left // cost))
+                self._budget.left -= limit * cost
             try:
                 for pos, payload in journal.scan(sub.cursor, applied_end):
                     last = pos
