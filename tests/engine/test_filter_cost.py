@@ -130,3 +130,24 @@ def _another_client_answered_then_pump(h: Harness) -> int:
         turns += 1
         assert turns < 100_000
     return turns
+
+
+def test_sow_and_view_subscriptions_count_towards_the_connection_cap():
+    """The cap covers every subscription a connection holds: sow_and_subscribe and
+    delta_subscribe too, and a replace counts the new filter instead of the old."""
+    from conveyor.protocol import messages as m
+
+    sow = ("<Topic><Name>orders</Name><MessageType>json</MessageType><Key>/id</Key>"
+           "<FileName>./sow/%n.sow</FileName></Topic>")
+    h = Harness(config_xml(sow, topics=("orders", "t")))
+    conn = h.connect("greedy")
+    for i in range(3):
+        h.subscribe(conn, "t", sub_id=f"s{i}", filter=SLOW)
+    h.handle(conn, m.SowAndSubscribe(topic="orders", sub_id="sow", cid="1", filter=SLOW))
+    assert h.failures(conn) == []
+    h.handle(conn, m.DeltaSubscribe(topic="orders", sub_id="one-too-many", cid="2", filter=SLOW))
+    [refused] = h.failures(conn)
+    assert refused.code == "bad_filter" and "per message together" in refused.reason
+    h.handle(conn, m.SowAndSubscribe(topic="orders", sub_id="sow", cid="3", filter="/a LIKE '(c|d)*e'",
+                                     options="replace"))
+    assert h.failures(conn) == []

@@ -59,6 +59,7 @@ from conveyor.config.model import Config, SowTopicConfig, topic_matcher
 from conveyor.engine.aggregation import Aggregation
 from conveyor.engine.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
+from conveyor.engine.filters import check_connection_filters
 from conveyor.engine.focus import RecordChange, RecordSubscription, deliver, record_message
 from conveyor.engine.joins import Join, rewrite_identifiers, unknown_roots
 from conveyor.engine.outbox import Outbox
@@ -646,6 +647,7 @@ class StateOfTheWorld:
             raise errors.InvalidOption("paginated subscriptions (skip_n on sow_and_subscribe) are not supported",
                                        option="skip_n")
         flt = _filter(cmd.filter, errors.BadFilter)
+        check_connection_filters([s.filter for s in session.subs.values()], flt)  # filters.py
         if opts.has("oof") and flt is not None:
             _deterministic(flt)
         sub = RecordSubscription(
@@ -691,6 +693,7 @@ class StateOfTheWorld:
         if cmd.topic != sub.topic:
             raise errors.InvalidOption("replace cannot change the topic of a SOW subscription", option="replace")
         flt = _filter(cmd.filter, errors.BadFilter)
+        check_connection_filters([s.filter for s in session.subs.values() if s is not held], flt)
         if sub.oof and flt is not None:
             _deterministic(flt)
         old_flt, sub.filter = sub.filter, flt
