@@ -151,3 +151,35 @@ def test_sow_and_view_subscriptions_count_towards_the_connection_cap():
     h.handle(conn, m.SowAndSubscribe(topic="orders", sub_id="sow", cid="3", filter="/a LIKE '(c|d)*e'",
                                      options="replace"))
     assert h.failures(conn) == []
+
+
+def test_sow_subscriptions_share_the_turn_s_budget_and_get_every_change_in_order():
+    """State of the World rule 9: ten delta subscriptions with the slow filter on a SOW
+    topic and 20 changed records. One turn delivers what its budget pays; the rest goes
+    out in later turns, each subscription's changes in order, none lost."""
+    from conveyor.engine.topics import FILTER_TICKS_PER_TURN
+    from conveyor.protocol import messages as m
+
+    per_turn = FILTER_TICKS_PER_TURN // regex_cost_ticks_max
+    sow = ("<Topic><Name>orders</Name><MessageType>json</MessageType><Key>/id</Key>"
+           "<FileName>./sow/%n.sow</FileName></Topic>")
+    h = Harness(config_xml(sow, topics=("orders",)))
+    h.replay_budget = 0
+    subscribers = [h.connect(f"c{i}") for i in range(10)]
+    for conn in subscribers:
+        h.handle(conn, m.DeltaSubscribe(topic="orders", sub_id="d", cid="1", filter=SLOW))
+    assert all(h.failures(c) == [] for c in subscribers)
+    pub = h.connect("pub")
+    h.handle(pub, *(m.Publish(topic="orders", data=b'{"id": %d, "a": "%sc"}' % (n, b"ab" * 20)) for n in range(20)))
+    h.journal_commit()
+    h.engine.on_durable(h.now)
+    h._collect()
+
+    def got(conn) -> list[int]:
+        return [json.loads(x.data)["id"] for x in h.inbox[conn] if isinstance(x, m.Message)]
+
+    assert sum(len(got(c)) for c in subscribers) <= 2 * per_turn
+    assert h.engine.fanout_pending
+    assert _another_client_answered_then_pump(h) > 10
+    for conn in subscribers:
+        assert got(conn) == list(range(20))

@@ -129,8 +129,9 @@ class Engine:
         self.cache = MessageCache(journal.read, bytes_max=cache_bytes_max)
         self.outbox = Outbox(journal)
         self.publishes = PublishLog(journal, config.transaction_log)
-        # One filter budget per turn of the shell's loop, for fan-out and queue dispatch
-        # alike (engine/filter_budget.py); topics.new_turn() renews it.
+        # One filter budget per turn of the shell's loop, for topic fan-out, queue
+        # dispatch and SOW subscriptions alike (engine/filter_budget.py); topics.new_turn()
+        # renews it.
         budget = FilterBudget(FILTER_TICKS_PER_TURN)
         self.bindings = QueueBindings(config, self.cache, budget)
         self.topics = Topics(journal, self.outbox, budget)
@@ -138,7 +139,7 @@ class Engine:
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance),
         )
-        self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings)
+        self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings, budget)
         self._sow_topics = self.sow.topics
         # SOW topics and views: the publish hot path checks this one set first
         self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
@@ -717,7 +718,7 @@ class Engine:
     def fanout_pending(self) -> bool:
         """Whether a fan-out waits for the next turn's filter budget (:meth:`pump_replays`
         goes on with it; topics.py rule 1), or a queue dispatch (queue rule 12)."""
-        return self.topics.fanout_pending or self.delivery.dispatch_pending
+        return self.topics.fanout_pending or self.delivery.dispatch_pending or self.sow.delivery_pending
 
     def pump_replays(self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP, *, paused: Container[int] = ()) -> bool:
         """One turn of background delivery: the fan-outs a filter budget cut short, then
@@ -730,6 +731,9 @@ class Engine:
         if self.delivery.dispatch_pending:
             self.delivery.continue_dispatch(now)
             more = more or self.delivery.dispatch_pending
+        if self.sow.delivery_pending:
+            self.sow.continue_delivery()
+            more = more or self.sow.delivery_pending
         return topics.pump(now, self.publishes.applied_end, budget, paused) or more
 
     def subscribed(self, conn_id: int) -> bool:

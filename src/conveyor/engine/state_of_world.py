@@ -44,11 +44,16 @@ command dispatch (so its checks apply to them too). Rules:
    subscription reads it (:meth:`_render`): the incremental counting goes on, only the
    output records wait, so a view over a busy queue costs its drain little more than
    the counting.
+9. **Filter work per turn** (engine/filter_budget.py): a record or delta subscription's
+   filter is charged to the turn's budget before a change is delivered to it; what the
+   turn cannot pay waits, in order, for later turns (the shell pumps it), so a hundred
+   slow filters on one SOW topic cannot stall every other client.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from collections import deque
 from typing import Any, Callable, Iterable
 
@@ -59,7 +64,8 @@ from conveyor.config.model import Config, SowTopicConfig, topic_matcher
 from conveyor.engine.aggregation import Aggregation
 from conveyor.engine.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
-from conveyor.engine.filters import check_connection_filters
+from conveyor.engine.filter_budget import FilterBudget
+from conveyor.engine.filters import check_connection_filters, filter_cost_ticks
 from conveyor.engine.focus import RecordChange, RecordSubscription, deliver, record_message
 from conveyor.engine.joins import Join, rewrite_identifiers, unknown_roots
 from conveyor.engine.outbox import Outbox
@@ -105,23 +111,23 @@ class AggregatedSubscription:
         self.sent: dict[int, Entry] = {}  # view key -> the record last sent
         self.domain = f"{source}/{sub.sub_id}"
 
-    def flush(self, now: float, outbox: Outbox) -> None:
+    def flush(self, now: float, send: Callable[[RecordSubscription, RecordChange, float], None]) -> None:
         for group, record in self.aggregation.take_changes():
             key = view_key(self.domain, group)
             old = self.sent.get(key)
             if record is None:
                 if old is not None:
                     del self.sent[key]
-                    deliver(self.sub, RecordChange(self.sub.topic, key, str(key), old, None, "deleted"), now, outbox)
+                    send(self.sub, RecordChange(self.sub.topic, key, str(key), old, None, "deleted"), now)
                 continue
             new = Entry(self.sub.topic, _encode(record), now, 0, 0, None)
             self.sent[key] = new
-            deliver(self.sub, RecordChange(self.sub.topic, key, str(key), old, new), now, outbox)
+            send(self.sub, RecordChange(self.sub.topic, key, str(key), old, new), now)
 
 
 class StateOfTheWorld:
     def __init__(self, config: Config, journal: Any, cache: MessageCache, outbox: Outbox, publishes: PublishLog,
-                 bindings: QueueBindings) -> None:
+                 bindings: QueueBindings, budget: FilterBudget | None = None) -> None:
         self._journal = journal
         self._cache = cache
         self._outbox = outbox
@@ -137,6 +143,9 @@ class StateOfTheWorld:
         self._record_subs: dict[str, list[RecordSubscription]] = {}  # SOW topic or view -> subscriptions
         self._aggregated: list[AggregatedSubscription] = []
         self._deletes: deque[_PendingDelete] = deque()
+        # Rule 9: the turn's filter budget, and the deliveries waiting for later turns.
+        self._budget = budget
+        self._waiting: deque[tuple[RecordSubscription, RecordChange, float]] = deque()
         self._recovering = False
         for vc in config.views:
             self._build_view(vc)
@@ -288,7 +297,7 @@ class StateOfTheWorld:
     def _changed(self, change: RecordChange, now: float) -> None:
         """Rule 2: one record changed."""
         for sub in self._record_subs.get(change.topic, ()):
-            deliver(sub, change, now, self._outbox)
+            self._send(sub, change, now)
         self._count(change.topic, change, now)
 
     def _count(self, topic: str, change: RecordChange, now: float) -> None:
@@ -347,9 +356,39 @@ class StateOfTheWorld:
         for view in self.views.values():
             if self._followed(view):
                 view.flush(now)
-        outbox = self._outbox
         for agg_sub in self._aggregated:
-            agg_sub.flush(now, outbox)
+            agg_sub.flush(now, self._send)
+
+    # --- delivery within the turn's filter budget (rule 9) -------------------------------------
+
+    def _send(self, sub: RecordSubscription, change: RecordChange, now: float) -> None:
+        """Deliver now if the turn can pay the subscription's filter and nothing waits
+        before it; else after what waits, in a later turn."""
+        if self._waiting or not self._afford(sub):
+            self._waiting.append((sub, change, now))
+            return
+        deliver(sub, change, now, self._outbox)
+
+    def _afford(self, sub: RecordSubscription) -> bool:
+        if self._budget is None or sub.filter is None:
+            return True
+        # A delta or oof subscription may evaluate its filter on the old record too.
+        return self._budget.take(_filter_ticks(sub.filter) * (2 if sub.delta or sub.oof else 1))
+
+    @property
+    def delivery_pending(self) -> bool:
+        """Deliveries wait for a later turn's filter budget (:meth:`continue_delivery`)."""
+        return bool(self._waiting)
+
+    def continue_delivery(self) -> None:
+        """A new turn: deliver what waits, in order, while the budget lasts."""
+        waiting = self._waiting
+        while waiting:
+            sub, change, now = waiting[0]
+            if not self._afford(sub):
+                return
+            waiting.popleft()
+            deliver(sub, change, now, self._outbox)
 
     def _followed(self, view: View) -> bool:
         """Rule 8: whether anything takes the view's changes as they happen."""
@@ -378,7 +417,7 @@ class StateOfTheWorld:
             return
         for sub in self._record_subs.get(name, ()):
             for change in changes:
-                deliver(sub, change, now, self._outbox)
+                self._send(sub, change, now)
         if self.views[name].feeds_queue:
             for change in changes:
                 if change.new is not None:
@@ -776,6 +815,8 @@ class StateOfTheWorld:
         subs = self._record_subs.get(rs.topic)
         if subs is not None and rs in subs:
             subs.remove(rs)
+        if self._waiting:  # rule 9: nothing more for it
+            self._waiting = deque(w for w in self._waiting if w[0] is not rs)
         for agg_sub in self._aggregated:
             if agg_sub.sub is rs:
                 self._aggregated.remove(agg_sub)
@@ -817,3 +858,6 @@ def _deterministic(flt) -> None:
         if isinstance(n, Call) and n.name in NON_DETERMINISTIC:
             raise errors.BadFilter(f"{n.name}() is not deterministic: not allowed in an oof subscription's filter",
                                    position=n.pos, token=n.name)
+
+
+_filter_ticks = lru_cache(maxsize=4096)(filter_cost_ticks)  # a filter's cost, once (rule 9)
