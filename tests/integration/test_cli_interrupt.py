@@ -17,6 +17,13 @@ QUEUE = ("<Queue><Name>WorkToDo</Name><MessageType>json</MessageType><Underlying
          "</Queue>")
 
 
+def _ctrl_c_possible() -> None:
+    """In the child: SIGINT as a terminal gives it. A test run started in the background
+    by a shell without job control ignores SIGINT, and its children inherit that (then
+    Python never raises KeyboardInterrupt, as for a command run under nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _received(sub, count: int) -> list:
     got = []
     while len(got) < count:
@@ -31,7 +38,8 @@ def test_ctrl_c_during_a_publish_reports_how_many_messages_are_persisted(server_
     with Client("watcher").connect(server.uri) as watcher:
         live = watcher.subscribe("Work")
         proc = subprocess.Popen([sys.executable, "-m", "conveyor", "publish", "Work", "--server", server.uri],
-                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                preexec_fn=_ctrl_c_possible)
         proc.stdin.write("".join(f'{{"n": {n}}}\n' for n in range(500)))
         proc.stdin.flush()
         _received(live, 500)  # all sent; the publisher now waits for more lines
@@ -51,7 +59,7 @@ def test_the_readme_worker_stops_cleanly_on_ctrl_c_with_its_acknowledgements_sen
     server = server_factory(recorded="Work", queues=QUEUE)
     code = _readme_client_example().replace("tcp://127.0.0.1:9007", server.uri)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO)
+                            cwd=REPO, preexec_fn=_ctrl_c_possible)
     for n in range(1000):  # the worker prints each order it processed
         line = proc.stdout.readline()
         assert line, proc.stderr.read()
