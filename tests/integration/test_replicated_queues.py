@@ -187,6 +187,27 @@ def test_a_replicated_local_queue_is_refused_at_startup(instances):
     proc.wait_log("replicates LocalQueue 'WorkQ'")
 
 
+def _owner_dies_and_b_waits(instances, n: int, **b_options) -> tuple[Instance, Instance, Worker, list]:
+    """A and B replicate WorkQ both ways; A publishes ``n`` messages (it owns them), B has
+    them, A is SIGKILLed, and a worker on B gets none of them: they wait for their
+    owner. Returns A, B, the running worker and its list of processed messages."""
+    a = instances("A", queues=QUEUE, topics=TOPICS)
+    b = instances("B", queues=QUEUE, topics=TOPICS, **b_options)
+    a.replicate_to(b)
+    b.replicate_to(a)
+    a.start()
+    b.start()
+    publish_n(a.uri, n)
+    b.wait_for_queue(n)
+    a.kill()
+    processed: list = []
+    worker = Worker(b.uri, "b0", processed)
+    worker.start()
+    time.sleep(3)  # longer than the transfer wait: the messages must still wait
+    assert processed == []
+    return a, b, worker, processed
+
+
 def test_owner_sigkilled_messages_wait_then_proxied_transfer_delivers_them_once(instances):
     """Disaster recovery with the procedure as written: the owner A dies; its messages
     wait on B ("those messages cannot be delivered to subscribers since the owner cannot
@@ -203,20 +224,7 @@ def test_owner_sigkilled_messages_wait_then_proxied_transfer_delivers_them_once(
                "<Topic>dr-control</Topic><MessageType>json</MessageType><Filter>/proxy = 'off'</Filter>"
                "</Options></On><Do><Module>amps-action-do-disable-proxied-transfer</Module><Options>"
                "<Topic>WorkQ</Topic><MessageType>json</MessageType></Options></Do></Action></Actions>")
-    a = instances("A", queues=QUEUE, topics=TOPICS)
-    b = instances("B", queues=QUEUE, topics=TOPICS, actions=control)
-    a.replicate_to(b)
-    b.replicate_to(a)
-    a.start()
-    b.start()
-    publish_n(a.uri, 100)
-    b.wait_for_queue(100)
-    a.kill()
-    processed: list = []
-    worker = Worker(b.uri, "b0", processed)
-    worker.start()
-    time.sleep(3)  # longer than the transfer wait: the messages must still wait
-    assert processed == []
+    a, b, worker, processed = _owner_dies_and_b_waits(instances, 100, actions=control)
     with Client("operator").connect(b.uri) as client:
         client.publish("dr-control", {"proxy": "on"})
         client.flush()
@@ -241,20 +249,7 @@ def test_proxied_transfer_switched_by_the_admin_interface(instances):
     import json
     import urllib.request
 
-    a = instances("A", queues=QUEUE, topics=TOPICS)
-    b = instances("B", queues=QUEUE, topics=TOPICS, admin=True)
-    a.replicate_to(b)
-    b.replicate_to(a)
-    a.start()
-    b.start()
-    publish_n(a.uri, 40)
-    b.wait_for_queue(40)
-    a.kill()
-    processed: list = []
-    worker = Worker(b.uri, "b0", processed)
-    worker.start()
-    time.sleep(3)  # longer than the transfer wait: the messages must still wait
-    assert processed == []
+    a, b, worker, processed = _owner_dies_and_b_waits(instances, 40, admin=True)
     base = f"http://127.0.0.1:{b.admin_port}/amps/administrator/queues"
     with urllib.request.urlopen(f"{base}/WorkQ/enable_proxied_transfer", timeout=10) as resp:
         assert json.loads(resp.read())["done"] is True
