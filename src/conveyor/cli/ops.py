@@ -99,6 +99,16 @@ def fetch(args: argparse.Namespace, path: str) -> Any:
         ) from None
 
 
+def _fetch_or_print(args: argparse.Namespace, path: str) -> Any:
+    """The admin interface's JSON at ``path``; with ``--json`` it is printed as it came
+    (rule 2) and None is returned: the command has nothing more to do."""
+    value = fetch(args, path)
+    if args.json:
+        _print_json(value)
+        return None
+    return value
+
+
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False))
 
@@ -142,9 +152,8 @@ def _when(t: float | None) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    tree = fetch(args, "/amps/instance")
-    if args.json:
-        _print_json(tree)
+    tree = _fetch_or_print(args, "/amps/instance")
+    if tree is None:
         return 0
     j = tree["journal"]
     queues = tree["queues"].values()
@@ -177,9 +186,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_queues(args: argparse.Namespace) -> int:
     if args.queue:
         return _queue_details(args)
-    queues = fetch(args, "/amps/instance/queues")
-    if args.json:
-        _print_json(queues)
+    queues = _fetch_or_print(args, "/amps/instance/queues")
+    if queues is None:
         return 0
     rows = [
         [name, q["queue_depth"], q["available"], q["in_flight"], q["consumers"], q["inactive_message_count"],
@@ -219,9 +227,8 @@ def _queue_details(args: argparse.Namespace) -> int:
 
 
 def cmd_clients(args: argparse.Namespace) -> int:
-    clients = fetch(args, "/amps/instance/clients")
-    if args.json:
-        _print_json(clients)
+    clients = _fetch_or_print(args, "/amps/instance/clients")
+    if clients is None:
         return 0
     rows = [
         [c["id"], c["name"], c["user"], c["address"], _seconds(c["connected_for"]), c["subscriptions"],
@@ -236,9 +243,8 @@ def cmd_clients(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     name = urllib.parse.quote(args.queue, safe="")
     bookmark = urllib.parse.quote(args.bookmark, safe="")
-    e = fetch(args, f"/amps/instance/queues/{name}/explain?bookmark={bookmark}")
-    if args.json:
-        _print_json(e)
+    e = _fetch_or_print(args, f"/amps/instance/queues/{name}/explain?bookmark={bookmark}")
+    if e is None:
         return 0
     print(f"{args.queue} {args.bookmark}: {e['verdict']}")
     print(f"  {e['summary']}")
@@ -248,9 +254,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_replication(args: argparse.Namespace) -> int:
-    repl = fetch(args, "/amps/instance/replication")
-    if args.json:
-        _print_json(repl)
+    repl = _fetch_or_print(args, "/amps/instance/replication")
+    if repl is None:
         return 0
     if not repl["outgoing"] and not repl["incoming"]:
         print("no replication links (no <Replication> destinations, no source connected)")
