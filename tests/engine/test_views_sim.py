@@ -18,6 +18,9 @@ After every step, independently of the implementation:
 - the view over the SOW topic equals the aggregate recomputed from the model's records
   (the last durable publish per key, merged for delta publishes, minus deletes and
   expired records);
+- the view over a chain of two joins (orders -> regions -> managers, SOW topics changed
+  and deleted at random) equals the left outer join and grouping recomputed from the
+  model's records of the three topics;
 - an aggregated subscription over the queue, built from what it received (records and
   out-of-focus notices), equals the same recomputation;
 - the view never changes what the queue delivers (it takes no leases): the queue's own
@@ -57,6 +60,15 @@ PROJECTION = ("<Projection><Field>/region</Field><Field>SUM(/qty * /price) AS /v
 AGGREGATED = "projection=[/region AS /region,SUM(/qty * /price) AS /value,COUNT(/orderId) AS /orders,MAX(/qty) AS /biggest],grouping=[/region],oof"
 
 
+JOINED = ("<View><Name>managed</Name><MessageType>json</MessageType><UnderlyingTopic>"
+          "<Join>[orders].[/region]=[regions].[/region]</Join><Join>[regions].[/manager]=[managers].[/name]</Join>"
+          "</UnderlyingTopic><Projection><Field>[orders].[/region] AS /region</Field>"
+          "<Field>SUM([orders].[/qty]) AS /qty</Field><Field>COUNT([regions].[/region]) AS /known</Field>"
+          "<Field>COUNT([managers].[/name]) AS /managed</Field><Field>MAX([managers].[/level]) AS /level</Field>"
+          "</Projection><Grouping><Field>[orders].[/region]</Field></Grouping></View>")
+MANAGERS = ("ann", "bob")
+
+
 def _config(rng: random.Random) -> tuple[str, dict]:
     alo = rng.random() < 0.8
     queue = {
@@ -74,13 +86,16 @@ def _config(rng: random.Random) -> tuple[str, dict]:
     inner = "".join(f"<{k}>{v}</{k}>" for k, v in queue.items() if v is not None)
     xml = (
         "<AMPSConfig><Name>sim</Name><TransactionLog><JournalDirectory>./j</JournalDirectory>"
-        + recorded("orders") + "</TransactionLog><SOW>"
+        + recorded("orders", "regions", "managers") + "</TransactionLog><SOW>"
         f"<Topic><Name>orders</Name><MessageType>json</MessageType><Key>/orderId</Key>{topic_expiration}</Topic>"
         f"<Queue><Name>pending</Name><MessageType>json</MessageType><UnderlyingTopic>orders</UnderlyingTopic>{inner}</Queue>"
         f"<View><Name>by_region</Name><UnderlyingTopic>pending</UnderlyingTopic><MessageType>json</MessageType>"
         f"{PROJECTION}</View>"
         f"<View><Name>open_by_region</Name><UnderlyingTopic>orders</UnderlyingTopic><MessageType>json</MessageType>"
         f"{PROJECTION}<Filter>/status = 'open'</Filter></View>"
+        "<Topic><Name>regions</Name><MessageType>json</MessageType><Key>/region</Key></Topic>"
+        "<Topic><Name>managers</Name><MessageType>json</MessageType><Key>/name</Key></Topic>"
+        f"{JOINED}"
         "</SOW></AMPSConfig>"
     )
     return xml, {"alo": alo, "topic_expiration": 15.0 if topic_expiration else None}
@@ -105,6 +120,22 @@ def recompute(messages: list[dict]) -> dict[str, dict]:
         if region is not None:
             record["region"] = region
         out[region] = record
+    return out
+
+
+def recompute_joined(orders: list[dict], regions: dict, managers: dict) -> dict[str, dict]:
+    """region -> the record of the view ``managed``: ``orders`` left outer joined with
+    ``regions`` (by region) and that with ``managers`` (by the region's manager)."""
+    out: dict = {}
+    for order in orders:
+        region = regions.get(order["region"])
+        manager = managers.get(region["manager"]) if region is not None else None
+        g = out.setdefault(order["region"], {"region": order["region"], "qty": 0, "known": 0, "managed": 0})
+        g["qty"] += order["qty"]
+        g["known"] += region is not None
+        if manager is not None:
+            g["managed"] += 1
+            g["level"] = max(g.get("level", manager["level"]), manager["level"])
     return out
 
 
@@ -133,6 +164,8 @@ class Sim:
         self.model: dict[int, dict] = {}  # orderId -> the durable record (the SOW topic)
         self.pending: list[tuple[str, dict]] = []  # appended, not yet durable: ("publish"/"delta"/"delete", ...)
         self.expiry: dict[int, float] = {}
+        self.lookups: dict[str, dict] = {"regions": {}, "managers": {}}  # topic -> key -> durable record
+        self.lookups_pending: list[tuple] = []  # (journal end, topic, key, record or None: deleted)
         self.next_id = 0
         self.steps = 0
         self.watch()
@@ -144,6 +177,12 @@ class Sim:
         durable_end = self.h.journal.durable_end
         done = [op for op in self.pending if op[0] <= durable_end]
         self.pending = [op for op in self.pending if op[0] > durable_end]
+        for _end, topic, key, record in [op for op in self.lookups_pending if op[0] <= durable_end]:
+            if record is None:
+                self.lookups[topic].pop(key, None)
+            else:
+                self.lookups[topic][key] = record
+        self.lookups_pending = [op for op in self.lookups_pending if op[0] > durable_end]
         for _end, kind, body in done:
             if kind == "delete":
                 for order_id in body:
@@ -184,6 +223,8 @@ class Sim:
             self.delta()
         elif r < 0.40:
             self.delete()
+        elif r < 0.44:
+            self.lookup()
         elif r < 0.48:
             conn = h.connect()
             h.subscribe(conn, "pending", "w", options=f"max_backlog={rng.choice([1, 2, 5])}")
@@ -239,6 +280,24 @@ class Sim:
         self.h.handle(self.pub, m.SowDelete(topic="orders", filter=f"/region = '{region}'"))
         self.pending.append((self.h.journal.end, "delete", victims))
 
+    def lookup(self) -> None:
+        """Publish or delete a record of a joined lookup topic (regions or managers)."""
+        rng = self.rng
+        topic = rng.choice(("regions", "managers"))
+        if topic == "regions":
+            key, record = rng.choice(REGIONS), {"manager": rng.choice(MANAGERS + ("nobody",))}
+            record["region"] = key
+        else:
+            key, record = rng.choice(MANAGERS), {"level": rng.randint(1, 9)}
+            record["name"] = key
+        if rng.random() < 0.2:
+            field = "/region" if topic == "regions" else "/name"
+            self.h.handle(self.pub, m.SowDelete(topic=topic, filter=f"{field} = '{key}'"))
+            record = None
+        else:
+            self.h.publish(self.pub, topic, record)
+        self.lookups_pending.append((self.h.journal.end, topic, key, record))
+
     def settle(self) -> None:
         h, rng = self.h, self.rng
         conn = rng.choice(sorted(self.workers))
@@ -261,6 +320,7 @@ class Sim:
         # keep only what is durable: the model drops what was appended and not committed
         self.durable()
         self.pending = []
+        self.lookups_pending = []
         h.crash(checkpoint=cp)
         self.workers = {}
         self.pub = h.connect("pub")
@@ -308,6 +368,10 @@ class Sim:
         live = list(self.model.values())
         opened = [{k: v for k, v in r.items() if k != "_t"} for r in live if r["status"] == "open"]
         assert view_records(h, "open_by_region") == recompute(opened)
+        # the view over two joins
+        orders = [{k: v for k, v in r.items() if k != "_t"} for r in live]
+        want = recompute_joined(orders, self.lookups["regions"], self.lookups["managers"])
+        assert view_records(h, "managed") == want, f"view over joins: {view_records(h, 'managed')} != {want}"
         if self.querier is None:
             self.querier = h.connect("q")
         sow = {r["orderId"]: r for r in (json.loads(x.data) for x in h.sow(self.querier, "orders"))}

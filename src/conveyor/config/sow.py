@@ -111,13 +111,8 @@ def read_view(doc: Document, node: Node) -> ViewConfig:
     assert under is not None  # REQUIRED
     if under.children:
         joins = tuple(_join(doc, j) for j in doc.children(under, _JOINS).many("Join"))
-        topics: list[str] = []
-        for j in joins:
-            for t in (j.left_topic, j.right_topic):
-                if t not in topics:
-                    topics.append(t)
         values["joins"] = joins
-        values["underlying"] = tuple(topics)
+        values["underlying"] = _join_tree(doc, joins)
     else:
         values["underlying"] = (_underlying_name(doc, under),)
     for section, attr in (("Projection", "projection"), ("Grouping", "grouping")):
@@ -160,6 +155,26 @@ def _join_of(view: ViewConfig, topic: str) -> int:
         if topic in (j.left_topic, j.right_topic):
             return i
     return 1
+
+
+def _join_tree(doc: Document, joins: tuple[JoinConfig, ...]) -> tuple[str, ...]:
+    """The joined topics, the driving one (the first ``Join``'s left) first: each
+    ``Join`` after the first joins a topic joined before it, on its left, to a new one,
+    so that the joins form a tree under the driving topic (engine/joins.py)."""
+    topics = [joins[0].left_topic]
+    for jc in joins:
+        if jc.left_topic not in topics:
+            hint = (f"write the topic joined before on the left: [{jc.right_topic}].[{jc.right_field}]="
+                    f"[{jc.left_topic}].[{jc.left_field}]" if jc.right_topic in topics else
+                    f"join {jc.left_topic!r} to one of {', '.join(topics)} in an earlier <Join>")
+            raise doc.error(jc.path, f"<Join> joins {jc.left_topic!r} on its left, which no earlier <Join> "
+                            f"joined: each <Join> after the first extends the join of {topics[0]!r} with "
+                            "one new topic", hint)
+        if jc.right_topic in topics:
+            raise doc.error(jc.path, f"<Join> joins {jc.right_topic!r} a second time: a view joins each topic once",
+                            "make a view over the join and join that view again, or drop this <Join>")
+        topics.append(jc.right_topic)
+    return tuple(topics)
 
 
 def _join(doc: Document, node: Node) -> JoinConfig:

@@ -167,30 +167,24 @@ class StateOfTheWorld:
         self._add_view(vc, aggregation)
 
     def _build_join_view(self, vc) -> None:
-        """A view over a left outer join (engine/joins.py)."""
-        if len(vc.joins) > 1:
-            raise errors.ConfigError(
-                f"view {vc.name!r}: more than one Join is not supported yet", path=f"{vc.path}/UnderlyingTopic/Join[2]",
-                hint="join two topics per view (a view over a join can be joined again by another view)",
-            )
-        (jc,) = vc.joins  # of two different topics (the configuration checked it)
+        """A view over left outer joins (engine/joins.py)."""
+        join_topics = vc.underlying  # in join order, the driving topic first
         fields = tuple(rewrite_identifiers(f) for f in vc.projection)
         grouping = tuple(rewrite_identifiers(g) for g in vc.grouping)
         projection = _view_projection(vc, fields, grouping)
-        topics = (jc.left_topic, jc.right_topic)
         for section, texts, originals in (("Projection", fields, vc.projection), ("Grouping", grouping, vc.grouping)):
             for text, original in zip(texts, originals):
-                stray = unknown_roots(text, topics)
+                stray = unknown_roots(text, join_topics)
                 if stray:
                     raise errors.ConfigError(
                         f"view {vc.name!r}: field {original!r} of a join names no joined topic ({', '.join(stray)})",
                         path=f"{vc.path}/{section}",
-                        hint=f"write [{jc.left_topic}].[/path] or [{jc.right_topic}].[/path]",
+                        hint=" or ".join(f"[{t}].[/path]" for t in join_topics).join(("write ", "")),
                     )
         aggregation = Aggregation(projection)
-        join = Join(jc, aggregation, null_equivalency=vc.join_null_equivalency)
-        self._attach(jc.left_topic, join.left_side)
-        self._attach(jc.right_topic, join.right_side)
+        join = Join(vc.joins, aggregation, null_equivalency=vc.join_null_equivalency)
+        for topic in join_topics:
+            self._attach(topic, join.side(topic))
         self._add_view(vc, aggregation)
 
     def _add_view(self, vc, aggregation: Aggregation) -> None:
