@@ -52,6 +52,15 @@ SOW = """
   <Projection><Field>[buys].[/cust] AS /cust</Field><Field>[customers].[/name] AS /name</Field>
               <Field>SUM([buys].[/qty]) AS /qty</Field></Projection>
   <Grouping><Field>[buys].[/cust]</Field></Grouping></View>
+<Topic><Name>regions</Name><MessageType>json</MessageType><Key>/region</Key></Topic>
+<Topic><Name>prices</Name><MessageType>json</MessageType><Key>/sku</Key></Topic>
+<View><Name>region_value</Name><MessageType>json</MessageType>
+  <UnderlyingTopic><Join>[buys].[/cust]=[customers].[/cust]</Join>
+                   <Join>[customers].[/region]=[regions].[/region]</Join>
+                   <Join>[buys].[/sku]=[prices].[/sku]</Join></UnderlyingTopic>
+  <Projection><Field>[customers].[/region] AS /region</Field><Field>[regions].[/manager] AS /manager</Field>
+              <Field>SUM([buys].[/qty] * [prices].[/price]) AS /value</Field></Projection>
+  <Grouping><Field>[customers].[/region]</Field></Grouping></View>
 <Queue><Name>region_alerts</Name><MessageType>json</MessageType><UnderlyingTopic>open_value_by_region</UnderlyingTopic>
        <LeasePeriod>30s</LeasePeriod></Queue>
 """
@@ -331,6 +340,33 @@ def test_a_view_over_a_left_outer_join(client):
     client.sow_delete("customers", filter="/cust = 1")
     barrier(client)
     assert bodies(buffered(sub)) == [{"cust": 1, "qty": 15}]
+
+
+def test_a_view_over_three_joins_a_chain_and_a_star(client):
+    """G.2: "UnderlyingTopic: One topic name, or one or more Join children": buys joined
+    to their customer, the customer to its region (a chain) and the buy to its price (a
+    star); a subscriber sees each topic's change reach the groups it touches."""
+    for i, (cust, sku, qty) in enumerate([(1, "a", 2), (1, "b", 1), (2, "a", 5)], start=100):
+        client.publish("buys", {"id": i, "cust": cust, "sku": sku, "qty": qty})
+    client.publish("customers", {"cust": 1, "name": "Ann", "region": "EU"})
+    client.publish("customers", {"cust": 2, "name": "Bob", "region": "US"})
+    client.publish("regions", {"region": "EU", "manager": "Eve"})
+    client.publish("prices", {"sku": "a", "price": 10})
+    client.publish("prices", {"sku": "b", "price": 100})
+    client.flush()
+    records = bodies(client.sow("region_value"))
+    assert {"region": "EU", "manager": "Eve", "value": 120} in records
+    assert {"region": "US", "value": 50} in records  # no US region record: no manager
+    sub = client.subscribe("region_value", command="sow_and_subscribe")
+    barrier(client)
+    buffered(sub)
+    client.publish("regions", {"region": "US", "manager": "Max"})
+    barrier(client)
+    assert bodies(buffered(sub)) == [{"region": "US", "manager": "Max", "value": 50}]
+    client.publish("prices", {"sku": "a", "price": 20})  # one price, both regions
+    barrier(client)
+    assert sorted(bodies(buffered(sub)), key=lambda r: r["region"]) == [
+        {"region": "EU", "manager": "Eve", "value": 140}, {"region": "US", "manager": "Max", "value": 100}]
 
 
 def test_an_aggregated_subscription_and_query(client):
