@@ -1,7 +1,8 @@
-"""FileBackedMetadata on a real server (spec 000; reference.md A.2): a deep queue pages
-to ``<JournalDirectory>/queues``, and a SIGKILL then restart loads the queue's snapshot
-and replays only the journal after it; everything is still delivered, exactly as
-without FileBackedMetadata."""
+"""Queue snapshots and FileBackedMetadata on a real server (spec 000; reference.md A.2):
+a deep queue pages to ``<JournalDirectory>/queues`` with FileBackedMetadata; with it or
+without it, a SIGKILL then restart loads the queue's snapshot and replays only the
+journal after it, and everything is still delivered exactly once. A priority queue
+replays."""
 
 import re
 
@@ -12,12 +13,12 @@ from tests.settle import take_all
 N = 50_000  # 12 chunks of 4,096: most are paged out
 
 
-def queue(fbm: bool) -> str:
+def queue(fbm: bool, priority: bool = False) -> str:
     return f"""
 <Queue>
     <Name>Jobs</Name>
     <MessageType>json</MessageType>
-    <UnderlyingTopic>jobs</UnderlyingTopic>
+    <UnderlyingTopic>jobs</UnderlyingTopic>{"<Priority>/n</Priority>" if priority else ""}
     <MaxPerSubscriptionBacklog>1000</MaxPerSubscriptionBacklog>
     <FileBackedMetadata>{"enabled" if fbm else "disabled"}</FileBackedMetadata>
 </Queue>
@@ -45,8 +46,8 @@ def take(client: Client, n: int | None = None) -> list[int]:
     return out
 
 
-def run(server_factory, tmp_path, fbm: bool) -> tuple[list[int], int]:
-    server = server_factory(queues=queue(fbm), recorded="jobs")
+def run(server_factory, tmp_path, fbm: bool, priority: bool = False) -> tuple[list[int], int]:
+    server = server_factory(queues=queue(fbm, priority), recorded="jobs")
     journal = server.config.parent / "journal"
     with Client("p").connect(server.uri) as client:
         for n in range(N):
@@ -76,7 +77,18 @@ def test_fbm_restart_delivers_everything_and_replays_only_the_tail(server_factor
     assert list(pages.glob("Jobs.*.fbm")) and (pages / "Jobs.snap").exists()
 
 
-def test_without_fbm_the_restart_replays_the_queue(server_factory, tmp_path):
+def test_without_fbm_the_snapshot_is_inline_and_the_restart_replays_only_the_tail(server_factory, tmp_path):
+    """Every FIFO queue is snapshotted at checkpoints; without FileBackedMetadata the
+    snapshot holds the chunks inline and no page file is written."""
     got, scanned = run(server_factory, tmp_path / "plain", fbm=False)
     assert got == list(range(N + 10))
+    assert scanned < 100
+    pages = tmp_path / "journal" / "queues"
+    assert (pages / "Jobs.snap").exists() and not list(pages.glob("Jobs.*.fbm"))
+
+
+def test_a_priority_queue_replays_the_journal(server_factory, tmp_path):
+    """Priority queues are not snapshotted (their delivery index is not saved)."""
+    got, scanned = run(server_factory, tmp_path / "priority", fbm=False, priority=True)
+    assert sorted(got) == list(range(N + 10))
     assert scanned > N - 1000  # from the oldest unacknowledged message

@@ -194,8 +194,9 @@ class Engine:
         """Rebuild state from the journal (:mod:`conveyor.engine.recovery`)."""
         return self._recovery.recover(now, progress=progress, checkpoint=checkpoint, pages=pages)
 
-    def checkpoint(self) -> Checkpoint:
-        return self._recovery.checkpoint()
+    def checkpoint(self, *, snapshots: bool = True) -> Checkpoint:
+        """What recovery may start from; ``snapshots``: with the queues' snapshots."""
+        return self._recovery.checkpoint(snapshots=snapshots)
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         return self._recovery.retention_floor(checkpoint)

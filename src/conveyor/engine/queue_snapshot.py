@@ -1,5 +1,6 @@
-"""FileBackedMetadata: a snapshot of a queue's state, so a restart replays only the tail
-of the journal (spec 000, "Startup and Recovery for Queues"; reference.md A.2).
+"""Queue snapshots: a queue's state at a checkpoint, so a restart replays only the tail of
+the journal (spec 000, "Startup and Recovery for Queues"; reference.md A.2
+``FileBackedMetadata``).
 
 A :class:`QueueSnapshot` is what replaying the journal would rebuild, at a point of the
 journal: the queue's exported :class:`~conveyor.engine.queue_events.QueueState`
@@ -28,8 +29,10 @@ This module sees nothing of the queue but that state. Rules:
    ``FORMAT_VERSION``, and an older snapshot is then ignored) and only if it checks
    (its own crc, every page's crc); otherwise recovery replays from the queue's recovery
    point, which is always correct.
-5. Priority queues are not snapshotted (their delivery index is not paged or saved):
-   they recover by replay, FileBackedMetadata or not.
+5. **Which queues.** Every FIFO queue, FileBackedMetadata or not: without it every
+   chunk is inline. Priority queues are not snapshotted (their delivery index is not
+   paged or saved) and replicated queues neither (their ownership state is not in a
+   snapshot): they recover by replay.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def fingerprint(config: QueueConfig) -> str:
 
 
 def supported(config: QueueConfig) -> bool:
-    return config.file_backed_metadata and config.priority is None  # rule 5
+    return config.priority is None  # rule 5 (replicated queues: the engine leaves them out)
 
 
 def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_from: int) -> QueueSnapshot:

@@ -109,7 +109,7 @@ class Recovery:
 
     # --- checkpoints ------------------------------------------------------------------------
 
-    def checkpoint(self) -> Checkpoint:
+    def checkpoint(self, *, snapshots: bool = True) -> Checkpoint:
         end = self._journal.end
         first_unapplied = self._publishes.first_unapplied(end)
         queues = {}
@@ -124,7 +124,7 @@ class Recovery:
             b.name: b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
             for b in self._bindings
             if queue_snapshot.supported(b.config) and b.ownership is None
-        }
+        } if snapshots else {}
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=snapshots,
@@ -316,7 +316,7 @@ class Recovery:
                 log.warning("queue %s: snapshot outside the journal: replaying from the recovery point", name)
                 snap = None
             file = None
-            if pages is not None:
+            if pages is not None and b.config.file_backed_metadata:
                 existing = pages.generations(name)
                 if snap is not None and snap.page_file in existing:
                     file = pages.open(name, snap.page_file, fresh=False)

@@ -341,7 +341,10 @@ class Server:
                 self.engine.on_durable(self.clock())
                 if self.journal.end == self.journal.durable_end:
                     break  # on_durable may append (expiries): commit those too
-            write_checkpoint(tlog.journal_directory, self.engine.checkpoint())
+            # Without the queues' snapshots: those recovery just loaded stay valid on their
+            # own (queue_snapshot rule 1), and writing a deep queue's again would delay
+            # the first delivery; the next periodic checkpoint writes them.
+            write_checkpoint(tlog.journal_directory, self.engine.checkpoint(snapshots=False))
             self.journal.save_prefix()  # the next open re-reads what recovery checked in one CRC pass
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task:
