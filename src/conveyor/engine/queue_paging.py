@@ -67,13 +67,18 @@ def encode_page(positions: array, times: array) -> tuple[bytes, int]:
     return data, zlib.crc32(data)
 
 
-def decode_page(data: bytes, count: int, crc: int, where: str) -> tuple[array, array]:
+def check_page(data: bytes, count: int, crc: int, where: str) -> None:
     if len(data) != 16 * count or zlib.crc32(data) != crc:
         raise PageCorrupt(f"page {where} does not match its checksum")
+
+
+def decode_page(data: bytes, count: int, crc: int, where: str) -> tuple[array, array]:
+    check_page(data, count, crc, where)
+    view = memoryview(data)  # no copies of the halves: a deep queue's restart reads many pages
     positions = array("q")
-    positions.frombytes(data[: 8 * count])
+    positions.frombytes(view[: 8 * count])
     times = array("d")
-    times.frombytes(data[8 * count :])
+    times.frombytes(view[8 * count :])
     return positions, times
 
 
