@@ -104,6 +104,7 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.TransferRec("Q1", [101], [5], "west-1", "east-2", [3], [1], [2], proxied=True))
     add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
     add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication
+    add(r.ConsumerReplicatedRec("Q1", "spark", "lease", 7, [101, 101], [5, 6], positions=[40, 48], origin="east-1"))
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()
@@ -195,6 +196,10 @@ def test_every_op_is_decoded(spark, journal):
             continue
         if isinstance(rec, r.TransferRequestRec):
             assert (row.publishers, row.seqs, row.consumer, row.counts) == (rec.publishers, rec.seqs, rec.requester, rec.attempts)
+            continue
+        if isinstance(rec, r.ConsumerReplicatedRec):
+            assert (row.consumer, row.delivery, row.reasons) == (rec.consumer, rec.n, rec.kind)
+            assert (row.publishers, row.seqs, row.positions) == (rec.publishers, rec.seqs, rec.positions)
             continue
         if isinstance(rec, r.TransferRec):
             assert (row.publishers, row.seqs, row.consumer, row.epochs) == (rec.publishers, rec.seqs, rec.owner, rec.epochs)

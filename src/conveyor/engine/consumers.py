@@ -29,6 +29,17 @@ A named consumer ``(queue, name)`` is durable and independent of connections. Ru
    only if it moves ``A``, a claim only if it raises the epoch. Their effect on the
    queue (delivery counts, acks) replays from the queue's recovery point as any queue
    record.
+7. **Replicated queues** (docs/spark.md, "Failover between instances"). The three
+   records of a consumer of a replicated queue travel to the other instances as
+   :class:`~conveyor.records.ConsumerReplicatedRec`, naming messages by identity. An
+   instance that receives one applies it to its copy of the consumer by the rules of
+   6 (the messages mapped to its own positions) and journals it with those positions;
+   it changes nothing in its queue: the lease is the owner's, and the acknowledged
+   messages leave by the queue's own removal record. So a query that fails over finds
+   the same deliveries, acked pointer and epoch there, and every reply (lease, ack,
+   claim...) waits until the sync destinations hold its record
+   (``send_when_persisted``): a delivery the query was told of is never unknown on a
+   sync destination.
 """
 
 from __future__ import annotations
@@ -56,7 +67,8 @@ log = logging.getLogger("conveyor.engine")
 #: Deliveries one fetch may return; the client pages (``read()`` fetches in pages).
 FETCH_DELIVERIES_MAX = 100_000
 
-CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec)
+CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec,
+                    records.ConsumerReplicatedRec)
 
 
 class NamedConsumer:
@@ -171,9 +183,9 @@ class NamedConsumers:
                 result = self._reclaim(cmd, now)
             case _:
                 raise errors.UnknownCommand(f"not a named-consumer command: {type(cmd).__name__}")
-        # Sent once every record so far is durable: a reply never names a delivery a
-        # crash could take back.
-        self._outbox.send_when_durable(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=result))
+        # Sent once every record so far is persisted: a reply never names a delivery a
+        # crash, or a failover to a sync destination, could take back (rules 2 and 7).
+        self._outbox.send_when_persisted(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=result))
 
     def _lease(self, cmd: m.Lease, now: float) -> replies.LeaseReply:
         c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
@@ -386,6 +398,9 @@ class NamedConsumers:
             if pos < since:
                 queue = None  # its effect on the queue is in the snapshot already
         match rec:
+            case records.ConsumerReplicatedRec():
+                self._apply_replicated(rec)  # rule 7: nothing for the queue here
+                return
             case records.ConsumerLeasedRec():
                 if rec.first > c.d + 1:
                     # the records before it are gone (retention with no checkpoint)
@@ -414,6 +429,54 @@ class NamedConsumers:
                     c.epoch, c.token = rec.epoch, rec.token
         if queue is not None and binding.config.target_queue_depth is not None:
             binding.refill(self._journal, upto=pos)
+
+    # --- replicated queues (rule 7) ------------------------------------------------------------
+
+    def replicated(self, rec: records.ConsumerReplicatedRec) -> records.ConsumerReplicatedRec | None:
+        """Apply a consumer's record from another instance; the record to journal here
+        (with this instance's positions), or None when it changes nothing."""
+        binding = self._bindings.get(rec.queue)
+        if binding is None or binding.ownership is None:
+            return None
+        if rec.kind == "lease":
+            c = self._named.get((rec.queue, rec.consumer))
+            if rec.n != (c.d if c is not None else 0) + 1:
+                if c is None or rec.n > c.d + 1:
+                    log.error("consumer %s of queue %s: deliveries from %d arrived from %s, this instance knows "
+                              "up to %d: not recorded (a failover here cannot continue them)",
+                              rec.consumer, rec.queue, rec.n, rec.origin, c.d if c is not None else 0)
+                return None
+            positions = [binding.ownership.position(ident) for ident in zip(rec.publishers, rec.seqs)]
+            if None in positions:
+                log.error("consumer %s of queue %s: deliveries from %d name messages this instance does not hold: "
+                          "not recorded", rec.consumer, rec.queue, rec.n)
+                return None
+            rec = msgspec.structs.replace(rec, positions=positions)
+        return rec if self._apply_replicated(rec) else None
+
+    def _apply_replicated(self, rec: records.ConsumerReplicatedRec) -> bool:
+        """Rule 6's idempotent rules for a :class:`ConsumerReplicatedRec` (with this
+        instance's positions): True when it changed the consumer."""
+        key = (rec.queue, rec.consumer)
+        c = self._named.get(key)
+        if c is None:
+            c = self._named[key] = NamedConsumer(rec.queue, rec.consumer)
+        if rec.kind == "lease":
+            if rec.n != c.d + 1:
+                return False
+            c.positions.extend(rec.positions)
+            c.d += len(rec.positions)
+        elif rec.kind == "ack":
+            through = min(rec.n, c.d)
+            if through <= c.acked:
+                return False
+            del c.positions[: through - c.acked]
+            c.acked = through
+        else:  # claim
+            if rec.n <= c.epoch:
+                return False
+            c.epoch, c.token = rec.n, rec.token
+        return True
 
     def lease_after_restart(self, now: float) -> None:
         """Rule 5: unacked deliveries stay with their consumer for one LeasePeriod."""

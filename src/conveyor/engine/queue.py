@@ -799,8 +799,8 @@ class Queue:
                 key = order_key(priority, position)
             self._lease_to(seat, key, deadline, delivery=False)
             return TakeBack.TAKEN
-        if position in leases.consumed or self.state_of(position) is _INACTIVE:
-            return TakeBack.ELSEWHERE
+        if position in leases.consumed or position in self._elsewhere or self.state_of(position) is _INACTIVE:
+            return TakeBack.ELSEWHERE  # ELSEWHERE: another instance owns it (engine/consumers.py rule 7)
         return TakeBack.DONE
 
     def _lease_to(self, seat: Seat, key: int, deadline: float, *, delivery: bool) -> tuple[int, int]:

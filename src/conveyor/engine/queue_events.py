@@ -113,7 +113,7 @@ class TakeBack(enum.Enum):
 
     RENEWED = "renewed"  # the consumer held the lease: its deadline moved
     TAKEN = "taken"  # it was available: leased again (not counted as a new delivery)
-    ELSEWHERE = "elsewhere"  # leased or delivered to another subscriber, or inactive
+    ELSEWHERE = "elsewhere"  # leased or delivered to another subscriber, inactive, or owned by another instance
     DONE = "done"  # acknowledged or expired
 
 

@@ -35,6 +35,10 @@ it keeps one :class:`OutLink` per configured ``Destination``; as a *destination*
 6. **Queues.** A replicated message never enters a ``Queue`` or ``GroupLocalQueue``
    whose own topic is replicated (those queues follow message ownership); it enters
    every other queue of its topic, which delivers its own copy.
+7. **Named consumers** of a queue that follows ownership (the Spark source's, engine/
+   consumers.py rule 7): their lease, ack and claim records travel with the queue's
+   records, as :class:`~conveyor.records.ConsumerReplicatedRec` naming messages by
+   identity, so that a query can continue on a destination with its position.
 8. **SOW topics.** A publish to a SOW topic travels like any publish (a delta publish
    is journaled merged, so the destination gets the full message) and changes the
    destination's record when durable there. A ``sow_delete`` travels when its topic
@@ -210,6 +214,8 @@ class Replication:
         self.queues = None
         #: The State of the World (engine/state_of_world.py), set by the engine (rule 8).
         self.sow = None
+        #: The named consumers (engine/consumers.py), set by the engine (rule 7).
+        self.consumers = None
         self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
         replicated = _matches_any(tuple(t.name for d in self.links.values() for t in d.dest.topics))
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
@@ -359,7 +365,9 @@ class Replication:
         return p.Batch(through=through, positions=positions, records=payloads)
 
     _REMOVALS = {records.AckedRec: "ack", records.DeliveredRec: "deliver", records.ConsumerAckedRec: "ack"}
-    _QUEUE_RECORDS = (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec)
+    _QUEUE_RECORDS = (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec,
+                      records.ConsumerReplicatedRec)
+    _CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec)
 
     def _queue_record(self, link: OutLink, rec, payload: bytes, pos: int, peer: str,
                       positions: list[int], payloads: list[bytes]) -> None:
@@ -380,6 +388,22 @@ class Replication:
             self._queue_removal(link, rec.queue, [rec.position], "expire", pos, positions, payloads)
         elif t in self._REMOVALS:
             self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[t], pos, positions, payloads)
+        if t in self._CONSUMER_RECORDS:
+            self._consumer_record(rec, pos, positions, payloads)
+
+    def _consumer_record(self, rec, pos: int, positions: list[int], payloads: list[bytes]) -> None:
+        """Rule 7: a named consumer's record, its messages named by identity."""
+        t = type(rec)
+        if t is records.ConsumerLeasedRec:
+            idents = [self.queues.identify(p) for p in rec.positions]
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "lease", rec.first,
+                                                [i[0] for i in idents], [i[1] for i in idents])
+        elif t is records.ConsumerAckedRec:
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "ack", rec.through)
+        else:
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, token=rec.token)
+        positions.append(pos)
+        payloads.append(records.encode(out))
 
     def _sow_delete(self, link: OutLink, rec: records.SowDeletedRec, payload: bytes, pos: int, peer: str,
                     positions: list[int], payloads: list[bytes]) -> None:
@@ -467,6 +491,10 @@ class Replication:
         before = link.records_recorded
         for payload in batch.records:
             rec = records.decode(payload)
+            if type(rec) is records.ConsumerReplicatedRec:
+                link.records_received += 1
+                link.records_recorded += self._record_consumer_record(rec, src)
+                continue
             if type(rec) in self._QUEUE_RECORDS:
                 link.records_received += 1
                 link.records_recorded += self._record_queue_record(rec, src, now)
@@ -513,6 +541,18 @@ class Replication:
         rec = self._arrived(rec, src)
         if rec is not None and self.queues is not None:
             rec = self.queues.received(rec, now)
+        if rec is None:
+            return 0
+        self._journal.append(records.encode(rec))
+        return 1
+
+    def _record_consumer_record(self, rec: records.ConsumerReplicatedRec, src: p.Profile) -> int:
+        """Rule 7: a named consumer's record, journaled with this instance's positions
+        when it changed the consumer here."""
+        rec = self._arrived(rec, src)
+        if rec is None or self.consumers is None:
+            return 0
+        rec = self.consumers.replicated(rec)
         if rec is None:
             return 0
         self._journal.append(records.encode(rec))

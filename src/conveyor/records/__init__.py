@@ -213,6 +213,28 @@ class TransferRec(_Rec, tag=15):
     path: list[str] = []
 
 
+class ConsumerReplicatedRec(_Rec, tag=17):
+    """A named consumer's record of a replicated queue from another instance
+    (docs/spark.md, "Failover between instances"): ``kind`` is ``lease`` (deliveries
+    ``n, n+1, ...`` of the messages ``zip(publishers, seqs)``), ``ack`` (deliveries ``<=
+    n`` acknowledged; the messages' removal travels as a QueueRemovedRec) or ``claim``
+    (epoch ``n``, ``token``). Messages are named by identity; the instance that records
+    it adds their ``positions`` there, so its recovery needs no lookup. It carries
+    where it was first recorded and the instances it passed, like a replicated publish."""
+
+    queue: str
+    consumer: str
+    kind: str
+    n: int
+    publishers: list[int] = []
+    seqs: list[int] = []
+    token: str = ""
+    positions: list[int] = []
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
+
+
 # --- State of the World (docs/sow-and-views.md) -----------------------------------------------
 
 
@@ -240,7 +262,7 @@ class SowDeletedRec(_Rec, tag=16):
 Record = Union[
     PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec,
     ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec, ReceivedRec, QueueRemovedRec, TransferRequestRec,
-    TransferRec, SowDeletedRec,
+    TransferRec, SowDeletedRec, ConsumerReplicatedRec,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -29,6 +29,7 @@ OPS: dict[type, str] = {
     r.TransferRequestRec: "transfer_request",
     r.TransferRec: "transfer",
     r.SowDeletedRec: "sow_delete",
+    r.ConsumerReplicatedRec: "consumer_replicated",
 }
 OP_NAMES: tuple[str, ...] = tuple(OPS.values())
 

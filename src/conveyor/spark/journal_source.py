@@ -294,6 +294,12 @@ CELLS: dict[type, dict[str, Callable]] = {
     r.SowDeletedRec: {"topic": attrgetter("topic"), "positions": attrgetter("positions"),
                       "publishers": _when(bool, attrgetter("publishers")), "seqs": _when(bool, attrgetter("seqs")),
                       "consumer": _when(_positive, attrgetter("origin"))},
+    # a named consumer's record of a replicated queue from another instance: its kind
+    # (lease, ack, claim), delivery number or epoch, and the messages by identity and here
+    r.ConsumerReplicatedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"),
+                              "delivery": attrgetter("n"), "reasons": attrgetter("kind"),
+                              "publishers": _when(bool, attrgetter("publishers")), "seqs": _when(bool, attrgetter("seqs")),
+                              "positions": _when(bool, attrgetter("positions"))},
 }
 
 

@@ -1,0 +1,158 @@
+"""Named consumers of a replicated queue follow it to the other instances
+(engine/consumers.py rule 7, engine/replication.py rule 7; docs/spark.md, "Failover
+between instances").
+
+The Spark source's named consumer is the query's position in a queue: its deliveries
+(d -> message), acknowledged pointer and fencing epoch. On a replicated queue those
+travel with the queue's records, by message identity, so a query whose instance fails
+continues on the other one with the same deliveries, and its exactly-once commits
+(ack_through with the epoch) keep working there. Engines are joined by the simulated
+network of tests/engine/cluster.py, in virtual time.
+"""
+
+from __future__ import annotations
+
+from conveyor.protocol import messages as m
+from conveyor.protocol import replies
+
+from .cluster import Cluster, destination, instance_xml
+from .engine_harness import decode, queue_xml
+
+QUEUE = queue_xml("WorkQ", underlying="Work", LeasePeriod="30s")
+
+
+def cluster(*, sync: bool = True) -> Cluster:
+    """A replicates to B (``sync``: persisted on B before acknowledged), B back to A
+    asynchronously: the survivor B does not wait for A while A is down (a sync
+    destination that is down holds persisted acks and the replies below)."""
+    c = Cluster({"A": instance_xml("A", [destination("B", sync=sync)], sow=QUEUE),
+                 "B": instance_xml("B", [destination("A")], sow=QUEUE)})
+    c.connect_all()
+    return c
+
+
+def publish(c: Cluster, node: str, *values) -> None:
+    h = c.nodes[node]
+    conn = h.connect(f"pub-{node}-{h._next_conn}")
+    for v in values:
+        h.publish(conn, "Work", {"n": v})
+    c.settle()
+
+
+def call(c: Cluster, node: str, conn: int, cmd) -> m.Ack:
+    """One named-consumer command and its reply, the network settled in between."""
+    h = c.nodes[node]
+    h.handle(conn, cmd)
+    c.settle()
+    acks = h.acks(conn)
+    assert acks, f"no reply to {cmd!r}"
+    return acks[-1]
+
+
+def ok(ack: m.Ack):
+    assert ack.status == "success", (ack.code, ack.reason)
+    return ack.result
+
+
+def fetch(c: Cluster, node: str, conn: int, lo: int, hi: int) -> list[int]:
+    h = c.nodes[node]
+    h.handle(conn, m.Fetch(queue="WorkQ", consumer="spark", lo=lo, hi=hi, cid="f"))
+    out = h.take(conn)
+    assert out[-1].result == replies.FetchDone(count=hi - lo), out[-1]
+    return [decode(x)["n"] for x in out[:-1]]
+
+
+def info(c: Cluster, node: str) -> replies.ConsumerInfoReply:
+    h = c.nodes[node]
+    return ok(call(c, node, h.connect(f"info-{node}-{h._next_conn}"), m.ConsumerInfo(queue="WorkQ", consumer="spark")))
+
+
+def queued(c: Cluster, node: str) -> list[int]:
+    h = c.nodes[node]
+    return sorted(decode(x)["n"] for x in h.sow(h.connect(f"viewer-{node}-{h._next_conn}"), "WorkQ"))
+
+
+def test_a_query_continues_on_the_other_instance_with_its_deliveries_position_and_epoch():
+    """The owner A dies with deliveries 3 and 4 leased and not acknowledged: on B the
+    consumer has the same deliveries, acked pointer and epoch; the restarted query claims
+    it there, re-reads (2, 4] (the same messages: B does not own them, so it reports them
+    held elsewhere rather than leasing them to anyone), and its commit acknowledges them
+    on B. When A comes back it learns the acknowledgement and the new epoch: the old query
+    is fenced there, and the messages never come out again."""
+    c = cluster()
+    publish(c, "A", 1, 2, 3, 4, 5, 6)
+    a = c.nodes["A"].connect("driver-1")
+    epoch = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-1"))).epoch
+    assert ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, max=4, ttl=30, epoch=epoch))).d == 4
+    assert fetch(c, "A", a, 0, 4) == [1, 2, 3, 4]
+    ok(call(c, "A", a, m.AckThrough(queue="WorkQ", consumer="spark", d=2, epoch=epoch)))
+    assert info(c, "B") == replies.ConsumerInfoReply(d=4, acked=2, epoch=epoch, unacked=2)
+    assert fetch(c, "B", c.nodes["B"].connect("reader"), 2, 4) == [3, 4]  # the same deliveries
+
+    c.crash("A")
+    b = c.nodes["B"].connect("driver-2")
+    claim = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-2")))
+    assert (claim.epoch, claim.d, claim.acked) == (epoch + 1, 4, 2)
+    again = ok(call(c, "B", b, m.Reclaim(queue="WorkQ", consumer="spark", lo=2, hi=4, ttl=30, epoch=claim.epoch)))
+    assert (again.renewed, again.held_elsewhere, again.done) == (0, 2, 0)
+    assert fetch(c, "B", b, 2, 4) == [3, 4]
+    ok(call(c, "B", b, m.AckThrough(queue="WorkQ", consumer="spark", d=4, epoch=claim.epoch)))
+    assert queued(c, "B") == [5, 6]
+    fresh = ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=4, ttl=30, epoch=claim.epoch)))
+    assert fresh.leased == 0  # 5 and 6 are A's: B delivers them only after a transfer
+
+    c.restart("A")
+    c.connect_all()
+    c.settle()
+    assert queued(c, "A") == [5, 6]
+    assert info(c, "A") == replies.ConsumerInfoReply(d=4, acked=4, epoch=claim.epoch, unacked=0)
+    old = c.nodes["A"].connect("driver-1-again")
+    stale = call(c, "A", old, m.Lease(queue="WorkQ", consumer="spark", after=4, ttl=30, epoch=epoch))
+    assert (stale.status, stale.code) == ("failure", "fenced")
+
+
+def test_a_lease_reply_waits_until_the_sync_destination_holds_the_lease():
+    """Rule 7: "every reply waits until the sync destinations hold its record": a query
+    is never told of a delivery that a failover to a sync destination would not know."""
+    c = cluster()
+    publish(c, "A", 1, 2)
+    h = c.nodes["A"]
+    a = h.connect("driver")
+    h.handle(a, m.Lease(queue="WorkQ", consumer="spark", after=0, ttl=30))
+    h.commit()  # durable on A; B has not acknowledged the record yet
+    assert h.acks(a) == []
+    c.settle()
+    assert h.acks(a)[-1].result.d == 2
+    assert info(c, "B").d == 2
+
+
+def test_the_other_instance_recovers_the_consumer_from_its_own_journal():
+    """The replicated records are journaled where they arrive, with that instance's
+    positions: a restart of B (with or without its checkpoint) keeps the consumer."""
+    c = cluster(sync=False)
+    publish(c, "A", 1, 2, 3)
+    a = c.nodes["A"].connect("driver")
+    ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, ttl=30)))
+    ok(call(c, "A", a, m.AckThrough(queue="WorkQ", consumer="spark", d=1)))
+    for checkpoint in (False, True):
+        c.crash("B")
+        c.nodes["B"].crash(now=c.now, checkpoint=checkpoint)
+        c.down.discard("B")
+        c.connect_all()
+        c.settle()
+        assert info(c, "B") == replies.ConsumerInfoReply(d=3, acked=1, epoch=0, unacked=2)
+        assert fetch(c, "B", c.nodes["B"].connect(f"reader-{checkpoint}"), 1, 3) == [2, 3]
+
+
+def test_a_consumer_of_a_queue_that_is_not_replicated_stays_on_its_instance():
+    """Only queues that follow ownership ship their consumers: a replicated topic's
+    LocalQueue delivers its own copy on each instance, with its own consumers."""
+    local = queue_xml("WorkQ", underlying="Work", tag="LocalQueue")
+    names = ("A", "B")
+    c = Cluster({n: instance_xml(n, [destination(d, topics=("Work",)) for d in names if d != n], sow=local)
+                 for n in names})
+    c.connect_all()
+    publish(c, "A", 1, 2)
+    a = c.nodes["A"].connect("driver")
+    ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, ttl=30)))
+    assert info(c, "B") == replies.ConsumerInfoReply(d=0, acked=0, epoch=0, unacked=0)
