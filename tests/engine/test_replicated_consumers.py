@@ -77,8 +77,9 @@ def test_a_query_continues_on_the_other_instance_with_its_deliveries_position_an
     consumer has the same deliveries, acked pointer and epoch; the restarted query claims
     it there, re-reads (2, 4] (the same messages: B does not own them, so it reports them
     held elsewhere rather than leasing them to anyone), and its commit acknowledges them
-    on B. When A comes back it learns the acknowledgement and the new epoch: the old query
-    is fenced there, and the messages never come out again."""
+    on B. B leases A's other messages only once proxied transfer is on (A is down). When
+    A comes back it learns the acknowledgements, the deliveries and the new epoch: the old
+    query is fenced there, and the messages never come out again."""
     c = cluster()
     publish(c, "A", 1, 2, 3, 4, 5, 6)
     a = c.nodes["A"].connect("driver-1")
@@ -100,12 +101,18 @@ def test_a_query_continues_on_the_other_instance_with_its_deliveries_position_an
     assert queued(c, "B") == [5, 6]
     fresh = ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=4, ttl=30, epoch=claim.epoch)))
     assert fresh.leased == 0  # 5 and 6 are A's: B delivers them only after a transfer
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)  # disaster recovery: A is down
+    fresh = ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=4, max=1, ttl=30, epoch=claim.epoch)))
+    assert (fresh.leased, fresh.d) == (1, 5)  # one claimed for one wanted
+    assert fetch(c, "B", b, 4, 5) == [5]
+    ok(call(c, "B", b, m.AckThrough(queue="WorkQ", consumer="spark", d=5, epoch=claim.epoch)))
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", False)
 
     c.restart("A")
     c.connect_all()
     c.settle()
-    assert queued(c, "A") == [5, 6]
-    assert info(c, "A") == replies.ConsumerInfoReply(d=4, acked=4, epoch=claim.epoch, unacked=0)
+    assert queued(c, "A") == [6]
+    assert info(c, "A") == replies.ConsumerInfoReply(d=5, acked=5, epoch=claim.epoch, unacked=0)
     old = c.nodes["A"].connect("driver-1-again")
     stale = call(c, "A", old, m.Lease(queue="WorkQ", consumer="spark", after=4, ttl=30, epoch=epoch))
     assert (stale.status, stale.code) == ("failure", "fenced")

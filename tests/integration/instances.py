@@ -39,13 +39,15 @@ class Instance:
     """One instance's configuration and process."""
 
     def __init__(self, root: Path, name: str, *, group: str | None = None, queues: str = "",
-                 topics: tuple[str, ...] = (TOPIC,), actions: str = "", admin: bool = False) -> None:
+                 topics: tuple[str, ...] = (TOPIC,), actions: str = "", admin: bool = False,
+                 journaled: tuple[str, ...] = ()) -> None:
         self.name = name
         self.admin_port = free_port() if admin else None  # the admin HTTP interface, if asked for
         self.actions = actions  # an <Actions> element
         self.group = group
         self.queues = queues  # <Queue> elements for the <SOW>
         self.topics = topics  # what each destination replicates
+        self.journaled = journaled  # topics the transaction log records besides Work and dr-control
         self.dir = root / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.repl_port = free_port()
@@ -74,7 +76,9 @@ class Instance:
             f"<InetAddr>127.0.0.1:{self.repl_port}</InetAddr></Transport></Transports>"
             f"<TransactionLog><JournalDirectory>{self.dir / 'journal'}</JournalDirectory>"
             f"<Topic><Name>{TOPIC}</Name><MessageType>json</MessageType></Topic>"
-            "<Topic><Name>dr-control</Name><MessageType>json</MessageType></Topic></TransactionLog>"
+            "<Topic><Name>dr-control</Name><MessageType>json</MessageType></Topic>"
+            + "".join(f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in self.journaled)
+            + "</TransactionLog>"
             f"<SOW>{self.queues}</SOW>{self.actions}{repl}"
             + (f"<Admin><InetAddr>127.0.0.1:{self.admin_port}</InetAddr></Admin>" if self.admin_port else "")
             + "</AMPSConfig>"

@@ -39,12 +39,17 @@ A named consumer ``(queue, name)`` is durable and independent of connections. Ru
    the same deliveries, acked pointer and epoch there, and every reply (lease, ack,
    claim...) waits until the sync destinations hold its record
    (``send_when_persisted``): a delivery the query was told of is never unknown on a
-   sync destination.
+   sync destination. A lease there takes the messages this instance owns and, with
+   proxied transfer on (engine/ownership.py rule 6), those of an owner it cannot
+   reach, by one proxied transfer per lease; a re-offer of a message another instance
+   owns reports it held elsewhere (the query reads it, and its ack removes it
+   everywhere).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from array import array
 from typing import Any
 
@@ -143,6 +148,8 @@ class NamedConsumers:
         self._cache = cache
         self._outbox = outbox
         self._named: dict[tuple[str, str], NamedConsumer] = {}
+        #: The replicated queues (engine/ownership.py), set by the engine (rule 7).
+        self.replicated_queues = None
 
     def __len__(self) -> int:
         return len(self._named)
@@ -201,6 +208,12 @@ class NamedConsumers:
             c.reoffered += hi - cmd.after
             return replies.LeaseReply(d=hi, leased=0, reoffered=hi - cmd.after, D=c.d, **counts)
         deliveries = queue.lease_next(self._seat(c), cmd.max or None, now, deadline, cmd.upto)
+        if (self.replicated_queues is not None and self._bindings.by_name[c.queue].ownership is not None
+                and (not cmd.max or len(deliveries) < cmd.max)):
+            # rule 7: with proxied transfer on, the messages of an unreachable owner too
+            more = cmd.max - len(deliveries) if cmd.max else None
+            self.replicated_queues.claim_for_lease(c.queue, more, math.inf if cmd.upto is None else cmd.upto, now)
+            deliveries += queue.lease_next(self._seat(c), more, now, deadline, cmd.upto)
         if deliveries:
             positions = [x.position for x in deliveries]
             rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries])

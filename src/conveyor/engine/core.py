@@ -174,6 +174,7 @@ class Engine:
         self.replication.queues = self.replicated_queues if self.replicated_queues else None
         self.replication.sow = self.sow
         self.replication.consumers = self.named
+        self.named.replicated_queues = self.replicated_queues if self.replicated_queues else None
         self._publish_actions = PublishActions(config.actions)
         self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
                                   self.replication, sow=self.sow)

@@ -268,6 +268,25 @@ class QueueOwnership:
                                              attempts)
         return ask, (self._transfer(claims, self.instance, proxied=True) if claims else None)
 
+    def claim_unreachable(self, n: int | None, upto: float, reachable: Callable[[str], bool]
+                          ) -> records.TransferRec | None:
+        """Rule 6 for a named consumer's lease (engine/consumers.py rule 7): up to ``n``
+        (None: every) messages below ``upto`` whose owner is unreachable, oldest first,
+        taken by one proxied transfer; None when proxied transfer is off or there are
+        none."""
+        if not self.proxied or not self.queue.elsewhere_count():
+            return None
+        claims: list[tuple[Ident, int]] = []
+        for position, owner, _arrived in self.queue.elsewhere():
+            if n is not None and len(claims) >= n:
+                break
+            if position >= upto or reachable(owner):
+                continue
+            ident = self._idents.get(position)
+            if ident is not None:
+                claims.append((ident, position))
+        return self._transfer(claims, self.instance, proxied=True) if claims else None
+
     def request(self, rec: records.TransferRequestRec, now: float, reachable: Callable[[str], bool]
                 ) -> tuple[list[records.TransferRec], list[int]]:
         """Rule 5 (and 6 for an unreachable owner): the grants to journal (at most two:
@@ -478,6 +497,16 @@ class ReplicatedQueues:
                 log.warning("queue %s: proxied transfer: taking %d message(s) whose owner is unreachable",
                             own.name, len(claim.seqs))
                 self._journal_transfer(own, claim, now)
+
+    def claim_for_lease(self, queue: str, n: int | None, upto: float, now: float) -> None:
+        """Rule 6 for a named consumer's lease: take the messages of an unreachable owner
+        it could lease now (proxied transfer on only)."""
+        own = self.by_queue.get(queue)
+        claim = own.claim_unreachable(n, upto, self._reachable) if own is not None else None
+        if claim is not None:
+            log.warning("queue %s: proxied transfer: taking %d message(s) whose owner is unreachable for a named "
+                        "consumer's lease", queue, len(claim.seqs))
+            self._journal_transfer(own, claim, now)
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has requests to make that no command will prompt: a message

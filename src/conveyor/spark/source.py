@@ -239,7 +239,8 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return []
             got = self._guard(lambda: rpc.reclaim(o.queue, o.consumer, lo, hi, o.lease_seconds, epoch))
             if got.held_elsewhere:
-                log.warning("deliveries %s..%s: %s are leased to another consumer", lo, hi, got.held_elsewhere)
+                log.warning("deliveries %s..%s: %s are held elsewhere (leased to another consumer, or owned by "
+                            "another instance after a failover): read as they are", lo, hi, got.held_elsewhere)
         self._start_heartbeat()
         n = min(int(end.get("np", o.num_partitions)), hi - lo)  # rule 3
         size, extra = divmod(hi - lo, n)
