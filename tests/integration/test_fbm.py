@@ -92,3 +92,29 @@ def test_a_priority_queue_replays_the_journal(server_factory, tmp_path):
     got, scanned = run(server_factory, tmp_path / "priority", fbm=False, priority=True)
     assert sorted(got) == list(range(N + 10))
     assert scanned > N - 1000  # from the oldest unacknowledged message
+
+
+def test_a_start_removes_temporaries_a_crash_left_and_keeps_the_files(server_factory, tmp_path):
+    """A crash in the middle of a checkpoint or snapshot write leaves its temporary file
+    (``<name>.<pid>.<thread>.tmp``); the next start removes them, says so, and recovers
+    from the files they were meant to replace."""
+    server = server_factory(queues=queue(fbm=False), recorded="jobs")
+    journal = server.config.parent / "journal"
+    with Client("p").connect(server.uri) as client:
+        for n in range(100):
+            client.publish("jobs", {"n": n})
+        client.flush()
+    server.kill()
+    leftovers = [journal / "queues.ack.4242.1399.tmp", journal / "queues" / "Jobs.snap.4242.1399.tmp"]
+    (journal / "queues").mkdir(exist_ok=True)
+    for path in leftovers:
+        path.write_bytes(b"half a checkpoint")
+    kept = journal / "notes.tmp"  # not a name write_atomic gives: not ours to remove
+    kept.write_bytes(b"x")
+    server.restart()
+    server.wait_log("recovered")
+    assert not any(path.exists() for path in leftovers) and kept.exists()
+    assert "removed 1 temporary file(s) left by an interrupted write: queues.ack.4242.1399.tmp" in server.log
+    assert "Jobs.snap.4242.1399.tmp" in server.log
+    with Client("c").connect(server.uri) as client:
+        assert sorted(take(client)) == list(range(100))

@@ -12,14 +12,20 @@ caller chose is visible at the call site instead of hidden in five hand-written 
   back to the full work (verified sidecars, segment summaries). Costs no disk flush.
 
 Either way a reader never sees a half-written file under ``path`` while the process
-runs (the rename is atomic), and a failed write leaves no temporary file behind.
+runs (the rename is atomic), and a failed write leaves no temporary file behind. A
+crash in the middle of a write can leave one (``<name>.<pid>.<thread>.tmp``), which
+nothing reads: :func:`remove_temporaries` clears them when the server starts, so a
+crash loop does not fill the disk with them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
+
+_TEMPORARY = re.compile(r"\.\d+\.\d+\.tmp$")  # the name write_atomic gives its temporary file
 
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
@@ -59,3 +65,22 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool, mo
         raise
     if durable:
         fsync_directory(path.parent)
+
+
+def remove_temporaries(directory: str | os.PathLike[str]) -> list[str]:
+    """Remove the temporary files of writes that a crash cut short from ``directory``
+    (not its subdirectories); return their names. Call it before any writer starts:
+    a temporary is never read, its target file is either the old or the new content."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if _TEMPORARY.search(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            removed.append(entry.name)
+    return sorted(removed)

@@ -80,7 +80,8 @@ from conveyor.protocol.codec import Rejected, encode_frames
 from conveyor.protocol.options import parse_options
 from conveyor.records.facts import describe_record
 from conveyor.protocol import replication as p_repl
-from conveyor.server.checkpoints import journal_id, page_files, read_checkpoint, with_snapshots, write_checkpoint
+from conveyor.journal.files import remove_temporaries
+from conveyor.server.checkpoints import PAGES_DIRECTORY, journal_id, page_files, read_checkpoint, with_snapshots, write_checkpoint
 from conveyor.engine.entitlements import Entitlements, Permission
 from conveyor.security.authenticator import Authenticator, basic_credentials
 from conveyor.security.tls import ServerTls, peer_user
@@ -185,6 +186,13 @@ class Server:
             directory = tlog.journal_directory.resolve()
             fresh = not directory.is_dir() or not any(directory.glob("*.log"))
             self.journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
+            # With the directory locked and before any writer starts: the temporaries of
+            # checkpoint, snapshot and sidecar writes that a crash cut short.
+            for folder in (directory, directory / PAGES_DIRECTORY):
+                removed = remove_temporaries(folder)
+                if removed:
+                    log.warning("journal %s: removed %d temporary file(s) left by an interrupted write: %s",
+                                folder, len(removed), ", ".join(removed[:5]) + (" ..." if len(removed) > 5 else ""))
             if fresh:
                 log.info("journal %s: created a new, empty journal", directory)
             else:
