@@ -163,3 +163,96 @@ def test_a_consumer_of_a_queue_that_is_not_replicated_stays_on_its_instance():
     a = c.nodes["A"].connect("driver")
     ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, ttl=30)))
     assert info(c, "B") == replies.ConsumerInfoReply(d=0, acked=0, epoch=0, unacked=0)
+
+
+def test_a_claim_cuts_off_the_deliveries_its_claimer_never_saw():
+    """Rule 8: with A replicating asynchronously, A leases deliveries 3 and 4 and dies
+    before they reach B. The query claims the consumer on B, which knows deliveries up
+    to 2: its next lease numbers other messages 3, 4, 5. When A comes back, B's claim
+    (epoch 2, "I knew up to 2") cuts A's own 3 and 4 off, B's deliveries follow, and A's
+    old lease, arriving at B late, changes nothing there: both copies name the same
+    messages for the same deliveries."""
+    c = cluster(sync=False)
+    publish(c, "A", 1, 2, 3, 4, 5, 6)
+    a = c.nodes["A"].connect("driver-1")
+    epoch = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-1"))).epoch
+    ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, max=2, ttl=30, epoch=epoch)))
+    c.cut("A", "B")  # A's next records stay on A
+    h = c.nodes["A"]
+    h.handle(a, m.Lease(queue="WorkQ", consumer="spark", after=2, max=2, ttl=30, epoch=epoch))
+    h.commit()
+    assert h.acks(a)[-1].result.d == 4  # async: told without B
+    c.crash("A")
+
+    b = c.nodes["B"].connect("driver-2")
+    claim = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-2")))
+    assert (claim.epoch, claim.d, claim.acked) == (epoch + 1, 2, 0)
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    lease = ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=2, max=3, ttl=30, epoch=claim.epoch)))
+    assert lease.d == 5
+    on_b = fetch(c, "B", b, 0, 5)
+    assert sorted(on_b) == [1, 2, 3, 4, 5]
+
+    c.restart("A")
+    c.connect_all()
+    c.settle()
+    assert info(c, "A") == info(c, "B") == replies.ConsumerInfoReply(d=5, acked=0, epoch=claim.epoch, unacked=5)
+    assert fetch(c, "A", c.nodes["A"].connect("reader"), 0, 5) == on_b
+    ok(call(c, "B", b, m.AckThrough(queue="WorkQ", consumer="spark", d=5, epoch=claim.epoch)))
+    assert info(c, "A") == info(c, "B") == replies.ConsumerInfoReply(d=5, acked=5, epoch=claim.epoch, unacked=0)
+    assert queued(c, "A") == queued(c, "B") == [6]
+    # and a restart of either replays the same decisions from its journal
+    for node in ("A", "B"):
+        c.crash(node)
+        c.restart(node)
+    c.connect_all()
+    c.settle()
+    assert info(c, "A") == info(c, "B") == replies.ConsumerInfoReply(d=5, acked=5, epoch=claim.epoch, unacked=0)
+
+
+def test_an_old_epoch_ack_counts_only_for_deliveries_the_claimer_knew():
+    """Rule 8: A's query acknowledges through 4 while B knows deliveries up to 2 only;
+    B's claim cuts 3 and 4 off, so A's late ack moves B's pointer to 2, not into the
+    deliveries B numbered since."""
+    c = cluster(sync=False)
+    publish(c, "A", 1, 2, 3, 4, 5, 6)
+    a = c.nodes["A"].connect("driver-1")
+    epoch = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-1"))).epoch
+    ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, max=2, ttl=30, epoch=epoch)))
+    c.cut("A", "B")
+    h = c.nodes["A"]
+    h.handle(a, m.Lease(queue="WorkQ", consumer="spark", after=2, max=2, ttl=30, epoch=epoch),
+             m.AckThrough(queue="WorkQ", consumer="spark", d=4, epoch=epoch))
+    h.commit()
+    c.crash("A")
+    b = c.nodes["B"].connect("driver-2")
+    claim = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-2")))
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    assert ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=2, max=1, ttl=30,
+                                      epoch=claim.epoch))).d == 3
+    c.restart("A")
+    c.connect_all()
+    c.settle()
+    assert info(c, "B") == info(c, "A") == replies.ConsumerInfoReply(d=3, acked=2, epoch=claim.epoch, unacked=1)
+
+
+def test_the_checkpoint_file_keeps_what_a_claim_knew(tmp_path):
+    """Rule 8 needs ``claim_d`` after a restart from a checkpoint: the consumers file
+    keeps it, and a file written before it was kept reads as "everything known"."""
+    import msgspec
+
+    from conveyor.engine.consumers import NamedConsumer
+    from conveyor.server.checkpoints import CONSUMERS_FILE, read_consumers, write_consumers
+
+    c = NamedConsumer("WorkQ", "spark")
+    c.d, c.acked, c.epoch, c.claim_d, c.token = 9, 4, 3, 7, "t"
+    c.positions.extend([10, 11, 12, 13, 14])
+    write_consumers(tmp_path, 100, {"WorkQ": {"spark": c.export_state()}})
+    back = NamedConsumer.from_state("WorkQ", "spark", read_consumers(tmp_path, durable_end=200)["WorkQ"]["spark"])
+    assert (back.d, back.acked, back.epoch, back.claim_d, list(back.positions)) == (9, 4, 3, 7, [10, 11, 12, 13, 14])
+    path = tmp_path / CONSUMERS_FILE
+    old = msgspec.json.decode(path.read_bytes())
+    del old["consumers"]["WorkQ"]["spark"]["claim_d"]
+    path.write_bytes(msgspec.json.encode(old))
+    back = NamedConsumer.from_state("WorkQ", "spark", read_consumers(tmp_path, durable_end=200)["WorkQ"]["spark"])
+    assert back.claim_d == 9

@@ -87,11 +87,11 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
                 elif extra == 4:
                     add(r.BarrierRec(queue, batch[9:10]))
                 elif extra == 5:
-                    add(r.ConsumerClaimedRec(queue, f"spark{phase}", 3 + phase, "token"))
+                    add(r.ConsumerClaimedRec(queue, f"spark{phase}", 3 + phase, "token", d=n if phase else -1))
                 elif extra == 6:
-                    add(r.ConsumerLeasedRec(queue, f"spark{phase}", 1 + n, batch[5:8], [1, 2, 1]))
+                    add(r.ConsumerLeasedRec(queue, f"spark{phase}", 1 + n, batch[5:8], [1, 2, 1], epoch=phase))
                 else:
-                    add(r.ConsumerAckedRec(queue, f"spark{phase}", 1 + n, batch[5:8]))
+                    add(r.ConsumerAckedRec(queue, f"spark{phase}", 1 + n, batch[5:8], epoch=phase))
     # Publishes with the optional fields: a dead letter, a transaction, a fingerprint.
     add(r.PublishRec("dead", 404, 1, T0 + i, b"dl", "corr-1", expired_queue="Q3",
                      expired_position=written[-3][0], expired_reasons="ttl"))
@@ -104,7 +104,9 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.TransferRec("Q1", [101], [5], "west-1", "east-2", [3], [1], [2], proxied=True))
     add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
     add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication
-    add(r.ConsumerReplicatedRec("Q1", "spark", "lease", 7, [101, 101], [5, 6], positions=[40, 48], origin="east-1"))
+    add(r.ConsumerReplicatedRec("Q1", "spark", "lease", 7, [101, 101], [5, 6], positions=[40, 48], origin="east-1",
+                                epoch=2))
+    add(r.ConsumerReplicatedRec("Q1", "spark", "claim", 3, token="t", origin="east-1", through=8))
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()
@@ -198,8 +200,11 @@ def test_every_op_is_decoded(spark, journal):
             assert (row.publishers, row.seqs, row.consumer, row.counts) == (rec.publishers, rec.seqs, rec.requester, rec.attempts)
             continue
         if isinstance(rec, r.ConsumerReplicatedRec):
-            assert (row.consumer, row.delivery, row.reasons) == (rec.consumer, rec.n, rec.kind)
-            assert (row.publishers, row.seqs, row.positions) == (rec.publishers, rec.seqs, rec.positions)
+            claim = rec.kind == "claim"
+            assert (row.consumer, row.reasons) == (rec.consumer, rec.kind)
+            assert (row.delivery, row.epoch) == ((rec.through, rec.n) if claim else (rec.n, rec.epoch or None))
+            assert (row.publishers, row.seqs, row.positions) == (
+                (None, None, None) if claim else (rec.publishers, rec.seqs, rec.positions))
             continue
         if isinstance(rec, r.TransferRec):
             assert (row.publishers, row.seqs, row.consumer, row.epochs) == (rec.publishers, rec.seqs, rec.owner, rec.epochs)
@@ -209,14 +214,15 @@ def test_every_op_is_decoded(spark, journal):
             assert (row.positions, row.reasons) == ([rec.position], rec.reasons)
         elif isinstance(rec, r.ConsumerClaimedRec):
             assert (row.consumer, row.epoch, row.positions) == (rec.consumer, rec.epoch, None)
+            assert row.delivery == (rec.d if rec.d >= 0 else None)
         else:
             assert row.positions == rec.positions
         if isinstance(rec, (r.LeasedRec, r.ConsumerLeasedRec)):
             assert row.counts == rec.counts
         if isinstance(rec, r.ConsumerLeasedRec):
-            assert (row.consumer, row.delivery) == (rec.consumer, rec.first)
+            assert (row.consumer, row.delivery, row.epoch) == (rec.consumer, rec.first, rec.epoch or None)
         if isinstance(rec, r.ConsumerAckedRec):
-            assert (row.consumer, row.delivery) == (rec.consumer, rec.through)
+            assert (row.consumer, row.delivery, row.epoch) == (rec.consumer, rec.through, rec.epoch or None)
     assert {"dead", "txn"} <= {row.topic for row in rows.values()}
 
 

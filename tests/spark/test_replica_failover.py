@@ -3,7 +3,8 @@ instances"): two real instances, A replicating the queue's topic and the sink's 
 B synchronously and B back to A asynchronously, a local SparkSession whose source and
 sink are given both (``server=A,B``). A is SIGKILLed while the query runs; the query
 continues on B, or fails and is restarted there, with its named consumer's deliveries,
-acked pointer and epoch, and the exactly-once commits of the transactional sink."""
+acked pointer and epoch, and the exactly-once commits of the transactional sink. Then A
+comes back and the query fails back to it."""
 
 from __future__ import annotations
 
@@ -80,3 +81,19 @@ def test_the_query_continues_on_the_replica_exactly_once(spark, instances, tmp_p
     assert restarted.exception() is None
     assert consumer_info(b.uri, "etl").acked == TOTAL
     assert_exactly_once(read_topic(b.uri, "out", TOTAL), range(TOTAL))
+
+    # Failing back: the operator switches proxied transfer off on B and A comes back. A
+    # learns B's claims, deliveries and acknowledgements (its copy of the consumer cuts
+    # off nothing B knew, and ends where B's ends); a query run against A first then
+    # takes what is published on A next, and every message is in the sink once.
+    url = f"http://127.0.0.1:{b.admin_port}/amps/administrator/queues/In/disable_proxied_transfer"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert json.loads(resp.read())["done"] is True
+    a.start()
+    _wait(lambda: consumer_info(a.uri, "etl") == consumer_info(b.uri, "etl"), timeout=60)
+    publish_numbers(a.uri, TOTAL, 30, name="numbers-after")
+    back = pipeline.start(spark, uri=f"{a.uri},{b.uri}", consumer="etl", checkpoint=checkpoint, max_records=50)
+    back.awaitTermination(PATIENCE_S)
+    assert back.exception() is None
+    _wait(lambda: consumer_info(a.uri, "etl").acked == consumer_info(b.uri, "etl").acked, timeout=60)
+    assert_exactly_once(read_topic(a.uri, "out", TOTAL + 30), range(TOTAL + 30))

@@ -43,7 +43,26 @@ A named consumer ``(queue, name)`` is durable and independent of connections. Ru
    proxied transfer on (engine/ownership.py rule 6), those of an owner it cannot
    reach, by one proxied transfer per lease; a re-offer of a message another instance
    owns reports it held elsewhere (the query reads it, and its ack removes it
-   everywhere).
+   everywhere). Such a lease never takes, by proxied transfer, a message that is an
+   unacknowledged delivery of a named consumer here: the owner leased it, and a new
+   delivery number would give it out twice.
+8. **Claims fence branches across instances.** With an asynchronous link, an instance
+   can die with deliveries or acks its peer never received, and the query claims the
+   consumer on the peer, which numbers its next deliveries from what it knew. So every
+   lease and ack record carries the epoch it was made under, and a claim records the
+   deliveries its claimer knew (``d``). An instance that receives a claim of a higher
+   epoch adopts it and cuts off its own deliveries beyond the claimer's ``d`` (and an
+   acknowledged pointer beyond it: those acks were of a branch the claimer never saw);
+   afterwards a lease of an older epoch beyond that ``d`` is ignored, and an ack of an
+   older epoch counts only up to it. A replicated lease naming a message that was
+   acknowledged here first is kept as a delivery whose message is gone here (``GONE``):
+   the numbering stays the same everywhere, re-offers report it done, and a fetch of it
+   is refused with ``bad_delivery_range`` (read it on the instance that made it, or
+   acknowledge past it). Known limit: two instances that claim the same epoch number
+   without having seen each other's claim keep diverging copies until the next claim.
+   Recovery replays the same decisions from the journal; records below the
+   checkpoint's position are not applied to a restored consumer again (cut-offs make
+   them not idempotent).
 """
 
 from __future__ import annotations
@@ -51,6 +70,7 @@ from __future__ import annotations
 import logging
 import math
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -72,6 +92,9 @@ log = logging.getLogger("conveyor.engine")
 #: Deliveries one fetch may return; the client pages (``read()`` fetches in pages).
 FETCH_DELIVERIES_MAX = 100_000
 
+#: The position of a delivery whose message this instance no longer finds (rule 8).
+GONE = -1
+
 CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec,
                     records.ConsumerReplicatedRec)
 
@@ -79,7 +102,7 @@ CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records
 class NamedConsumer:
     """The durable state of one named consumer (rule 1) and a few counters."""
 
-    __slots__ = ("queue", "name", "d", "acked", "epoch", "token", "positions", "consumer",
+    __slots__ = ("queue", "name", "d", "acked", "epoch", "claim_d", "token", "positions", "consumer",
                  "leased", "reoffered", "taken_back", "expired_leases")
 
     def __init__(self, queue: str, name: str) -> None:
@@ -88,6 +111,7 @@ class NamedConsumer:
         self.d = 0  # D: the last delivery number
         self.acked = 0  # A: every delivery <= A is acknowledged
         self.epoch = 0  # 0: never claimed (no fencing)
+        self.claim_d = 0  # D when the current epoch was claimed (rule 8)
         self.token = ""
         self.positions = array("q")  # positions[i]: message of delivery A + 1 + i
         self.consumer = None  # the queue's Consumer, made on first live use
@@ -101,7 +125,7 @@ class NamedConsumer:
 
     def export_state(self) -> dict:
         """What the checkpoint keeps (rule 6)."""
-        return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "token": self.token,
+        return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "claim_d": self.claim_d, "token": self.token,
                 "positions": list(self.positions)}
 
     @classmethod
@@ -109,6 +133,8 @@ class NamedConsumer:
         c = cls(queue, name)
         c.d, c.acked, c.epoch, c.token = state["d"], state["acked"], state["epoch"], state.get("token", "")
         c.positions = array("q", state["positions"])
+        claim_d = state.get("claim_d", -1)
+        c.claim_d = c.d if claim_d < 0 else claim_d  # older checkpoints: everything known was the claimer's
         return c
 
     def statistics(self) -> NamedConsumerStats:
@@ -148,6 +174,7 @@ class NamedConsumers:
         self._cache = cache
         self._outbox = outbox
         self._named: dict[tuple[str, str], NamedConsumer] = {}
+        self._restored_below = 0  # records below it are in the restored consumers' state (replay)
         #: The replicated queues (engine/ownership.py), set by the engine (rule 7).
         self.replicated_queues = None
 
@@ -175,7 +202,9 @@ class NamedConsumers:
                 c = self._state(cmd.queue, cmd.consumer)
                 c.epoch += 1
                 c.token = cmd.token
-                self._journal.append(records.encode(records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token)))
+                c.claim_d = c.d
+                self._journal.append(records.encode(records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token,
+                                                                               c.d)))
                 result = replies.ClaimReply(epoch=c.epoch, d=c.d, acked=c.acked)
             case m.Lease():
                 result = self._lease(cmd, now)
@@ -212,11 +241,16 @@ class NamedConsumers:
                 and (not cmd.max or len(deliveries) < cmd.max)):
             # rule 7: with proxied transfer on, the messages of an unreachable owner too
             more = cmd.max - len(deliveries) if cmd.max else None
-            self.replicated_queues.claim_for_lease(c.queue, more, math.inf if cmd.upto is None else cmd.upto, now)
+            # not the messages of deliveries still unacknowledged (leased on the owner
+            # before it went away): a new delivery number would give them out twice
+            held = {p for o in self._named.values() if o.queue == c.queue for p in o.positions}
+            self.replicated_queues.claim_for_lease(c.queue, more, math.inf if cmd.upto is None else cmd.upto, now,
+                                                   held)
             deliveries += queue.lease_next(self._seat(c), more, now, deadline, cmd.upto)
         if deliveries:
             positions = [x.position for x in deliveries]
-            rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries])
+            rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries],
+                                            c.epoch)
             self._journal.append(records.encode(rec))
             c.positions.extend(positions)
             c.d += len(positions)
@@ -243,6 +277,9 @@ class NamedConsumers:
         counts = dict.fromkeys(_TAKE_BACK_COUNTERS.values(), 0)
         for d in range(lo + 1, hi + 1):
             p = c.position(d)
+            if p == GONE:
+                counts["done"] += 1
+                continue
             outcome = binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
             counts[_TAKE_BACK_COUNTERS[outcome]] += 1
         c.taken_back += counts["taken"]
@@ -259,9 +296,10 @@ class NamedConsumers:
             return replies.AckThroughReply(acked=c.acked)  # idempotent
         binding = self._bindings.by_name[c.queue]
         n = cmd.d - c.acked
-        result = binding.queue.acknowledge(c.positions[:n], by=None, option=AckOption.NONE, now=now)
+        result = binding.queue.acknowledge([p for p in c.positions[:n] if p != GONE], by=None,
+                                           option=AckOption.NONE, now=now)
         removed = [e.position for e in result.events if type(e) is Acknowledged]
-        self._journal.append(records.encode(records.ConsumerAckedRec(c.queue, c.name, cmd.d, removed)))
+        self._journal.append(records.encode(records.ConsumerAckedRec(c.queue, c.name, cmd.d, removed, c.epoch)))
         del c.positions[:n]
         c.acked = cmd.d
         self._delivery.mark(binding)
@@ -279,6 +317,14 @@ class NamedConsumers:
                 f"fetch ({cmd.lo}, {cmd.hi}]: at most {FETCH_DELIVERIES_MAX} deliveries per fetch; page it",
                 lo=cmd.lo, hi=cmd.hi,
             )
+        if GONE in c.positions:
+            gone = [d for d in range(cmd.lo + 1, cmd.hi + 1) if c.position(d) == GONE]
+            if gone:
+                raise errors.BadDeliveryRange(
+                    f"fetch ({cmd.lo}, {cmd.hi}]: the message of delivery {gone[0]} was acknowledged on this "
+                    "instance before the delivery arrived from the instance that made it: read the range there, "
+                    "or acknowledge past it", lo=cmd.lo, hi=cmd.hi,
+                )
         out = []
         for d in range(cmd.lo + 1, cmd.hi + 1):
             p = c.position(d)
@@ -388,10 +434,13 @@ class NamedConsumers:
 
     def floor(self) -> int | None:
         """The lowest position an unacked delivery needs (fetch reads it from the log)."""
-        lows = [min(c.positions) for c in self._named.values() if c.positions]
+        lows = [min(p for p in c.positions if p != GONE) for c in self._named.values()
+                if c.positions and any(p != GONE for p in c.positions)]
         return min(lows) if lows else None
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, position: int = 0) -> None:
+        """The checkpoint's consumers, whose state holds every record below ``position``."""
+        self._restored_below = position
         for queue, consumers in state.items():
             for name, s in consumers.items():
                 self._named[(queue, name)] = NamedConsumer.from_state(queue, name, s)
@@ -400,20 +449,37 @@ class NamedConsumers:
         """Rule 6: the consumer's own state, then the record's effect on the queue.
         ``point``: the queue's recovery point; ``since``: the events_from of a restored
         FileBackedMetadata snapshot (None: no snapshot)."""
+        if pos >= self._restored_below:
+            # Below it, the checkpoint's consumer state holds the record already; applying
+            # it again is not idempotent once a replicated claim cut deliveries off (rule 8).
+            self._replay_state(rec)
+        binding = self._bindings.get(rec.queue)
+        if binding is None or type(rec) is records.ConsumerReplicatedRec:
+            return  # rule 7: a replicated record changes nothing in the queue here
+        queue = binding.queue
+        if since is not None:
+            if pos < since:
+                return  # its effect on the queue is in the snapshot already
+            point = 0
+        if type(rec) is records.ConsumerLeasedRec:
+            for p, count in zip(rec.positions, rec.counts):
+                if p >= point:
+                    queue.replay_delivered(p, now, count=count)
+        elif type(rec) is records.ConsumerAckedRec:
+            for p in rec.positions:
+                if p >= point:
+                    queue.replay_acknowledged(p)
+        if binding.config.target_queue_depth is not None:
+            binding.refill(self._journal, upto=pos)
+
+    def _replay_state(self, rec) -> None:
         key = (rec.queue, rec.consumer)
         c = self._named.get(key)
         if c is None:
             c = self._named[key] = NamedConsumer(rec.queue, rec.consumer)
-        binding = self._bindings.get(rec.queue)
-        queue = binding.queue if binding is not None else None
-        if since is not None:
-            point = 0
-            if pos < since:
-                queue = None  # its effect on the queue is in the snapshot already
         match rec:
             case records.ConsumerReplicatedRec():
-                self._apply_replicated(rec)  # rule 7: nothing for the queue here
-                return
+                self._apply_replicated(rec)
             case records.ConsumerLeasedRec():
                 if rec.first > c.d + 1:
                     # the records before it are gone (retention with no checkpoint)
@@ -424,63 +490,76 @@ class NamedConsumers:
                 if rec.first == c.d + 1:
                     c.positions.extend(rec.positions)
                     c.d += len(rec.positions)
-                if queue is not None:
-                    for p, count in zip(rec.positions, rec.counts):
-                        if p >= point:
-                            queue.replay_delivered(p, now, count=count)
             case records.ConsumerAckedRec():
                 if rec.through > c.acked:
                     del c.positions[: max(0, min(rec.through, c.d) - c.acked)]
                     c.acked = rec.through
                     c.d = max(c.d, rec.through)
-                if queue is not None:
-                    for p in rec.positions:
-                        if p >= point:
-                            queue.replay_acknowledged(p)
             case records.ConsumerClaimedRec():
                 if rec.epoch > c.epoch:
                     c.epoch, c.token = rec.epoch, rec.token
-        if queue is not None and binding.config.target_queue_depth is not None:
-            binding.refill(self._journal, upto=pos)
+                    c.claim_d = rec.d if rec.d >= 0 else c.d
 
     # --- replicated queues (rule 7) ------------------------------------------------------------
 
-    def replicated(self, rec: records.ConsumerReplicatedRec) -> records.ConsumerReplicatedRec | None:
+    def replicated(self, rec: records.ConsumerReplicatedRec,
+                   pending: Callable[[int, int], int | None] | None = None) -> records.ConsumerReplicatedRec | None:
         """Apply a consumer's record from another instance; the record to journal here
-        (with this instance's positions), or None when it changes nothing."""
+        (with this instance's positions), or None when it changes nothing. ``pending``:
+        the position of a publish journaled here but not applied yet (the same batch)."""
         binding = self._bindings.get(rec.queue)
         if binding is None or binding.ownership is None:
             return None
         if rec.kind == "lease":
             c = self._named.get((rec.queue, rec.consumer))
+            if c is not None and self._fenced_out(c, rec):
+                return None
             if rec.n != (c.d if c is not None else 0) + 1:
                 if c is None or rec.n > c.d + 1:
                     log.error("consumer %s of queue %s: deliveries from %d arrived from %s, this instance knows "
                               "up to %d: not recorded (a failover here cannot continue them)",
                               rec.consumer, rec.queue, rec.n, rec.origin, c.d if c is not None else 0)
                 return None
-            positions = [binding.ownership.position(ident) for ident in zip(rec.publishers, rec.seqs)]
-            if None in positions:
-                log.error("consumer %s of queue %s: deliveries from %d name messages this instance does not hold: "
-                          "not recorded", rec.consumer, rec.queue, rec.n)
-                return None
+            own = binding.ownership
+            positions = []
+            for ident in zip(rec.publishers, rec.seqs):
+                p = own.position_recorded(ident)
+                if p is None and pending is not None:
+                    p = pending(*ident)
+                if p is None:
+                    # Acknowledged here long ago (rule 8: a failover after an acknowledgement
+                    # that had not reached the claimer): keep the numbering, mark the hole.
+                    log.warning("consumer %s of queue %s: delivery %d from %s names a message acknowledged here "
+                                "before: recorded as gone (it cannot be read again on this instance)",
+                                rec.consumer, rec.queue, rec.n + len(positions), rec.origin)
+                    p = GONE
+                positions.append(p)
             rec = msgspec.structs.replace(rec, positions=positions)
         return rec if self._apply_replicated(rec) else None
 
+    @staticmethod
+    def _fenced_out(c: NamedConsumer, rec: records.ConsumerReplicatedRec) -> bool:
+        """Rule 8: a lease made under an older epoch than this copy's, of deliveries the
+        claimer of the current epoch did not know: a branch the claim cut off."""
+        return rec.epoch < c.epoch and rec.n > c.claim_d
+
     def _apply_replicated(self, rec: records.ConsumerReplicatedRec) -> bool:
-        """Rule 6's idempotent rules for a :class:`ConsumerReplicatedRec` (with this
-        instance's positions): True when it changed the consumer."""
+        """Rules 6 and 8 for a :class:`ConsumerReplicatedRec` (with this instance's
+        positions): True when it changed the consumer. Deterministic on the consumer's
+        state, so recovery replaying the journaled record repeats the decision."""
         key = (rec.queue, rec.consumer)
         c = self._named.get(key)
         if c is None:
             c = self._named[key] = NamedConsumer(rec.queue, rec.consumer)
         if rec.kind == "lease":
-            if rec.n != c.d + 1:
+            if rec.n != c.d + 1 or self._fenced_out(c, rec):
                 return False
             c.positions.extend(rec.positions)
             c.d += len(rec.positions)
         elif rec.kind == "ack":
             through = min(rec.n, c.d)
+            if rec.epoch < c.epoch:
+                through = min(through, c.claim_d)  # the rest were deliveries of a cut-off branch
             if through <= c.acked:
                 return False
             del c.positions[: through - c.acked]
@@ -489,6 +568,17 @@ class NamedConsumers:
             if rec.n <= c.epoch:
                 return False
             c.epoch, c.token = rec.n, rec.token
+            known = rec.through if rec.through >= 0 else c.d
+            if c.d > known:
+                # Deliveries made here (or received) that the claimer never saw: its
+                # next lease numbers other messages from known + 1, so these go.
+                if c.acked >= known:
+                    c.acked = known
+                    del c.positions[:]
+                else:
+                    del c.positions[known - c.acked:]
+                c.d = known
+            c.claim_d = known
         return True
 
     def lease_after_restart(self, now: float) -> None:
@@ -500,7 +590,8 @@ class NamedConsumers:
             consumer = self._seat(c)
             deadline = now + binding.config.lease_period_s
             for p in c.positions:
-                binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
+                if p != GONE:
+                    binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
 
 
 def _check_ttl(ttl: float) -> None:

@@ -76,6 +76,10 @@ REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over
 REQUESTS_PER_ROOM = 16  # requests in flight per free backlog slot: a grant takes a round trip
 REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many, while any slot is free
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
+#: Messages that left the queue whose position is still found by identity, per queue:
+#: a named consumer's replicated lease may name one acknowledged here first (a query
+#: that failed over after an acknowledgement had not reached the other instance).
+LEFT_MAX = 10_000
 
 Ident = tuple[int, int]  # (publisher, seq)
 
@@ -106,6 +110,7 @@ class QueueOwnership:
         self._idents: dict[int, Ident] = {}
         self._epochs: dict[Ident, tuple[int, str, str]] = {}  # (epoch, owner, granter) after a transfer
         self._tombstones: OrderedDict[Ident, tuple[str, float]] = OrderedDict()  # (kind, when), oldest first
+        self._left: OrderedDict[Ident, int] = OrderedDict()  # LEFT_MAX recent leavers' positions, oldest first
         self._requested: dict[Ident, tuple[float, int]] = {}  # (when, attempt) of our last request
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
@@ -154,6 +159,12 @@ class QueueOwnership:
     def position(self, ident: Ident) -> int | None:
         return self._positions.get(ident)
 
+    def position_recorded(self, ident: Ident) -> int | None:
+        """Where the message is in the journal here: in the queue, or among the recent
+        :data:`LEFT_MAX` that left it (None: unknown)."""
+        position = self._positions.get(ident)
+        return position if position is not None else self._left.get(ident)
+
     def owned_here(self) -> list[Ident]:
         """The messages in the queue here that this instance owns (not ELSEWHERE): for
         checks that at most one instance owns a message."""
@@ -171,6 +182,10 @@ class QueueOwnership:
                 ident = self._idents.pop(ev.position, None)
                 if ident is not None:
                     self._positions.pop(ident, None)
+                    left = self._left
+                    left[ident] = ev.position
+                    if len(left) > LEFT_MAX:
+                        left.popitem(last=False)
                     self._requested.pop(ident, None)
                     self._epochs.pop(ident, None)
 
@@ -268,19 +283,20 @@ class QueueOwnership:
                                              attempts)
         return ask, (self._transfer(claims, self.instance, proxied=True) if claims else None)
 
-    def claim_unreachable(self, n: int | None, upto: float, reachable: Callable[[str], bool]
-                          ) -> records.TransferRec | None:
+    def claim_unreachable(self, n: int | None, upto: float, reachable: Callable[[str], bool],
+                          held: frozenset[int] | set[int] = frozenset()) -> records.TransferRec | None:
         """Rule 6 for a named consumer's lease (engine/consumers.py rule 7): up to ``n``
         (None: every) messages below ``upto`` whose owner is unreachable, oldest first,
         taken by one proxied transfer; None when proxied transfer is off or there are
-        none."""
+        none. ``held``: positions to leave alone (deliveries of a named consumer not yet
+        acknowledged: the owner leased them, and their query reads them again)."""
         if not self.proxied or not self.queue.elsewhere_count():
             return None
         claims: list[tuple[Ident, int]] = []
         for position, owner, _arrived in self.queue.elsewhere():
             if n is not None and len(claims) >= n:
                 break
-            if position >= upto or reachable(owner):
+            if position >= upto or position in held or reachable(owner):
                 continue
             ident = self._idents.get(position)
             if ident is not None:
@@ -498,11 +514,12 @@ class ReplicatedQueues:
                             own.name, len(claim.seqs))
                 self._journal_transfer(own, claim, now)
 
-    def claim_for_lease(self, queue: str, n: int | None, upto: float, now: float) -> None:
+    def claim_for_lease(self, queue: str, n: int | None, upto: float, now: float,
+                        held: frozenset[int] | set[int] = frozenset()) -> None:
         """Rule 6 for a named consumer's lease: take the messages of an unreachable owner
-        it could lease now (proxied transfer on only)."""
+        it could lease now (proxied transfer on only), except those ``held``."""
         own = self.by_queue.get(queue)
-        claim = own.claim_unreachable(n, upto, self._reachable) if own is not None else None
+        claim = own.claim_unreachable(n, upto, self._reachable, held) if own is not None else None
         if claim is not None:
             log.warning("queue %s: proxied transfer: taking %d message(s) whose owner is unreachable for a named "
                         "consumer's lease", queue, len(claim.seqs))

@@ -216,6 +216,14 @@ class PublishLog:
         )
         return position
 
+    def pending_position(self, publisher: int, seq: int) -> int | None:
+        """The position of a publish journaled but not yet applied (None: not pending).
+        A scan, newest first: for a record of the same replicated batch that names it."""
+        for p in reversed(self.pending):
+            if p.seq == seq and p.publisher == publisher:
+                return p.position
+        return None
+
     def take_durable(self) -> Iterator[PendingPublish]:
         """The pending publishes now durable, in journal order (each marks itself applied)."""
         end = self._journal.durable_end

@@ -1224,6 +1224,12 @@ class Queue:
         self._replay.delivered(position, now, count=count)
 
     def replay_acknowledged(self, position: int) -> None:
+        if position in self._elsewhere:
+            # acknowledged here while another instance owned it (rule 11, as in acknowledge)
+            self._move(position, Verb.ACKNOWLEDGE, _ELSEWHERE)
+            self._elsewhere.take(position)
+            self._leases.forget(position)
+            return
         self._replay.acknowledged(position)
 
     def replay_expired(self, position: int) -> None:

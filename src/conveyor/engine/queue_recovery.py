@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from conveyor.engine.queue_window import ActiveWindow
 
 _ABSENT, _AVAILABLE, _INACTIVE = MessageState.ABSENT, MessageState.AVAILABLE, MessageState.INACTIVE
+_ELSEWHERE = MessageState.ELSEWHERE
 _TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 
 
@@ -99,6 +100,11 @@ class QueueReplayer:
         state = self._state(position)
         if state is _ABSENT:
             return  # done before the recovery point
+        if state is _ELSEWHERE:
+            # Leased here, owned by another instance later (a proxied transfer while this
+            # one was down): the checkpoint's ownership placed it there on entry, and the
+            # lease ended with the restart anyway; its counts travelled with the transfer.
+            return
         step = self._transitions.step
         if self._at_least_once:
             step(position, Verb.RETURN, step(position, Verb.LEASE, state))

@@ -153,7 +153,7 @@ class Recovery:
         starts: dict[str, tuple[int, float | None]] = {}
         if checkpoint is not None:
             self._publishes.restore(checkpoint.publishers, checkpoint.holes)
-            self._named.restore(checkpoint.consumers)
+            self._named.restore(checkpoint.consumers, checkpoint.position)
             for source, (journal_id, through) in checkpoint.replication.items():
                 self._replication.recovered(records.ReceivedRec(source, journal_id, through))
             self._replication.restore_acknowledged(checkpoint.links)

@@ -397,11 +397,12 @@ class Replication:
         if t is records.ConsumerLeasedRec:
             idents = [self.queues.identify(p) for p in rec.positions]
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "lease", rec.first,
-                                                [i[0] for i in idents], [i[1] for i in idents])
+                                                [i[0] for i in idents], [i[1] for i in idents], epoch=rec.epoch)
         elif t is records.ConsumerAckedRec:
-            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "ack", rec.through)
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "ack", rec.through, epoch=rec.epoch)
         else:
-            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, token=rec.token)
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, token=rec.token,
+                                                through=rec.d)
         positions.append(pos)
         payloads.append(records.encode(out))
 
@@ -552,7 +553,7 @@ class Replication:
         rec = self._arrived(rec, src)
         if rec is None or self.consumers is None:
             return 0
-        rec = self.consumers.replicated(rec)
+        rec = self.consumers.replicated(rec, pending=self._publishes.pending_position)
         if rec is None:
             return 0
         self._journal.append(records.encode(rec))

@@ -123,6 +123,7 @@ class ConsumerLeasedRec(_Rec, tag=9):
     first: int
     positions: list[int]
     counts: list[int]
+    epoch: int = 0  # the consumer's epoch when it leased (replicated claims fence older ones)
 
 
 class ConsumerAckedRec(_Rec, tag=10):
@@ -133,6 +134,7 @@ class ConsumerAckedRec(_Rec, tag=10):
     consumer: str
     through: int
     positions: list[int]
+    epoch: int = 0  # the consumer's epoch when it acknowledged
 
 
 class ConsumerClaimedRec(_Rec, tag=11):
@@ -142,6 +144,7 @@ class ConsumerClaimedRec(_Rec, tag=11):
     consumer: str
     epoch: int
     token: str
+    d: int = -1  # the deliveries the claimer knew (D); -1: not recorded (older journal)
 
 
 # --- replication (docs/replication.md) ------------------------------------------------------
@@ -218,9 +221,11 @@ class ConsumerReplicatedRec(_Rec, tag=17):
     (docs/spark.md, "Failover between instances"): ``kind`` is ``lease`` (deliveries
     ``n, n+1, ...`` of the messages ``zip(publishers, seqs)``), ``ack`` (deliveries ``<=
     n`` acknowledged; the messages' removal travels as a QueueRemovedRec) or ``claim``
-    (epoch ``n``, ``token``). Messages are named by identity; the instance that records
-    it adds their ``positions`` there, so its recovery needs no lookup. It carries
-    where it was first recorded and the instances it passed, like a replicated publish."""
+    (epoch ``n``, ``token``; ``through``: the deliveries the claimer knew). ``epoch``:
+    the consumer's epoch when a lease or ack was made. Messages are named by identity;
+    the instance that records it adds their ``positions`` there, so its recovery needs
+    no lookup. It carries where it was first recorded and the instances it passed, like
+    a replicated publish."""
 
     queue: str
     consumer: str
@@ -233,6 +238,8 @@ class ConsumerReplicatedRec(_Rec, tag=17):
     origin: str = ""
     origin_group: str = ""
     path: list[str] = []
+    epoch: int = 0
+    through: int = -1
 
 
 # --- State of the World (docs/sow-and-views.md) -----------------------------------------------

@@ -64,6 +64,7 @@ class _ConsumerState(msgspec.Struct):
     epoch: int
     token: str
     positions: list[int]
+    claim_d: int = -1  # D when the epoch was claimed (-1: a file written before it was kept)
 
 
 class _ConsumersFile(msgspec.Struct):

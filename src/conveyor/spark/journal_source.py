@@ -272,9 +272,12 @@ CELLS: dict[type, dict[str, Callable]] = {
     r.LeasedRec: {**_QUEUE_OP, "counts": attrgetter("counts")},
     r.ExpiredRec: {"queue": attrgetter("queue"), "positions": lambda rec: [rec.position], "reasons": attrgetter("reasons")},
     r.ConsumerLeasedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("first"),
-                          "counts": attrgetter("counts")},
-    r.ConsumerAckedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("through")},
-    r.ConsumerClaimedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"), "epoch": attrgetter("epoch")},
+                          "counts": attrgetter("counts"), "epoch": _when(_positive, attrgetter("epoch"))},
+    r.ConsumerAckedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("through"),
+                         "epoch": _when(_positive, attrgetter("epoch"))},
+    # a claim: its epoch, and the deliveries its claimer knew (null in older journals)
+    r.ConsumerClaimedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"), "epoch": attrgetter("epoch"),
+                           "delivery": _when(_not_negative, attrgetter("d"))},
     # replication progress: the source instance, and its position below which everything
     # needed is recorded here
     r.ReceivedRec: {"consumer": attrgetter("source"), "delivery": attrgetter("through")},
@@ -297,7 +300,10 @@ CELLS: dict[type, dict[str, Callable]] = {
     # a named consumer's record of a replicated queue from another instance: its kind
     # (lease, ack, claim), delivery number or epoch, and the messages by identity and here
     r.ConsumerReplicatedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"),
-                              "delivery": attrgetter("n"), "reasons": attrgetter("kind"),
+                              "delivery": lambda rec: rec.through if rec.kind == "claim" and rec.through >= 0 else (
+                                  None if rec.kind == "claim" else rec.n),
+                              "epoch": lambda rec: rec.n if rec.kind == "claim" else (rec.epoch or None),
+                              "reasons": attrgetter("kind"),
                               "publishers": _when(bool, attrgetter("publishers")), "seqs": _when(bool, attrgetter("seqs")),
                               "positions": _when(bool, attrgetter("positions"))},
 }
