@@ -2,17 +2,23 @@
 
 One server subprocess (bench_queue's configuration: queue Bench over topic bench,
 at-least-once, MaxPerSubscriptionBacklog 1000). For each run and each mode the queue
-is filled with N 256-byte messages (untimed), then one consumer process with the
-blocking ``Client`` subscribes with backlog 100 and takes and acknowledges all N:
+is filled with N 256-byte messages (untimed), then one consumer process subscribes
+(backlog 100, or 10 for the cases that say so) and takes and acknowledges all N; it
+reports its rate and its CPU time per message (all threads). The blocking ``Client``:
 
-- ``per-message``: ``msg.ack()`` with ``ack_batch_size=1``: one sow_delete per message;
+- ``per-message``: ``msg.ack()`` with ``ack_batch_size=1``: every ack sent at once (acks
+  the loop takes from the application's thread together share one sow_delete);
 - ``batched``: ``msg.ack()`` with the defaults (sent per half backlog, 100 or 50 ms);
 - ``auto-ack iterator``: ``auto_ack=True``, asking for the next message acks the last;
-- ``auto-ack handler``: ``auto_ack=True`` and a handler (on the subscription's thread).
+- ``auto-ack handler``: ``auto_ack=True`` and a handler (on the subscription's thread);
+
+and ``asyncio batched``: the ``AsyncClient`` on uvloop, ``msg.ack()`` batched.
+``--baseline OTHER/src`` runs every case with the client of another checkout too,
+interleaved, for a before/after in one run.
 
 Rate = N / (time from subscribing to the last acknowledgement persisted, ``flush()``).
 
-    python -m bench.bench_client [--messages N] [--runs 3] [--write]
+    python -m bench.bench_client [--messages N] [--runs 3] [--baseline OTHER/src] [--write]
 """
 
 from __future__ import annotations
@@ -31,12 +37,45 @@ import uvloop
 from bench.bench_queue import conveyor_fill, start_conveyor
 from bench.report import git_rev, machine, median, write_section
 
-MODES = ("per-message", "batched", "auto-ack iterator", "auto-ack handler")
+#: (mode, backlog): the blocking ``Client`` in four modes at backlog 100, the two
+#: commonest at backlog 10 (a round trip per 5-10 messages), and the ``AsyncClient``.
+CASES = (("per-message", 100), ("batched", 100), ("auto-ack iterator", 100), ("auto-ack handler", 100),
+         ("batched", 10), ("auto-ack iterator", 10), ("asyncio batched", 100), ("asyncio batched", 10))
 BACKLOG = 100
 
 
-def worker(mode: str, uri: str, n: int) -> None:
-    """The consumer process: prints "rate frames ack_batches"."""
+def async_worker(uri: str, n: int, backlog: int) -> tuple[float, float, int, int]:
+    """The ``AsyncClient`` on uvloop, ``msg.ack()`` with the default batching."""
+    import uvloop as _uvloop
+
+    from conveyor import AsyncClient
+
+    async def run() -> tuple[float, float, int, int]:
+        client = await AsyncClient(f"bench-consumer-{time.time_ns()}").connect(uri)
+        before = client.statistics()
+        started, cpu = time.perf_counter(), time.process_time()
+        sub = await client.subscribe("Bench", max_backlog=backlog)
+        for _ in range(n):
+            msg = await sub.get(timeout=60)
+            if msg is None:
+                raise SystemExit("stalled")
+            msg.ack()
+        await client.flush(timeout=120)
+        elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+        after = client.statistics()
+        await client.disconnect()
+        return elapsed, cpu_s, after.frames_sent - before.frames_sent, after.ack_batches - before.ack_batches
+
+    return _uvloop.run(run())
+
+
+def worker(mode: str, uri: str, n: int, backlog: int = BACKLOG) -> None:
+    """The consumer process: prints "rate frames ack_batches cpu_us_per_msg" (the CPU
+    of every thread of this process, from subscribing to the last ack persisted)."""
+    if mode.startswith("asyncio"):
+        elapsed, cpu_s, frames, acks = async_worker(uri, n, backlog)
+        print(f"{n / elapsed:.1f} {frames} {acks} {cpu_s / n * 1e6:.2f}", flush=True)
+        return
     from conveyor import Client
 
     kwargs: dict = {"ack_batch_size": 1} if mode == "per-message" else {}
@@ -45,6 +84,7 @@ def worker(mode: str, uri: str, n: int) -> None:
     with Client(f"bench-consumer-{time.time_ns()}", **kwargs).connect(uri) as client:
         before = client.statistics()
         started = time.perf_counter()
+        cpu = time.process_time()
         if mode == "auto-ack handler":
             done = threading.Event()
             count = 0
@@ -55,11 +95,11 @@ def worker(mode: str, uri: str, n: int) -> None:
                 if count == n:
                     done.set()
 
-            client.subscribe("Bench", max_backlog=BACKLOG, handler=handle)
+            client.subscribe("Bench", max_backlog=backlog, handler=handle)
             if not done.wait(600):
                 raise SystemExit("handler did not see every message")
         else:
-            sub = client.subscribe("Bench", max_backlog=BACKLOG)
+            sub = client.subscribe("Bench", max_backlog=backlog)
             for _ in range(n):
                 msg = sub.get(timeout=60)
                 if msg is None:
@@ -70,73 +110,88 @@ def worker(mode: str, uri: str, n: int) -> None:
                 sub.get(timeout=0)  # asking once more acknowledges the last message
         client.flush(timeout=120)
         elapsed = time.perf_counter() - started
+        cpu_us = (time.process_time() - cpu) / n * 1e6
         after = client.statistics()
-    print(f"{n / elapsed:.1f} {after.frames_sent - before.frames_sent} {after.ack_batches - before.ack_batches}", flush=True)
+    print(f"{n / elapsed:.1f} {after.frames_sent - before.frames_sent} {after.ack_batches - before.ack_batches} "
+          f"{cpu_us:.2f}", flush=True)
 
 
-def measure(mode: str, uri: str, port: int, n: int) -> tuple[float, int, int]:
+def measure(mode: str, backlog: int, uri: str, port: int, n: int, src: str | None) -> tuple[float, int, int, float]:
+    """One run in a fresh consumer process; ``src``: import conveyor's client from that
+    source tree instead (the baseline)."""
     uvloop.run(conveyor_fill(port, n))
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_client", "--worker", mode, uri, str(n)],
-        capture_output=True, text=True, timeout=900, check=True,
-    ).stdout.split()
-    return float(out[0]), int(out[1]), int(out[2])
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([src, str(Path(__file__).resolve().parent.parent)])
+    code = f"from bench.bench_client import worker; worker({mode!r}, {uri!r}, {n}, {backlog})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, check=True,
+                         env=env, cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    return float(out[0]), int(out[1]), int(out[2]), float(out[3])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline", metavar="SRC", help="also run each case with the client of this source tree "
+                        "(the src/ directory of another checkout), interleaved")
     parser.add_argument("--write", action="store_true")
-    parser.add_argument("--worker", nargs=3, metavar=("MODE", "URI", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        worker(args.worker[0], args.worker[1], int(args.worker[2]))
-        return
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    frames: dict[str, list[int]] = {mode: [] for mode in MODES}
-    batches: dict[str, list[int]] = {mode: [] for mode in MODES}
+    trees: dict[str, str | None] = {"this tree": None}
+    if args.baseline:
+        trees = {"baseline": str(Path(args.baseline).resolve()), "this tree": None}
+    results: dict[tuple, list[tuple[float, int, int, float]]] = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         proc, port, _ = start_conveyor(Path(tmp))
         uri = f"tcp://127.0.0.1:{port}"
         try:
             for run in range(args.runs):
-                for mode in MODES:
-                    rate, sent, acks = measure(mode, uri, port, args.messages)
-                    rates[mode].append(rate)
-                    frames[mode].append(sent)
-                    batches[mode].append(acks)
-                    print(f"run {run + 1} {mode}: {rate:,.0f} msg/s, {sent:,} frames, {acks:,} ack commands", flush=True)
+                for mode, backlog in CASES:
+                    for tree, src in trees.items():
+                        r = measure(mode, backlog, uri, port, args.messages, src)
+                        results.setdefault((mode, backlog, tree), []).append(r)
+                        print(f"run {run + 1} {mode} backlog {backlog} ({tree}): {r[0]:,.0f} msg/s, "
+                              f"{r[3]:.1f} client µs/msg, {r[1]:,} frames, {r[2]:,} ack commands", flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    base = median(rates["per-message"])
-    rows = [
-        "| consumer | msg/s received and acknowledged | vs per-message | ack commands per 1,000 messages | frames per 1,000 messages |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for mode in MODES:
-        rate = median(rates[mode])
-        per_k = 1000 / args.messages
-        rows.append(
-            f"| {mode} | {rate:,.0f} | {rate / base:.2f}x | {median(batches[mode]) * per_k:,.1f} | {median(frames[mode]) * per_k:,.1f} |"
-        )
+    per_k = 1000 / args.messages
+    head = "| consumer | backlog | msg/s received and acknowledged | client CPU µs/msg |"
+    if args.baseline:
+        head += " baseline msg/s | baseline client CPU µs/msg | CPU ratio |"
+    rows = [head + " ack commands per 1,000 messages | frames per 1,000 messages |",
+            "| --- | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if args.baseline else "") + " ---: | ---: |"]
+    for mode, backlog in CASES:
+        mine = results[(mode, backlog, "this tree")]
+        rate, cpu = median([r[0] for r in mine]), median([r[3] for r in mine])
+        row = f"| {mode} | {backlog} | {rate:,.0f} | {cpu:.1f} |"
+        if args.baseline:
+            base = results[(mode, backlog, "baseline")]
+            b_rate, b_cpu = median([r[0] for r in base]), median([r[3] for r in base])
+            row += f" {b_rate:,.0f} | {b_cpu:.1f} | {cpu / b_cpu:.2f} |"
+        row += f" {median([r[2] for r in mine]) * per_k:,.1f} | {median([r[1] for r in mine]) * per_k:,.1f} |"
+        rows.append(row)
     table = "\n".join(rows)
     print(table)
     if args.write:
-        body = f"""Command: `.venv/bin/python -m bench.bench_client --write`.
+        baseline = (f" `--baseline {args.baseline}`: the same cases with the client of that source tree, "
+                    "interleaved run by run with this one." if args.baseline else "")
+        body = f"""Command: `.venv/bin/python -m bench.bench_client --write`{" --baseline SRC" if args.baseline else ""}.
 
-One consumer process (the blocking `Client`, iterating, or a handler for the last
-row) takes {args.messages:,} queued 256-byte messages from an at-least-once queue with
-backlog {BACKLOG} and acknowledges each one; the queue is filled before each run
+One consumer process takes {args.messages:,} queued 256-byte messages from an
+at-least-once queue and acknowledges each one; the queue is filled before each run
 (untimed). Rate = messages / time from subscribing until `flush()` returns (every
-acknowledgement persisted). `per-message`: `ack_batch_size=1`, one `sow_delete` per
-message; `batched`: the defaults (a batch per half backlog, 100 acks, or 50 ms);
-`auto-ack`: `auto_ack=True` (iterator: asking for the next message acknowledges the
-previous; handler: returning acknowledges). Ack commands: the `sow_delete` commands
-the acknowledgements became (each gets a persisted ack back). Frames: everything the
-consumer sent; the blocking client hands acknowledgements to its loop in batches, so
-even per-message acks share frames.
+acknowledgement persisted). Client CPU = the consumer process's CPU time (every thread)
+over the same span, per message. `per-message`: `ack_batch_size=1`, every acknowledgement
+sent at once (since this change, those the loop takes from the application's thread
+together share one `sow_delete`; before, one each); `batched`: `msg.ack()` with the defaults (a batch per half backlog, 100 acks, or
+50 ms); `auto-ack`: `auto_ack=True` (iterator: asking for the next message acknowledges
+the previous; handler: returning acknowledges); `asyncio`: the `AsyncClient` on uvloop,
+`msg.ack()` batched. The blocking client runs its network loop on a thread of its own
+(uvloop), so at backlog 10 each round trip of 5-10 messages costs two thread hand-offs
+and several system calls: its fixed cost, not the per-message work, sets the CPU figure
+there. Ack commands: the `sow_delete` commands the acknowledgements became. Frames:
+everything the consumer sent.{baseline}
 Medians of {args.runs} runs, one server process for all of them.
 
 Machine: {machine()}; commit {git_rev()}.

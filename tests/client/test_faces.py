@@ -60,6 +60,29 @@ def test_sync_acks_are_handed_to_the_loop_in_batches(server_factory):
         assert client.sow("Jobs") == []
 
 
+def test_sync_acks_handed_over_together_share_one_command_and_keep_their_order(server_factory):
+    """A run of acknowledgements taken by the loop at once enters the batch in one call:
+    one sow_delete even with ack_batch_size=1; a publish between two runs stays between
+    them (rule 1)."""
+    server = server_factory(queues=QUEUE, recorded="jobs")
+    fill(server.uri, 40)
+    with Client("w", ack_batch_size=1).connect(server.uri) as client:
+        sub = client.subscribe("Jobs", max_backlog=40)
+        held = [sub.get(5) for _ in range(40)]
+        before = client.statistics().ack_batches
+        busy = threading.Event()
+        client._loop.call_soon_threadsafe(busy.wait, 10)
+        for msg in held[:20]:
+            msg.ack()
+        client.publish("jobs", {"n": "between"})
+        for msg in held[20:]:
+            msg.ack()
+        busy.set()
+        client.flush()
+        assert client.statistics().ack_batches - before == 2  # two runs, two commands
+        assert sub.get(5).json()["n"] == "between"  # after the first run of acks freed room
+
+
 def test_sync_handlers_run_in_order_on_their_own_thread(server_factory):
     server = server_factory(queues=QUEUE)
     fill(server.uri, 50)

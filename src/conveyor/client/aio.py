@@ -752,6 +752,7 @@ class AsyncClient:
         if sub_id in self._subs:
             raise errors.DuplicateSubscription(f"subscription {sub_id!r} already exists in this client")
         acker: Acker = functools.partial(self._ack, sub_id)  # C-level: no extra frame per ack
+        acker.many = functools.partial(self._ack_many, sub_id)  # type: ignore[attr-defined]  # a run at once
         state.acker = state.wrap_acker(acker if relay is None else relay(acker))
         state.sink = sink if sink is not None else subscription.put
         self._subs[sub_id] = subscription
@@ -866,6 +867,12 @@ class AsyncClient:
 
     def _ack(self, sub_id: str | None, queue: str, bookmark: str, verb: AckVerb) -> None:
         if self.core.ack(queue, bookmark, verb, sub_id):
+            self._send_acks()
+        elif self._ack_timer is None and self.loop is not None:
+            self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)
+
+    def _ack_many(self, sub_id: str | None, queue: str, bookmarks: list[str], verb: AckVerb) -> None:
+        if self.core.ack_many(queue, bookmarks, verb, sub_id):
             self._send_acks()
         elif self._ack_timer is None and self.loop is not None:
             self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)

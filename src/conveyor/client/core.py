@@ -308,6 +308,24 @@ class ClientCore:
                 return True
         return self.acks_count >= self.ack_batch_size
 
+    def ack_many(self, queue: str, bookmarks: list[str], verb: AckVerb, sub_id: str | None) -> bool:
+        """:meth:`ack` for several bookmarks at once (a hand-over's run of them)."""
+        key = (queue, verb)
+        batch = self.acks.get(key)
+        if batch is None:
+            self.acks[key] = list(bookmarks)
+        else:
+            batch.extend(bookmarks)
+        n = len(bookmarks)
+        self.acks_count += n
+        sub = self.subscriptions.get(sub_id) if sub_id is not None else None
+        if sub is not None:
+            sub.acks_pending += n
+            self._subs_with_acks.add(sub)
+            if sub.acks_pending >= sub.ack_threshold(self.ack_batch_size) or sub.acks_pending >= sub.outstanding:
+                return True
+        return self.acks_count >= self.ack_batch_size
+
     def flush_acks(self) -> None:
         """Turn every batch into one ``sow_delete`` per (queue, verb)."""
         if self.acks:

@@ -25,11 +25,14 @@ the asyncio client uses; this module only carries calls across threads. Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 import time
 from collections import deque
 from typing import Any, Callable, Iterator, Sequence
+
+import uvloop
 
 from conveyor import errors
 from conveyor.client.aio import AsyncClient
@@ -51,9 +54,31 @@ class Subscription(SubscriptionBase):
 
     def __init__(self, client: "Client", state) -> None:
         super().__init__(client, state)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # filled on the loop thread
-        self.put = self._inbox.put  # type: ignore[method-assign]  # the queue's own: no frame per message
+        # Filled on the loop thread with what one turn of the loop received, as one item
+        # (a list when several): the reading thread wakes once per turn, not per message,
+        # and takes the rest without contending with the loop for each.
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._turn: list | None = None  # this turn's items, not yet in the inbox
+        self._ready: deque = deque()  # taken from the inbox, not yet handed out (reader's thread)
+        self._loop = client._loop
+        self._loop_thread = client._thread
         self._thread: threading.Thread | None = None
+
+    def put(self, item: Any) -> None:  # type: ignore[override]
+        if threading.get_ident() != self._loop_thread.ident:
+            self._inbox.put(item)  # the end marker of a stop, from the application's thread
+            return
+        turn = self._turn
+        if turn is None:
+            self._turn = [item]
+            self._loop.call_soon(self._end_of_turn)
+        else:
+            turn.append(item)
+
+    def _end_of_turn(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn:
+            self._inbox.put(turn if len(turn) > 1 else turn[0])
 
     def __iter__(self) -> Iterator[Message]:
         while True:
@@ -71,16 +96,22 @@ class Subscription(SubscriptionBase):
         return self._next(timeout)
 
     def _next(self, timeout: float | None) -> Message | None:
-        inbox = self._inbox
+        inbox, ready = self._inbox, self._ready
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ended:
-            try:
-                if deadline is None:
-                    item = inbox.get()
-                else:
-                    item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                return None
+            if ready:
+                item = ready.popleft()
+            else:
+                try:
+                    if deadline is None:
+                        item = inbox.get()
+                    else:
+                        item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    return None
+                if type(item) is list:
+                    ready.extend(item)
+                    continue
             msg = self._take(item)
             if msg is not None:
                 return msg
@@ -116,7 +147,7 @@ class Client:
     """
 
     def __init__(self, client_name: str | None = None, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="conveyor-client", daemon=True)
         self._thread.start()
         try:
@@ -210,9 +241,25 @@ class Client:
 
     # --- the hand-over (rule 1) ----------------------------------------------------------
 
-    def _hand_over(self, item: tuple) -> None:
+    def _hand_over(self, item: tuple | list) -> None:
         with self._lock:
             self._handover.append(item)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._drain_handover)
+
+    def _hand_over_ack(self, acker: Acker, queue_name: str, bookmark: str, verb: AckVerb) -> None:
+        """An acknowledgement joins the run of acks of the same acker, queue and verb at
+        the end of the hand-over (the loop takes a run in one call), or starts one."""
+        with self._lock:
+            handover = self._handover
+            if handover:
+                last = handover[-1]
+                if last[0] == _ACK and last[1] is acker and last[4] is verb and last[2] == queue_name:
+                    last[3].append(bookmark)
+                    return
+            handover.append([_ACK, acker, queue_name, [bookmark], verb])
             if self._scheduled:
                 return
             self._scheduled = True
@@ -234,9 +281,14 @@ class Client:
                     aio.publish_nowait(topic, data, sequence=sequence, correlation_id=corr, **sow)
                 except errors.ConveyorError:
                     pass  # the client failed after publish() checked: the next call raises
+                continue
+            _, acker, queue_name, bookmarks, verb = item
+            many = getattr(acker, "many", None)
+            if many is not None:
+                many(queue_name, bookmarks, verb)  # the run enters the batch at once
             else:
-                _, acker, queue_name, bookmark, verb = item
-                acker(queue_name, bookmark, verb)
+                for bookmark in bookmarks:
+                    acker(queue_name, bookmark, verb)
 
     def _drain_blocking(self) -> None:
         async def drain() -> None:
@@ -346,7 +398,7 @@ class Client:
     def _relay(self, acker: Acker) -> Acker:
         """Acknowledgements made on the application's threads reach the loop through the
         hand-over, in order with publishes (rule 1)."""
-        return lambda queue_name, bookmark, verb: self._hand_over((_ACK, acker, queue_name, bookmark, verb))
+        return functools.partial(self._hand_over_ack, acker)
 
     def unsubscribe(self, sub_id: str) -> None:
         """Send batched acks, then end the subscription (a handler finishes its message)."""
@@ -376,4 +428,4 @@ class Client:
     def ack(self, queue_name: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
         """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
         cancel or expire). For a message in hand, call ``msg.ack()`` instead."""
-        self._hand_over((_ACK, self._aio.ack, queue_name, bookmark, AckVerb(verb)))
+        self._hand_over_ack(self._aio.ack, queue_name, bookmark, AckVerb(verb))
