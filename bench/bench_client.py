@@ -147,7 +147,9 @@ def main() -> None:
         try:
             for run in range(args.runs):
                 for mode, backlog in CASES:
-                    for tree, src in trees.items():
+                    # the two trees take turns going first: the first of a pair runs faster
+                    order = list(trees.items())
+                    for tree, src in (order if run % 2 == 0 else order[::-1]):
                         r = measure(mode, backlog, uri, port, args.messages, src)
                         results.setdefault((mode, backlog, tree), []).append(r)
                         print(f"run {run + 1} {mode} backlog {backlog} ({tree}): {r[0]:,.0f} msg/s, "
@@ -175,7 +177,7 @@ def main() -> None:
     print(table)
     if args.write:
         baseline = (f" `--baseline {args.baseline}`: the same cases with the client of that source tree, "
-                    "interleaved run by run with this one." if args.baseline else "")
+                    "interleaved run by run with this one, the two taking turns to go first." if args.baseline else "")
         body = f"""Command: `.venv/bin/python -m bench.bench_client --write`{" --baseline SRC" if args.baseline else ""}.
 
 One consumer process takes {args.messages:,} queued 256-byte messages from an
