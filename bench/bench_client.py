@@ -176,9 +176,10 @@ def main() -> None:
     table = "\n".join(rows)
     print(table)
     if args.write:
-        baseline = (f" `--baseline {args.baseline}`: the same cases with the client of that source tree, "
-                    "interleaved run by run with this one, the two taking turns to go first." if args.baseline else "")
-        body = f"""Command: `.venv/bin/python -m bench.bench_client --write`{" --baseline SRC" if args.baseline else ""}.
+        baseline = (f" Baseline: the same cases with the client of another checkout ({git_rev(args.baseline)}), "
+                    "interleaved run by run with this tree's, the two taking turns to go first." if args.baseline else "")
+        command = "--baseline OTHER/src --write" if args.baseline else "--write"
+        body = f"""Command: `.venv/bin/python -m bench.bench_client {command}`.
 
 One consumer process takes {args.messages:,} queued 256-byte messages from an
 at-least-once queue and acknowledges each one; the queue is filled before each run

@@ -36,9 +36,11 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}){mem}, Python {platform.python_version()}, {platform.system()} {platform.release()}"
 
 
-def git_rev() -> str:
+def git_rev(path: str | None = None) -> str:
+    """The short commit of this checkout (or of the one ``path`` is in)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=path).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "?"
 
