@@ -58,8 +58,11 @@ A named consumer ``(queue, name)`` is durable and independent of connections. Ru
    acknowledged here first is kept as a delivery whose message is gone here (``GONE``):
    the numbering stays the same everywhere, re-offers report it done, and a fetch of it
    is refused with ``bad_delivery_range`` (read it on the instance that made it, or
-   acknowledge past it). Known limit: two instances that claim the same epoch number
-   without having seen each other's claim keep diverging copies until the next claim.
+   acknowledge past it). Known limit: two instances whose claims did not reach each
+   other may pick the same epoch, or one may have dropped leases that a later claim of
+   the other's branch builds on; their copies then differ until a claim made on the
+   lagging instance (a claim that carried the claimer's unacknowledged deliveries
+   would close this; not built).
    Recovery replays the same decisions from the journal; records below the
    checkpoint's position are not applied to a restored consumer again (cut-offs make
    them not idempotent).
