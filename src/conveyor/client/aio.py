@@ -866,13 +866,13 @@ class AsyncClient:
         self._ack(None, queue, bookmark, AckVerb(verb))
 
     def _ack(self, sub_id: str | None, queue: str, bookmark: str, verb: AckVerb) -> None:
-        if self.core.ack(queue, bookmark, verb, sub_id):
-            self._send_acks()
-        elif self._ack_timer is None and self.loop is not None:
-            self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)
+        self._acked(self.core.ack(queue, bookmark, verb, sub_id))
 
     def _ack_many(self, sub_id: str | None, queue: str, bookmarks: list[str], verb: AckVerb) -> None:
-        if self.core.ack_many(queue, bookmarks, verb, sub_id):
+        self._acked(self.core.ack_many(queue, bookmarks, verb, sub_id))
+
+    def _acked(self, send_now: bool) -> None:
+        if send_now:
             self._send_acks()
         elif self._ack_timer is None and self.loop is not None:
             self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)

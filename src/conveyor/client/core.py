@@ -298,15 +298,7 @@ class ClientCore:
             self.acks[key] = [bookmark]
         else:
             batch.append(bookmark)
-        self.acks_count += 1
-        sub = self.subscriptions.get(sub_id) if sub_id is not None else None
-        if sub is not None:
-            sub.acks_pending += 1
-            self._subs_with_acks.add(sub)
-            # The server sends nothing more once every message it leased us is acked.
-            if sub.acks_pending >= sub.ack_threshold(self.ack_batch_size) or sub.acks_pending >= sub.outstanding:
-                return True
-        return self.acks_count >= self.ack_batch_size
+        return self._batched(1, sub_id)
 
     def ack_many(self, queue: str, bookmarks: list[str], verb: AckVerb, sub_id: str | None) -> bool:
         """:meth:`ack` for several bookmarks at once (a hand-over's run of them)."""
@@ -316,12 +308,16 @@ class ClientCore:
             self.acks[key] = list(bookmarks)
         else:
             batch.extend(bookmarks)
-        n = len(bookmarks)
+        return self._batched(len(bookmarks), sub_id)
+
+    def _batched(self, n: int, sub_id: str | None) -> bool:
+        """``n`` acknowledgements joined the batch: whether to send it now."""
         self.acks_count += n
         sub = self.subscriptions.get(sub_id) if sub_id is not None else None
         if sub is not None:
             sub.acks_pending += n
             self._subs_with_acks.add(sub)
+            # The server sends nothing more once every message it leased us is acked.
             if sub.acks_pending >= sub.ack_threshold(self.ack_batch_size) or sub.acks_pending >= sub.outstanding:
                 return True
         return self.acks_count >= self.ack_batch_size
