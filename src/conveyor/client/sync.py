@@ -156,6 +156,7 @@ class Client:
             self._stop_loop()
             raise
         self.timeout = self._aio.timeout
+        self._ack_by_bookmark = self._aio.ack  # one object, so that a run of ack() calls is merged
         self._handover: deque = deque()
         self._lock = threading.Lock()
         self._scheduled = False
@@ -428,4 +429,4 @@ class Client:
     def ack(self, queue_name: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
         """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
         cancel or expire). For a message in hand, call ``msg.ack()`` instead."""
-        self._hand_over_ack(self._aio.ack, queue_name, bookmark, AckVerb(verb))
+        self._hand_over_ack(self._ack_by_bookmark, queue_name, bookmark, AckVerb(verb))

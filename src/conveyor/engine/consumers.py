@@ -246,9 +246,8 @@ class NamedConsumers:
             more = cmd.max - len(deliveries) if cmd.max else None
             # not the messages of deliveries still unacknowledged (leased on the owner
             # before it went away): a new delivery number would give them out twice
-            held = {p for o in self._named.values() if o.queue == c.queue for p in o.positions}
             self.replicated_queues.claim_for_lease(c.queue, more, math.inf if cmd.upto is None else cmd.upto, now,
-                                                   held)
+                                                   lambda: self._unacknowledged(c.queue))
             deliveries += queue.lease_next(self._seat(c), more, now, deadline, cmd.upto)
         if deliveries:
             positions = [x.position for x in deliveries]
@@ -435,11 +434,13 @@ class NamedConsumers:
             out.setdefault(queue, {})[name] = c.export_state()
         return out
 
+    def _unacknowledged(self, queue: str) -> set[int]:
+        """The positions of every named consumer's unacknowledged deliveries of ``queue``."""
+        return {p for c in self._named.values() if c.queue == queue for p in c.positions}
+
     def floor(self) -> int | None:
         """The lowest position an unacked delivery needs (fetch reads it from the log)."""
-        lows = [min(p for p in c.positions if p != GONE) for c in self._named.values()
-                if c.positions and any(p != GONE for p in c.positions)]
-        return min(lows) if lows else None
+        return min((p for c in self._named.values() for p in c.positions if p != GONE), default=None)
 
     def restore(self, state: dict, position: int = 0) -> None:
         """The checkpoint's consumers, whose state holds every record below ``position``."""

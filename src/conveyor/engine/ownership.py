@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import msgspec
 
@@ -284,14 +284,16 @@ class QueueOwnership:
         return ask, (self._transfer(claims, self.instance, proxied=True) if claims else None)
 
     def claim_unreachable(self, n: int | None, upto: float, reachable: Callable[[str], bool],
-                          held: frozenset[int] | set[int] = frozenset()) -> records.TransferRec | None:
+                          held: Callable[[], Collection[int]] = frozenset) -> records.TransferRec | None:
         """Rule 6 for a named consumer's lease (engine/consumers.py rule 7): up to ``n``
         (None: every) messages below ``upto`` whose owner is unreachable, oldest first,
         taken by one proxied transfer; None when proxied transfer is off or there are
-        none. ``held``: positions to leave alone (deliveries of a named consumer not yet
-        acknowledged: the owner leased them, and their query reads them again)."""
+        none. ``held()``: positions to leave alone (deliveries of a named consumer not yet
+        acknowledged: the owner leased them, and their query reads them again), asked
+        only when there may be something to claim."""
         if not self.proxied or not self.queue.elsewhere_count():
             return None
+        held = held()
         claims: list[tuple[Ident, int]] = []
         for position, owner, _arrived in self.queue.elsewhere():
             if n is not None and len(claims) >= n:
@@ -515,7 +517,7 @@ class ReplicatedQueues:
                 self._journal_transfer(own, claim, now)
 
     def claim_for_lease(self, queue: str, n: int | None, upto: float, now: float,
-                        held: frozenset[int] | set[int] = frozenset()) -> None:
+                        held: Callable[[], Collection[int]] = frozenset) -> None:
         """Rule 6 for a named consumer's lease: take the messages of an unreachable owner
         it could lease now (proxied transfer on only), except those ``held``."""
         own = self.by_queue.get(queue)

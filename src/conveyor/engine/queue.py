@@ -702,9 +702,7 @@ class Queue:
             if option is AckOption.EXPIRE:
                 tally.ignored += 1
                 return
-            self._move(p, Verb.ACKNOWLEDGE, _ELSEWHERE)
-            self._elsewhere.take(p)
-            self._leases.forget(p)
+            self._acknowledge_elsewhere(p)
             tally.events.append(Acknowledged(p))
             tally.acknowledged += 1
             self._counters.acknowledged += 1
@@ -1225,12 +1223,15 @@ class Queue:
 
     def replay_acknowledged(self, position: int) -> None:
         if position in self._elsewhere:
-            # acknowledged here while another instance owned it (rule 11, as in acknowledge)
-            self._move(position, Verb.ACKNOWLEDGE, _ELSEWHERE)
-            self._elsewhere.take(position)
-            self._leases.forget(position)
+            self._acknowledge_elsewhere(position)  # acknowledged here while another instance owned it
             return
         self._replay.acknowledged(position)
+
+    def _acknowledge_elsewhere(self, position: int) -> None:
+        """A message another instance owns, acknowledged here: it leaves (rule 11)."""
+        self._move(position, Verb.ACKNOWLEDGE, _ELSEWHERE)
+        self._elsewhere.take(position)
+        self._leases.forget(position)
 
     def replay_expired(self, position: int) -> None:
         self._replay.expired(position)
