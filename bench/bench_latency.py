@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -71,54 +72,87 @@ async def measure(
     publisher = await AsyncClient(f"lat-publisher-{time.time_ns()}", max_inflight=100_000).connect(uri)
     latencies_ns: list[int] = []
     from_ns = [1 << 62]  # messages published from then on are measured
-    start_t = b'{"t":'
 
     def on_message(msg) -> None:
         got = time.perf_counter_ns()
-        data = msg.data
-        stamp = int(data[len(start_t):data.index(b",", len(start_t))])
+        stamp = stamp_of(msg.data)
         if stamp >= from_ns[0]:
             latencies_ns.append(got - stamp)
         msg.ack()
 
     await consumer.subscribe("Bench", max_backlog=BACKLOG, on_message=on_message)
-    per_batch = max(1, round(rate * BATCH_INTERVAL_S))
-    loop = asyncio.get_running_loop()
+    window_cpu: list[float] = []
+
+    def on_window() -> None:
+        window_cpu.append(cpu_seconds(server_pid))
+        window[0], from_ns[0] = time.time(), time.perf_counter_ns()
+
+    def send(batch: list[bytes]) -> None:
+        for payload in batch:
+            publisher.publish_nowait("bench", payload)
+
+    with no_collection():
+        sent_measured = await pace(rate, seconds, warmup, send, on_window)
+        await publisher.wait_persisted(timeout=60)
+        await wait_count(latencies_ns, sent_measured)
+        cpu1, window[1] = cpu_seconds(server_pid), time.time()
+    await publisher.disconnect()
+    await consumer.flush(timeout=60)
+    await consumer.disconnect()
+    return summarize(latencies_ns, sent_measured, cpu1 - window_cpu[0])
+
+
+@contextlib.contextmanager
+def no_collection():
+    """The bench process collects no garbage while it measures, so that its own pauses
+    are not counted as the server's."""
     gc.collect()
     gc.freeze()
     gc.disable()
     try:
-        began = loop.time()
-        cpu0 = None
-        sent_measured = 0
-        k = 0
-        end = began + warmup + seconds
-        while True:
-            now = loop.time()
-            if now >= end:
-                break
-            if cpu0 is None and now >= began + warmup:
-                cpu0, window[0], from_ns[0] = cpu_seconds(server_pid), time.time(), time.perf_counter_ns()
-            for _ in range(per_batch):
-                publisher.publish_nowait("bench", _payload(time.perf_counter_ns()))
-            if cpu0 is not None:
-                sent_measured += per_batch
-            k += 1
-            delay = began + k * BATCH_INTERVAL_S - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
-        await publisher.wait_persisted(timeout=60)
-        deadline = time.monotonic() + 30
-        while len(latencies_ns) < sent_measured and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        cpu1, window[1] = cpu_seconds(server_pid), time.time()
+        yield
     finally:
         gc.enable()
         gc.unfreeze()
-    await publisher.disconnect()
-    await consumer.flush(timeout=60)
-    await consumer.disconnect()
-    if len(latencies_ns) < sent_measured:
-        raise SystemExit(f"received {len(latencies_ns)} of {sent_measured}")
+
+
+async def pace(rate: int, seconds: float, warmup: float, send, on_window) -> int:
+    """Call ``send`` with a batch of stamped payloads every millisecond, ``rate``
+    messages a second, for ``warmup`` + ``seconds``; ``on_window()`` once when the
+    measured span begins. Returns the messages sent in that span."""
+    loop = asyncio.get_running_loop()
+    per_batch = max(1, round(rate * BATCH_INTERVAL_S))
+    began = loop.time()
+    end = began + warmup + seconds
+    measuring = False
+    sent = k = 0
+    while (now := loop.time()) < end:
+        if not measuring and now >= began + warmup:
+            measuring = True
+            on_window()
+        send([_payload(time.perf_counter_ns()) for _ in range(per_batch)])
+        if measuring:
+            sent += per_batch
+        k += 1
+        delay = began + k * BATCH_INTERVAL_S - loop.time()
+        await asyncio.sleep(delay if delay > 0 else 0)
+    return sent
+
+
+def stamp_of(data: bytes) -> int:
+    """The publish time a payload of ``_payload`` carries."""
+    return int(data[5:data.index(b",", 5)])
+
+
+async def wait_count(received: list, expected: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while len(received) < expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def summarize(latencies_ns: list[int], sent: int, server_cpu_s: float) -> dict[str, float]:
+    if len(latencies_ns) < sent:
+        raise SystemExit(f"received {len(latencies_ns)} of {sent}")
     lat = sorted(latencies_ns)
 
     def pct(q: float) -> float:
@@ -132,7 +166,7 @@ async def measure(
         "max_ms": lat[-1] / 1e6,
         "over_5ms": sum(1 for x in lat if x > 5_000_000),
         # wall time includes the drain after the last publish: CPU per message received
-        "server_us_per_msg": (cpu1 - cpu0) / len(lat) * 1e6,
+        "server_us_per_msg": server_cpu_s / len(lat) * 1e6,
     }
 
 

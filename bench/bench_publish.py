@@ -103,12 +103,14 @@ async def conveyor_run(port: int, n: int) -> tuple[float, float]:
 # --- NATS JetStream -------------------------------------------------------------------------
 
 
-def start_nats(workdir: Path) -> tuple[subprocess.Popen, int]:
+def start_nats(workdir: Path, port: int | None = None, wait: bool = True) -> tuple[subprocess.Popen, int]:
+    """A JetStream server storing under ``workdir``; ``wait``: until its port is open."""
     exe = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
-    port = free_port()
+    port = port or free_port()
     store = workdir / "nats-store"
     proc = subprocess.Popen([exe, "-js", "-sd", str(store), "-p", str(port), "-a", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port)
+    if wait:
+        wait_port(port)
     return proc, port
 
 
