@@ -61,12 +61,19 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-async def conveyor_fill(port: int, n: int, topic: str = "bench") -> None:
+#: The priority queue's payloads: 64 priorities, taken in turn (256 bytes, as PAYLOAD).
+PRIORITY_PAYLOADS = [b'{"p":%2d,"pad":"' % k + b"x" * 238 + b'"}' for k in range(64)]
+PRIORITY_CONFIG = CONFIG.replace("<UnderlyingTopic>bench</UnderlyingTopic>", "<UnderlyingTopic>bench</UnderlyingTopic><Priority>/p</Priority>")
+
+
+async def conveyor_fill(port: int, n: int, topic: str = "bench", payloads: list[bytes] | None = None) -> None:
+    """``n`` publishes of PAYLOAD, or of ``payloads`` in turn."""
     from conveyor import AsyncClient
 
     client = await AsyncClient(f"filler-{time.time_ns()}", max_inflight=20_000).connect(f"tcp://127.0.0.1:{port}")
-    for _ in range(n):
-        await client.publish(topic, PAYLOAD)
+    payloads = payloads or [PAYLOAD]
+    for i in range(n):
+        await client.publish(topic, payloads[i % len(payloads)])
     await client.wait_persisted(timeout=600)
     await client.disconnect()
 
@@ -170,20 +177,21 @@ def restart_to_first_delivery(workdir: Path) -> tuple[subprocess.Popen, float]:
     return proc, got - started
 
 
-def measure_restart_and_memory(queued: int, workdir: Path) -> tuple[float, float, float, float]:
+def measure_restart_and_memory(queued: int, workdir: Path, priority: bool = False) -> tuple[float, float, float, float]:
     """(seconds from restart to first delivery when the server was SIGKILLed right after
     the fill, the same after a periodic checkpoint (the queue's snapshot), bytes per
-    queued message (RSS), idle RSS)"""
+    queued message (RSS), idle RSS); ``priority``: the queue has a Priority."""
+    config = PRIORITY_CONFIG if priority else CONFIG
     empty_dir = workdir / "empty"
     empty_dir.mkdir()
-    proc, port, _ = start_conveyor(empty_dir)
+    proc, port, _ = start_conveyor(empty_dir, config=config)
     time.sleep(1.0)
     idle_rss = rss_bytes(proc.pid)
     proc.terminate()
     proc.wait()
 
-    proc, port, _ = start_conveyor(workdir)
-    uvloop.run(conveyor_fill(port, queued))
+    proc, port, _ = start_conveyor(workdir, config=config)
+    uvloop.run(conveyor_fill(port, queued, payloads=PRIORITY_PAYLOADS if priority else None))
     proc.kill()
     proc.wait()
     proc, restart_s = restart_to_first_delivery(workdir)
@@ -225,6 +233,11 @@ def main() -> None:
         restart_s, checkpointed_s, per_msg, idle_rss = measure_restart_and_memory(args.queued, d)
         print(f"restart to first delivery with {args.queued:,} queued: {restart_s:.2f} s killed after the fill, "
               f"{checkpointed_s:.2f} s after a checkpoint; {per_msg:.0f} B/queued message (RSS)", flush=True)
+        d = root / "restart-priority"
+        d.mkdir()
+        p_restart_s, p_checkpointed_s, p_per_msg, _ = measure_restart_and_memory(args.queued, d, priority=True)
+        print(f"priority queue: {p_restart_s:.2f} s killed after the fill, {p_checkpointed_s:.2f} s after a "
+              f"checkpoint; {p_per_msg:.0f} B/queued message (RSS)", flush=True)
     rows = ["| measure | conveyor | NATS JetStream | ratio |", "| --- | ---: | ---: | ---: |"]
     c = median(rates["conveyor"])
     if rates["nats"]:
@@ -236,6 +249,9 @@ def main() -> None:
     rows.append(f"| restart to first delivery, {args.queued:,} queued, SIGKILL right after the fill | {restart_s:.2f} s | | |")
     rows.append(f"| restart to first delivery, {args.queued:,} queued, SIGKILL after a periodic checkpoint | "
                 f"{checkpointed_s:.2f} s | | |")
+    rows.append(f"| priority queue (64 priorities): memory per queued message | {p_per_msg:.0f} B | | |")
+    rows.append(f"| priority queue: restart to first delivery, SIGKILL right after the fill | {p_restart_s:.2f} s | | |")
+    rows.append(f"| priority queue: restart to first delivery, SIGKILL after a periodic checkpoint | {p_checkpointed_s:.2f} s | | |")
     table = "\n".join(rows)
     print(table)
     if args.write:

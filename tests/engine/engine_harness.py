@@ -84,9 +84,10 @@ class Harness:
 
     def __init__(
         self, config: str | Config, *, now: float = START_TIME, journal: MemoryJournal | None = None, pages=None,
-        journal_id: str = "journal-1",
+        journal_id: str = "journal-1", snapshots: bool = True,
     ):
         self.config = load_text(config) if isinstance(config, str) else config
+        self.snapshots = snapshots  # False: checkpoints without queue snapshots (restarts replay)
         self.now = now
         self.pages = pages  # FileBackedMetadata page files (server/page_files.py), or None
         self.journal = journal if journal is not None else MemoryJournal()
@@ -214,11 +215,11 @@ class Harness:
             self.engine.on_durable(self.now)
             if self.journal.end == self.journal.durable_end:
                 break
-        self.written_checkpoint = self.engine.checkpoint()
+        self.written_checkpoint = self.engine.checkpoint(snapshots=self.snapshots)
 
     def checkpoint(self) -> Checkpoint:
         """The server's checkpoint timer: take one now, write it once durable."""
-        cp = self.engine.checkpoint()
+        cp = self.engine.checkpoint(snapshots=self.snapshots)
         self._taken_checkpoint = cp
         if self.journal.durable_end >= cp.position:
             self.written_checkpoint, self._taken_checkpoint = cp, None

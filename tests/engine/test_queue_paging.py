@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from conveyor.config.model import QueueConfig
@@ -242,4 +243,24 @@ def test_snapshot_checks(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(queue_snapshot.SnapshotInvalid):
         queue_snapshot.check(snap, config(), file)
-    assert not queue_snapshot.supported(config(priority="/p"))
+    with pytest.raises(queue_snapshot.SnapshotInvalid, match="configuration"):
+        queue_snapshot.check(snap, config(priority="/p"), file)
+
+
+def test_priority_snapshot_checks():
+    cfg = QueueConfig(name="Q", message_type="json", priority="/p", barrier_expression="/b = 1")
+    q = Queue(cfg, load=lambda p: None)
+    for p in range(40):
+        q.enqueue(p, 1.0, priority=p % 3 if p % 7 else -1, barrier=p == 20)
+    snap = q.snapshot(events_from=40, publishes_from=40)
+    assert len(snap.epochs) == 2  # one per side of the barrier
+    queue_snapshot.check(snap, cfg, None)
+    restored = Queue(cfg, load=lambda p: None)
+    restored.restore_snapshot(snap)
+    assert list(restored.available()) == list(q.available())
+    with pytest.raises(queue_snapshot.SnapshotInvalid, match="epochs"):
+        queue_snapshot.check(msgspec.structs.replace(snap, epochs=snap.epochs[:1]), cfg, None)
+    ranks, positions, nan_positions, stale = snap.epochs[0]
+    cut = [(ranks[:-8], positions, nan_positions, stale), snap.epochs[1]]
+    with pytest.raises(queue_snapshot.SnapshotInvalid, match="cut short"):
+        queue_snapshot.check(msgspec.structs.replace(snap, epochs=cut), cfg, None)

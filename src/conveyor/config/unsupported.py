@@ -38,7 +38,8 @@ def unsupported(config: Config) -> list[tuple[str, str, str]]:
             found.append((
                 f"{q.path}/FileBackedMetadata",
                 f"queue {q.name!r}: FileBackedMetadata is not available for a queue with a Priority: its "
-                "state would stay in memory and be rebuilt by a full replay",
+                "priority index is not paged, so the queue's memory would not be bounded (it is "
+                "snapshotted at each checkpoint without it)",
                 "remove <FileBackedMetadata> from this queue (FIFO queues, with barriers or "
                 "TargetQueueDepth, support it)",
             ))

@@ -1273,19 +1273,20 @@ class Queue:
         self._order.page_to(file, resident_max)
 
     def export_state(self) -> QueueState:
-        """The state a snapshot keeps (FIFO queues: queue_snapshot rule 5)."""
-        if self._priority:
-            raise QueueStateError(f"queue {self.name!r}: a priority queue's state is not exported")
-        chunks, barriers = self._order.export()
+        """The state a snapshot keeps (queue_snapshot rule 5)."""
+        chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
+        leased = sorted(self._leases.leased.items())
         return QueueState(
             start=self._start,
             last_position=self._last_position,
             last_time=self._last_time,
             chunks=tuple(chunks),
             page_file=self._order.store.page_generation,
-            leased=tuple(sorted((p, lease.published_at) for p, lease in self._leases.leased.items())),
+            leased=tuple((p, lease.published_at) for p, lease in leased),
+            leased_keys=tuple(lease.key for _, lease in leased) if self._priority else (),
+            epochs=tuple(epochs),
             deliveries=deliveries,
             cancels=cancels,
             barriers=tuple(barriers),
@@ -1302,11 +1303,15 @@ class Queue:
         limits. Then replay the journal from the snapshot's positions."""
         if self._seats.any() or self._order.store or self._last_position >= self._start:
             raise QueueStateError(f"queue {self.name!r}: a state restores a new queue")
-        if self._priority:
-            raise QueueStateError(f"queue {self.name!r}: a priority queue's state is not restored")
-        self._order.adopt(list(state.chunks), list(state.barriers))
-        for p, t in state.leased:
-            self._order.put_back(p, t, p)
+        if self._priority and len(state.leased_keys) != len(state.leased):
+            raise QueueStateError(f"queue {self.name!r}: a priority queue's state needs its leases' order keys")
+        try:
+            self._order.adopt(list(state.chunks), list(state.barriers), list(state.epochs))
+        except ValueError as exc:
+            raise QueueStateError(f"queue {self.name!r}: {exc}") from None
+        keys = state.leased_keys or [p for p, _ in state.leased]
+        for (p, t), key in zip(state.leased, keys):
+            self._order.put_back(p, t, key)
         self._start = state.start
         self._last_position = state.last_position
         self._last_time = state.last_time

@@ -17,6 +17,7 @@ from typing import Any, Hashable, Union
 
 import msgspec
 
+from conveyor.engine.queue_priority import EpochImage
 from conveyor.engine.queue_store import ChunkImage
 from conveyor.errors import NotLeaseHolder
 
@@ -244,7 +245,7 @@ class QueueDetails:
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
-    """A FIFO queue's state as a snapshot keeps it (``Queue.export_state``): what
+    """A queue's state as a snapshot keeps it (``Queue.export_state``): what
     replaying the journal would rebuild, given that no lease survives a restart.
 
     ``chunks``: the available messages (:meth:`MessageStore.export_chunks`), paged-out
@@ -268,3 +269,5 @@ class QueueState:
     inactive: int = 0
     refill_from: int | None = None
     deferred_acks: tuple[int, ...] = ()
+    epochs: tuple[EpochImage, ...] = ()  # a priority queue's order, one per barrier epoch
+    leased_keys: tuple[int, ...] = ()  # a priority queue: the order key of each of ``leased``

@@ -32,7 +32,7 @@ from bisect import bisect_left
 from typing import Callable, Iterator
 
 from conveyor.engine.queue_paging import PagedMessageStore, PageFile
-from conveyor.engine.queue_priority import POSITION_MASK, PriorityIndex, priority_of_key
+from conveyor.engine.queue_priority import POSITION_MASK, EpochImage, PriorityIndex, priority_of_key
 from conveyor.engine.queue_store import ChunkImage, MessageStore
 
 
@@ -229,15 +229,24 @@ class DeliveryOrder:
         self._epochs[i].add(key)
         return i == 0
 
-    # --- snapshots (FIFO queues only) ---------------------------------------------------------
+    # --- snapshots ----------------------------------------------------------------------------
 
-    def export(self) -> tuple[list[ChunkImage], list[int]]:
-        if __debug__:
-            assert not self._priority
-        return self.store.export_chunks(), list(self.barriers)
+    def export(self) -> tuple[list[ChunkImage], list[int], list[EpochImage]]:
+        """The store's chunks, the pending barriers and (priority queue) each epoch's
+        index, as a snapshot keeps them."""
+        return self.store.export_chunks(), list(self.barriers), [index.export() for index in self._epochs]
 
-    def adopt(self, chunks: list[ChunkImage], barriers: list[int]) -> None:
+    def adopt(self, chunks: list[ChunkImage], barriers: list[int], epochs: list[EpochImage]) -> None:
+        """Take over an exported state (this order is new); a priority queue's epochs
+        must be one more than its barriers (ValueError)."""
         if __debug__:
-            assert not self._priority and not self.store
+            assert not self.store
+        if len(epochs) != (len(barriers) + 1 if self._priority else 0):
+            raise ValueError(f"{len(epochs)} priority epochs for {len(barriers)} barriers")
         self.store.adopt(chunks)
         self.barriers = list(barriers)
+        if self._priority:
+            live = self.store.__contains__
+            self._epochs = [PriorityIndex(live) for _ in epochs]
+            for index, image in zip(self._epochs, epochs):
+                index.load(image)

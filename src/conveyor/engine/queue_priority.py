@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 #: Priorities are unsigned 64-bit; -1 is NaN (NULL, non-numeric), the lowest.
 PRIORITY_MAX = (1 << 64) - 1
@@ -77,6 +77,17 @@ def order_key(priority: int, position: int) -> int:
 
 def priority_of_key(key: int) -> int:
     return priority_of_rank(key >> _SHIFT)
+
+
+class EpochImage(NamedTuple):
+    """A :class:`PriorityIndex` as a snapshot keeps it: the numeric run's ranks
+    (``'Q'``) and positions (``'q'``), the NaN run's positions, in order, stale entries
+    included, and how many entries are stale."""
+
+    ranks: bytes
+    positions: bytes
+    nan_positions: bytes
+    stale: int
 
 
 class _Chunk:
@@ -220,6 +231,24 @@ class _Run:
             i += 1
             j = 0
 
+    def export(self) -> tuple[bytes, bytes]:
+        """(ranks ``'Q'``, positions ``'q'``) of every entry, stale ones included, in
+        order: C copies of the chunks, no Python object per entry (a snapshot)."""
+        ranks, positions = array("Q"), array("q")
+        for ch in self._chunks:
+            ranks.extend(ch.ranks[ch.start:])
+            positions.extend(ch.positions[ch.start:])
+        return ranks.tobytes(), positions.tobytes()
+
+    def load(self, ranks: array, positions: array) -> None:
+        """Replace the contents with what :meth:`export` gave (sorted, this run's)."""
+        base = self._base
+        self._chunks, self._firsts, self.n = [], [], len(positions)
+        for a in range(0, len(positions), CHUNK_SLOTS):
+            ch = _Chunk(ranks[a : a + CHUNK_SLOTS], positions[a : a + CHUNK_SLOTS])
+            self._chunks.append(ch)
+            self._firsts.append(((ch.ranks[0] + base) << _SHIFT) | ch.positions[0])
+
     def rebuild(self, keys: list[int]) -> None:
         """Replace the contents with ``keys`` (sorted, all in this run)."""
         self._chunks, self._firsts, self.n = [], [], len(keys)
@@ -304,6 +333,26 @@ class PriorityIndex:
 
     def __iter__(self) -> Iterator[int]:
         return self.scan(-1)
+
+    def export(self) -> EpochImage:
+        """The index as a snapshot keeps it: O(chunks) C copies (rule 2)."""
+        num_ranks, num_positions = self._num.export()
+        _, nan_positions = self._nan.export()
+        return EpochImage(num_ranks, num_positions, nan_positions, self.stale)
+
+    def load(self, image: EpochImage) -> None:
+        """Replace the contents with an exported image. Its stale entries stay stale:
+        their positions are not in the store the snapshot restores either (rule 4)."""
+        ranks, positions, nan_positions = array("Q"), array("q"), array("q")
+        ranks.frombytes(image.ranks)
+        positions.frombytes(image.positions)
+        nan_positions.frombytes(image.nan_positions)
+        if len(ranks) != len(positions) or image.stale > len(positions) + len(nan_positions):
+            raise ValueError("an inconsistent priority index image")
+        self._num.load(ranks, positions)
+        self._nan.load(array("Q", bytes(8 * len(nan_positions))), nan_positions)
+        self.stale = image.stale
+        self.version += 1
 
     def merge(self, other: PriorityIndex) -> None:
         """Take every entry of ``other`` (a barrier between the two went away)."""

@@ -29,10 +29,13 @@ This module sees nothing of the queue but that state. Rules:
    ``FORMAT_VERSION``, and an older snapshot is then ignored) and only if it checks
    (its own crc, every page's crc); otherwise recovery replays from the queue's recovery
    point, which is always correct.
-5. **Which queues.** Every FIFO queue, FileBackedMetadata or not: without it every
-   chunk is inline. Priority queues are not snapshotted (their delivery index is not
-   paged or saved) and replicated queues neither (their ownership state is not in a
-   snapshot): they recover by replay.
+5. **Which queues.** Every queue but a replicated one (its ownership state is not in a
+   snapshot: it recovers by replay). FileBackedMetadata or not: without it every chunk
+   is inline. A priority queue adds its delivery order: for each barrier epoch the
+   priority index's sorted columns as they are (``queue_priority.EpochImage``, stale
+   entries and their count included, so taking it costs C copies and no Python object
+   per message), and the priority of each leased message, which goes back into the
+   first epoch on restore.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import msgspec
 
 from conveyor.engine.queue_events import QueueState
 from conveyor.engine.queue_paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
+from conveyor.engine.queue_priority import EpochImage, order_key, priority_of_key
 from conveyor.engine.queue_store import ChunkImage
 
 if TYPE_CHECKING:
@@ -80,6 +84,11 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     refill_from: int | None
     deferred: list[int]
     version: int = FORMAT_VERSION
+    # a priority queue (rule 5): each epoch's (ranks, positions, NaN positions, stale),
+    # and the priority of each of ``returned``'s positions (msgpack ints hold a
+    # priority, not an order key)
+    epochs: list[tuple[bytes, bytes, bytes, int]] = []
+    returned_priorities: list[int] = []
 
 
 def fingerprint(config: QueueConfig) -> str:
@@ -89,10 +98,6 @@ def fingerprint(config: QueueConfig) -> str:
         config.barrier_expression, config.target_queue_depth, config.recovery_point,
     )
     return hashlib.sha1(repr(parts).encode()).hexdigest()
-
-
-def supported(config: QueueConfig) -> bool:
-    return config.priority is None  # rule 5 (replicated queues: the engine leaves them out)
 
 
 def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_from: int) -> QueueSnapshot:
@@ -126,6 +131,8 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         inactive=state.inactive,
         refill_from=state.refill_from,
         deferred=list(state.deferred_acks),
+        epochs=[tuple(e) for e in state.epochs],
+        returned_priorities=[priority_of_key(k) for k in state.leased_keys],
     )
 
 
@@ -133,8 +140,18 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
     """Rule 4: raise :class:`SnapshotInvalid` unless ``snap`` can be restored."""
     if snap.version != FORMAT_VERSION or snap.queue != config.name:
         raise SnapshotInvalid("another format or queue")
-    if snap.fingerprint != fingerprint(config) or not supported(config):
+    if snap.fingerprint != fingerprint(config):
         raise SnapshotInvalid("the queue configuration changed")
+    priority = config.priority is not None
+    if len(snap.epochs) != (len(snap.barriers) + 1 if priority else 0):
+        raise SnapshotInvalid("its priority epochs do not match the queue")
+    if priority and len(snap.returned_priorities) != len(snap.returned) // 16:
+        raise SnapshotInvalid("a leased message has no priority")
+    for ranks, positions, nan_positions, stale in snap.epochs:
+        if len(ranks) != len(positions) or len(positions) % 8 or len(nan_positions) % 8:
+            raise SnapshotInvalid("a priority epoch is cut short")
+        if not 0 <= stale <= (len(positions) + len(nan_positions)) // 8:
+            raise SnapshotInvalid("a priority epoch's stale count is out of range")
     if snap.page_file is not None and (file is None or file.generation != snap.page_file):
         raise SnapshotInvalid("its page file is missing")
     for first, offset, count, crc, data in snap.chunks:
@@ -175,6 +192,8 @@ def state(snap: QueueSnapshot) -> QueueState:
         inactive=snap.inactive,
         refill_from=snap.refill_from,
         deferred_acks=tuple(sorted(snap.deferred)),
+        epochs=tuple(EpochImage(*e) for e in snap.epochs),
+        leased_keys=tuple(order_key(q, p) for q, p in zip(snap.returned_priorities, positions)),
     )
 
 

@@ -123,7 +123,7 @@ class Recovery:
         snapshots = {
             b.name: b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
             for b in self._bindings
-            if queue_snapshot.supported(b.config) and b.ownership is None
+            if b.ownership is None
         } if snapshots else {}
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
@@ -308,7 +308,7 @@ class Recovery:
         first = getattr(self._journal, "first_position", 0)
         durable = self._journal.durable_end
         for b in self._bindings:
-            if not queue_snapshot.supported(b.config) or b.ownership is not None:
+            if b.ownership is not None:
                 continue  # a replicated queue replays (its ownership state is not in snapshots)
             name = b.name
             snap = checkpoint.snapshots.get(name) if checkpoint is not None else None
@@ -316,7 +316,8 @@ class Recovery:
                 log.warning("queue %s: snapshot outside the journal: replaying from the recovery point", name)
                 snap = None
             file = None
-            if pages is not None and b.config.file_backed_metadata:
+            if pages is not None and b.config.file_backed_metadata and b.config.priority is None:
+                # (the server refuses FileBackedMetadata on a priority queue: its index is not paged)
                 existing = pages.generations(name)
                 if snap is not None and snap.page_file in existing:
                     file = pages.open(name, snap.page_file, fresh=False)
