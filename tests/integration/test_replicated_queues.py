@@ -6,6 +6,7 @@ the processes have stopped.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -13,6 +14,7 @@ from collections import Counter
 import pytest
 
 from conveyor import Client, errors
+from conveyor.server.server import CHECKPOINT_INTERVAL_S
 from tests.integration.instances import Instance, instances  # noqa: F401
 from tests.serverproc import ServerProcess
 
@@ -259,3 +261,23 @@ def test_proxied_transfer_switched_by_the_admin_interface(instances):
     assert_once(processed, 40)
     with urllib.request.urlopen(f"{base}/WorkQ/disable_proxied_transfer", timeout=10) as resp:
         assert resp.status == 200
+
+
+def test_a_restart_from_the_queue_snapshot_keeps_ownership_and_transfers(instances):
+    """A replicated queue is snapshotted at checkpoints like any other queue, with the
+    messages another instance owns and their identities: B, SIGKILLed once a checkpoint
+    covers 300 messages A owns, replays only what came after it, and its workers still
+    get every message once (each transferred from A)."""
+    a, b = pair(instances)
+    publish_n(a.uri, 300)
+    b.wait_for_queue(300)
+    time.sleep(CHECKPOINT_INTERVAL_S + 1.5)  # a periodic checkpoint: WorkQ's snapshot
+    assert list((b.dir / "journal" / "queues").glob("WorkQ*.snap"))
+    b.kill()
+    b.start()
+    b.proc.wait_log("recovered")
+    assert int(re.findall(r"recovered (\d+) journal records", b.proc.log)[-1]) < 100
+    b.wait_for_link("A")
+    processed: list = []
+    run_workers([Worker(b.uri, f"b{i}", processed) for i in range(2)], processed, 300)
+    assert_once(processed, 300)

@@ -62,6 +62,7 @@ import msgspec
 
 from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
+from conveyor.engine import queue_snapshot
 from conveyor.engine.queue import Event, Queue
 from conveyor.engine.queue_events import Acknowledged, BarrierDelivered, DeliveredAtMostOnce, Expired
 
@@ -398,12 +399,44 @@ class QueueOwnership:
             "epochs": [[p, s, e, o, g] for (p, s), (e, o, g) in self._epochs.items()],
         }
 
+    def snapshot_fields(self) -> dict:
+        """What the queue's snapshot adds for this part (queue_snapshot rule 6): the
+        identity of every message in the queue, the transfers that decided their owners,
+        the recent leavers."""
+        return {
+            "replicated": True,
+            "idents": queue_snapshot.columns([(p, i[0], i[1]) for p, i in self._idents.items()]),
+            "left": queue_snapshot.columns([(p, i[0], i[1]) for i, p in self._left.items()]),
+            # the checkpoint file has these too, but may be older than the snapshot file
+            "ownership": self.export_state(),
+        }
+
+    def restore_snapshot(self, snap: queue_snapshot.QueueSnapshot, now: float) -> None:
+        """Take the state :meth:`snapshot_fields` gave, after the queue restored its own
+        and the checkpoint's ownership state was restored (:meth:`restore`)."""
+        for p, publisher, seq in queue_snapshot.triples(snap.idents):
+            self._positions[(publisher, seq)] = p
+            self._idents[p] = (publisher, seq)
+        for p, publisher, seq in queue_snapshot.triples(snap.left):
+            self._left[(publisher, seq)] = p
+        self.restore(snap.ownership, now)
+
     def restore(self, state: dict, now: float) -> None:
+        """Tombstones and transfers from a checkpoint or a snapshot (both may hold the
+        same: the later removal and the higher epoch win)."""
+        tombstones = self._tombstones
         for p, s, k, *when in state.get("tombstones", ()):
             # A checkpoint of an older version has no time: it counts from the restart.
-            self._tombstones[(p, s)] = (k, when[0] if when else now)
+            t = when[0] if when else now
+            current = tombstones.get((p, s))
+            if current is None or current[1] < t:
+                tombstones[(p, s)] = (k, t)
+        if tombstones:  # oldest first again (rule 3's trim reads them in that order)
+            self._tombstones = OrderedDict(sorted(tombstones.items(), key=lambda item: item[1][1]))
         for p, s, e, o, g in state.get("epochs", ()):
-            self._epochs[(p, s)] = (e, o, g)
+            current = self._epochs.get((p, s))
+            if current is None or e > current[0] or (e == current[0] and g < current[2]):
+                self._epochs[(p, s)] = (e, o, g)
 
     def statistics(self) -> OwnershipStats:
         return OwnershipStats(self.name, self.proxied, self.requests_sent, self.grants, self.proxied_claims,

@@ -1277,7 +1277,16 @@ class Queue:
         chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
+        leaving = self._elsewhere.leaving_owners()
         leased = sorted(self._leases.leased.items())
+        # A lease ends with the restart; one whose message was transferred away while it
+        # was leased leaves for its new owner then (queue_elsewhere rule 3).
+        away = [(p, a.owner, a.published_at, a.key, a.arrived) for p, a in self._elsewhere.items()]
+        if leaving:
+            away += [(p, leaving[p], lease.published_at, lease.key, lease.published_at)
+                     for p, lease in leased if p in leaving]
+            away.sort()
+            leased = [(p, lease) for p, lease in leased if p not in leaving]
         return QueueState(
             start=self._start,
             last_position=self._last_position,
@@ -1287,6 +1296,7 @@ class Queue:
             leased=tuple((p, lease.published_at) for p, lease in leased),
             leased_keys=tuple(lease.key for _, lease in leased) if self._priority else (),
             epochs=tuple(epochs),
+            elsewhere=tuple(away),
             deliveries=deliveries,
             cancels=cancels,
             barriers=tuple(barriers),
@@ -1312,6 +1322,8 @@ class Queue:
         keys = state.leased_keys or [p for p, _ in state.leased]
         for (p, t), key in zip(state.leased, keys):
             self._order.put_back(p, t, key)
+        for p, owner, t, key, arrived in state.elsewhere:
+            self._elsewhere.add(p, owner, t, key, arrived)
         self._start = state.start
         self._last_position = state.last_position
         self._last_time = state.last_time

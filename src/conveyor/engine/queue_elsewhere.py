@@ -78,5 +78,9 @@ class Elsewhere:
         """The new owner of a message whose lease here just ended, if it moved away."""
         return self._leaving.pop(position, None)
 
+    def leaving_owners(self) -> dict[int, str]:
+        """Rule 3's messages: position -> the owner they go to when their lease ends."""
+        return dict(self._leaving)
+
     def forget(self, position: int) -> None:
         self._leaving.pop(position, None)

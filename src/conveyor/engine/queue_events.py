@@ -271,3 +271,7 @@ class QueueState:
     deferred_acks: tuple[int, ...] = ()
     epochs: tuple[EpochImage, ...] = ()  # a priority queue's order, one per barrier epoch
     leased_keys: tuple[int, ...] = ()  # a priority queue: the order key of each of ``leased``
+    # a replicated queue: the messages another instance owns, (position, owner, publish
+    # time, order key, when it arrived here), those leased here whose ownership moved
+    # away included (their lease ends with the restart: queue_elsewhere rule 3)
+    elsewhere: tuple[tuple[int, str, float, int, float], ...] = ()

@@ -29,13 +29,19 @@ This module sees nothing of the queue but that state. Rules:
    ``FORMAT_VERSION``, and an older snapshot is then ignored) and only if it checks
    (its own crc, every page's crc); otherwise recovery replays from the queue's recovery
    point, which is always correct.
-5. **Which queues.** Every queue but a replicated one (its ownership state is not in a
-   snapshot: it recovers by replay). FileBackedMetadata or not: without it every chunk
+5. **Which queues.** Every queue. FileBackedMetadata or not: without it every chunk
    is inline. A priority queue adds its delivery order: for each barrier epoch the
    priority index's sorted columns as they are (``queue_priority.EpochImage``, stale
    entries and their count included, so taking it costs C copies and no Python object
    per message), and the priority of each leased message, which goes back into the
    first epoch on restore.
+6. **Replicated queues** add the messages another instance owns (position, owner,
+   publish and arrival times; those leased here whose ownership moved away are among
+   them, as their lease ends with the restart) and the engine's ownership state for the
+   messages in the queue (``engine/ownership.py``: each one's identity, the transfers
+   that decided its owner, and the recent leavers a named consumer may still name),
+   filled in by the engine. A snapshot is used only by a queue that is replicated as
+   it was when the snapshot was taken (``replicated``).
 """
 
 from __future__ import annotations
@@ -89,6 +95,17 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     # priority, not an order key)
     epochs: list[tuple[bytes, bytes, bytes, int]] = []
     returned_priorities: list[int] = []
+    # a replicated queue (rule 6): the messages owned elsewhere, as columns (positions
+    # 'q', publish times 'd', arrival times 'd'; owner of each as an index 'H' into
+    # ``owners``; priorities for a priority queue), and the engine's ownership state
+    replicated: bool = False
+    elsewhere: bytes = b""
+    elsewhere_owner: bytes = b""
+    owners: list[str] = []
+    elsewhere_priorities: list[int] = []
+    idents: bytes = b""  # every message in the queue: positions 'q', publishers 'Q', seqs 'q'
+    left: bytes = b""  # recent leavers, oldest first, the same columns
+    ownership: dict = {}  # tombstones and transfers (engine/ownership.py export_state)
 
 
 def fingerprint(config: QueueConfig) -> str:
@@ -113,6 +130,9 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
             chunks.append((image.first, -1, len(image.positions), crc, data))
     leased = state.leased
     returned = array("q", [p for p, _ in leased]).tobytes() + array("d", [t for _, t in leased]).tobytes()
+    away = state.elsewhere
+    owners = sorted({owner for _, owner, _, _, _ in away})
+    index = {owner: i for i, owner in enumerate(owners)}
     return QueueSnapshot(
         queue=config.name,
         fingerprint=fingerprint(config),
@@ -133,6 +153,11 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         deferred=list(state.deferred_acks),
         epochs=[tuple(e) for e in state.epochs],
         returned_priorities=[priority_of_key(k) for k in state.leased_keys],
+        elsewhere=(array("q", [a[0] for a in away]).tobytes() + array("d", [a[2] for a in away]).tobytes()
+                   + array("d", [a[4] for a in away]).tobytes()),
+        elsewhere_owner=array("H", [index[a[1]] for a in away]).tobytes(),
+        owners=owners,
+        elsewhere_priorities=[priority_of_key(a[3]) for a in away] if config.priority is not None else [],
     )
 
 
@@ -147,6 +172,15 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
         raise SnapshotInvalid("its priority epochs do not match the queue")
     if priority and len(snap.returned_priorities) != len(snap.returned) // 16:
         raise SnapshotInvalid("a leased message has no priority")
+    n = len(snap.elsewhere) // 24
+    if len(snap.elsewhere) % 24 or len(snap.elsewhere_owner) != 2 * n:
+        raise SnapshotInvalid("its messages owned elsewhere are cut short")
+    if n and max(array("H", snap.elsewhere_owner)) >= len(snap.owners):
+        raise SnapshotInvalid("a message owned elsewhere names no owner")
+    if priority and len(snap.elsewhere_priorities) != n:
+        raise SnapshotInvalid("a message owned elsewhere has no priority")
+    if len(snap.idents) % 24 or len(snap.left) % 24:
+        raise SnapshotInvalid("its message identities are cut short")
     for ranks, positions, nan_positions, stale in snap.epochs:
         if len(ranks) != len(positions) or len(positions) % 8 or len(nan_positions) % 8:
             raise SnapshotInvalid("a priority epoch is cut short")
@@ -194,7 +228,43 @@ def state(snap: QueueSnapshot) -> QueueState:
         deferred_acks=tuple(sorted(snap.deferred)),
         epochs=tuple(EpochImage(*e) for e in snap.epochs),
         leased_keys=tuple(order_key(q, p) for q, p in zip(snap.returned_priorities, positions)),
+        elsewhere=_elsewhere(snap),
     )
+
+
+def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float], ...]:
+    n = len(snap.elsewhere) // 24
+    if not n:
+        return ()
+    positions, times, arrived, owner = array("q"), array("d"), array("d"), array("H")
+    positions.frombytes(snap.elsewhere[: 8 * n])
+    times.frombytes(snap.elsewhere[8 * n : 16 * n])
+    arrived.frombytes(snap.elsewhere[16 * n :])
+    owner.frombytes(snap.elsewhere_owner)
+    owners = snap.owners
+    if snap.elsewhere_priorities:
+        keys = [order_key(q, p) for q, p in zip(snap.elsewhere_priorities, positions)]
+    else:
+        keys = positions
+    return tuple(zip(positions, (owners[i] for i in owner), times, keys, arrived))
+
+
+def columns(entries: list[tuple[int, int, int]]) -> bytes:
+    """(position, publisher, seq) triples as the ``idents`` / ``left`` columns."""
+    if not entries:
+        return b""
+    positions, publishers, seqs = zip(*entries)
+    return array("q", positions).tobytes() + array("Q", publishers).tobytes() + array("q", seqs).tobytes()
+
+
+def triples(data: bytes) -> list[tuple[int, int, int]]:
+    """The (position, publisher, seq) triples of ``columns``' bytes, in order."""
+    n = len(data) // 24
+    positions, publishers, seqs = array("q"), array("Q"), array("q")
+    positions.frombytes(data[: 8 * n])
+    publishers.frombytes(data[8 * n : 16 * n])
+    seqs.frombytes(data[16 * n :])
+    return list(zip(positions, publishers, seqs))
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -39,6 +39,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import msgspec
+
 from conveyor import records
 from conveyor.engine import queue_journal, queue_snapshot
 from conveyor.engine.bookmarks import parse_replay_start
@@ -120,11 +122,7 @@ class Recovery:
                 # past an unapplied publish (the scan must start on a record boundary).
                 point = first_unapplied
             queues[b.name] = (point, b.config.recovery_point or "")
-        snapshots = {
-            b.name: b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
-            for b in self._bindings
-            if b.ownership is None
-        } if snapshots else {}
+        snapshots = {b.name: self._snapshot(b, end, first_unapplied) for b in self._bindings} if snapshots else {}
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=snapshots,
@@ -143,6 +141,13 @@ class Recovery:
             if low is not None:
                 lows.append(low)
         return min(lows)
+
+    @staticmethod
+    def _snapshot(b: QueueBinding, end: int, first_unapplied: int) -> queue_snapshot.QueueSnapshot:
+        snap = b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
+        if b.ownership is not None:  # queue_snapshot rule 6
+            snap = msgspec.structs.replace(snap, **b.ownership.snapshot_fields())
+        return snap
 
     # --- recovery ----------------------------------------------------------------------------
 
@@ -167,7 +172,7 @@ class Recovery:
                 starts[b.name] = (saved[0], None)
             else:
                 starts[b.name] = self._configured_start(b)
-        self._restore_snapshots(checkpoint, pages, starts)
+        self._restore_snapshots(checkpoint, pages, starts, now)
         first = getattr(journal, "first_position", 0)
         scan_from = min([checkpoint.position if checkpoint is not None else 0, *(p for p, _ in starts.values())])
         sow = self._sow
@@ -207,7 +212,7 @@ class Recovery:
             elif type(rec) is records.ReceivedRec:
                 self._replication.recovered(rec)
             elif type(rec) in _OWNERSHIP_RECORDS:
-                if self._replication.queues is not None and pos >= points.get(rec.queue, 0):
+                if self._replication.queues is not None and pos >= self._ownership_from(rec.queue, points):
                     self._replication.queues.replay(rec, now)
             elif type(rec) is records.SowDeletedRec:
                 if sow is not None:
@@ -239,6 +244,14 @@ class Recovery:
         if sow is not None:
             sow.end_recovery(now)
         return count
+
+    def _ownership_from(self, queue: str, points: dict) -> int:
+        """Where a replicated queue's ownership records start to apply: after its
+        snapshot, or from its recovery point."""
+        b = self._bindings.get(queue)
+        if b is not None and b.snapshot_events_from is not None:
+            return b.snapshot_events_from
+        return points.get(queue, 0)
 
     def _binding_since(self, queue: str) -> int | None:
         b = self._bindings.get(queue)
@@ -302,18 +315,20 @@ class Recovery:
 
     # --- FileBackedMetadata (rule 4) -----------------------------------------------------------
 
-    def _restore_snapshots(self, checkpoint: Checkpoint | None, pages, starts: dict) -> None:
+    def _restore_snapshots(self, checkpoint: Checkpoint | None, pages, starts: dict, now: float) -> None:
         """Page the FileBackedMetadata queues (when ``pages`` is given) and load their
         snapshots; a queue with one starts its replay at the snapshot (``starts``)."""
         first = getattr(self._journal, "first_position", 0)
         durable = self._journal.durable_end
         for b in self._bindings:
-            if b.ownership is not None:
-                continue  # a replicated queue replays (its ownership state is not in snapshots)
             name = b.name
             snap = checkpoint.snapshots.get(name) if checkpoint is not None else None
             if snap is not None and not (first <= snap.publishes_from <= snap.events_from <= durable):
                 log.warning("queue %s: snapshot outside the journal: replaying from the recovery point", name)
+                snap = None
+            if snap is not None and snap.replicated != (b.ownership is not None):
+                log.warning("queue %s: ignoring its snapshot (taken while the queue was%s replicated): replaying "
+                            "from the recovery point", name, "" if snap.replicated else " not")
                 snap = None
             file = None
             if pages is not None and b.config.file_backed_metadata and b.config.priority is None:
@@ -337,5 +352,7 @@ class Recovery:
                 b.queue.page_to(file)
             if snap is not None:
                 b.queue.restore_snapshot(snap)
+                if b.ownership is not None:
+                    b.ownership.restore_snapshot(snap, now)
                 starts[name] = (snap.publishes_from, None)
                 b.snapshot_events_from = snap.events_from
