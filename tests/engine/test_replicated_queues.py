@@ -8,6 +8,7 @@ of tests/engine/cluster.py, in virtual time.
 from __future__ import annotations
 
 from conveyor import records
+from conveyor.engine import recovery
 from conveyor.engine.ownership import WAIT_DEFAULT_S
 from conveyor.protocol import messages as m
 
@@ -368,3 +369,31 @@ def test_statistics_of_a_replicated_queue():
     assert own.requests_sent >= 2 and own.typical_ack_s > 0
     (own_a,) = c.nodes["A"].engine.statistics(c.now).replicated_queues
     assert own_a.grants == 2
+
+
+def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch):
+    """A replicated queue's snapshot holds the messages another instance owns and their
+    identities: B restarts from it (replaying only what came after), still shows A's
+    messages as A's, and gets them by transfer. Above REPLICATED_SNAPSHOT_MESSAGES_MAX
+    messages a checkpoint leaves the last snapshot in place."""
+    c = cluster()
+    publish(c, "A", *range(20))
+    b = c.nodes["B"]
+    b.checkpoint()
+    b.commit()
+    snap = b.written_checkpoint.snapshots["WorkQ"]
+    assert snap.replicated and len(snap.elsewhere) == 24 * 20 and len(snap.idents) == 24 * 20
+    publish(c, "A", 20, 21)
+    c.crash("B")
+    c.restart("B")
+    assert b.recovered < 20  # the two publishes after the snapshot, and little else
+    q = c.nodes["B"].engine.queues["WorkQ"]
+    assert q.statistics().elsewhere == 22 and {q.owner_of(r.position) for r in q.details().messages} == {"A"}
+    c.connect_all()
+    conn = worker(c, "B", backlog=50)
+    c.advance(WAIT_DEFAULT_S + 0.1)
+    c.settle()
+    assert sorted(got(c, "B", conn)) == list(range(22))
+
+    monkeypatch.setattr(recovery, "REPLICATED_SNAPSHOT_MESSAGES_MAX", 0)
+    assert "WorkQ" not in c.nodes["B"].engine.checkpoint().snapshots

@@ -154,6 +154,11 @@ class QueueOwnership:
             del tombstones[ident]
 
     @property
+    def size(self) -> int:
+        """Messages in the queue here whose identity this part keeps."""
+        return len(self._idents)
+
+    @property
     def tombstone_count(self) -> int:
         return len(self._tombstones)
 
@@ -405,8 +410,8 @@ class QueueOwnership:
         the recent leavers."""
         return {
             "replicated": True,
-            "idents": queue_snapshot.columns([(p, i[0], i[1]) for p, i in self._idents.items()]),
-            "left": queue_snapshot.columns([(p, i[0], i[1]) for i, p in self._left.items()]),
+            "idents": queue_snapshot.columns(self._idents.keys(), self._idents.values()),
+            "left": queue_snapshot.columns(self._left.values(), self._left.keys()),
             # the checkpoint file has these too, but may be older than the snapshot file
             "ownership": self.export_state(),
         }
@@ -414,11 +419,11 @@ class QueueOwnership:
     def restore_snapshot(self, snap: queue_snapshot.QueueSnapshot, now: float) -> None:
         """Take the state :meth:`snapshot_fields` gave, after the queue restored its own
         and the checkpoint's ownership state was restored (:meth:`restore`)."""
-        for p, publisher, seq in queue_snapshot.triples(snap.idents):
-            self._positions[(publisher, seq)] = p
-            self._idents[p] = (publisher, seq)
-        for p, publisher, seq in queue_snapshot.triples(snap.left):
-            self._left[(publisher, seq)] = p
+        positions, idents = queue_snapshot.triples(snap.idents)
+        self._idents.update(zip(positions, idents))
+        self._positions.update(zip(idents, positions))
+        positions, idents = queue_snapshot.triples(snap.left)
+        self._left.update(zip(idents, positions))
         self.restore(snap.ownership, now)
 
     def restore(self, state: dict, now: float) -> None:

@@ -49,7 +49,8 @@ from __future__ import annotations
 import hashlib
 import zlib
 from array import array
-from typing import TYPE_CHECKING
+from operator import itemgetter
+from typing import TYPE_CHECKING, Iterable
 
 import msgspec
 
@@ -249,23 +250,26 @@ def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float],
     return tuple(zip(positions, (owners[i] for i in owner), times, keys, arrived))
 
 
-def columns(entries: list[tuple[int, int, int]]) -> bytes:
-    """(position, publisher, seq) triples as the ``idents`` / ``left`` columns."""
-    if not entries:
-        return b""
-    positions, publishers, seqs = zip(*entries)
-    return array("q", positions).tobytes() + array("Q", publishers).tobytes() + array("q", seqs).tobytes()
+def columns(positions: Iterable[int], idents: Iterable[tuple[int, int]]) -> bytes:
+    """``positions`` and their (publisher, seq) ``idents``, in the same order, as the
+    ``idents`` / ``left`` columns (C loops: a deep replicated queue's snapshot is taken
+    on the engine's thread)."""
+    idents = list(idents)
+    return (array("q", positions).tobytes() + array("Q", map(_first, idents)).tobytes()
+            + array("q", map(_second, idents)).tobytes())
 
 
-def triples(data: bytes) -> list[tuple[int, int, int]]:
-    """The (position, publisher, seq) triples of ``columns``' bytes, in order."""
+def triples(data: bytes) -> tuple[array, list[tuple[int, int]]]:
+    """``columns``' bytes back: (positions, (publisher, seq) of each)."""
     n = len(data) // 24
     positions, publishers, seqs = array("q"), array("Q"), array("q")
     positions.frombytes(data[: 8 * n])
     publishers.frombytes(data[8 * n : 16 * n])
     seqs.frombytes(data[16 * n :])
-    return list(zip(positions, publishers, seqs))
+    return positions, list(zip(publishers, seqs))
 
+
+_first, _second = itemgetter(0), itemgetter(1)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(QueueSnapshot)

@@ -54,6 +54,12 @@ from conveyor.engine.topics import Topics
 
 log = logging.getLogger("conveyor.engine")
 
+#: A replicated queue's snapshot lists the identity of each of its messages, a loop per
+#: message on the engine's thread (about 0.3-0.6 µs each): above this many, a checkpoint
+#: leaves its last snapshot in place (still valid: the restart replays more after it)
+#: rather than pause the engine for longer.
+REPLICATED_SNAPSHOT_MESSAGES_MAX = 200_000
+
 _OWNERSHIP_RECORDS = (records.QueueRemovedRec, records.TransferRec, records.TransferRequestRec)
 
 
@@ -122,7 +128,11 @@ class Recovery:
                 # past an unapplied publish (the scan must start on a record boundary).
                 point = first_unapplied
             queues[b.name] = (point, b.config.recovery_point or "")
-        snapshots = {b.name: self._snapshot(b, end, first_unapplied) for b in self._bindings} if snapshots else {}
+        snapshots = {
+            b.name: self._snapshot(b, end, first_unapplied)
+            for b in self._bindings
+            if b.ownership is None or b.ownership.size <= REPLICATED_SNAPSHOT_MESSAGES_MAX
+        } if snapshots else {}
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=snapshots,
