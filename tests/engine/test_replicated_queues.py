@@ -7,6 +7,8 @@ of tests/engine/cluster.py, in virtual time.
 
 from __future__ import annotations
 
+import logging
+
 from conveyor import records
 from conveyor.engine import recovery
 from conveyor.engine.ownership import WAIT_DEFAULT_S
@@ -371,7 +373,7 @@ def test_statistics_of_a_replicated_queue():
     assert own_a.grants == 2
 
 
-def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch):
+def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch, caplog):
     """A replicated queue's snapshot holds the messages another instance owns and their
     identities: B restarts from it (replaying only what came after), still shows A's
     messages as A's, and gets them by transfer. Above REPLICATED_SNAPSHOT_MESSAGES_MAX
@@ -396,4 +398,8 @@ def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch)
     assert sorted(got(c, "B", conn)) == list(range(22))
 
     monkeypatch.setattr(recovery, "REPLICATED_SNAPSHOT_MESSAGES_MAX", 0)
-    assert "WorkQ" not in c.nodes["B"].engine.checkpoint().snapshots
+    with caplog.at_level(logging.INFO, logger="conveyor.engine"):
+        assert "WorkQ" not in c.nodes["B"].engine.checkpoint().snapshots
+        assert "WorkQ" not in c.nodes["B"].engine.checkpoint().snapshots
+    assert [r.getMessage() for r in caplog.records].count(
+        "queue WorkQ holds 22 messages, over 0: its last snapshot is kept, not retaken, until it holds fewer") == 1

@@ -114,6 +114,7 @@ class Recovery:
         self._replication = replication
         self._persisted_end: int | None = None
         self._created: dict[str, int] = {}  # rule 1: each configured queue's creation point
+        self._deep: set[str] = set()  # replicated queues too deep to snapshot now
 
     # --- checkpoints ------------------------------------------------------------------------
 
@@ -129,9 +130,7 @@ class Recovery:
                 point = first_unapplied
             queues[b.name] = (point, b.config.recovery_point or "")
         snapshots = {
-            b.name: self._snapshot(b, end, first_unapplied)
-            for b in self._bindings
-            if b.ownership is None or b.ownership.size <= REPLICATED_SNAPSHOT_MESSAGES_MAX
+            b.name: self._snapshot(b, end, first_unapplied) for b in self._bindings if self._snapshots_taken(b)
         } if snapshots else {}
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
@@ -151,6 +150,20 @@ class Recovery:
             if low is not None:
                 lows.append(low)
         return min(lows)
+
+    def _snapshots_taken(self, b: QueueBinding) -> bool:
+        """False for a replicated queue above REPLICATED_SNAPSHOT_MESSAGES_MAX (said once
+        each way in the log: the restart then replays more)."""
+        over = b.ownership is not None and b.ownership.size > REPLICATED_SNAPSHOT_MESSAGES_MAX
+        if over != (b.name in self._deep):
+            if over:
+                self._deep.add(b.name)
+                log.info("queue %s holds %d messages, over %d: its last snapshot is kept, not retaken, until it "
+                         "holds fewer", b.name, b.ownership.size, REPLICATED_SNAPSHOT_MESSAGES_MAX)
+            else:
+                self._deep.discard(b.name)
+                log.info("queue %s: snapshots are taken again", b.name)
+        return not over
 
     @staticmethod
     def _snapshot(b: QueueBinding, end: int, first_unapplied: int) -> queue_snapshot.QueueSnapshot:
