@@ -193,12 +193,7 @@ async def nats_latency(port: int, pid: int, seconds: float) -> dict[str, float]:
     def send(batch: list[bytes]) -> None:
         pending.extend(asyncio.ensure_future(js.publish("lat", payload)) for payload in batch)
 
-    cpu0: list[float] = []
-    with no_collection():
-        sent = await pace(LATENCY_RATE, seconds, LATENCY_WARMUP_S, send, lambda: _window(pid, cpu0, from_ns))
-        await asyncio.gather(*pending)
-        await wait_count(latencies, sent)
-        used = cpu_seconds(pid) - cpu0[0]
+    sent, used = await _paced(pid, seconds, send, pending, latencies, from_ns)
     await nc.close()
     return summarize(latencies, sent, used)
 
@@ -232,12 +227,7 @@ async def redis_latency(port: int, pid: int, seconds: float) -> dict[str, float]
             pipe.xadd("lat", {"d": payload})
         pending.append(asyncio.ensure_future(pipe.execute()))
 
-    cpu0: list[float] = []
-    with no_collection():
-        sent = await pace(LATENCY_RATE, seconds, LATENCY_WARMUP_S, send, lambda: _window(pid, cpu0, from_ns))
-        await asyncio.gather(*pending)
-        await wait_count(latencies, sent)
-        used = cpu_seconds(pid) - cpu0[0]
+    sent, used = await _paced(pid, seconds, send, pending, latencies, from_ns)
     stop.set()
     await consumer
     await publisher.aclose()
@@ -245,10 +235,22 @@ async def redis_latency(port: int, pid: int, seconds: float) -> dict[str, float]
     return summarize(latencies, sent, used)
 
 
-def _window(pid: int, cpu0: list[float], from_ns: list[int]) -> None:
-    """The measured span begins: the server's CPU so far, and the first stamp counted."""
-    cpu0.append(cpu_seconds(pid))
-    from_ns[0] = time.perf_counter_ns()
+async def _paced(pid: int, seconds: float, send, pending: list, latencies: list, from_ns: list[int]
+                 ) -> tuple[int, float]:
+    """Publish at LATENCY_RATE through ``send``, then wait for the publishes' replies
+    (``pending``) and for every measured arrival: (messages sent in the measured span,
+    the server's CPU seconds over it). ``from_ns[0]`` is set when the span begins."""
+    cpu0: list[float] = []
+
+    def window() -> None:
+        cpu0.append(cpu_seconds(pid))
+        from_ns[0] = time.perf_counter_ns()
+
+    with no_collection():
+        sent = await pace(LATENCY_RATE, seconds, LATENCY_WARMUP_S, send, window)
+        await asyncio.gather(*pending)
+        await wait_count(latencies, sent)
+        return sent, cpu_seconds(pid) - cpu0[0]
 
 
 def latency(system: str, proc: subprocess.Popen, port: int, seconds: float) -> dict[str, float]:
