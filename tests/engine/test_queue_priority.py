@@ -350,3 +350,20 @@ def test_priority_index_against_a_sorted_list(monkeypatch, ops):
         other.add(k)
     index.merge(other)
     assert list(index) == sorted(model + extra)
+
+
+def test_a_message_transferred_away_and_back_is_in_the_order_once():
+    """A replicated priority queue: a message owned away (transfer out) and back
+    (transfer in) is available once, delivered once, and leaves nothing behind in the
+    priority index (the transfer out removes its key exactly, not lazily)."""
+    q = Queue(QueueConfig(name="Q", message_type="json", priority="/p"), load=lambda p: None)
+    for p, prio in ((1, 5), (2, 9), (3, 1)):
+        q.enqueue(p, 1.0, priority=prio)
+    assert q.transfer_out(2, "B", 2.0)
+    assert list(q._order) == [1, 3]  # the delivery order (the view also shows 2, owned by B)
+    assert q.transfer_in(2, 3.0)
+    assert list(q._order) == [2, 1, 3]
+    c = Consumer("c", "c", max_backlog=10)
+    q.add_consumer(c, 4.0)
+    assert [d.position for d in q.dispatch(4.0)] == [2, 1, 3]
+    assert list(q._order) == [] and q.dispatch(4.0) == []

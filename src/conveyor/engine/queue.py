@@ -867,7 +867,9 @@ class Queue:
             return False
         self._move(position, Verb.TRANSFER_OUT, _AVAILABLE)
         key = self._order.key_of(position)
-        t = self._order.remove(position)
+        # Exact removal, as a delivery's: a lazy one would leave its key in a priority
+        # index, and a transfer back here would add it a second time.
+        t = self._order.take(key)
         self._elsewhere.add(position, owner, t, key, now)
         self._counters.transferred_out += 1
         return True
