@@ -1,10 +1,10 @@
 """Deterministic simulation of a replicated queue across instances (engine/ownership.py).
 
-One seed drives the topology, the publishers, the workers (attached to random
-instances: they take messages, acknowledge, cancel, leave), the network (frames move a
-few at a time, links are cut and come back), crashes that lose what was not fsynced,
-and the clock (leases expire, transfers become due). Checked on every delivery and
-every acknowledgement:
+One seed drives the topology (a third of the seeds with a priority queue), the
+publishers, the workers (attached to random instances: they take messages, acknowledge,
+cancel, leave), the network (frames move a few at a time, links are cut and come back),
+crashes that lose what was not fsynced, and the clock (leases expire, transfers become
+due). Checked on every delivery and every acknowledgement:
 
 - a message is never delivered while a lease on it is held, on this instance or on
   another (leases end by an ack, a cancel, the worker leaving, a crash, or the deadline);
@@ -60,9 +60,11 @@ class Sim:
         self.rng = rng = random.Random(seed)
         names = ["A", "B"] if rng.random() < 0.6 else ["A", "B", "C"]
         sync = rng.random() < 0.5
-        sow = queue_xml("WorkQ", underlying="Work", LeasePeriod=f"{LEASE_S:g}s")
+        priority = seed % 3 == 2  # a third of the seeds: a priority queue (its index moves with transfers)
+        sow = queue_xml("WorkQ", underlying="Work", LeasePeriod=f"{LEASE_S:g}s",
+                        Priority="/v % 7" if priority else None)
         pass_through = ".*" if len(names) == 3 else None
-        self.kind = f"{len(names)} instances, {'sync' if sync else 'async'}"
+        self.kind = f"{len(names)} instances, {'sync' if sync else 'async'}{', priority' if priority else ''}"
         self.c = Cluster({
             n: instance_xml(n, [destination(d, sync=sync, pass_through=pass_through) for d in names if d != n], sow=sow)
             for n in names
