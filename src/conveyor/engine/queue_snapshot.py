@@ -130,7 +130,7 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
             data, crc = encode_page(image.positions, image.times)
             chunks.append((image.first, -1, len(image.positions), crc, data))
     leased = state.leased
-    returned = array("q", [p for p, _ in leased]).tobytes() + array("d", [t for _, t in leased]).tobytes()
+    returned = _pack(array("q", [p for p, _ in leased]), array("d", [t for _, t in leased]))
     away = state.elsewhere
     owners = sorted({owner for _, owner, _, _, _ in away})
     index = {owner: i for i, owner in enumerate(owners)}
@@ -154,8 +154,8 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         deferred=list(state.deferred_acks),
         epochs=[tuple(e) for e in state.epochs],
         returned_priorities=[priority_of_key(k) for k in state.leased_keys],
-        elsewhere=(array("q", [a[0] for a in away]).tobytes() + array("d", [a[2] for a in away]).tobytes()
-                   + array("d", [a[4] for a in away]).tobytes()),
+        elsewhere=_pack(array("q", [a[0] for a in away]), array("d", [a[2] for a in away]),
+                        array("d", [a[4] for a in away])),
         elsewhere_owner=array("H", [index[a[1]] for a in away]).tobytes(),
         owners=owners,
         elsewhere_priorities=[priority_of_key(a[3]) for a in away] if config.priority is not None else [],
@@ -209,10 +209,7 @@ def state(snap: QueueSnapshot) -> QueueState:
             chunks.append(ChunkImage(first, None, None, (offset, count, crc)))
         else:
             chunks.append(ChunkImage(first, *decode_page(data, count, crc, "inline")))
-    n = len(snap.returned) // 16
-    positions, times = array("q"), array("d")
-    positions.frombytes(snap.returned[: 8 * n])
-    times.frombytes(snap.returned[8 * n :])
+    positions, times = _unpack(snap.returned, "q", "d")
     return QueueState(
         start=snap.start,
         last_position=snap.last_position,
@@ -234,14 +231,10 @@ def state(snap: QueueSnapshot) -> QueueState:
 
 
 def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float], ...]:
-    n = len(snap.elsewhere) // 24
-    if not n:
+    if not snap.elsewhere:
         return ()
-    positions, times, arrived, owner = array("q"), array("d"), array("d"), array("H")
-    positions.frombytes(snap.elsewhere[: 8 * n])
-    times.frombytes(snap.elsewhere[8 * n : 16 * n])
-    arrived.frombytes(snap.elsewhere[16 * n :])
-    owner.frombytes(snap.elsewhere_owner)
+    positions, times, arrived = _unpack(snap.elsewhere, "q", "d", "d")
+    owner = array("H", snap.elsewhere_owner)
     owners = snap.owners
     if snap.elsewhere_priorities:
         keys = [order_key(q, p) for q, p in zip(snap.elsewhere_priorities, positions)]
@@ -255,18 +248,29 @@ def columns(positions: Iterable[int], idents: Iterable[tuple[int, int]]) -> byte
     ``idents`` / ``left`` columns (C loops: a deep replicated queue's snapshot is taken
     on the engine's thread)."""
     idents = list(idents)
-    return (array("q", positions).tobytes() + array("Q", map(_first, idents)).tobytes()
-            + array("q", map(_second, idents)).tobytes())
+    return _pack(array("q", positions), array("Q", map(_first, idents)), array("q", map(_second, idents)))
 
 
 def triples(data: bytes) -> tuple[array, list[tuple[int, int]]]:
     """``columns``' bytes back: (positions, (publisher, seq) of each)."""
-    n = len(data) // 24
-    positions, publishers, seqs = array("q"), array("Q"), array("q")
-    positions.frombytes(data[: 8 * n])
-    publishers.frombytes(data[8 * n : 16 * n])
-    seqs.frombytes(data[16 * n :])
+    positions, publishers, seqs = _unpack(data, "q", "Q", "q")
     return positions, list(zip(publishers, seqs))
+
+
+def _pack(*columns: array) -> bytes:
+    """Columns of one length, 8-byte items, one after the other."""
+    return b"".join(column.tobytes() for column in columns)
+
+
+def _unpack(data: bytes, *typecodes: str) -> list[array]:
+    """``_pack``'s columns back, one per type code."""
+    n = len(data) // (8 * len(typecodes))
+    out = []
+    for i, code in enumerate(typecodes):
+        column = array(code)
+        column.frombytes(data[8 * n * i : 8 * n * (i + 1)])
+        out.append(column)
+    return out
 
 
 _first, _second = itemgetter(0), itemgetter(1)

@@ -271,10 +271,8 @@ class Recovery:
     def _ownership_from(self, queue: str, points: dict) -> int:
         """Where a replicated queue's ownership records start to apply: after its
         snapshot, or from its recovery point."""
-        b = self._bindings.get(queue)
-        if b is not None and b.snapshot_events_from is not None:
-            return b.snapshot_events_from
-        return points.get(queue, 0)
+        since = self._binding_since(queue)
+        return points.get(queue, 0) if since is None else since
 
     def _binding_since(self, queue: str) -> int | None:
         b = self._bindings.get(queue)
