@@ -290,11 +290,12 @@ def test_the_simulation_catches_a_lost_record():
     """The checker is not vacuous: dropping every batch's records on arrival is caught."""
     import conveyor.engine.replication as repl
 
-    original = repl.Replication._record_run
-    repl.Replication._record_run = lambda self, run, src, now: 0
+    original = repl.Replication._record_publish, repl.Replication._record_run
+    repl.Replication._record_publish = lambda self, rec, payload, link, now: 0
+    repl.Replication._record_run = lambda self, run, link, now: 0
     try:
         with pytest.raises(SimFailure):
             for seed in range(50):
                 Sim(seed).run()
     finally:
-        repl.Replication._record_run = original
+        repl.Replication._record_publish, repl.Replication._record_run = original

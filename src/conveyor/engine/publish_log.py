@@ -216,6 +216,22 @@ class PublishLog:
         )
         return position
 
+    def append_arrived(self, rec: records.PublishRec, payload: bytes, origin: str) -> int:
+        """Journal a publish that arrived by replication from ``origin``; ``payload`` is
+        its record as kept here (records.Arrival)."""
+        journal = self._journal
+        position = journal.append(payload)
+        publisher, seq = rec.publisher, rec.seq
+        if seq == self._highest.get(publisher, 0) + 1:
+            self._highest[publisher] = seq  # the usual case: in order
+        else:
+            self._note(publisher, seq)
+        self.pending.append(
+            PendingPublish(position, journal.end, rec.topic, publisher, seq, rec.timestamp, rec.data,
+                           rec.correlation_id, origin, rec.expiration, rec.sow_key)
+        )
+        return position
+
     def pending_position(self, publisher: int, seq: int) -> int | None:
         """The position of a publish journaled but not yet applied (None: not pending).
         A scan, newest first: for a record of the same replicated batch that names it."""

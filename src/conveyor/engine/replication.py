@@ -133,8 +133,10 @@ def _matches_any(patterns: tuple[str, ...]) -> Callable[[str], bool]:
 class OutLink:
     """The source side of one ``Destination`` (rules 1, 3, 4, 7)."""
 
-    def __init__(self, dest: ReplicationDestination) -> None:
+    def __init__(self, dest: ReplicationDestination, never: frozenset[str] = frozenset()) -> None:
         self.dest = dest
+        self._never = never  # topics whose publishes never travel (views: rule 8)
+        self._plain: dict[str, bool] = {}
         self.name = dest.name
         self.sync = dest.sync_type == "sync"
         self.topic_matches = _matches_any(tuple(t.name for t in dest.topics))
@@ -149,6 +151,16 @@ class OutLink:
         self.batches_sent = 0
         self.gaps = 0
         self.last_error: str | None = None
+
+    def wants_plain(self, topic: str) -> bool:
+        """Rule 1 for a publish recorded here first (no origin): whether its topic goes
+        to this destination. Verdicts are remembered per topic name."""
+        verdict = self._plain.get(topic)
+        if verdict is None:
+            if len(self._plain) >= TOPIC_VERDICTS_MAX:
+                self._plain.clear()
+            verdict = self._plain[topic] = self.topic_matches(topic) and topic not in self._never
+        return verdict
 
     def wants(self, rec: records.PublishRec, peer_instance: str) -> bool:
         """Rule 1: whether this destination needs the publish ``rec``."""
@@ -187,6 +199,8 @@ class InLink:
         self.records_received = 0
         self.records_recorded = 0
         self.gaps = 0
+        # How the source's own publishes are journaled here (rule 2).
+        self.arrival = records.Arrival(profile.instance, profile.group, [profile.instance])
 
 
 class Replication:
@@ -203,11 +217,13 @@ class Replication:
         self._outbox = outbox
         self._window = window_bytes_max
         repl = config.replication
-        self.links: dict[str, OutLink] = {d.name: OutLink(d) for d in (repl.destinations if repl else ())}
         self._by_conn: dict[int, OutLink] = {}
         self._incoming: dict[int, InLink] = {}
         # source instance -> what this instance holds of its journal (rule 2)
         self._sources: dict[str, SourceState] = {}
+        self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
+        self.links: dict[str, OutLink] = {d.name: OutLink(d, self._views)
+                                          for d in (repl.destinations if repl else ())}
         self._samples: deque[tuple[int, float]] = deque()  # (durable end, when), rising
         self._profile = self._make_profile()
         #: The replicated queues (engine/ownership.py ReplicatedQueues), set by the engine.
@@ -216,7 +232,6 @@ class Replication:
         self.sow = None
         #: The named consumers (engine/consumers.py), set by the engine (rule 7).
         self.consumers = None
-        self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
         replicated = _matches_any(tuple(t.name for d in self.links.values() for t in d.dest.topics))
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
         self.owned_queues = frozenset(
@@ -341,11 +356,19 @@ class Replication:
         last = None
         peer = link.peer.instance if link.peer is not None else link.name
         in_run = False
+        plain_topic = records.plain_publish_topic
         for pos, payload in self._journal.scan(start, end):
             if size >= BATCH_BYTES_MAX and not in_run:
                 break
             last = pos
             size += len(payload)
+            topic = plain_topic(payload)
+            if topic is not None:  # the usual record: a publish made here, on its own
+                in_run = False
+                if link.wants_plain(topic):
+                    positions.append(pos)
+                    payloads.append(payload)
+                continue
             rec = records.decode(payload)
             if type(rec) is records.PublishRec:
                 in_run = rec.txn_total > 0 and rec.txn_index < rec.txn_total - 1
@@ -488,33 +511,32 @@ class Replication:
             link.gaps += 1
             log.error("replication from %s: GAP: its records [%d, %d) were removed before they reached this "
                       "instance", src.instance, batch.gap_from, batch.gap_to)
-        run: list[records.PublishRec] = []
-        before = link.records_recorded
+        run: list[tuple[records.PublishRec, bytes]] = []
+        received = recorded = 0
+        decode = records.decode
         for payload in batch.records:
-            rec = records.decode(payload)
-            if type(rec) is records.ConsumerReplicatedRec:
-                link.records_received += 1
-                link.records_recorded += self._record_consumer_record(rec, src)
-                continue
-            if type(rec) in self._QUEUE_RECORDS:
-                link.records_received += 1
-                link.records_recorded += self._record_queue_record(rec, src, now)
-                continue
-            if type(rec) is records.SowDeletedRec:
-                link.records_received += 1
-                link.records_recorded += self._record_sow_delete(rec, src, now)
-                continue
-            if type(rec) is not records.PublishRec:
-                continue
-            link.records_received += 1
-            if rec.txn_total:
-                run.append(rec)
+            rec = decode(payload)
+            t = type(rec)
+            if t is records.PublishRec:
+                received += 1
+                if not rec.txn_total:
+                    recorded += self._record_publish(rec, payload, link, now)
+                    continue
+                run.append((rec, payload))
                 if rec.txn_index == rec.txn_total - 1:
-                    link.records_recorded += self._record_run(run, src, now)
+                    recorded += self._record_run(run, link, now)
                     run = []
-                continue
-            link.records_recorded += self._record_run([rec], src, now)
-        recorded = link.records_recorded - before
+            elif t is records.ConsumerReplicatedRec:
+                received += 1
+                recorded += self._record_consumer_record(rec, src)
+            elif t in self._QUEUE_RECORDS:
+                received += 1
+                recorded += self._record_queue_record(rec, src, now)
+            elif t is records.SowDeletedRec:
+                received += 1
+                recorded += self._record_sow_delete(rec, src, now)
+        link.records_received += received
+        link.records_recorded += recorded
         state = link.source
         if batch.through > state.received_through:
             state.received_through = batch.through
@@ -567,24 +589,38 @@ class Replication:
             return 0
         return 1
 
-    def _record_run(self, run: list[records.PublishRec], src: p.Profile, now: float) -> int:
-        """Record one publish, or one whole transaction, unless already here."""
-        head = run[0]
-        origin = head.origin or src.instance
-        if origin == self.instance or self.instance in head.path:
-            return 0  # rule 5
+    def _admit(self, head: records.PublishRec, link: InLink, now: float) -> records.Arrival | None:
+        """How a publish (or a transaction, by its first record) from ``link`` is
+        journaled here; None when it is here already: it came back (rule 5), or came by
+        another path, was resent, or its publisher failed over (rule 2)."""
+        if not head.origin:
+            arrival = link.arrival  # published at the source itself
+        elif head.origin == self.instance or self.instance in head.path:
+            return None
+        else:
+            src = link.profile
+            arrival = records.Arrival(head.origin, head.origin_group or src.group, [*head.path, src.instance])
         if self._publishes.is_recorded(head.publisher, head.seq):
-            # here already: by another path, a resend, or its publisher failed over
             if self.queues is not None:
-                self.queues.duplicate(head, origin, now)
+                self.queues.duplicate(head, arrival.origin, now)
+            return None
+        return arrival
+
+    def _record_publish(self, rec: records.PublishRec, payload: bytes, link: InLink, now: float) -> int:
+        """Record one publish unless already here (the hot path of a replica)."""
+        arrival = self._admit(rec, link, now)
+        if arrival is None:
             return 0
-        path = [*head.path, src.instance] if head.origin else [src.instance]
-        group = head.origin_group or src.group
-        for rec in run:
-            self._publishes.append_record(msgspec.structs.replace(
-                rec, origin=origin, origin_group=group, path=path,
-                expired_queue=None, expired_position=-1, expired_reasons="",
-            ))
+        self._publishes.append_arrived(rec, arrival.encode(payload, rec), arrival.origin)
+        return 1
+
+    def _record_run(self, run: list[tuple[records.PublishRec, bytes]], link: InLink, now: float) -> int:
+        """Record one whole transaction unless already here."""
+        arrival = self._admit(run[0][0], link, now)
+        if arrival is None:
+            return 0
+        for rec, payload in run:
+            self._publishes.append_arrived(rec, arrival.encode(payload, rec), arrival.origin)
         return len(run)
 
     # --- recovery, time, statistics -------------------------------------------------------------

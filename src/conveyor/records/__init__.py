@@ -285,6 +285,54 @@ def encode_publish(topic: str, publisher: int, seq: int, timestamp: float, data:
     return _encoder.encode((1, topic, publisher, seq, timestamp, data, correlation_id))
 
 
+_PLAIN_PUBLISH = 0x97  # the MessagePack header of encode_publish's 7-element array
+_ARRIVED_HEADER = b"\xdc\x00\x10"  # an array of 16: those 7, then the fields up to PublishRec.path
+
+
+class _PublishHead(msgspec.Struct, array_like=True):
+    k: int
+    topic: str  # the fields behind it are skipped, not copied
+
+
+_head_decoder = msgspec.msgpack.Decoder(_PublishHead)
+
+
+def plain_publish_topic(payload: bytes) -> str | None:
+    """The topic of a plain publish record (``encode_publish``'s layout: no
+    transaction, origin, expiry or SOW key), read without decoding the rest; None for
+    any other record."""
+    if payload[0] == _PLAIN_PUBLISH and payload[1] == 1:
+        return _head_decoder.decode(payload).topic
+    return None
+
+
+class Arrival:
+    """Encodes publishes as a replica journals them when they come from one place:
+    with ``origin``, ``origin_group`` and ``path``, and without the expiry by a queue
+    where they were recorded (a replicated queue expires its own copies).
+
+    A plain publish (``encode_publish``'s layout: the fields up to ``correlation_id``,
+    the rest defaults) keeps its bytes: the missing fields, the same for every publish
+    from that place, are appended behind them, with no copy of the message into a
+    Struct and back."""
+
+    __slots__ = ("origin", "origin_group", "path", "_tail")
+
+    def __init__(self, origin: str, origin_group: str, path: list[str]) -> None:
+        self.origin = origin
+        self.origin_group = origin_group
+        self.path = path
+        self._tail = _encoder.encode((None, -1, "", 0, -1, 0, origin, origin_group, path))[1:]
+
+    def encode(self, payload: bytes, rec: PublishRec) -> bytes:
+        """``rec`` as journaled here; ``payload`` is its encoding where it came from."""
+        if payload[0] == _PLAIN_PUBLISH:
+            return _ARRIVED_HEADER + payload[1:] + self._tail
+        return _encoder.encode(msgspec.structs.replace(
+            rec, origin=self.origin, origin_group=self.origin_group, path=self.path,
+            expired_queue=None, expired_position=-1, expired_reasons=""))
+
+
 def encode_sow_publish(topic: str, publisher: int, seq: int, timestamp: float, data: bytes, correlation_id: str | None,
                        expiration: float, sow_key: str) -> bytes:
     """A publish to a SOW topic (the same layout as PublishRec, its defaults spelled out)."""
