@@ -404,8 +404,13 @@ def main() -> None:
     parser.add_argument("--queue-messages", type=int, default=50_000)
     parser.add_argument("--catchup", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", action="append", choices=("publish", "lag", "queue"),
+                        help="run only these workloads (repeatable; with --catchup 0, no catch-up either)")
     parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     args = parser.parse_args()
+    only = set(args.only or ("publish", "lag", "queue"))
+    if args.write and (len(only) < 3 or not args.catchup):
+        parser.error("--write needs every workload (no --only, a --catchup above 0)")
     loads = [load_average()]
     pub: dict[str, list[float]] = {"single": [], "sync": [], "async": []}
     pub_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
@@ -425,17 +430,22 @@ def main() -> None:
             return root / f"s{step}"
 
         for run in range(args.runs):
-            for mode in pub:
+            # Every other round in the reverse order: no layout always runs first, on a
+            # machine fresh from the previous one's teardown.
+            def order(names):
+                return list(names) if run % 2 == 0 else list(reversed(names))
+
+            for mode in order(pub) if "publish" in only else ():
                 rate, cpu = measure_publish(mode, args.messages, fresh())
                 pub[mode].append(rate)
                 pub_cpu[mode].append(cpu)
                 print(f"run {run + 1} publish {mode}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg", flush=True)
-            for mode in lag:
+            for mode in order(lag) if "lag" in only else ():
                 lags = measure_lag(mode == "sync", fresh())
                 lag[mode].extend(lags)
                 print(f"run {run + 1} lag {mode}: p50 {pct(lags, 50) * 1e3:.2f} ms, p99 {pct(lags, 99) * 1e3:.2f} ms",
                       flush=True)
-            for layout in queue:
+            for layout in order(queue) if "queue" in only else ():
                 (rate, steady, first), cpu = measure_queue(layout, args.queue_messages, fresh())
                 queue[layout].append(rate)
                 queue_steady[layout].append(steady)
@@ -449,28 +459,47 @@ def main() -> None:
             print(f"catch-up of {args.catchup:,}: {catchup[-1][0]:,.0f} records/s, {catchup[-1][1]:.1f} s", flush=True)
             loads.append(load_average())
 
-    base = median(pub["single"])
-    rows = ["| workload | msg/s (median) | ratio to one instance | target | server CPU µs/msg (all instances) |",
-            "| --- | ---: | ---: | --- | ---: |"]
-    for mode, label, target in (("single", "one instance", ""), ("sync", "one `sync` destination", "≥ 0.50"),
-                                ("async", "one `async` destination", "≥ 0.80")):
-        rows.append(f"| publish, {label} | {median(pub[mode]):,.0f} | {median(pub[mode]) / base:.2f} | {target} "
-                    f"| {median(pub_cpu[mode]):.1f} |")
-    qbase, sbase = median(queue["single"]), median(queue_steady["single"])
-    names = {"single": "4 workers, one unreplicated instance", "owner": "replicated pair, 4 workers on the owner A",
-             "split": "replicated pair, 2 workers on A and 2 on B", "other": "replicated pair, 4 workers on B (every message transferred)"}
-    qrows = ["| queue drain | msg/s from the start (ratio) | msg/s from the first message (ratio) | target | "
-             "s to the first message | server CPU µs/msg (all instances) |",
-             "| --- | ---: | ---: | --- | ---: | ---: |"]
-    for layout, label in names.items():
-        target = "≥ 0.50 (transfer rate)" if layout == "other" else ""
-        qrows.append(f"| {label} | {median(queue[layout]):,.0f} ({median(queue[layout]) / qbase:.2f}) "
-                     f"| {median(queue_steady[layout]):,.0f} ({median(queue_steady[layout]) / sbase:.2f}) | {target} "
-                     f"| {median(queue_first[layout]):.2f} | {median(queue_cpu[layout]):.1f} |")
-    lag_rows = ["| replication | lag p50 (ms) | p99 (ms) | max (ms) |", "| --- | ---: | ---: | ---: |"]
-    for mode, values in lag.items():
-        lag_rows.append(f"| `{mode}` | {pct(values, 50) * 1e3:.2f} | {pct(values, 99) * 1e3:.2f} | {max(values) * 1e3:.1f} |")
-    table = "\n".join(rows) + "\n\n" + "\n".join(qrows) + "\n\n" + "\n".join(lag_rows)
+    def ratios(values: list[float], bases: list[float]) -> str:
+        """The median of the rounds' ratios (each round measured both back to back), and
+        their range: steadier than a ratio of medians on a noisy machine."""
+        each = sorted(v / b for v, b in zip(values, bases))
+        return f"{median(each):.2f} ({each[0]:.2f}-{each[-1]:.2f})"
+
+    sections = []
+    if "publish" in only:
+        base = median(pub["single"])
+        rows = ["| workload | msg/s (median) | ratio of medians | ratio per round: median (range) | target "
+                "| server CPU µs/msg (all instances) |",
+                "| --- | ---: | ---: | ---: | --- | ---: |"]
+        for mode, label, target in (("single", "one instance", ""), ("sync", "one `sync` destination", "≥ 0.50"),
+                                    ("async", "one `async` destination", "≥ 0.80")):
+            rows.append(f"| publish, {label} | {median(pub[mode]):,.0f} | {median(pub[mode]) / base:.2f} "
+                        f"| {ratios(pub[mode], pub['single'])} | {target} | {median(pub_cpu[mode]):.1f} |")
+        sections.append("\n".join(rows))
+    if "queue" in only:
+        qbase, sbase = median(queue["single"]), median(queue_steady["single"])
+        names = {"single": "4 workers, one unreplicated instance",
+                 "owner": "replicated pair, 4 workers on the owner A",
+                 "split": "replicated pair, 2 workers on A and 2 on B",
+                 "other": "replicated pair, 4 workers on B (every message transferred)"}
+        qrows = ["| queue drain | msg/s from the start (ratio) | msg/s from the first message (ratio) "
+                 "| ratio per round, from the first message: median (range) | target | s to the first message "
+                 "| server CPU µs/msg (all instances) |",
+                 "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+        for layout, label in names.items():
+            target = "≥ 0.50 (transfer rate)" if layout == "other" else ""
+            qrows.append(f"| {label} | {median(queue[layout]):,.0f} ({median(queue[layout]) / qbase:.2f}) "
+                         f"| {median(queue_steady[layout]):,.0f} ({median(queue_steady[layout]) / sbase:.2f}) "
+                         f"| {ratios(queue_steady[layout], queue_steady['single'])} | {target} "
+                         f"| {median(queue_first[layout]):.2f} | {median(queue_cpu[layout]):.1f} |")
+        sections.append("\n".join(qrows))
+    if "lag" in only:
+        lag_rows = ["| replication | lag p50 (ms) | p99 (ms) | max (ms) |", "| --- | ---: | ---: | ---: |"]
+        for mode, values in lag.items():
+            lag_rows.append(f"| `{mode}` | {pct(values, 50) * 1e3:.2f} | {pct(values, 99) * 1e3:.2f} "
+                            f"| {max(values) * 1e3:.1f} |")
+        sections.append("\n".join(lag_rows))
+    table = "\n\n".join(sections)
     if catchup:
         rate, total_s = catchup[0]
         table += (f"\n\nCatch-up of {args.catchup:,} records after an outage: {rate:,.0f} records/s from the first to the"
@@ -488,7 +517,8 @@ Lag: {LAG_RATE:,} msg/s for {LAG_SECONDS:.0f} s published on A, a subscriber on 
 drain: {args.queue_messages:,} messages published on A into a queue replicated both ways
 (`async`), every instance holding all of them before the workers start; 4 worker
 processes, backlog 10, acks batched by 5; each message must be processed exactly once or
-the run fails. Medians of {args.runs} interleaved runs.
+the run fails. Medians of {args.runs} interleaved runs, every other one in the reverse order;
+the ratio per round compares the two measured in the same round.
 
 Machine: {machine()}; commit {git_rev()}; load average (1/5/15 min) before and after
 each round: {"; ".join(loads)}.
