@@ -130,9 +130,11 @@ async def publish_rate(uri: str, n: int) -> float:
     return n / elapsed
 
 
-def measure_publish(mode: str, n: int, root: Path) -> tuple[float, float]:
+def measure_publish(mode: str, n: int, root: Path) -> tuple[float, float, float]:
     """(persisted publishes per second, server CPU µs per message over every instance,
-    the destination's included: an async destination finishes after the publisher)."""
+    the destination's included: an async destination finishes after the publisher; the
+    source's alone, until the destination has every message: what a destination on a
+    machine of its own would cost the source)."""
     if mode == "single":
         instances = [Instance(root, "A")]
     else:
@@ -142,11 +144,12 @@ def measure_publish(mode: str, n: int, root: Path) -> tuple[float, float]:
     try:
         if len(instances) == 2:
             time.sleep(1.0)  # the link's handshake
-        cpu = sum(inst.cpu_s() for inst in instances)
+        cpu = [inst.cpu_s() for inst in instances]
         rate = uvloop.run(publish_rate(instances[0].uri, n))
         if len(instances) == 2:
             wait_replicated(instances[1].uri, n)
-        return rate, (sum(inst.cpu_s() for inst in instances) - cpu) / n * 1e6
+        source = (instances[0].cpu_s() - cpu[0]) / n * 1e6
+        return rate, (sum(inst.cpu_s() for inst in instances) - sum(cpu)) / n * 1e6, source
     finally:
         for inst in instances:
             inst.stop()
@@ -414,6 +417,7 @@ def main() -> None:
     loads = [load_average()]
     pub: dict[str, list[float]] = {"single": [], "sync": [], "async": []}
     pub_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
+    pub_source_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
     lag: dict[str, list[float]] = {"async": [], "sync": []}
     queue: dict[str, list[float]] = {"single": [], "owner": [], "split": [], "other": []}
     queue_steady: dict[str, list[float]] = {layout: [] for layout in queue}  # first to last message
@@ -436,10 +440,12 @@ def main() -> None:
                 return list(names) if run % 2 == 0 else list(reversed(names))
 
             for mode in order(pub) if "publish" in only else ():
-                rate, cpu = measure_publish(mode, args.messages, fresh())
+                rate, cpu, source_cpu = measure_publish(mode, args.messages, fresh())
+                pub_source_cpu[mode].append(source_cpu)
                 pub[mode].append(rate)
                 pub_cpu[mode].append(cpu)
-                print(f"run {run + 1} publish {mode}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg", flush=True)
+                print(f"run {run + 1} publish {mode}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg, "
+                      f"source {source_cpu:.1f} µs/msg", flush=True)
             for mode in order(lag) if "lag" in only else ():
                 lags = measure_lag(mode == "sync", fresh())
                 lag[mode].extend(lags)
@@ -469,12 +475,14 @@ def main() -> None:
     if "publish" in only:
         base = median(pub["single"])
         rows = ["| workload | msg/s (median) | ratio of medians | ratio per round: median (range) | target "
-                "| server CPU µs/msg (all instances) |",
-                "| --- | ---: | ---: | ---: | --- | ---: |"]
+                "| server CPU µs/msg (all instances) | source CPU µs/msg (ratio) |",
+                "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+        source_base = median(pub_source_cpu["single"])
         for mode, label, target in (("single", "one instance", ""), ("sync", "one `sync` destination", "≥ 0.50"),
                                     ("async", "one `async` destination", "≥ 0.80")):
             rows.append(f"| publish, {label} | {median(pub[mode]):,.0f} | {median(pub[mode]) / base:.2f} "
-                        f"| {ratios(pub[mode], pub['single'])} | {target} | {median(pub_cpu[mode]):.1f} |")
+                        f"| {ratios(pub[mode], pub['single'])} | {target} | {median(pub_cpu[mode]):.1f} "
+                        f"| {median(pub_source_cpu[mode]):.1f} ({source_base / median(pub_source_cpu[mode]):.2f}) |")
         sections.append("\n".join(rows))
     if "queue" in only:
         qbase, sbase = median(queue["single"]), median(queue_steady["single"])
