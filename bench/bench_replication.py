@@ -514,7 +514,8 @@ def main() -> None:
                   f" last arrival; {total_s:.1f} s from the source's start (its recovery included) to the last.")
     print(table)
     if args.write:
-        body = f"""Command: `.venv/bin/python -m bench.bench_replication --write` (about 15 minutes).
+        body = f"""Command: `.venv/bin/python -m bench.bench_replication --runs {args.runs} --write` (about
+{5 * args.runs} minutes).
 
 Real instances on loopback, each its own `conveyor serve` process; Python asyncio clients
 (uvloop) in the benchmark's process, queue workers in their own processes. Publishes:
