@@ -133,8 +133,8 @@ async def publish_rate(uri: str, n: int) -> float:
 def measure_publish(mode: str, n: int, root: Path) -> tuple[float, float, float]:
     """(persisted publishes per second, server CPU µs per message over every instance,
     the destination's included: an async destination finishes after the publisher; the
-    source's alone, until the destination has every message: what a destination on a
-    machine of its own would cost the source)."""
+    source's alone, until the destination has every message: its own work for the link,
+    and on a shared machine what competing with the destination for the cores costs it)."""
     if mode == "single":
         instances = [Instance(root, "A")]
     else:

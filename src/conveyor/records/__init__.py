@@ -322,12 +322,16 @@ class Arrival:
         self.origin = origin
         self.origin_group = origin_group
         self.path = path
-        self._tail = _encoder.encode((None, -1, "", 0, -1, 0, origin, origin_group, path))[1:]
+        self._tail: bytes | None = None  # on first use: a record that passed through is never plain
 
     def encode(self, payload: bytes, rec: PublishRec) -> bytes:
         """``rec`` as journaled here; ``payload`` is its encoding where it came from."""
         if payload[0] == _PLAIN_PUBLISH:
-            return _ARRIVED_HEADER + payload[1:] + self._tail
+            tail = self._tail
+            if tail is None:
+                tail = self._tail = _encoder.encode(
+                    (None, -1, "", 0, -1, 0, self.origin, self.origin_group, self.path))[1:]
+            return _ARRIVED_HEADER + payload[1:] + tail
         return _encoder.encode(msgspec.structs.replace(
             rec, origin=self.origin, origin_group=self.origin_group, path=self.path,
             expired_queue=None, expired_position=-1, expired_reasons=""))
