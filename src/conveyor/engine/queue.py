@@ -887,19 +887,17 @@ class Queue:
         events: list[Event] = []
         expire = kind == "expire"
         verb = Verb.EXPIRE if expire else Verb.ACKNOWLEDGE
+        if state is not _ELSEWHERE and state is not _AVAILABLE and state is not _LEASED:
+            return events
+        self._transitions.step(position, verb, state)  # state_of has just said where it is
         if state is _ELSEWHERE:
-            self._move(position, verb, _ELSEWHERE)
             self._elsewhere.take(position)
         elif state is _AVAILABLE:
-            self._move(position, verb, _AVAILABLE)
             self._order.remove(position)
-        elif state is _LEASED:
+        else:
             # Two instances delivered it (a proxied transfer while its owner was alive):
             # its lease here ends with it.
-            self._move(position, verb, _LEASED)
             self._leases.end(position)
-        else:
-            return events
         self._leases.forget(position)
         self._elsewhere.forget(position)
         if expire:
@@ -997,10 +995,12 @@ class Queue:
             return _LEASED
         if position in leases.consumed:
             return MessageState.CONSUMED
-        if position in self._order.store:
-            return _AVAILABLE
+        # A message is in one place only; ELSEWHERE (a dict) is asked before the store (a
+        # search), as most messages a non-owner is asked about are owned elsewhere.
         if position in self._elsewhere:
             return _ELSEWHERE
+        if position in self._order.store:
+            return _AVAILABLE
         window = self._window
         if window.inactive and window.is_inactive(position) and not window.acked(position):
             return _INACTIVE
