@@ -17,6 +17,8 @@ import os
 import random
 import sys
 
+from fractions import Fraction
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -168,6 +170,32 @@ def test_sum_keeps_integers_and_rounds_doubles_once():
     acc.remove(0.2)
     assert acc.result() == math.fsum([0.1, 0.3, 1e16, -1e16])  # exact: 0.4, not 0.0
     assert math.isnan(_over("SUM", [1, "dog"]))  # a non-numeric value makes it NaN
+
+
+def test_sums_near_the_largest_double_are_exact_through_an_overflow():
+    """Doubles whose sum passes the largest double (found by the property test above):
+    the result is infinity while the exact sum is beyond the doubles, and exact again
+    once values leave; AVG is the exact sum over the count throughout."""
+    big = 2.5681330498033083e307
+    total, avg = accumulator("SUM"), accumulator("AVG")
+    for _ in range(8):
+        total.add(big)
+        avg.add(big)
+    assert total.result() == math.inf and avg.result() == big
+    for _ in range(5):
+        total.remove(big)
+        avg.remove(big)
+    assert total.result() == float(Fraction(big) * 3) and avg.result() == big
+    total.add(-big)
+    total.add(0.5)
+    assert total.result() == float(Fraction(big) * 2 + Fraction(1, 2))
+    for v in (big, big, -big, 0.5):
+        total.remove(v)
+    assert total.result() == big
+    total.remove(big)
+    assert total.result() is None  # nothing left
+    assert _over("SUM", [big] * 8 + [-big] * 8 + [1.5]) == 1.5
+    assert _over("SUM", [-big] * 8) == -math.inf
 
 
 def test_count_distinct_equates_by_the_type_rules():

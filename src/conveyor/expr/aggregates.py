@@ -11,7 +11,8 @@ Rules kept here:
 - ``SUM`` is the exact sum, rounded once: integers are summed as integers (the result
   stays an integer while no value is a double, 64-bit rules applied to the result);
   with any double the exact sum of every value is rounded once to a double. Doubles
-  are held as Shewchuk partials (as ``math.fsum``), which add and subtract exactly.
+  are held as Shewchuk partials (as ``math.fsum``), which add and subtract exactly;
+  near the largest double, where partials would overflow, as an exact Fraction.
   A non-numeric string makes the result NaN (it counts as NaN), as do +inf and -inf
   together; ``AVG`` is that exact sum over ``COUNT``.
 - ``STDDEV_POP`` / ``STDDEV_SAMP`` keep exact rational sums of x and x*x; ``STDDEV_SAMP``
@@ -44,6 +45,9 @@ AGGREGATES = frozenset({"AVG", "COUNT", "COUNT_DISTINCT", "MIN", "MAX", "STDDEV_
 
 #: Integers below this magnitude convert to a double exactly.
 _FLOAT_EXACT_INT = 2**53
+#: Partials and values below this magnitude never overflow when added (the largest
+#: double is just under 2**1024); at or above it a sum is kept as a Fraction instead.
+_PARTIALS_MAX = 2.0**1000
 
 
 def _add_partials(partials: list[float], x: float) -> None:
@@ -64,12 +68,15 @@ def _add_partials(partials: list[float], x: float) -> None:
 class _Sum:
     """The exact sum of numbers, with the NaN and infinity counts (the module rules)."""
 
-    __slots__ = ("n", "ints", "partials", "floats", "nans", "pos_inf", "neg_inf")
+    __slots__ = ("n", "ints", "partials", "big", "floats", "nans", "pos_inf", "neg_inf")
 
     def __init__(self) -> None:
         self.n = 0
         self.ints = 0
         self.partials: list[float] = []
+        # The doubles' exact sum once partials could overflow (values near the largest
+        # double: Shewchuk's partials hold no infinity exactly); None until then.
+        self.big: Fraction | None = None
         self.floats = 0
         self.nans = 0
         self.pos_inf = 0
@@ -88,9 +95,19 @@ class _Sum:
         elif x == -INF:
             self.neg_inf += sign
         else:
-            _add_partials(self.partials, x if sign > 0 else -x)
+            v = x if sign > 0 else -x
+            partials = self.partials
+            if self.big is None and -_PARTIALS_MAX < v < _PARTIALS_MAX and (
+                    not partials or -_PARTIALS_MAX < partials[-1] < _PARTIALS_MAX):  # [-1]: the largest
+                _add_partials(partials, v)
+            else:
+                if self.big is None:
+                    self.big = sum((Fraction(p) for p in partials), Fraction(0))
+                    self.partials = []
+                self.big += Fraction(v)
             if not self.floats:
-                self.partials = []  # no double left: the partials sum to zero exactly
+                self.partials = []  # no double left: they sum to zero exactly
+                self.big = None
 
     def special(self):
         if self.nans or (self.pos_inf and self.neg_inf):
@@ -102,7 +119,8 @@ class _Sum:
         return None
 
     def exact(self) -> Fraction:
-        return Fraction(self.ints) + sum((Fraction(p) for p in self.partials), Fraction(0))
+        total = Fraction(self.ints) + sum((Fraction(p) for p in self.partials), Fraction(0))
+        return total if self.big is None else total + self.big
 
     def total(self):
         if not self.n:
@@ -112,7 +130,7 @@ class _Sum:
             return special
         if not self.floats:
             return big_int(self.ints)
-        if -_FLOAT_EXACT_INT < self.ints < _FLOAT_EXACT_INT:
+        if self.big is None and -_FLOAT_EXACT_INT < self.ints < _FLOAT_EXACT_INT:
             # The same single rounding, fast: fsum rounds the exact sum of its inputs
             # once, and these inputs are exact (the integer part converts exactly).
             try:
