@@ -251,10 +251,14 @@ class QueueOwnership:
                                                                                    2 * WAIT_DEFAULT_S)
             return None, None
         wait = self.typical_wait()
+        retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
         asks: list[Ident] = []
         attempts: list[int] = []
         claims: list[tuple[Ident, int]] = []
         due: float | None = None  # the earliest moment a message skipped now becomes askable
+        idents, requested = self._idents, self._requested
+        # The scan walks past the messages asked for and not yet granted (up to the
+        # requests in flight) every time: the loop is kept short for them.
         for position, owner, arrived in queue.elsewhere():
             if len(asks) + len(claims) >= room:
                 due = now + REQUEST_SCAN_S
@@ -262,13 +266,14 @@ class QueueOwnership:
             if now - arrived < wait:
                 due = arrived + wait if due is None else min(due, arrived + wait)
                 continue
-            ident = self._idents.get(position)
+            ident = idents.get(position)
             if ident is None:
                 continue
-            last = self._requested.get(ident)
-            if last is not None and now - last[0] < max(wait, 2 * WAIT_DEFAULT_S):
-                again = last[0] + max(wait, 2 * WAIT_DEFAULT_S)
-                due = again if due is None else min(due, again)
+            last = requested.get(ident)
+            if last is not None and now - last[0] < retry:
+                again = last[0] + retry
+                if due is None or again < due:
+                    due = again
                 continue  # asked already: ask again only if nothing came of it
             if not queue.can_deliver_locally(position, now):
                 continue
@@ -277,7 +282,7 @@ class QueueOwnership:
                     claims.append((ident, position))
                 continue
             attempt = 1 if last is None else last[1] + 1
-            self._requested[ident] = (now, attempt)
+            requested[ident] = (now, attempt)
             asks.append(ident)
             attempts.append(attempt)
         self.requests_sent += len(asks)
@@ -516,14 +521,16 @@ class ReplicatedQueues:
 
     def _remove(self, own: QueueOwnership, rec: records.QueueRemovedRec, now: float) -> bool:
         changed = False
-        binding = self._bindings.by_name[rec.queue]
+        left: list = []
         for ident in zip(rec.publishers, rec.seqs):
             events = own.removed(ident, rec.kind, now)
             if events is None:
                 changed = True  # a tombstone: journaled so a restart keeps it
             elif events:
                 changed = True
-                self._delivery.removed_elsewhere(binding, events)
+                left += events
+        if left:
+            self._delivery.removed_elsewhere(self._bindings.by_name[rec.queue], left)
         return changed
 
     def duplicate(self, rec: records.PublishRec, origin: str, now: float) -> None:
