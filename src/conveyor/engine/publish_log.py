@@ -207,18 +207,12 @@ class PublishLog:
 
     def append_record(self, rec: records.PublishRec) -> int:
         """Journal a publish record with fields of its own (dead letters, transactions)."""
-        journal = self._journal
-        position = journal.append(records.encode(rec))
-        self._note(rec.publisher, rec.seq)
-        self.pending.append(
-            PendingPublish(position, journal.end, rec.topic, rec.publisher, rec.seq, rec.timestamp, rec.data,
-                           rec.correlation_id, rec.origin, rec.expiration, rec.sow_key)
-        )
-        return position
+        return self.append_encoded(rec, records.encode(rec), rec.origin)
 
-    def append_arrived(self, rec: records.PublishRec, payload: bytes, origin: str) -> int:
-        """Journal a publish that arrived by replication from ``origin``; ``payload`` is
-        its record as kept here (records.Arrival)."""
+    def append_encoded(self, rec: records.PublishRec, payload: bytes, origin: str) -> int:
+        """Journal publish ``rec`` as ``payload``, its record as kept here, first recorded
+        at ``origin`` ("": here). A replica passes the bytes records.Arrival built and
+        the origin they name."""
         journal = self._journal
         position = journal.append(payload)
         publisher, seq = rec.publisher, rec.seq

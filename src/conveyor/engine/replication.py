@@ -611,7 +611,7 @@ class Replication:
         arrival = self._admit(rec, link, now)
         if arrival is None:
             return 0
-        self._publishes.append_arrived(rec, arrival.encode(payload, rec), arrival.origin)
+        self._publishes.append_encoded(rec, arrival.encode(payload, rec), arrival.origin)
         return 1
 
     def _record_run(self, run: list[tuple[records.PublishRec, bytes]], link: InLink, now: float) -> int:
@@ -620,7 +620,7 @@ class Replication:
         if arrival is None:
             return 0
         for rec, payload in run:
-            self._publishes.append_arrived(rec, arrival.encode(payload, rec), arrival.origin)
+            self._publishes.append_encoded(rec, arrival.encode(payload, rec), arrival.origin)
         return len(run)
 
     # --- recovery, time, statistics -------------------------------------------------------------
