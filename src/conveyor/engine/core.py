@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Container, Iterable, Mapping
+from typing import Any, Callable, Container, Iterable, Mapping
 
 import msgspec
 
@@ -722,11 +722,14 @@ class Engine:
         goes on with it; topics.py rule 1), or a queue dispatch (queue rule 12)."""
         return self.topics.fanout_pending or self.delivery.dispatch_pending or self.sow.delivery_pending
 
-    def pump_replays(self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP, *, paused: Container[int] = ()) -> bool:
+    def pump_replays(
+        self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP, *, paused: Container[int] = (),
+        room: Callable[[int], int] | None = None,
+    ) -> bool:
         """One turn of background delivery: the fan-outs a filter budget cut short, then
         bookmark replays by up to ``budget`` records, except those of the connections in
-        ``paused`` (their output is full: flow control, topics.py rule 2). True while
-        either has work for the next turn."""
+        ``paused`` (their output is full: flow control, topics.py rule 2) and within the
+        bytes ``room`` gives a connection. True while either has work for the next turn."""
         topics = self.topics
         topics.new_turn()
         more = topics.continue_fanout()
@@ -736,7 +739,7 @@ class Engine:
         if self.sow.delivery_pending:
             self.sow.continue_delivery()
             more = more or self.sow.delivery_pending
-        return topics.pump(now, self.publishes.applied_end, budget, paused) or more
+        return topics.pump(now, self.publishes.applied_end, budget, paused, room) or more
 
     def subscribed(self, conn_id: int) -> bool:
         """Whether the connection holds a subscription (the shell's default idle

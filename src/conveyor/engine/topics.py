@@ -31,7 +31,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Container
+from typing import Any, Callable, Container
 
 from conveyor import errors, records
 from conveyor.engine.bookmarks import format_bookmark
@@ -55,6 +55,9 @@ REPLAY_RECORDS_PER_PUMP = 2000  # bounded work per turn, so replays never stall 
 #: Payload bytes one replay sends per turn at most: with records of up to 16 MiB, 2,000
 #: records could be 32 GB; this keeps one turn's output per replay near a socket buffer.
 REPLAY_BYTES_PER_PUMP = 1024 * 1024
+#: What a replayed message costs on the wire beyond its topic and payload (header, bookmark,
+#: sub id, framing), counted so a turn's output stays within the connection's room.
+REPLAY_MESSAGE_OVERHEAD = 128
 
 
 @dataclass(slots=True)
@@ -185,9 +188,12 @@ class Topics:
 
     def pump(
         self, now: float, applied_end: int, budget: int = REPLAY_RECORDS_PER_PUMP, paused: Container[int] = (),
+        room: Callable[[int], int] | None = None,
     ) -> bool:
         """Advance every replay whose connection is not in ``paused`` by up to ``budget``
-        records and about REPLAY_BYTES_PER_PUMP bytes; True while one of those has work."""
+        records and about REPLAY_BYTES_PER_PUMP bytes, or the bytes ``room(conn_id)`` says
+        the connection can still take (at least one message); True while one of those
+        has work."""
         journal = self._journal
         more = False
         for sub in list(self._replaying):
@@ -197,6 +203,7 @@ class Topics:
             sent = 0
             last = None
             limit = budget
+            cap = REPLAY_BYTES_PER_PUMP if room is None else min(REPLAY_BYTES_PER_PUMP, room(sub.conn_id))
             cost = _filter_ticks(sub.filter) if sub.filter is not None else 0
             if cost:  # a filtered replay shares the turn's filter budget (rule 1)
                 limit = max(1, min(budget, self._budget.left // cost))
@@ -210,8 +217,8 @@ class Topics:
                         if sub.start_time is None or rec.timestamp >= sub.start_time:
                             entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
                             self.deliver(sub, entry, format_bookmark(rec.publisher, rec.seq, pos), now)
-                            sent += len(rec.data)
-                    if count >= limit or sent >= REPLAY_BYTES_PER_PUMP:
+                            sent += len(rec.data) + len(rec.topic) + REPLAY_MESSAGE_OVERHEAD
+                    if count >= limit or sent >= cap:
                         break
             except errors.JournalCorrupt as exc:
                 self._end_damaged(sub, exc)  # rule 4

@@ -551,6 +551,15 @@ class Server:
             self._replays_blocked = False
             self._schedule_pump()
 
+    def _replay_room(self, conn_id: int) -> int:
+        """The bytes a replay may add to a connection's output in one turn: half of what
+        its SlowClientDisconnectThreshold leaves, so flow control (not the threshold)
+        is what holds a replay back, however full the socket already is."""
+        conn = self.connections.get(conn_id)
+        if conn is None or conn.transport is None:
+            return 0
+        return conn.config.output_bytes_max // 2 - conn.transport.get_write_buffer_size()
+
     def _output_changed(self, conn: Connection, buffered: int) -> None:
         """Keep the count of unsent output; over the budget, close the largest holders.
 
@@ -802,7 +811,7 @@ class Server:
         self._pump_scheduled = False
         if self._failure is not None:
             return
-        more = self.engine.pump_replays(self.clock(), paused=self._writing_paused)
+        more = self.engine.pump_replays(self.clock(), paused=self._writing_paused, room=self._replay_room)
         # Nothing to do until a socket drains (resume_writing) or a command arrives.
         self._replays_blocked = not more
         self._after_engine()
