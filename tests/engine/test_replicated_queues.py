@@ -11,7 +11,7 @@ import logging
 
 from conveyor import records
 from conveyor.engine import recovery
-from conveyor.engine.ownership import WAIT_DEFAULT_S
+from conveyor.engine.ownership import REQUESTS_IN_FLIGHT_MIN, REQUESTS_PER_ROOM, WAIT_DEFAULT_S
 from conveyor.protocol import messages as m
 
 from .cluster import Cluster, destination, instance_xml
@@ -118,6 +118,38 @@ def test_a_non_owner_with_idle_workers_gets_the_messages_transferred():
     assert (stats(c, "A").transferred_out, stats(c, "B").transferred_in) == (3, 3)
     ack_all(c, "B", wb, received)
     assert stats(c, "A").elsewhere == stats(c, "A").owned == 0
+
+
+def test_a_busy_non_owner_keeps_the_next_grants_under_way_and_no_more():
+    """Condition 1 ("subscriptions for that topic with available backlog") holds when a
+    slot was freed since the last look even if a granted message here filled it at once:
+    a non-owner whose workers are busy asks for more as they acknowledge, so the round
+    trip of a grant does not leave them idle. What it asks for and holds unleased stays
+    at REQUESTS_PER_ROOM per backlog slot (at least REQUESTS_IN_FLIGHT_MIN)."""
+    c = cluster()
+    wb = worker(c, "B", backlog=2)
+    publish(c, "A", *range(600))
+    wait_and_tick(c)
+    target = max(2 * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
+    b = stats(c, "B")
+    assert (b.transferred_in, b.backlog, b.available) == (target, 2, target - 2)  # 2 leased, the rest waiting
+    wait_and_tick(c)
+    assert stats(c, "B").transferred_in == target  # the worker is full and freed nothing: no request
+    first = c.nodes["B"].messages(wb)
+    ack_all(c, "B", wb, first[:1])  # one slot freed, and filled from what B holds: room() is 0 again
+    c.advance(0.01)
+    c.settle()
+    b = stats(c, "B")
+    assert (b.transferred_in, b.backlog, b.available) == (target + 3, 2, target)  # topped up, not more
+    done = 1
+    while done < 600:
+        batch = c.nodes["B"].messages(wb)
+        ack_all(c, "B", wb, batch)
+        done += len(batch)
+        c.advance(0.01)
+        c.settle()
+        assert stats(c, "B").available <= target
+    assert stats(c, "B").transferred_in == 600 and stats(c, "A").elsewhere == 0
 
 
 def test_the_owner_prefers_its_own_subscriber():

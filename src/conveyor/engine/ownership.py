@@ -74,8 +74,8 @@ LATENCY_SAMPLES = 256  # arrival-to-ack samples kept per queue (rule 4)
 WAIT_DEFAULT_S = 2.0  # before any sample: how long a message waits before it is requested
 WAIT_MIN_S = 0.05  # never ask sooner than this, however fast the owner acknowledges
 REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over for requests
-REQUESTS_PER_ROOM = 16  # requests in flight per free backlog slot: a grant takes a round trip
-REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many, while any slot is free
+REQUESTS_PER_ROOM = 16  # messages asked for or granted and waiting here, per backlog slot
+REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many: a grant takes a round trip
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 #: Messages that left the queue whose position is still found by identity, per queue:
 #: a named consumer's replicated lease may name one acknowledged here first (a query
@@ -115,6 +115,7 @@ class QueueOwnership:
         self._requested: dict[Ident, tuple[float, int]] = {}  # (when, attempt) of our last request
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
+        self._freed_seen = 0  # queue.slots_freed when requests() last looked
         self.next_scan: float | None = None  # when requests() may have something to send (a timer wakes it)
         self._wait: float | None = None  # cached 90th percentile of _latency
         self.requests_sent = self.grants = self.proxied_claims = self.conflicts = 0
@@ -231,9 +232,14 @@ class QueueOwnership:
     def requests(self, now: float, reachable: Callable[[str], bool]
                  ) -> tuple[records.TransferRequestRec | None, records.TransferRec | None]:
         """Rules 4 and 6: the request to journal now (one record for every message asked
-        for), and the proxied claim. Up to :data:`REQUESTS_PER_ROOM` requests per free
-        backlog slot are in flight, so the round trip of a grant does not leave
-        subscribers idle."""
+        for), and the proxied claim.
+
+        Asked only when a subscriber has had room since the last look (a slot free now,
+        or freed and filled at once from what this instance owns), and then up to
+        :data:`REQUESTS_PER_ROOM` per backlog slot (at least
+        :data:`REQUESTS_IN_FLIGHT_MIN`) counting the requests in flight and the granted
+        messages still waiting here: the next grants are under way before those run
+        out, so the round trip of a grant does not leave subscribers idle."""
         queue = self.queue
         if not queue.elsewhere_count():
             self.next_scan = None
@@ -244,7 +250,13 @@ class QueueOwnership:
         self._scanned = now
         self.next_scan = None  # nothing to do until a subscriber has room (a dispatch calls again)
         free = queue.room()
-        room = max(free * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN if free else 0) - len(self._requested)
+        freed = queue.slots_freed
+        had_room = free or freed != self._freed_seen
+        self._freed_seen = freed
+        if not had_room:
+            return None, None
+        target = max(queue.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
+        room = target - len(self._requested) - queue.available_here()
         if room <= 0:
             if free and self._requested:  # all asked: look again when an unanswered one is due again
                 self.next_scan = min(t for t, _ in self._requested.values()) + max(self.typical_wait(),
@@ -257,12 +269,14 @@ class QueueOwnership:
         claims: list[tuple[Ident, int]] = []
         due: float | None = None  # the earliest moment a message skipped now becomes askable
         idents, requested = self._idents, self._requested
+        reach: dict[str, bool] = {}  # reachable() per owner, once a look
         # The scan walks past the messages asked for and not yet granted (up to the
         # requests in flight) every time: the loop is kept short for them.
-        for position, owner, arrived in queue.elsewhere():
+        for position, away in queue.elsewhere():
             if len(asks) + len(claims) >= room:
                 due = now + REQUEST_SCAN_S
                 break
+            arrived = away.arrived
             if now - arrived < wait:
                 due = arrived + wait if due is None else min(due, arrived + wait)
                 continue
@@ -275,9 +289,13 @@ class QueueOwnership:
                 if due is None or again < due:
                     due = again
                 continue  # asked already: ask again only if nothing came of it
-            if not queue.can_deliver_locally(position, now):
+            if not (queue.can_deliver_locally(position, now) if free else queue.wanted_locally(position, now)):
                 continue
-            if not reachable(owner):
+            owner = away.owner
+            up = reach.get(owner)
+            if up is None:
+                up = reach[owner] = reachable(owner)
+            if not up:
                 if self.proxied:
                     claims.append((ident, position))
                 continue
@@ -306,10 +324,10 @@ class QueueOwnership:
             return None
         held = held()
         claims: list[tuple[Ident, int]] = []
-        for position, owner, _arrived in self.queue.elsewhere():
+        for position, away in self.queue.elsewhere():
             if n is not None and len(claims) >= n:
                 break
-            if position >= upto or position in held or reachable(owner):
+            if position >= upto or position in held or reachable(away.owner):
                 continue
             ident = self._idents.get(position)
             if ident is not None:

@@ -125,7 +125,7 @@ from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine import queue_snapshot
 from conveyor.engine.explain import AHEAD_COUNT_MAX, MessageFacts, SeatFacts
 from conveyor.engine.queue_consumer import Consumer, effective_backlog
-from conveyor.engine.queue_elsewhere import Elsewhere
+from conveyor.engine.queue_elsewhere import Away, Elsewhere
 from conveyor.engine.queue_expiry import MessageExpiry
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue_events import (
@@ -827,10 +827,11 @@ class Queue:
         away = self._elsewhere.get(position)
         return away.arrived if away is not None else None
 
-    def elsewhere(self) -> Iterator[tuple[int, str, float]]:
-        """(position, owner, arrived) of every message ELSEWHERE, roughly oldest first."""
-        for p, away in self._elsewhere.in_arrival_order():
-            yield p, away.owner, away.arrived
+    def elsewhere(self) -> Iterator[tuple[int, Away]]:
+        """(position, its owner and arrival) of every message ELSEWHERE, roughly oldest
+        first. Straight from the part (no per-message step in Python): the transfer
+        scan walks past the messages it asked for already on every look."""
+        return self._elsewhere.in_arrival_order()
 
     def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
         """Its ownership was transferred here: ELSEWHERE --TRANSFER_IN--> AVAILABLE, with the
@@ -917,9 +918,32 @@ class Queue:
                 return True
         return False
 
+    def wanted_locally(self, position: int, now: float) -> bool:
+        """Whether a consumer of this instance would take the message once it has room:
+        one whose filter matches."""
+        for seat in self._seats.active:
+            f = seat.consumer.filter
+            if f is None or self._matches(f, position, now):
+                return True
+        return False
+
     def room(self) -> int:
         """Free backlog slots of the active consumers (how many messages they could take)."""
         return sum(max(0, c.max_backlog - c.outstanding) for c in self._seats.consumers)
+
+    def backlog_capacity(self) -> int:
+        """The backlog slots of the active consumers, free or not."""
+        return sum(c.max_backlog for c in self._seats.consumers)
+
+    @property
+    def slots_freed(self) -> int:
+        """Backlog slots given back so far (acks, cancels, broken leases): a count that
+        moves whenever a consumer had room, even if a message filled it at once."""
+        return self._leases.slots_freed
+
+    def available_here(self) -> int:
+        """Available messages this instance owns (the ones waiting for a consumer here)."""
+        return len(self._order.store)
 
     # --- time ---------------------------------------------------------------------------------
 

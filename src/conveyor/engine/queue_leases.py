@@ -56,7 +56,7 @@ class LeaseTable:
 
     __slots__ = (
         "leased", "consumed", "_deadlines", "_deliveries", "_cancels",
-        "_expiration", "_max_cancels", "_max_deliveries",
+        "_expiration", "_max_cancels", "_max_deliveries", "slots_freed",
     )
 
     def __init__(
@@ -70,6 +70,7 @@ class LeaseTable:
         self._expiration = expiration_s
         self._max_cancels = max_cancels
         self._max_deliveries = max_deliveries
+        self.slots_freed = 0  # backlog slots given back so far (replicated queues ask for more on it)
 
     # --- leases ---------------------------------------------------------------------------
 
@@ -142,6 +143,7 @@ class LeaseTable:
         seat.held.discard(p)
         c = seat.consumer
         c.outstanding -= 1
+        self.slots_freed += 1
         if __debug__:
             assert c.outstanding >= 0, f"consumer {c.key!r}: outstanding below 0"
 
