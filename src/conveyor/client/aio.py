@@ -53,6 +53,7 @@ __all__ = ["AsyncClient", "AsyncSubscription", "parse_uri"]
 log = logging.getLogger("conveyor.client")
 
 MAX_INFLIGHT_DEFAULT = 10_000  # unpersisted publishes before publish() waits
+SEND_BATCH_COMMANDS = 1_000  # queued commands at which publish() lets the loop send them, even in a tight loop
 READ_BYTES = 256 * 1024
 DISCONNECT_ACK_SECONDS_MAX = 5.0  # disconnect() waits this long for its acks to be persisted
 S = ConnectionState
@@ -574,6 +575,8 @@ class AsyncClient:
                                   expiration=expiration)
         if len(self.core.store) > self.max_inflight:
             await self.wait_persisted(seq - self.max_inflight // 2)
+        elif len(self.core.outgoing) >= SEND_BATCH_COMMANDS:
+            await asyncio.sleep(0)  # a loop turn: the batch goes out (and acks come in) while the caller goes on
         return seq
 
     async def delta_publish(self, topic: str, data: Any, *, sequence: int | None = None,
@@ -585,6 +588,8 @@ class AsyncClient:
                                   sow_key=sow_key, expiration=expiration)
         if len(self.core.store) > self.max_inflight:
             await self.wait_persisted(seq - self.max_inflight // 2)
+        elif len(self.core.outgoing) >= SEND_BATCH_COMMANDS:
+            await asyncio.sleep(0)  # a loop turn: the batch goes out (and acks come in) while the caller goes on
         return seq
 
     def _on_persisted(self, seq: int) -> None:
