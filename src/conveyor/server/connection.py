@@ -72,6 +72,7 @@ class Connection(asyncio.Protocol):
         if items:
             self.messages_in += len(items)
             self.server._handle(self, items)
+        self.server._took_input(self, len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -92,6 +92,10 @@ __all__ = ["CHECKPOINT_INTERVAL_S", "Connection", "Server", "ServerStats"]
 log = logging.getLogger("conveyor.server")
 
 JOURNAL_BACKLOG_BYTES_MAX = 64 * 1024 * 1024  # unwritten journal bytes before reads pause
+#: Client input handled before the connection that took it yields to the loop's other
+#: work. The event loop reads a busy socket many times per turn (megabytes); without a
+#: yield, a finished group commit waits for all of it, and its persisted acks with it.
+INPUT_BYTES_PER_TURN = 256 * 1024
 TIMER_PERIOD_S_MAX = 1.0  # housekeeping (heartbeats, idle) runs at least this often
 HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dead
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
@@ -219,6 +223,8 @@ class Server:
         self._failure: errors.ServerFailed | None = None
         self._failed = asyncio.Event()
         self._reading_paused = False
+        self._turn_input = 0  # client input bytes since a connection last yielded (_took_input)
+        self._yielded: list[Connection] = []
         self._pump_scheduled = False
         self._replays_blocked = False  # every pending replay waits for a full socket to drain
         self._writing_paused: set[int] = set()  # connections whose socket is full
@@ -825,6 +831,26 @@ class Server:
             if conn is not None:
                 conn.messages_out += len(msgs)
                 conn.write_frames(encode_frames(msgs))
+
+    def _took_input(self, conn: Connection, size: int) -> None:
+        """Count client input; past INPUT_BYTES_PER_TURN, ``conn`` stops reading until the
+        loop has run what is ready (a group commit's completion first)."""
+        self._turn_input += size
+        if self._turn_input < INPUT_BYTES_PER_TURN or conn.closed or conn.transport is None:
+            return
+        conn.transport.pause_reading()
+        self._yielded.append(conn)
+        if len(self._yielded) == 1:
+            asyncio.get_running_loop().call_soon(self._next_input_turn)
+
+    def _next_input_turn(self) -> None:
+        self._turn_input = 0
+        yielded, self._yielded = self._yielded, []
+        if self._reading_paused:
+            return  # the journal's backlog holds every connection; its end resumes them
+        for conn in yielded:
+            if not conn.closed and conn.held is None and conn.transport is not None:
+                conn.transport.resume_reading()
 
     def _pause_reading(self, pause: bool) -> None:
         self._reading_paused = pause
