@@ -289,7 +289,7 @@ class QueueOwnership:
                 if due is None or again < due:
                     due = again
                 continue  # asked already: ask again only if nothing came of it
-            if not (queue.can_deliver_locally(position, now) if free else queue.wanted_locally(position, now)):
+            if not queue.can_deliver_locally(position, now, room=bool(free)):
                 continue
             owner = away.owner
             up = reach.get(owner)

@@ -909,21 +909,15 @@ class Queue:
             self._counters.acknowledged += 1
         return events
 
-    def can_deliver_locally(self, position: int, now: float) -> bool:
+    def can_deliver_locally(self, position: int, now: float, *, room: bool = True) -> bool:
         """Whether a consumer of this instance could take the message now: one with room
-        whose filter matches (an owner grants a transfer only when none can)."""
+        whose filter matches (an owner grants a transfer only when none can). With
+        ``room=False``, whether one would once it has room: its filter matches."""
         for seat in self._seats.active:
             c = seat.consumer
-            if c.outstanding < c.max_backlog and (c.filter is None or self._matches(c.filter, position, now)):
-                return True
-        return False
-
-    def wanted_locally(self, position: int, now: float) -> bool:
-        """Whether a consumer of this instance would take the message once it has room:
-        one whose filter matches."""
-        for seat in self._seats.active:
-            f = seat.consumer.filter
-            if f is None or self._matches(f, position, now):
+            if room and c.outstanding >= c.max_backlog:
+                continue
+            if c.filter is None or self._matches(c.filter, position, now):
                 return True
         return False
 
