@@ -573,10 +573,7 @@ class AsyncClient:
         the record's lifetime in seconds (a SOW topic with Expiration)."""
         seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id, sow_key=sow_key,
                                   expiration=expiration)
-        if len(self.core.store) > self.max_inflight:
-            await self.wait_persisted(seq - self.max_inflight // 2)
-        elif len(self.core.outgoing) >= SEND_BATCH_COMMANDS:
-            await asyncio.sleep(0)  # a loop turn: the batch goes out (and acks come in) while the caller goes on
+        await self._pace(seq)
         return seq
 
     async def delta_publish(self, topic: str, data: Any, *, sequence: int | None = None,
@@ -586,11 +583,17 @@ class AsyncClient:
         (docs/sow-and-views.md); on another topic, a plain publish."""
         seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id, delta=True,
                                   sow_key=sow_key, expiration=expiration)
+        await self._pace(seq)
+        return seq
+
+    async def _pace(self, seq: int) -> None:
+        """After publish ``seq``: wait while too many are unpersisted; otherwise, once a
+        batch is queued, let the loop turn so it goes out (and acks come in) while the
+        caller goes on publishing."""
         if len(self.core.store) > self.max_inflight:
             await self.wait_persisted(seq - self.max_inflight // 2)
         elif len(self.core.outgoing) >= SEND_BATCH_COMMANDS:
-            await asyncio.sleep(0)  # a loop turn: the batch goes out (and acks come in) while the caller goes on
-        return seq
+            await asyncio.sleep(0)
 
     def _on_persisted(self, seq: int) -> None:
         self._notify_persisted(seq)
