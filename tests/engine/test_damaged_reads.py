@@ -6,10 +6,13 @@ from __future__ import annotations
 import logging
 
 from conveyor.journal import FILE_HEADER_LEN, FRAME_HEADER_LEN
+from conveyor.journal import journal as journal_module
 from tests.engine.engine_harness import Harness, config_xml, queue_xml
 
 
-def test_a_damaged_record_stops_the_refill_of_its_queue_only(caplog):
+def test_a_damaged_record_stops_the_refill_of_its_queue_only(caplog, monkeypatch):
+    # Damage on disk is met by reads from disk: keep no batch in memory (journal.RECENT_BYTES).
+    monkeypatch.setattr(journal_module, "RECENT_BYTES", 0)
     h = Harness(config_xml(queue_xml("Window", TargetQueueDepth=2) + queue_xml("Plain"), topics=("Work",)))
     pub = h.connect("pub")
     for n in range(6):

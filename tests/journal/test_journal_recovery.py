@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor.errors import JournalCorrupt, JournalError
+from conveyor.journal import journal as journal_module
 from conveyor.journal import (
     FILE_HEADER_LEN,
     FRAME_HEADER_LEN,
@@ -417,7 +418,7 @@ def test_repair_of_a_torn_tail_matches_what_open_would_do(pristine, tmp_path):
     j.close()
 
 
-def test_read_detects_damage_after_open(tmp_path):
+def test_read_detects_damage_after_open(tmp_path, monkeypatch):
     j = Journal.open(tmp_path, fsync=False)
     p = j.append(b"payload")
     j.commit()
@@ -427,6 +428,11 @@ def test_read_detects_damage_after_open(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(JournalCorrupt, match="CRC mismatch"):
         j.read(p)
+    # The newest batch is scanned from memory: the frames as this process wrote them.
+    assert list(j.scan()) == [(p, b"payload")]
+    monkeypatch.setattr(journal_module, "RECENT_BYTES", 0)
+    j.append(b"next")
+    j.commit()  # pushes every batch out of memory: a scan reads (and checks) the file
     with pytest.raises(JournalCorrupt, match="CRC mismatch"):
         list(j.scan())
     j.close()
