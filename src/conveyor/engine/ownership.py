@@ -112,7 +112,9 @@ class QueueOwnership:
         self._epochs: dict[Ident, tuple[int, str, str]] = {}  # (epoch, owner, granter) after a transfer
         self._tombstones: OrderedDict[Ident, tuple[str, float]] = OrderedDict()  # (kind, when), oldest first
         self._left: OrderedDict[Ident, int] = OrderedDict()  # LEFT_MAX recent leavers' positions, oldest first
-        self._requested: dict[Ident, tuple[float, int]] = {}  # (when, attempt) of our last request
+        # (when, attempt) of our last request, in the order asked. An OrderedDict: the
+        # oldest leave first, and a dict would step over their empty slots to the first.
+        self._requested: OrderedDict[Ident, tuple[float, int]] = OrderedDict()
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
         self._freed_seen = 0  # queue.slots_freed when requests() last looked
@@ -258,51 +260,72 @@ class QueueOwnership:
         target = max(queue.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
         room = target - len(self._requested) - queue.available_here()
         if room <= 0:
-            if free and self._requested:  # all asked: look again when an unanswered one is due again
-                self.next_scan = min(t for t, _ in self._requested.values()) + max(self.typical_wait(),
-                                                                                   2 * WAIT_DEFAULT_S)
+            if free and self._requested:  # all asked: look again when the oldest unanswered is due again
+                self.next_scan = next(iter(self._requested.values()))[0] + max(self.typical_wait(), 2 * WAIT_DEFAULT_S)
             return None, None
         wait = self.typical_wait()
         retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
         asks: list[Ident] = []
         attempts: list[int] = []
+        asked: list[int] = []  # positions asked for the first time
         claims: list[tuple[Ident, int]] = []
         due: float | None = None  # the earliest moment a message skipped now becomes askable
-        idents, requested = self._idents, self._requested
+        idents, positions, requested = self._idents, self._positions, self._requested
         reach: dict[str, bool] = {}  # reachable() per owner, once a look
-        # The scan walks past the messages asked for and not yet granted (up to the
-        # requests in flight) every time: the loop is kept short for them.
-        for position, away in queue.elsewhere():
-            if len(asks) + len(claims) >= room:
-                due = now + REQUEST_SCAN_S
-                break
-            arrived = away.arrived
-            if now - arrived < wait:
-                due = arrived + wait if due is None else min(due, arrived + wait)
-                continue
-            ident = idents.get(position)
-            if ident is None:
-                continue
-            last = requested.get(ident)
-            if last is not None and now - last[0] < retry:
-                again = last[0] + retry
-                if due is None or again < due:
-                    due = again
-                continue  # asked already: ask again only if nothing came of it
+
+        def askable(position: int, owner: str) -> bool:
+            """Whether to ask for it (False: a subscriber here would not take it, or its
+            owner is unreachable, when it is claimed instead if proxied transfer is on)."""
             if not queue.can_deliver_locally(position, now, room=bool(free)):
-                continue
-            owner = away.owner
+                return False
             up = reach.get(owner)
             if up is None:
                 up = reach[owner] = reachable(owner)
-            if not up:
-                if self.proxied:
-                    claims.append((ident, position))
-                continue
-            attempt = 1 if last is None else last[1] + 1
-            requested[ident] = (now, attempt)
-            asks.append(ident)
-            attempts.append(attempt)
+            if not up and self.proxied:
+                claims.append((idents[position], position))
+            return up
+
+        # Requests in flight, oldest first: those unanswered for ``retry`` are asked again.
+        if requested and now - next(iter(requested.values()))[0] >= retry:
+            again: list[tuple[Ident, int]] = []
+            for ident, (when, attempt) in requested.items():
+                if now - when < retry:
+                    due = when + retry
+                    break
+                again.append((ident, attempt))
+            for ident, attempt in again:
+                if len(asks) + len(claims) >= room:
+                    due = now + REQUEST_SCAN_S
+                    break
+                position = positions.get(ident)
+                owner = queue.owner_of(position) if position is not None else None
+                if owner is None:  # it left, or came here: nothing more to ask
+                    del requested[ident]
+                    continue
+                if askable(position, owner):
+                    requested[ident] = (now, attempt + 1)
+                    requested.move_to_end(ident)  # the order of when each was asked
+                    asks.append(ident)
+                    attempts.append(attempt + 1)
+        # Then the messages never asked for, in the order they came: the first too recent
+        # to ask for ends the look (those after it came later).
+        if len(asks) + len(claims) < room:
+            for position, away in queue.elsewhere_unasked():
+                if len(asks) + len(claims) >= room:
+                    due = now + REQUEST_SCAN_S
+                    break
+                arrived = away.arrived
+                if now - arrived < wait:
+                    due = arrived + wait if due is None else min(due, arrived + wait)
+                    break
+                ident = idents.get(position)
+                if ident is None or not askable(position, away.owner):
+                    continue
+                requested[ident] = (now, 1)
+                asks.append(ident)
+                attempts.append(1)
+                asked.append(position)
+            queue.asked(asked)
         self.requests_sent += len(asks)
         self.proxied_claims += len(claims)
         self.next_scan = due

@@ -829,9 +829,19 @@ class Queue:
 
     def elsewhere(self) -> Iterator[tuple[int, Away]]:
         """(position, its owner and arrival) of every message ELSEWHERE, roughly oldest
-        first. Straight from the part (no per-message step in Python): the transfer
-        scan walks past the messages it asked for already on every look."""
+        first. Straight from the part (no per-message step in Python)."""
         return self._elsewhere.in_arrival_order()
+
+    def elsewhere_unasked(self) -> Iterator[tuple[int, Away]]:
+        """The same, less the messages marked :meth:`asked`; do not change the queue
+        while iterating."""
+        return self._elsewhere.unasked()
+
+    def asked(self, positions: list[int]) -> None:
+        """A transfer request went out for these messages ELSEWHERE."""
+        asked = self._elsewhere.asked
+        for position in positions:
+            asked(position)
 
     def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
         """Its ownership was transferred here: ELSEWHERE --TRANSFER_IN--> AVAILABLE, with the
