@@ -28,7 +28,7 @@ import os
 import random
 import socket
 import ssl
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from conveyor import errors
 from conveyor.client.core import (
@@ -53,6 +53,7 @@ __all__ = ["AsyncClient", "AsyncSubscription", "parse_uri"]
 log = logging.getLogger("conveyor.client")
 
 MAX_INFLIGHT_DEFAULT = 10_000  # unpersisted publishes before publish() waits
+_PUBLISH_OPTIONS = frozenset(("delta", "sow_key", "expiration"))  # publish_nowait's **sow
 SEND_BATCH_COMMANDS = 1_000  # queued commands at which publish() lets the loop send them, even in a tight loop
 READ_BYTES = 256 * 1024
 DISCONNECT_ACK_SECONDS_MAX = 5.0  # disconnect() waits this long for its acks to be persisted
@@ -560,20 +561,20 @@ class AsyncClient:
                        **sow: Any) -> int:
         """Store and queue a publish; returns its sequence number. Never waits. ``sow``:
         ``delta=True`` (a delta publish), ``sow_key``, ``expiration`` (seconds)."""
-        if self._error is not None:
-            raise self._error
-        seq = self.core.publish(topic, data, sequence=sequence, correlation_id=correlation_id, **sow)
-        self._kick()
-        return seq
+        if sow.keys() - _PUBLISH_OPTIONS:
+            raise TypeError(f"publish_nowait() got unexpected keyword arguments: {sorted(sow.keys() - _PUBLISH_OPTIONS)}")
+        return self._store(topic, data, sequence, correlation_id, sow.get("delta", False), sow.get("sow_key"),
+                           sow.get("expiration"))
 
     async def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
                       sow_key: str | None = None, expiration: float | None = None) -> int:
         """Publish; returns the sequence number. Waits only while too many are unpersisted.
         ``sow_key``: the record's key on a SOW topic without Key fields; ``expiration``:
         the record's lifetime in seconds (a SOW topic with Expiration)."""
-        seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id, sow_key=sow_key,
-                                  expiration=expiration)
-        await self._pace(seq)
+        seq = self._store(topic, data, sequence, correlation_id, False, sow_key, expiration)
+        pace = self._pace(seq)
+        if pace is not None:
+            await pace
         return seq
 
     async def delta_publish(self, topic: str, data: Any, *, sequence: int | None = None,
@@ -581,19 +582,35 @@ class AsyncClient:
                             expiration: float | None = None) -> int:
         """A delta publish: ``data``'s fields merged into the current record of a SOW topic
         (docs/sow-and-views.md); on another topic, a plain publish."""
-        seq = self.publish_nowait(topic, data, sequence=sequence, correlation_id=correlation_id, delta=True,
-                                  sow_key=sow_key, expiration=expiration)
-        await self._pace(seq)
+        seq = self._store(topic, data, sequence, correlation_id, True, sow_key, expiration)
+        pace = self._pace(seq)
+        if pace is not None:
+            await pace
         return seq
 
-    async def _pace(self, seq: int) -> None:
-        """After publish ``seq``: wait while too many are unpersisted; otherwise, once a
-        batch is queued, let the loop turn so it goes out (and acks come in) while the
-        caller goes on publishing."""
+    # The publish path is the client's hot loop (a few microseconds a message): no
+    # keyword dictionaries and no coroutine unless the caller has to wait.
+
+    def _store(self, topic: str, data: Any, sequence: int | None, correlation_id: str | None, delta: bool,
+               sow_key: str | None, expiration: float | None) -> int:
+        if self._error is not None:
+            raise self._error
+        seq = self.core.publish(topic, data, sequence=sequence, correlation_id=correlation_id, delta=delta,
+                                sow_key=sow_key, expiration=expiration)
+        if not self._send_scheduled:
+            self._kick()
+        return seq
+
+    def _pace(self, seq: int) -> Awaitable[Any] | None:
+        """After publish ``seq``: what to wait for, if anything. While too many are
+        unpersisted, for the oldest half to be persisted; otherwise, once a batch is
+        queued, a loop turn, so it goes out (and acks come in) while the caller goes on
+        publishing."""
         if len(self.core.store) > self.max_inflight:
-            await self.wait_persisted(seq - self.max_inflight // 2)
-        elif len(self.core.outgoing) >= SEND_BATCH_COMMANDS:
-            await asyncio.sleep(0)
+            return self.wait_persisted(seq - self.max_inflight // 2)
+        if len(self.core.outgoing) >= SEND_BATCH_COMMANDS:
+            return asyncio.sleep(0)
+        return None
 
     def _on_persisted(self, seq: int) -> None:
         self._notify_persisted(seq)
