@@ -71,3 +71,24 @@ def test_truncation_forgets_what_it_cut(tmp_path):
     assert again == cut
     assert list(j.scan()) == [*keep, (cut, b"c" * 20)] == _from_files(tmp_path)
     j.close()
+
+
+def test_a_batch_larger_than_the_window_is_not_kept_and_neither_is_what_came_before(tmp_path, monkeypatch):
+    from conveyor.errors import JournalCorrupt
+    from conveyor.journal import FILE_HEADER_LEN, FRAME_HEADER_LEN, segment_name
+
+    monkeypatch.setattr(journal_module, "RECENT_BYTES", 100)
+    j = Journal.open(tmp_path, fsync=False)
+    j.append(b"small")
+    j.commit()
+    for _ in range(5):
+        j.append(b"x" * 40)  # 240 bytes of frames in one batch
+    j.commit()
+    assert list(j.scan()) == _from_files(tmp_path)
+    path = tmp_path / segment_name(0)
+    data = bytearray(path.read_bytes())
+    data[FILE_HEADER_LEN + FRAME_HEADER_LEN] ^= 1  # damage the first batch on disk
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorrupt):  # so it is read from the file, not memory
+        list(j.scan())
+    j.close()

@@ -65,8 +65,8 @@ from .storage import FileStorage, MemoryStore
 #: system call as the walk that proves the position.
 READ_AHEAD_BYTES = 4096
 
-#: Frames of the newest batches kept in memory for :meth:`Journal.scan`. 8 MiB is 25,000 records of 300 bytes: what the
-#: readers of the tail are behind by when they keep up.
+#: Frames of the newest batches kept in memory for :meth:`Journal.scan`. 8 MiB is 25,000
+#: records of 300 bytes, more than the readers of the tail are behind when they keep up.
 RECENT_BYTES = 8 << 20
 
 _cached_length_crc = length_crcs.get
@@ -328,6 +328,11 @@ class Journal:
     def _remember(self, pieces: list[Piece]) -> None:
         starts, frames = self._recent_starts, self._recent_frames
         for piece in pieces:
+            if len(piece.data) > RECENT_BYTES:  # read back from the file; nothing older either
+                starts.clear()
+                frames.clear()
+                self._recent_bytes = 0
+                continue
             data = bytes(piece.data)  # the writer thread reads piece.data; never shared
             starts.append(piece.start)
             frames.append(data)
@@ -481,14 +486,15 @@ class Journal:
                 # Looked up again for each batch, since newer batches evict older ones.
                 i = bisect_right(starts, pos) - 1
                 base, data = starts[i], self._recent_frames[i]
-                limit = min(base + len(data), hi)
-                unpack = unpack_frame_header
-                while pos < limit:
-                    o = pos - base
-                    e = o + FRAME_HEADER_LEN + unpack(data, o)[0]
-                    yield pos, data[o + FRAME_HEADER_LEN : e]
-                    pos = base + e
-                continue
+                if pos < base + len(data):
+                    limit = min(base + len(data), hi)
+                    unpack = unpack_frame_header
+                    while pos < limit:
+                        o = pos - base
+                        e = o + FRAME_HEADER_LEN + unpack(data, o)[0]
+                        yield pos, data[o + FRAME_HEADER_LEN : e]
+                        pos = base + e
+                    continue
             i = bisect_right(self._bases, pos) - 1
             base = self._bases[i]
             # Frames are read up to the durable end of the segment; the last one
