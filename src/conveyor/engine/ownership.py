@@ -257,14 +257,14 @@ class QueueOwnership:
         self._freed_seen = freed
         if not had_room:
             return None, None
+        wait = self.typical_wait()
+        retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
         target = max(queue.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
         room = target - len(self._requested) - queue.available_here()
         if room <= 0:
             if free and self._requested:  # all asked: look again when the oldest unanswered is due again
-                self.next_scan = next(iter(self._requested.values()))[0] + max(self.typical_wait(), 2 * WAIT_DEFAULT_S)
+                self.next_scan = next(iter(self._requested.values()))[0] + retry
             return None, None
-        wait = self.typical_wait()
-        retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
         asks: list[Ident] = []
         attempts: list[int] = []
         asked: list[int] = []  # positions asked for the first time
@@ -286,27 +286,26 @@ class QueueOwnership:
             return up
 
         # Requests in flight, oldest first: those unanswered for ``retry`` are asked again.
-        if requested and now - next(iter(requested.values()))[0] >= retry:
-            again: list[tuple[Ident, int]] = []
-            for ident, (when, attempt) in requested.items():
-                if now - when < retry:
-                    due = when + retry
-                    break
-                again.append((ident, attempt))
-            for ident, attempt in again:
-                if len(asks) + len(claims) >= room:
-                    due = now + REQUEST_SCAN_S
-                    break
-                position = positions.get(ident)
-                owner = queue.owner_of(position) if position is not None else None
-                if owner is None:  # it left, or came here: nothing more to ask
-                    del requested[ident]
-                    continue
-                if askable(position, owner):
-                    requested[ident] = (now, attempt + 1)
-                    requested.move_to_end(ident)  # the order of when each was asked
-                    asks.append(ident)
-                    attempts.append(attempt + 1)
+        again: list[tuple[Ident, int]] = []
+        for ident, (when, attempt) in requested.items():
+            if now - when < retry:
+                due = when + retry
+                break
+            again.append((ident, attempt))
+        for ident, attempt in again:
+            if len(asks) + len(claims) >= room:
+                due = now + REQUEST_SCAN_S
+                break
+            position = positions.get(ident)
+            owner = queue.owner_of(position) if position is not None else None
+            if owner is None:  # it left, or came here: nothing more to ask
+                del requested[ident]
+                continue
+            if askable(position, owner):
+                requested[ident] = (now, attempt + 1)
+                requested.move_to_end(ident)  # the order of when each was asked
+                asks.append(ident)
+                attempts.append(attempt + 1)
         # Then the messages never asked for, in the order they came: the first too recent
         # to ask for ends the look (those after it came later).
         if len(asks) + len(claims) < room:
