@@ -40,3 +40,33 @@ def test_any_other_publish_arrives_through_its_struct(rec):
     sow = records.encode_sow_publish("t", 7, 5, 2.0, b"x", None, 9.0, "k")
     assert records.decode(records.Arrival("Y", "w", ["Y"]).encode(sow, records.decode(sow))) == _replica(
         records.decode(sow), "Y", "w", ["Y"])
+
+
+def test_encode_many_is_encode_of_each():
+    """A run mixes plain publishes with any other layout; each comes out as encode() makes it."""
+    payloads = [
+        records.encode_publish("orders", 7, 1, 2.0, b"{}", None),
+        records.encode(records.PublishRec("t", 7, 2, 2.0, b"x", None, expiration=5.0, sow_key="k1")),
+        records.encode_publish("orders", 7, 3, 2.0, b'{"n": 3}', "c"),
+        records.encode_sow_publish("t", 7, 4, 2.0, b"x", None, 9.0, "k"),
+    ]
+    recs = [records.decode(p) for p in payloads]
+    arrival = records.Arrival("A", "east", ["A"])
+    assert records.Arrival("A", "east", ["A"]).encode_many(payloads, recs) == [
+        arrival.encode(p, r) for p, r in zip(payloads, recs)]
+    assert arrival.encode_many([], []) == []
+
+
+@pytest.mark.parametrize("topic", ["", "t", "x" * 31, "y" * 32, "é" * 100, "z" * 255, "w" * 256, "v" * 70_000])
+def test_a_plain_publish_topic_key_is_its_encoded_topic(topic):
+    payload = records.encode_publish(topic, 7, 1, 2.0, b"{}", None)
+    key = records.plain_publish_topic_key(payload)
+    assert key == msgspec.msgpack.encode(topic) and records.topic_of_key(key) == topic
+
+
+def test_only_a_plain_publish_has_a_topic_key():
+    for rec in (records.PublishRec("t", 7, 1, 2.0, b"x", None, txn_index=0, txn_total=2),
+                records.PublishRec("t", 7, 1, 2.0, b"x", None, origin="Z", origin_group="g", path=["Z"])):
+        assert records.plain_publish_topic_key(records.encode(rec)) is None
+    assert records.plain_publish_topic_key(records.encode_sow_publish("t", 7, 1, 2.0, b"x", None, 9.0, "k")) is None
+    assert records.plain_publish_topic_key(records.encode(records.ReceivedRec("A", "j", 5))) is None

@@ -136,7 +136,10 @@ class OutLink:
     def __init__(self, dest: ReplicationDestination, never: frozenset[str] = frozenset()) -> None:
         self.dest = dest
         self._never = never  # topics whose publishes never travel (views: rule 8)
-        self._plain: dict[str, bool] = {}
+        # Rule 1 for the publishes recorded here first, remembered by their topic as
+        # encoded (records.plain_publish_topic_key): the link's read loop looks here
+        # before it asks plain_verdict.
+        self.plain_verdicts: dict[bytes, bool] = {}
         self.name = dest.name
         self.sync = dest.sync_type == "sync"
         self.topic_matches = _matches_any(tuple(t.name for t in dest.topics))
@@ -152,14 +155,15 @@ class OutLink:
         self.gaps = 0
         self.last_error: str | None = None
 
-    def wants_plain(self, topic: str) -> bool:
-        """Rule 1 for a publish recorded here first (no origin): whether its topic goes
-        to this destination. Verdicts are remembered per topic name."""
-        verdict = self._plain.get(topic)
+    def plain_verdict(self, key: bytes) -> bool:
+        """Rule 1 for a publish recorded here first (no origin): whether its topic, as
+        ``key`` encodes it, goes to this destination; remembered in plain_verdicts."""
+        verdict = self.plain_verdicts.get(key)
         if verdict is None:
-            if len(self._plain) >= TOPIC_VERDICTS_MAX:
-                self._plain.clear()
-            verdict = self._plain[topic] = self.topic_matches(topic) and topic not in self._never
+            if len(self.plain_verdicts) >= TOPIC_VERDICTS_MAX:
+                self.plain_verdicts.clear()
+            topic = records.topic_of_key(key)
+            verdict = self.plain_verdicts[key] = self.topic_matches(topic) and topic not in self._never
         return verdict
 
     def wants(self, rec: records.PublishRec, peer_instance: str) -> bool:
@@ -356,16 +360,18 @@ class Replication:
         last = None
         peer = link.peer.instance if link.peer is not None else link.name
         in_run = False
-        plain_topic = records.plain_publish_topic
+        topic_key = records.plain_publish_topic_key
+        verdicts = link.plain_verdicts
         for pos, payload in self._journal.scan(start, end):
             if size >= BATCH_BYTES_MAX and not in_run:
                 break
             last = pos
             size += len(payload)
-            topic = plain_topic(payload)
-            if topic is not None:  # the usual record: a publish made here, on its own
+            key = topic_key(payload)
+            if key is not None:  # the usual record: a publish made here, on its own
                 in_run = False
-                if link.wants_plain(topic):
+                wanted = verdicts.get(key)
+                if wanted or (wanted is None and link.plain_verdict(key)):
                     positions.append(pos)
                     payloads.append(payload)
                 continue
@@ -512,11 +518,21 @@ class Replication:
             log.error("replication from %s: GAP: its records [%d, %d) were removed before they reached this "
                       "instance", src.instance, batch.gap_from, batch.gap_to)
         run: list[tuple[records.PublishRec, bytes]] = []
+        plain: list[records.PublishRec] = []  # consecutive publishes made at the source, each on its own
+        plain_bytes: list[bytes] = []
         received = recorded = 0
         decode = records.decode
         for payload in batch.records:
             rec = decode(payload)
             t = type(rec)
+            if t is records.PublishRec and not rec.txn_total and not rec.origin:
+                plain.append(rec)  # recorded together, before any other kind of record
+                plain_bytes.append(payload)
+                continue
+            if plain:
+                received += len(plain)
+                recorded += self._record_plain(plain, plain_bytes, link, now)
+                plain, plain_bytes = [], []
             if t is records.PublishRec:
                 received += 1
                 if not rec.txn_total:
@@ -535,6 +551,9 @@ class Replication:
             elif t is records.SowDeletedRec:
                 received += 1
                 recorded += self._record_sow_delete(rec, src, now)
+        if plain:
+            received += len(plain)
+            recorded += self._record_plain(plain, plain_bytes, link, now)
         link.records_received += received
         link.records_recorded += recorded
         state = link.source
@@ -613,6 +632,18 @@ class Replication:
             return 0
         self._publishes.append_encoded(rec, arrival.encode(payload, rec), arrival.origin)
         return 1
+
+    def _record_plain(self, recs: list[records.PublishRec], payloads: list[bytes], link: InLink, now: float) -> int:
+        """Record publishes made at the source, each on its own, unless already here
+        (the hot path of a replica: rule 2 for all of them in one call)."""
+        queues = self.queues
+        origin = link.arrival.origin
+
+        def duplicate(rec: records.PublishRec) -> None:
+            if queues is not None:
+                queues.duplicate(rec, origin, now)
+
+        return self._publishes.append_arrived(recs, payloads, link.arrival, duplicate)
 
     def _record_run(self, run: list[tuple[records.PublishRec, bytes]], link: InLink, now: float) -> int:
         """Record one whole transaction unless already here."""

@@ -278,6 +278,37 @@ class Journal:
         self._records += 1
         return pos
 
+    def append_many(self, payloads: list[bytes]) -> list[int]:
+        """Buffer records in order, as ``append`` does each; their positions. All or
+        nothing: a closed journal or an oversized record refuses the lot."""
+        if self._closed:
+            raise JournalError("the journal is closed")
+        if payloads and max(map(len, payloads)) > RECORD_BYTES_MAX:
+            raise JournalError(f"a record of {max(map(len, payloads))} bytes is over record_bytes_max "
+                               f"({RECORD_BYTES_MAX})")
+        positions = []
+        note = positions.append
+        pos = self.end
+        records0 = self._records
+        buf = self._buf
+        for payload in payloads:
+            n = len(payload)
+            new_end = pos + FRAME_HEADER_LEN + n
+            if new_end > self._fast_limit:
+                self.end, self._records = pos, records0 + len(positions)  # what a rotation reads
+                self._before_append_slow(pos, n)
+                buf = self._buf
+            lc = _cached_length_crc(n)
+            if lc is None:
+                lc = length_crc(n)
+            buf += pack_frame_header(n, crc32c(payload, lc))
+            buf += payload
+            note(pos)
+            pos = new_end
+        self.end = pos
+        self._records = records0 + len(positions)
+        return positions
+
     def _before_append_slow(self, pos: int, n: int) -> None:
         if self._closed:
             raise JournalError("the journal is closed")

@@ -289,21 +289,24 @@ _PLAIN_PUBLISH = 0x97  # the MessagePack header of encode_publish's 7-element ar
 _ARRIVED_HEADER = b"\xdc\x00\x10"  # an array of 16: those 7, then the fields up to PublishRec.path
 
 
-class _PublishHead(msgspec.Struct, array_like=True):
-    k: int
-    topic: str  # the fields behind it are skipped, not copied
+def plain_publish_topic_key(payload: bytes) -> bytes | None:
+    """The topic of a plain publish record as it is encoded (its MessagePack string,
+    header included): a key for what a reader has decided about the topic, sliced
+    without decoding anything. None for any other record. :func:`topic_of_key` reads it."""
+    if payload[0] != _PLAIN_PUBLISH or payload[1] != 1:
+        return None
+    h = payload[2]
+    if 0xA0 <= h <= 0xBF:  # fixstr: up to 31 bytes
+        return payload[2:3 + (h & 0x1F)]
+    if h == 0xD9:  # str8
+        return payload[2:4 + payload[3]]
+    if h == 0xDA:  # str16
+        return payload[2:5 + int.from_bytes(payload[3:5], "big")]
+    return payload[2:7 + int.from_bytes(payload[3:7], "big")]  # str32
 
 
-_head_decoder = msgspec.msgpack.Decoder(_PublishHead)
-
-
-def plain_publish_topic(payload: bytes) -> str | None:
-    """The topic of a plain publish record (``encode_publish``'s layout: no
-    transaction, origin, expiry or SOW key), read without decoding the rest; None for
-    any other record."""
-    if payload[0] == _PLAIN_PUBLISH and payload[1] == 1:
-        return _head_decoder.decode(payload).topic
-    return None
+def topic_of_key(key: bytes) -> str:
+    return msgspec.msgpack.decode(key, type=str)
 
 
 class Arrival:
@@ -327,14 +330,22 @@ class Arrival:
     def encode(self, payload: bytes, rec: PublishRec) -> bytes:
         """``rec`` as journaled here; ``payload`` is its encoding where it came from."""
         if payload[0] == _PLAIN_PUBLISH:
-            tail = self._tail
-            if tail is None:
-                tail = self._tail = _encoder.encode(
-                    (None, -1, "", 0, -1, 0, self.origin, self.origin_group, self.path))[1:]
-            return _ARRIVED_HEADER + payload[1:] + tail
+            return _ARRIVED_HEADER + payload[1:] + self._plain_tail()
         return _encoder.encode(msgspec.structs.replace(
             rec, origin=self.origin, origin_group=self.origin_group, path=self.path,
             expired_queue=None, expired_position=-1, expired_reasons=""))
+
+    def _plain_tail(self) -> bytes:
+        """What follows a plain publish's fields here: the same for every one of them."""
+        if self._tail is None:
+            self._tail = _encoder.encode((None, -1, "", 0, -1, 0, self.origin, self.origin_group, self.path))[1:]
+        return self._tail
+
+    def encode_many(self, payloads: list[bytes], recs: list[PublishRec]) -> list[bytes]:
+        """``encode`` of each, in one call: what comes from one place is mostly plain."""
+        head, tail, encode = _ARRIVED_HEADER, self._plain_tail(), self.encode
+        return [head + payload[1:] + tail if payload[0] == _PLAIN_PUBLISH else encode(payload, rec)
+                for payload, rec in zip(payloads, recs)]
 
 
 def encode_sow_publish(topic: str, publisher: int, seq: int, timestamp: float, data: bytes, correlation_id: str | None,
