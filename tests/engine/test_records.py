@@ -70,3 +70,13 @@ def test_only_a_plain_publish_has_a_topic_key():
         assert records.plain_publish_topic_key(records.encode(rec)) is None
     assert records.plain_publish_topic_key(records.encode_sow_publish("t", 7, 1, 2.0, b"x", None, 9.0, "k")) is None
     assert records.plain_publish_topic_key(records.encode(records.ReceivedRec("A", "j", 5))) is None
+
+
+def test_a_plain_publish_prefix_matches_that_topic_only():
+    prefix = records.plain_publish_prefix(records.plain_publish_topic_key(records.encode_publish("ab", 1, 1, 2.0, b"", None)))
+    assert records.encode_publish("ab", 9, 5, 3.0, b"{}", "c").startswith(prefix)
+    for other in (records.encode_publish("a", 1, 1, 2.0, b"", None), records.encode_publish("abc", 1, 1, 2.0, b"", None),
+                  records.encode_publish("ab" * 20, 1, 1, 2.0, b"", None),
+                  records.encode(records.PublishRec("ab", 1, 1, 2.0, b"", None, txn_index=0, txn_total=1)),
+                  records.encode_sow_publish("ab", 1, 1, 2.0, b"", None, 0.0, "k")):
+        assert not other.startswith(prefix)

@@ -61,6 +61,22 @@ def test_only_matching_topics_are_replicated():
     assert [r.topic for r in c.publishes("B")] == ["Work"]
 
 
+def test_each_record_of_a_batch_is_judged_by_its_own_topic():
+    """Rule 1 in one batch: runs of one topic, topics that alternate, names that are
+    prefixes of one another, and records of other kinds between them."""
+    recorded = ("Work", "Wo", "Wor", "Other")
+    c = Cluster({"A": instance_xml("A", [destination("B", topics=("Work", "Wo"))], topics=recorded),
+                 "B": instance_xml("B", topics=recorded)})
+    c.connect_all()
+    pub = c.nodes["A"].connect("app")
+    topics = ["Work", "Work", "Other", "Work", "Wo", "Wor", "Wor", "Work", "Other", "Other", "Wo", "Work"]
+    for seq, topic in enumerate(topics, start=1):
+        publish(c, "A", pub, seq, topic=topic, **({"expiration": 30} if seq in (7, 8) else {}))
+    c.settle()
+    assert [(r.seq, r.topic) for r in c.publishes("B")] == [
+        (seq, t) for seq, t in enumerate(topics, start=1) if t in ("Work", "Wo")]
+
+
 def test_a_failed_over_publisher_is_deduplicated_on_the_other_instance():
     """Rule 2: a publisher that fails over and publishes again what A already
     replicated has it acknowledged as a duplicate on B; nothing is recorded twice."""

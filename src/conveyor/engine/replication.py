@@ -362,16 +362,26 @@ class Replication:
         in_run = False
         topic_key = records.plain_publish_topic_key
         verdicts = link.plain_verdicts
+        # The usual record is a publish made here, on its own, to the topic of the one
+        # before: one startswith() decides it.
+        prefix, wanted = None, False
         for pos, payload in self._journal.scan(start, end):
             if size >= BATCH_BYTES_MAX and not in_run:
                 break
             last = pos
             size += len(payload)
-            key = topic_key(payload)
-            if key is not None:  # the usual record: a publish made here, on its own
+            if prefix is None or not payload.startswith(prefix):
+                key = topic_key(payload)
+                if key is None:
+                    prefix = None
+                else:
+                    prefix = records.plain_publish_prefix(key)
+                    wanted = verdicts.get(key)
+                    if wanted is None:
+                        wanted = link.plain_verdict(key)
+            if prefix is not None:  # a plain publish
                 in_run = False
-                wanted = verdicts.get(key)
-                if wanted or (wanted is None and link.plain_verdict(key)):
+                if wanted:
                     positions.append(pos)
                     payloads.append(payload)
                 continue

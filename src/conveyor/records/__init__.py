@@ -287,6 +287,7 @@ def encode_publish(topic: str, publisher: int, seq: int, timestamp: float, data:
 
 _PLAIN_PUBLISH = 0x97  # the MessagePack header of encode_publish's 7-element array
 _ARRIVED_HEADER = b"\xdc\x00\x10"  # an array of 16: those 7, then the fields up to PublishRec.path
+_PLAIN_HEAD = bytes([_PLAIN_PUBLISH, 1])  # encode_publish's array header, then PublishRec's tag
 
 
 def plain_publish_topic_key(payload: bytes) -> bytes | None:
@@ -307,6 +308,12 @@ def plain_publish_topic_key(payload: bytes) -> bytes | None:
 
 def topic_of_key(key: bytes) -> str:
     return msgspec.msgpack.decode(key, type=str)
+
+
+def plain_publish_prefix(key: bytes) -> bytes:
+    """The bytes every plain publish to the topic of ``key`` starts with, and no other
+    record: a reader that meets one topic after another tests ``startswith``."""
+    return _PLAIN_HEAD + key
 
 
 class Arrival:
