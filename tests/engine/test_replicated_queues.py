@@ -311,13 +311,13 @@ def test_a_removal_that_arrives_before_its_message_keeps_it_out():
     ident = (publisher_id("app"), 1)
     removal = records.QueueRemovedRec("WorkQ", [ident[0]], [ident[1]], "ack")
     message = records.PublishRec("Work", ident[0], ident[1], c.now, b'{"n":1}')
-    b.engine.replica_frames(link.dst_conn, [p.Batch(through=10, positions=[5], records=[records.encode(removal)])], c.now)
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=10, records=[records.encode(removal)])], c.now)
     b.commit()
     c.crash("B")
     c.restart("B")
     c.connect("A", "B")
     link = c.links[("A", "B")]
-    b.engine.replica_frames(link.dst_conn, [p.Batch(through=20, positions=[15], records=[records.encode(message)])], c.now)
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=20, records=[records.encode(message)])], c.now)
     b.commit()
     assert c.identities("B") == [(ident[0], ident[1], -1)]  # the message is recorded...
     assert stats(c, "B").elsewhere == stats(c, "B").owned == 0  # ...but not in the queue
@@ -335,7 +335,7 @@ def test_a_removal_is_kept_for_deferred_ack_expiration_then_the_message_may_ente
     b = c.nodes["B"]
     first, second = (publisher_id("app"), 1), (publisher_id("app"), 2)
     removal = records.QueueRemovedRec("WorkQ", [first[0], second[0]], [first[1], second[1]], "ack")
-    b.engine.replica_frames(link.dst_conn, [p.Batch(through=10, positions=[5], records=[records.encode(removal)])], c.now)
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=10, records=[records.encode(removal)])], c.now)
     b.commit()
     own = b.engine.replicated_queues.by_queue["WorkQ"]
     assert own.tombstone_count == 2
@@ -346,12 +346,12 @@ def test_a_removal_is_kept_for_deferred_ack_expiration_then_the_message_may_ente
     link = c.links[("A", "B")]
     c.advance(9.0)
     early = records.PublishRec("Work", first[0], first[1], c.now, b'{"n":1}')
-    b.engine.replica_frames(link.dst_conn, [p.Batch(through=20, positions=[15], records=[records.encode(early)])], c.now)
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=20, records=[records.encode(early)])], c.now)
     b.commit()
     assert stats(c, "B").elsewhere == 0  # within 10 s: kept out
     c.advance(2.0)
     late = records.PublishRec("Work", second[0], second[1], c.now, b'{"n":2}')
-    b.engine.replica_frames(link.dst_conn, [p.Batch(through=30, positions=[25], records=[records.encode(late)])], c.now)
+    b.engine.replica_frames(link.dst_conn, [p.Batch(through=30, records=[records.encode(late)])], c.now)
     b.commit()
     assert stats(c, "B").elsewhere == 1  # 11 s later: the tombstone is gone, the message is A's
     assert b.engine.replicated_queues.by_queue["WorkQ"].tombstone_count == 0

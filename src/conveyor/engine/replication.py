@@ -354,7 +354,6 @@ class Replication:
     def _read_batch(self, link: OutLink, start: int, end: int) -> p.Batch:
         """The records ``link`` needs from ``[start, end)``, up to about
         :data:`BATCH_BYTES_MAX` of journal, never ending inside a transaction."""
-        positions: list[int] = []
         payloads: list[bytes] = []
         size = 0
         last = None
@@ -382,34 +381,30 @@ class Replication:
             if prefix is not None:  # a plain publish
                 in_run = False
                 if wanted:
-                    positions.append(pos)
                     payloads.append(payload)
                 continue
             rec = records.decode(payload)
             if type(rec) is records.PublishRec:
                 in_run = rec.txn_total > 0 and rec.txn_index < rec.txn_total - 1
                 if link.wants(rec, peer) and rec.topic not in self._views:
-                    positions.append(pos)
                     payloads.append(payload)
                 if rec.expired_queue is not None and rec.expired_queue in self.owned_queues:
-                    self._queue_removal(link, rec.expired_queue, [rec.expired_position], "expire", pos,
-                                        positions, payloads)
+                    self._queue_removal(link, rec.expired_queue, [rec.expired_position], "expire", payloads)
             else:
                 in_run = False
                 if type(rec) is records.SowDeletedRec:
-                    self._sow_delete(link, rec, payload, pos, peer, positions, payloads)
+                    self._sow_delete(link, rec, payload, peer, payloads)
                 elif self.owned_queues and getattr(rec, "queue", None) in self.owned_queues:
-                    self._queue_record(link, rec, payload, pos, peer, positions, payloads)
+                    self._queue_record(link, rec, payload, peer, payloads)
         through = end if last is None else self._journal.position_after(last)
-        return p.Batch(through=through, positions=positions, records=payloads)
+        return p.Batch(through=through, records=payloads)
 
     _REMOVALS = {records.AckedRec: "ack", records.DeliveredRec: "deliver", records.ConsumerAckedRec: "ack"}
     _QUEUE_RECORDS = (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec,
                       records.ConsumerReplicatedRec)
     _CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec)
 
-    def _queue_record(self, link: OutLink, rec, payload: bytes, pos: int, peer: str,
-                      positions: list[int], payloads: list[bytes]) -> None:
+    def _queue_record(self, link: OutLink, rec, payload: bytes, peer: str, payloads: list[bytes]) -> None:
         """Rule 6: what a replicated queue's record means to the other copies of the
         queue: removals named by identity, and the ownership records as they are."""
         if not link.topic_matches(rec.queue):
@@ -421,16 +416,15 @@ class Replication:
                     return
                 if rec.origin == peer or peer in rec.path:
                     return
-            positions.append(pos)
             payloads.append(payload)
         elif t is records.ExpiredRec:
-            self._queue_removal(link, rec.queue, [rec.position], "expire", pos, positions, payloads)
+            self._queue_removal(link, rec.queue, [rec.position], "expire", payloads)
         elif t in self._REMOVALS:
-            self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[t], pos, positions, payloads)
+            self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[t], payloads)
         if t in self._CONSUMER_RECORDS:
-            self._consumer_record(rec, pos, positions, payloads)
+            self._consumer_record(rec, payloads)
 
-    def _consumer_record(self, rec, pos: int, positions: list[int], payloads: list[bytes]) -> None:
+    def _consumer_record(self, rec, payloads: list[bytes]) -> None:
         """Rule 7: a named consumer's record, its messages named by identity."""
         t = type(rec)
         if t is records.ConsumerLeasedRec:
@@ -442,11 +436,10 @@ class Replication:
         else:
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, token=rec.token,
                                                 through=rec.d)
-        positions.append(pos)
         payloads.append(records.encode(out))
 
-    def _sow_delete(self, link: OutLink, rec: records.SowDeletedRec, payload: bytes, pos: int, peer: str,
-                    positions: list[int], payloads: list[bytes]) -> None:
+    def _sow_delete(self, link: OutLink, rec: records.SowDeletedRec, payload: bytes, peer: str,
+                    payloads: list[bytes]) -> None:
         """Rule 8: a ``sow_delete`` goes where its topic's publishes go, by identity."""
         if not link.topic_matches(rec.topic) or self.sow is None:
             return
@@ -462,16 +455,13 @@ class Replication:
             payload = records.encode(records.SowDeletedRec(
                 rec.topic, [k for k, _ in named], [], publishers=[i[0] for _, i in named],
                 seqs=[i[1] for _, i in named]))
-        positions.append(pos)
         payloads.append(payload)
 
-    def _queue_removal(self, link: OutLink, queue: str, gone: list[int], kind: str, pos: int,
-                       positions: list[int], payloads: list[bytes]) -> None:
+    def _queue_removal(self, link: OutLink, queue: str, gone: list[int], kind: str, payloads: list[bytes]) -> None:
         if not gone or not link.topic_matches(queue) or self.queues is None:
             return
         idents = [self.queues.identify(p) for p in gone]
         rec = records.QueueRemovedRec(queue, [i[0] for i in idents], [i[1] for i in idents], kind)
-        positions.append(pos)
         payloads.append(records.encode(rec))
 
     def persisted_floor(self) -> int | None:

@@ -12,16 +12,17 @@ length, then a MessagePack array of entries). Rules:
    journal ``journal_id`` (0 when the journal is new to it), or :class:`Refused` with a
    reason (a configuration rule that the two instances break together, a wrong version).
 2. **Stream.** The source sends :class:`Batch` entries in journal order: the journal
-   payloads of the records the destination needs, each with its source position, and
-   ``through``: every record below it that the destination needs is in this batch or an
-   earlier one (a batch with no records only moves ``through``). A batch never splits a
-   transaction.
+   payloads of the records the destination needs, and ``through``: every record below
+   it that the destination needs is in this batch or an earlier one (a batch with no
+   records only moves ``through``). A batch never splits a transaction.
 3. **Acknowledgement.** The destination answers :class:`Acked` with the highest
    ``through`` whose records are durable in its own journal. The source keeps at most a
    window of bytes sent and not acknowledged, so a slow destination never grows the
    source's memory: records are read back from the journal, not kept.
 4. Fields are only appended, with defaults; a tag never changes meaning (``version``
-   says which fields a peer knows).
+   says which fields a peer knows). A field that no peer reads may be dropped: a
+   peer's decoder ignores a field it does not know (``Batch.positions``, the source
+   positions of its records, went that way).
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class Refused(_Repl, tag="r_refused"):
 
 class Batch(_Repl, tag="r_batch"):
     through: int
-    positions: list[int] = []
     records: list[bytes] = []
     # The source could not send records in [gap_from, gap_to) any more (retention removed
     # them before this destination had them): reported loudly on both ends.
