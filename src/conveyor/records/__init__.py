@@ -291,8 +291,9 @@ _PLAIN_HEAD = bytes([_PLAIN_PUBLISH, 1])  # encode_publish's array header, then 
 
 
 def plain_publish_topic_key(payload: bytes) -> bytes | None:
-    """The topic of a plain publish record as it is encoded (its MessagePack string,
-    header included): a key for what a reader has decided about the topic, sliced
+    """The topic of a plain publish record (``encode_publish``'s layout: no
+    transaction, origin, expiry or SOW key) as it is encoded, its MessagePack string
+    header included: a key for what a reader has decided about the topic, sliced
     without decoding anything. None for any other record. :func:`topic_of_key` reads it."""
     if payload[0] != _PLAIN_PUBLISH or payload[1] != 1:
         return None
@@ -307,6 +308,7 @@ def plain_publish_topic_key(payload: bytes) -> bytes | None:
 
 
 def topic_of_key(key: bytes) -> str:
+    """The topic name a :func:`plain_publish_topic_key` holds."""
     return msgspec.msgpack.decode(key, type=str)
 
 
