@@ -136,10 +136,9 @@ class OutLink:
     def __init__(self, dest: ReplicationDestination, never: frozenset[str] = frozenset()) -> None:
         self.dest = dest
         self._never = never  # topics whose publishes never travel (views: rule 8)
-        # Rule 1 for the publishes recorded here first, remembered by their topic as
-        # encoded (records.plain_publish_topic_key): the link's read loop looks here
-        # before it asks plain_verdict.
-        self.plain_verdicts: dict[bytes, bool] = {}
+        # Rule 1 for the publishes recorded here first, by their topic as encoded
+        # (records.plain_publish_topic_key).
+        self._plain: dict[bytes, bool] = {}
         self.name = dest.name
         self.sync = dest.sync_type == "sync"
         self.topic_matches = _matches_any(tuple(t.name for t in dest.topics))
@@ -157,13 +156,13 @@ class OutLink:
 
     def plain_verdict(self, key: bytes) -> bool:
         """Rule 1 for a publish recorded here first (no origin): whether its topic, as
-        ``key`` encodes it, goes to this destination; remembered in plain_verdicts."""
-        verdict = self.plain_verdicts.get(key)
+        ``key`` encodes it, goes to this destination. Verdicts are remembered per key."""
+        verdict = self._plain.get(key)
         if verdict is None:
-            if len(self.plain_verdicts) >= TOPIC_VERDICTS_MAX:
-                self.plain_verdicts.clear()
+            if len(self._plain) >= TOPIC_VERDICTS_MAX:
+                self._plain.clear()
             topic = records.topic_of_key(key)
-            verdict = self.plain_verdicts[key] = self.topic_matches(topic) and topic not in self._never
+            verdict = self._plain[key] = self.topic_matches(topic) and topic not in self._never
         return verdict
 
     def wants(self, rec: records.PublishRec, peer_instance: str) -> bool:
@@ -360,7 +359,6 @@ class Replication:
         peer = link.peer.instance if link.peer is not None else link.name
         in_run = False
         topic_key = records.plain_publish_topic_key
-        verdicts = link.plain_verdicts
         # The usual record is a publish made here, on its own, to the topic of the one
         # before: one startswith() decides it.
         prefix, wanted = None, False
@@ -375,9 +373,7 @@ class Replication:
                     prefix = None
                 else:
                     prefix = records.plain_publish_prefix(key)
-                    wanted = verdicts.get(key)
-                    if wanted is None:
-                        wanted = link.plain_verdict(key)
+                    wanted = link.plain_verdict(key)
             if prefix is not None:  # a plain publish
                 in_run = False
                 if wanted:

@@ -281,11 +281,7 @@ class Journal:
     def append_many(self, payloads: list[bytes]) -> list[int]:
         """Buffer records in order, as ``append`` does each; their positions. All or
         nothing: a closed journal or an oversized record refuses the lot."""
-        if self._closed:
-            raise JournalError("the journal is closed")
-        if payloads and max(map(len, payloads)) > RECORD_BYTES_MAX:
-            raise JournalError(f"a record of {max(map(len, payloads))} bytes is over record_bytes_max "
-                               f"({RECORD_BYTES_MAX})")
+        self._check_appendable(max(map(len, payloads), default=0))
         positions = []
         note = positions.append
         pos = self.end
@@ -309,11 +305,15 @@ class Journal:
         self._records = records0 + len(positions)
         return positions
 
-    def _before_append_slow(self, pos: int, n: int) -> None:
+    def _check_appendable(self, n: int) -> None:
+        """Refuse a record of ``n`` bytes: the journal is closed, or it is too large."""
         if self._closed:
             raise JournalError("the journal is closed")
         if n > RECORD_BYTES_MAX:
             raise JournalError(f"a record of {n} bytes is over record_bytes_max ({RECORD_BYTES_MAX})")
+
+    def _before_append_slow(self, pos: int, n: int) -> None:
+        self._check_appendable(n)
         if pos + FRAME_HEADER_LEN + n > self._seg_limit and pos > self._seg_base:
             self._rotate(pos)
         if pos >= self._index_next:
