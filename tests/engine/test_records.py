@@ -80,3 +80,30 @@ def test_a_plain_publish_prefix_matches_that_topic_only():
                   records.encode(records.PublishRec("ab", 1, 1, 2.0, b"", None, txn_index=0, txn_total=1)),
                   records.encode_sow_publish("ab", 1, 1, 2.0, b"", None, 0.0, "k")):
         assert not other.startswith(prefix)
+
+
+@pytest.mark.parametrize("correlation_id", [None, "c-1"])
+def test_a_plain_publish_decodes_light_and_reads_like_its_record(correlation_id):
+    """decode_plain reads every field of a PublishRec, the defaults included, and the
+    result is not tracked by the garbage collector."""
+    import gc
+
+    payload = records.encode_publish("t", 2**63 + 5, 9, 2.5, b'{"a": 1}', correlation_id)
+    assert payload.startswith(records.PLAIN_PUBLISH_HEAD)
+    light, full = records.decode_plain(payload), records.decode(payload)
+    for name in records.PublishRec.__struct_fields__:
+        assert getattr(light, name) == getattr(full, name) or (name == "path" and list(light.path) == full.path), name
+    assert not gc.is_tracked(light)
+
+
+def test_only_a_plain_publish_starts_with_the_plain_head():
+    """The head is what tells a plain publish: decode_plain would read the first fields
+    of a publish of another layout (MessagePack arrays may grow), so only the head
+    decides. Another kind of record is refused by its tag."""
+    for payload in (records.encode(records.PublishRec("t", 7, 1, 2.0, b"x", None)),
+                    records.encode(records.PublishRec("t", 7, 1, 2.0, b"x", None, txn_index=0, txn_total=2)),
+                    records.encode_sow_publish("t", 7, 1, 2.0, b"x", None, 9.0, "k"),
+                    records.encode(records.ReceivedRec("A", "j", 5))):
+        assert not payload.startswith(records.PLAIN_PUBLISH_HEAD)
+    with pytest.raises(msgspec.ValidationError):
+        records.decode_plain(records.encode(records.ReceivedRec("A", "j", 5)))

@@ -573,7 +573,7 @@ class ReplicatedQueues:
             self._delivery.removed_elsewhere(self._bindings.by_name[rec.queue], left)
         return changed
 
-    def duplicate(self, rec: records.PublishRec, origin: str, now: float) -> None:
+    def duplicate(self, rec: records.PublishRec | records.PlainPublish, origin: str, now: float) -> None:
         """A copy of a message recorded here arrived from ``origin`` (rule 7)."""
         for binding in self._bindings.for_topic(rec.topic):
             own = self.by_queue.get(binding.name)

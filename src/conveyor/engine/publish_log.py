@@ -209,7 +209,7 @@ class PublishLog:
         """Journal a publish record with fields of its own (dead letters, transactions)."""
         return self.append_encoded(rec, records.encode(rec), rec.origin)
 
-    def append_encoded(self, rec: records.PublishRec, payload: bytes, origin: str) -> int:
+    def append_encoded(self, rec: records.PublishRec | records.PlainPublish, payload: bytes, origin: str) -> int:
         """Journal publish ``rec`` as ``payload``, its record as kept here, first recorded
         at ``origin`` ("": here). A replica passes the bytes records.Arrival built and
         the origin they name."""
@@ -226,38 +226,36 @@ class PublishLog:
         )
         return position
 
-    def append_arrived(self, recs: list[records.PublishRec], payloads: list[bytes], arrival: records.Arrival,
-                       duplicate: Callable[[records.PublishRec], None]) -> int:
+    def append_arrived(self, recs: list[records.PlainPublish], payloads: list[bytes], arrival: records.Arrival,
+                       duplicate: Callable[[records.PlainPublish], None]) -> int:
         """Journal publishes that each stand alone and came from one place, as
         ``arrival`` encodes them, unless recorded here already (rule 2: those go to
         ``duplicate``); how many were journaled. A replica's hot path: the usual
         publishes, new and in sequence, go to the journal in one call."""
         highest = self._highest
-        run: list[records.PublishRec] = []
-        run_bytes: list[bytes] = []
         tops: dict[int, int] = {}  # the highest sequence per publisher with the run counted
+        start = 0  # recs[start:i] are new and in sequence: the run being gathered
         journaled = 0
-        for rec, payload in zip(recs, payloads):
+        for i, rec in enumerate(recs):
             publisher, seq = rec.publisher, rec.seq
             top = tops.get(publisher)
             if seq == (highest.get(publisher, 0) if top is None else top) + 1:
                 tops[publisher] = seq
-                run.append(rec)
-                run_bytes.append(payload)
                 continue
-            if run:  # out of sequence: what came before goes first, then the full check
-                journaled += self._append_run(run, run_bytes, tops, arrival)
-                run, run_bytes, tops = [], [], {}
+            if i > start:  # out of sequence: what came before goes first, then the full check
+                journaled += self._append_run(recs[start:i], payloads[start:i], tops, arrival)
+                tops = {}
+            start = i + 1
             if self.is_recorded(publisher, seq):
                 duplicate(rec)
                 continue
-            self.append_encoded(rec, arrival.encode(payload, rec), arrival.origin)
+            self.append_encoded(rec, arrival.encode(payloads[i], rec), arrival.origin)
             journaled += 1
-        if run:
-            journaled += self._append_run(run, run_bytes, tops, arrival)
+        if start < len(recs):
+            journaled += self._append_run(recs[start:], payloads[start:], tops, arrival)
         return journaled
 
-    def _append_run(self, run: list[records.PublishRec], payloads: list[bytes], tops: dict[int, int],
+    def _append_run(self, run: list[records.PlainPublish], payloads: list[bytes], tops: dict[int, int],
                     arrival: records.Arrival) -> int:
         """Journal a run of new publishes, then count them recorded (nothing is noted
         when the journal refuses the run)."""

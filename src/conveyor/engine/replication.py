@@ -514,17 +514,17 @@ class Replication:
             log.error("replication from %s: GAP: its records [%d, %d) were removed before they reached this "
                       "instance", src.instance, batch.gap_from, batch.gap_to)
         run: list[tuple[records.PublishRec, bytes]] = []
-        plain: list[records.PublishRec] = []  # consecutive publishes made at the source, each on its own
+        plain: list[records.PlainPublish] = []  # consecutive publishes made at the source, each on its own
         plain_bytes: list[bytes] = []
         received = recorded = 0
-        decode = records.decode
+        decode, decode_plain, plain_head = records.decode, records.decode_plain, records.PLAIN_PUBLISH_HEAD
         for payload in batch.records:
-            rec = decode(payload)
-            t = type(rec)
-            if t is records.PublishRec and not rec.txn_total and not rec.origin:
-                plain.append(rec)  # recorded together, before any other kind of record
+            if payload.startswith(plain_head):  # a publish made at the source, on its own
+                plain.append(decode_plain(payload))  # recorded together, before any other kind of record
                 plain_bytes.append(payload)
                 continue
+            rec = decode(payload)
+            t = type(rec)
             if plain:
                 received += len(plain)
                 recorded += self._record_plain(plain, plain_bytes, link, now)
@@ -629,13 +629,13 @@ class Replication:
         self._publishes.append_encoded(rec, arrival.encode(payload, rec), arrival.origin)
         return 1
 
-    def _record_plain(self, recs: list[records.PublishRec], payloads: list[bytes], link: InLink, now: float) -> int:
+    def _record_plain(self, recs: list[records.PlainPublish], payloads: list[bytes], link: InLink, now: float) -> int:
         """Record publishes made at the source, each on its own, unless already here
         (the hot path of a replica: rule 2 for all of them in one call)."""
         queues = self.queues
         origin = link.arrival.origin
 
-        def duplicate(rec: records.PublishRec) -> None:
+        def duplicate(rec: records.PlainPublish) -> None:
             if queues is not None:
                 queues.duplicate(rec, origin, now)
 

@@ -13,7 +13,7 @@ the same transitions the live server applies, so "what survives a crash" is exac
 
 from __future__ import annotations
 
-from typing import Union
+from typing import ClassVar, Union
 
 import msgspec
 
@@ -290,6 +290,39 @@ _ARRIVED_HEADER = b"\xdc\x00\x10"  # an array of 16: those 7, then the fields up
 _PLAIN_HEAD = bytes([_PLAIN_PUBLISH, 1])  # encode_publish's array header, then PublishRec's tag
 
 
+class PlainPublish(msgspec.Struct, frozen=True, array_like=True, tag_field="k", tag=1, gc=False):
+    """A plain publish (``encode_publish``'s layout) as a reader that needs only its own
+    fields decodes it: a replica receives mostly these. It reads like the
+    :class:`PublishRec` it encodes, whose other fields are at their defaults; decoding
+    it skips setting those twelve defaults, and a record without a list is not tracked
+    by the garbage collector. Only for a payload that starts with
+    :data:`PLAIN_PUBLISH_HEAD`: a publish of a longer layout would decode too, its
+    other fields dropped."""
+
+    topic: str
+    publisher: int
+    seq: int
+    timestamp: float
+    data: bytes
+    correlation_id: str | None
+    expired_queue: ClassVar[str | None] = None
+    expired_position: ClassVar[int] = -1
+    expired_reasons: ClassVar[str] = ""
+    fingerprint: ClassVar[int] = 0
+    txn_index: ClassVar[int] = -1
+    txn_total: ClassVar[int] = 0
+    origin: ClassVar[str] = ""
+    origin_group: ClassVar[str] = ""
+    path: ClassVar[tuple[str, ...]] = ()
+    expiration: ClassVar[float] = 0.0
+    sow_key: ClassVar[str] = ""
+
+
+decode_plain = msgspec.msgpack.Decoder(PlainPublish).decode
+#: What every plain publish starts with, and no other record: ``decode_plain`` reads it.
+PLAIN_PUBLISH_HEAD = _PLAIN_HEAD
+
+
 def plain_publish_topic_key(payload: bytes) -> bytes | None:
     """The topic of a plain publish record (``encode_publish``'s layout: no
     transaction, origin, expiry or SOW key) as it is encoded, its MessagePack string
@@ -336,7 +369,7 @@ class Arrival:
         self.path = path
         self._tail: bytes | None = None  # on first use: a record that passed through is never plain
 
-    def encode(self, payload: bytes, rec: PublishRec) -> bytes:
+    def encode(self, payload: bytes, rec: PublishRec | PlainPublish) -> bytes:
         """``rec`` as journaled here; ``payload`` is its encoding where it came from."""
         if payload[0] == _PLAIN_PUBLISH:
             return _ARRIVED_HEADER + payload[1:] + self._plain_tail()
@@ -350,7 +383,7 @@ class Arrival:
             self._tail = _encoder.encode((None, -1, "", 0, -1, 0, self.origin, self.origin_group, self.path))[1:]
         return self._tail
 
-    def encode_many(self, payloads: list[bytes], recs: list[PublishRec]) -> list[bytes]:
+    def encode_many(self, payloads: list[bytes], recs: list[PublishRec] | list[PlainPublish]) -> list[bytes]:
         """``encode`` of each, in one call: what comes from one place is mostly plain."""
         head, tail, encode = _ARRIVED_HEADER, self._plain_tail(), self.encode
         return [head + payload[1:] + tail if payload[0] == _PLAIN_PUBLISH else encode(payload, rec)
