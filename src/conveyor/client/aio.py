@@ -595,8 +595,7 @@ class AsyncClient:
                sow_key: str | None, expiration: float | None) -> int:
         if self._error is not None:
             raise self._error
-        seq = self.core.publish(topic, data, sequence=sequence, correlation_id=correlation_id, delta=delta,
-                                sow_key=sow_key, expiration=expiration)
+        seq = self.core.publish(topic, data, sequence, correlation_id, delta, sow_key, expiration)
         if not self._send_scheduled:
             self._kick()
         return seq

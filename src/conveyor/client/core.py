@@ -247,12 +247,16 @@ class ClientCore:
         if self.on_persisted is not None:
             self.on_persisted(self.persisted_seq)
 
-    def publish(self, topic: str, data: Any, *, sequence: int | None = None, correlation_id: str | None = None,
+    def publish(self, topic: str, data: Any, sequence: int | None = None, correlation_id: str | None = None,
                 delta: bool = False, sow_key: str | None = None, expiration: float | None = None) -> int:
         """Store a publish (rule 1) and, when online, queue it; returns its sequence.
         ``delta``: a delta publish (merged into the SOW record); ``sow_key``: the record's
-        key on a SOW topic without Key fields; ``expiration``: its lifetime in seconds."""
-        body = to_bytes(data)
+        key on a SOW topic without Key fields; ``expiration``: its lifetime in seconds.
+
+        The client's hot path: the clients pass arguments by position (matching five
+        keywords by name costs about 40 ns a call), bytes need no conversion, and the
+        usual publish builds its command in place instead of through a function."""
+        body = data if type(data) is bytes else to_bytes(data)
         if sequence is None:
             sequence = self.next_seq
         if sequence >= self.next_seq:
@@ -262,7 +266,9 @@ class ClientCore:
             extra = {k: v for k, v in (("d", 1 if delta else None), ("k", sow_key), ("e", expiration)) if v is not None}
         self.store.add(sequence, topic, body, correlation_id, extra)
         if self.online:
-            self.outgoing.append(_publish_command(topic, body, sequence, correlation_id, extra))
+            self.outgoing.append(
+                m.Publish(topic=topic, data=body, seq=sequence, ack_type="persisted", correlation_id=correlation_id)
+                if extra is None else _publish_command(topic, body, sequence, correlation_id, extra))
         return sequence
 
     def command(self, cmd: Any, kind: CommandKind) -> PendingCommand:
