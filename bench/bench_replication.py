@@ -413,6 +413,26 @@ def load_average() -> str:
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def core_seconds(iterations: int = 1_000_000) -> list[float]:
+    """Seconds one fixed Python loop takes on each core, one core at a time. On a
+    virtual machine a core's speed moves with what else its host runs, and a single
+    instance (one busy core) and a replicated pair (every core busy) feel it
+    differently; the probe says what each measurement ran on."""
+    cores = sorted(os.sched_getaffinity(0))
+    times = []
+    try:
+        for core in cores:
+            os.sched_setaffinity(0, {core})
+            start = time.perf_counter()
+            total = 0
+            for i in range(iterations):
+                total += i
+            times.append(time.perf_counter() - start)
+    finally:
+        os.sched_setaffinity(0, cores)
+    return times
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         count, first, last = uvloop.run(worker(sys.argv[2], sys.argv[3], int(sys.argv[4])))
@@ -434,6 +454,7 @@ def main() -> None:
     pub: dict[str, list[float]] = {"single": [], "sync": [], "async": []}
     pub_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
     pub_source_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
+    pub_cores: list[list[float]] = []  # core_seconds() before each publish measurement
     lag: dict[str, list[float]] = {"async": [], "sync": []}
     queue: dict[str, list[float]] = {"single": [], "owner": [], "split": [], "other": []}
     queue_steady: dict[str, list[float]] = {layout: [] for layout in queue}  # first to last message
@@ -456,12 +477,15 @@ def main() -> None:
                 return list(names) if run % 2 == 0 else list(reversed(names))
 
             for mode in order(pub) if "publish" in only else ():
+                cores = core_seconds()
+                pub_cores.append(cores)
                 rate, cpu, source_cpu = measure_publish(mode, args.messages, fresh())
                 pub_source_cpu[mode].append(source_cpu)
                 pub[mode].append(rate)
                 pub_cpu[mode].append(cpu)
                 print(f"run {run + 1} publish {mode}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg, "
-                      f"source {source_cpu:.1f} µs/msg", flush=True)
+                      f"source {source_cpu:.1f} µs/msg; core probe {' / '.join(f'{t:.3f}' for t in cores)} s",
+                      flush=True)
             for mode in order(lag) if "lag" in only else ():
                 lags = measure_lag(mode == "sync", fresh())
                 lag[mode].extend(lags)
@@ -499,6 +523,10 @@ def main() -> None:
             rows.append(f"| publish, {label} | {median(pub[mode]):,.0f} | {median(pub[mode]) / base:.2f} "
                         f"| {ratios(pub[mode], pub['single'])} | {target} | {median(pub_cpu[mode]):.1f} "
                         f"| {median(pub_source_cpu[mode]):.1f} ({source_base / median(pub_source_cpu[mode]):.2f}) |")
+        probe = "; ".join(f"core {core}: {min(times):.3f}-{max(times):.3f} s"
+                          for core, times in enumerate(zip(*pub_cores)))
+        rows.append(f"\nThe core probe before each publish measurement (a fixed Python loop of a million "
+                    f"additions, on each core in turn; the lower, the faster): {probe}.")
         sections.append("\n".join(rows))
     if "queue" in only:
         qbase, sbase = median(queue["single"]), median(queue_steady["single"])
