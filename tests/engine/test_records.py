@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 import pytest
 
@@ -86,8 +88,6 @@ def test_a_plain_publish_prefix_matches_that_topic_only():
 def test_a_plain_publish_decodes_light_and_reads_like_its_record(correlation_id):
     """decode_plain reads every field of a PublishRec, the defaults included, and the
     result is not tracked by the garbage collector."""
-    import gc
-
     payload = records.encode_publish("t", 2**63 + 5, 9, 2.5, b'{"a": 1}', correlation_id)
     assert payload.startswith(records.PLAIN_PUBLISH_HEAD)
     light, full = records.decode_plain(payload), records.decode(payload)
