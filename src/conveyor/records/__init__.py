@@ -287,7 +287,9 @@ def encode_publish(topic: str, publisher: int, seq: int, timestamp: float, data:
 
 _PLAIN_PUBLISH = 0x97  # the MessagePack header of encode_publish's 7-element array
 _ARRIVED_HEADER = b"\xdc\x00\x10"  # an array of 16: those 7, then the fields up to PublishRec.path
-_PLAIN_HEAD = bytes([_PLAIN_PUBLISH, 1])  # encode_publish's array header, then PublishRec's tag
+#: What every plain publish starts with, and no other record (``encode_publish``'s array
+#: header, then PublishRec's tag): ``decode_plain`` reads what starts with it.
+PLAIN_PUBLISH_HEAD = bytes([_PLAIN_PUBLISH, 1])
 
 
 class PlainPublish(msgspec.Struct, frozen=True, array_like=True, tag_field="k", tag=1, gc=False):
@@ -319,8 +321,6 @@ class PlainPublish(msgspec.Struct, frozen=True, array_like=True, tag_field="k", 
 
 
 decode_plain = msgspec.msgpack.Decoder(PlainPublish).decode
-#: What every plain publish starts with, and no other record: ``decode_plain`` reads it.
-PLAIN_PUBLISH_HEAD = _PLAIN_HEAD
 
 
 def plain_publish_topic_key(payload: bytes) -> bytes | None:
@@ -328,7 +328,7 @@ def plain_publish_topic_key(payload: bytes) -> bytes | None:
     transaction, origin, expiry or SOW key) as it is encoded, its MessagePack string
     header included: a key for what a reader has decided about the topic, sliced
     without decoding anything. None for any other record. :func:`topic_of_key` reads it."""
-    if payload[0] != _PLAIN_PUBLISH or payload[1] != 1:
+    if not payload.startswith(PLAIN_PUBLISH_HEAD):
         return None
     h = payload[2]
     if 0xA0 <= h <= 0xBF:  # fixstr: up to 31 bytes
@@ -348,7 +348,7 @@ def topic_of_key(key: bytes) -> str:
 def plain_publish_prefix(key: bytes) -> bytes:
     """The bytes every plain publish to the topic of ``key`` starts with, and no other
     record: a reader that meets one topic after another tests ``startswith``."""
-    return _PLAIN_HEAD + key
+    return PLAIN_PUBLISH_HEAD + key
 
 
 class Arrival:
