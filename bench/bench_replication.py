@@ -4,7 +4,10 @@ Workloads (docs/benchmarks.md, "Replication"):
 
 1. **Publish rate** of one pipelined publisher waiting for persisted acks, to a single
    instance, to an instance with one ``sync`` destination and to one with one ``async``
-   destination; interleaved, medians, ratios against the single instance.
+   destination; interleaved, medians, ratios against the single instance. Each twice:
+   with the source (or the single instance) alone on a core, as it would be on a
+   machine of its own, the destination and the client on the other cores ("own
+   core"); and with every process wherever the kernel puts it ("shared").
 2. **Replication lag** at a paced 5,000 msg/s: publish on A, a subscriber on B; the lag
    of a message is its arrival at B's subscriber minus the moment it was handed to the
    publishing client (both clients live in this process: one clock). ``async`` and
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvloop
@@ -72,7 +78,8 @@ class Instance:
             + "".join(f"<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>" for t in topics)
             + "</Destination>")
 
-    def start(self) -> Instance:
+    def start(self, cores: set[int] | None = None) -> Instance:
+        """Start the server, on ``cores`` only when given (its threads inherit them)."""
         repl = f"<Replication>{''.join(self.destinations)}</Replication>" if self.destinations else ""
         sow = f"<SOW>{QUEUE_XML}</SOW>" if self.queue else ""
         cfg = self.dir / "config.xml"
@@ -85,8 +92,9 @@ class Instance:
             f"<Topic><Name>{TOPIC}</Name><MessageType>json</MessageType></Topic></TransactionLog>"
             f"{sow}{repl}</AMPSConfig>")
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115 - the process keeps it
-        self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)],
-                                     stdout=log, stderr=log)
+        with on_cores(cores):  # a child starts with its parent's affinity
+            self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)],
+                                         stdout=log, stderr=log)
         wait_port(self.port, timeout=300)
         return self
 
@@ -107,6 +115,40 @@ def pair(root: Path, *, sync: bool, both_ways: bool = False, queue: bool = False
     if both_ways:
         b.replicate_to(a, sync)
     return a, b
+
+
+@contextlib.contextmanager
+def on_cores(cores: set[int] | None) -> Iterator[None]:
+    """This process (and what it starts) runs on ``cores`` within the block; anywhere
+    when None."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Which cores the source, the destination and the publishing client run on."""
+
+    source: set[int]
+    destination: set[int]
+    client: set[int]
+
+    @classmethod
+    def own_core(cls) -> Placement | None:
+        """The source alone on the first core, as on a machine of its own; the
+        destination on the second, the client on the third if there is one, else beside
+        the destination. None with fewer than two cores."""
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            return None
+        return cls({cores[0]}, {cores[1]}, set(cores[2:]) or {cores[1]})
 
 
 def pct(values: list[float], p: float) -> float:
@@ -143,23 +185,27 @@ def until_idle(inst: Instance, interval_s: float = 0.3, busy_s: float = 0.01, ti
         before = now
 
 
-def measure_publish(mode: str, n: int, root: Path) -> tuple[float, float, float]:
+def measure_publish(mode: str, n: int, root: Path, placement: Placement | None = None) -> tuple[float, float, float]:
     """(persisted publishes per second, server CPU µs per message over every instance,
     the destination's included: an async destination finishes after the publisher, so
     its CPU is read once it is idle, before the replay that proves it has every message;
     the source's alone: its own work for the link, and on a shared machine what
-    competing with the destination for the cores costs it)."""
+    competing with the destination for the cores costs it). With a ``placement``, each
+    process runs on its cores (a single instance and its client as a pair's source and
+    client); without, wherever the kernel puts it."""
     if mode == "single":
         instances = [Instance(root, "A")]
     else:
         instances = list(pair(root, sync=mode == "sync"))
-    for inst in reversed(instances):  # the destination first: the link is up at once
-        inst.start()
+    cores = [placement.source, placement.destination] if placement else [None, None]
+    for inst, on in reversed(list(zip(instances, cores))):  # the destination first: the link is up at once
+        inst.start(on)
     try:
         if len(instances) == 2:
             time.sleep(1.0)  # the link's handshake
         cpu = [inst.cpu_s() for inst in instances]
-        rate = uvloop.run(publish_rate(instances[0].uri, n))
+        with on_cores(placement.client if placement else None):
+            rate = uvloop.run(publish_rate(instances[0].uri, n))
         if len(instances) == 2:
             until_idle(instances[1])
         spent = [inst.cpu_s() - before for inst, before in zip(instances, cpu)]
@@ -451,9 +497,13 @@ def main() -> None:
     if args.write and (len(only) < 3 or not args.catchup):
         parser.error("--write needs every workload (no --only, a --catchup above 0)")
     loads = [load_average()]
-    pub: dict[str, list[float]] = {"single": [], "sync": [], "async": []}
-    pub_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
-    pub_source_cpu: dict[str, list[float]] = {mode: [] for mode in pub}
+    own_core = Placement.own_core()
+    placements: dict[str, Placement | None] = {"own core": own_core} if own_core else {}
+    placements["shared"] = None
+    modes = ("single", "sync", "async")
+    pub: dict[tuple[str, str], list[float]] = {(where, mode): [] for where in placements for mode in modes}
+    pub_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in pub}
+    pub_source_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in pub}
     pub_cores: list[list[float]] = []  # core_seconds() before each publish measurement
     lag: dict[str, list[float]] = {"async": [], "sync": []}
     queue: dict[str, list[float]] = {"single": [], "owner": [], "split": [], "other": []}
@@ -476,14 +526,14 @@ def main() -> None:
             def order(names):
                 return list(names) if run % 2 == 0 else list(reversed(names))
 
-            for mode in order(pub) if "publish" in only else ():
+            for where, mode in order(pub) if "publish" in only else ():
                 cores = core_seconds()
                 pub_cores.append(cores)
-                rate, cpu, source_cpu = measure_publish(mode, args.messages, fresh())
-                pub_source_cpu[mode].append(source_cpu)
-                pub[mode].append(rate)
-                pub_cpu[mode].append(cpu)
-                print(f"run {run + 1} publish {mode}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg, "
+                rate, cpu, source_cpu = measure_publish(mode, args.messages, fresh(), placements[where])
+                pub_source_cpu[where, mode].append(source_cpu)
+                pub[where, mode].append(rate)
+                pub_cpu[where, mode].append(cpu)
+                print(f"run {run + 1} publish {mode}, {where}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg, "
                       f"source {source_cpu:.1f} µs/msg; core probe {' / '.join(f'{t:.3f}' for t in cores)} s",
                       flush=True)
             for mode in order(lag) if "lag" in only else ():
@@ -513,16 +563,22 @@ def main() -> None:
 
     sections = []
     if "publish" in only:
-        base = median(pub["single"])
-        rows = ["| workload | msg/s (median) | ratio of medians | ratio per round: median (range) | target "
+        rows = ["| cores | publish | msg/s (median) | ratio of medians | ratio per round: median (range) | target "
                 "| server CPU µs/msg (all instances) | source CPU µs/msg (ratio) |",
-                "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]
-        source_base = median(pub_source_cpu["single"])
-        for mode, label, target in (("single", "one instance", ""), ("sync", "one `sync` destination", "≥ 0.50"),
-                                    ("async", "one `async` destination", "≥ 0.80")):
-            rows.append(f"| publish, {label} | {median(pub[mode]):,.0f} | {median(pub[mode]) / base:.2f} "
-                        f"| {ratios(pub[mode], pub['single'])} | {target} | {median(pub_cpu[mode]):.1f} "
-                        f"| {median(pub_source_cpu[mode]):.1f} ({source_base / median(pub_source_cpu[mode]):.2f}) |")
+                "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+        for where in placements:
+            base, source_base = median(pub[where, "single"]), median(pub_source_cpu[where, "single"])
+            for mode, label, target in (("single", "one instance", ""), ("sync", "one `sync` destination", "≥ 0.50"),
+                                        ("async", "one `async` destination", "≥ 0.80")):
+                key = where, mode
+                rows.append(f"| {where} | {label} | {median(pub[key]):,.0f} | {median(pub[key]) / base:.2f} "
+                            f"| {ratios(pub[key], pub[where, 'single'])} | {target} | {median(pub_cpu[key]):.1f} "
+                            f"| {median(pub_source_cpu[key]):.1f} ({source_base / median(pub_source_cpu[key]):.2f}) |")
+        if own_core is not None:
+            rows.append(f"\n\"own core\": the source (and the single instance) on core {min(own_core.source)} alone, "
+                        f"the destination on core {min(own_core.destination)}, the publishing client on "
+                        f"{'core ' + ', '.join(map(str, sorted(own_core.client)))}; \"shared\": every process "
+                        "wherever the kernel puts it.")
         probe = "; ".join(f"core {core}: {min(times):.3f}-{max(times):.3f} s"
                           for core, times in enumerate(zip(*pub_cores)))
         rows.append(f"\nThe core probe before each publish measurement (a fixed Python loop of a million "
