@@ -185,36 +185,55 @@ def until_idle(inst: Instance, interval_s: float = 0.3, busy_s: float = 0.01, ti
         before = now
 
 
-def measure_publish(mode: str, n: int, root: Path, placement: Placement | None = None) -> tuple[float, float, float]:
-    """(persisted publishes per second, server CPU µs per message over every instance,
-    the destination's included: an async destination finishes after the publisher, so
-    its CPU is read once it is idle, before the replay that proves it has every message;
-    the source's alone: its own work for the link, and on a shared machine what
-    competing with the destination for the cores costs it). With a ``placement``, each
-    process runs on its cores (a single instance and its client as a pair's source and
-    client); without, wherever the kernel puts it."""
-    if mode == "single":
-        instances = [Instance(root, "A")]
-    else:
-        instances = list(pair(root, sync=mode == "sync"))
-    cores = [placement.source, placement.destination] if placement else [None, None]
-    for inst, on in reversed(list(zip(instances, cores))):  # the destination first: the link is up at once
-        inst.start(on)
-    try:
-        if len(instances) == 2:
-            time.sleep(1.0)  # the link's handshake
+class PublishSetup:
+    """The three publish layouts of one placement, started once and driven in turn, a
+    burst at a time: a single instance, a source with a ``sync`` destination and a
+    source with an ``async`` one. Bursts of the three follow each other within seconds,
+    so a ratio of two compares the machine at nearly one moment (this host's cores
+    change speed on a scale of seconds)."""
+
+    def __init__(self, root: Path, placement: Placement | None) -> None:
+        self.placement = placement
+        self.layouts: dict[str, list[Instance]] = {
+            "single": [Instance(root / "single", "A")],
+            "sync": list(pair(root / "sync", sync=True)),
+            "async": list(pair(root / "async", sync=False)),
+        }
+        self.published: dict[str, int] = dict.fromkeys(self.layouts, 0)
+
+    def start(self) -> None:
+        cores = [self.placement.source, self.placement.destination] if self.placement else [None, None]
+        for instances in self.layouts.values():
+            for inst, on in reversed(list(zip(instances, cores))):  # the destination first: the link is up at once
+                inst.start(on)
+        time.sleep(1.0)  # the links' handshakes
+
+    def burst(self, mode: str, n: int) -> tuple[float, float, float]:
+        """(persisted publishes per second, server CPU µs per message over every instance,
+        the destination's included: an async destination finishes after the publisher, so
+        its CPU is read once it is idle; the source's alone: its own work for the link,
+        and on a shared machine what competing with the destination for the cores costs
+        it)."""
+        instances = self.layouts[mode]
         cpu = [inst.cpu_s() for inst in instances]
-        with on_cores(placement.client if placement else None):
+        with on_cores(self.placement.client if self.placement else None):
             rate = uvloop.run(publish_rate(instances[0].uri, n))
         if len(instances) == 2:
             until_idle(instances[1])
         spent = [inst.cpu_s() - before for inst, before in zip(instances, cpu)]
-        if len(instances) == 2:
-            wait_replicated(instances[1].uri, n)  # its replay is not counted above
+        self.published[mode] += n
         return rate, sum(spent) / n * 1e6, spent[0] / n * 1e6
-    finally:
-        for inst in instances:
-            inst.stop()
+
+    def check(self) -> None:
+        """Every destination holds every message its source was sent (a replay each)."""
+        for mode, instances in self.layouts.items():
+            if len(instances) == 2:
+                wait_replicated(instances[1].uri, self.published[mode])
+
+    def stop(self) -> None:
+        for instances in self.layouts.values():
+            for inst in instances:
+                inst.stop()
 
 
 def wait_replicated(uri: str, n: int, timeout: float = 300) -> None:
@@ -489,6 +508,8 @@ def main() -> None:
     parser.add_argument("--queue-messages", type=int, default=50_000)
     parser.add_argument("--catchup", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--publish-rounds", type=int, default=15,
+                        help="rounds of the three publish layouts, one burst of --messages each")
     parser.add_argument("--only", action="append", choices=("publish", "lag", "queue"),
                         help="run only these workloads (repeatable; with --catchup 0, no catch-up either)")
     parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
@@ -520,22 +541,31 @@ def main() -> None:
             step += 1
             return root / f"s{step}"
 
+        for where, placement in placements.items() if "publish" in only else ():
+            setup = PublishSetup(fresh(), placement)
+            setup.start()
+            try:
+                for rnd in range(args.publish_rounds):
+                    cores = core_seconds()
+                    pub_cores.append(cores)
+                    for mode in modes if rnd % 2 == 0 else reversed(modes):
+                        rate, cpu, source_cpu = setup.burst(mode, args.messages)
+                        pub_source_cpu[where, mode].append(source_cpu)
+                        pub[where, mode].append(rate)
+                        pub_cpu[where, mode].append(cpu)
+                        print(f"round {rnd + 1} publish {mode}, {where}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg, "
+                              f"source {source_cpu:.1f} µs/msg; core probe {' / '.join(f'{t:.3f}' for t in cores)} s",
+                              flush=True)
+                setup.check()
+            finally:
+                setup.stop()
+            loads.append(load_average())
         for run in range(args.runs):
             # Every other round in the reverse order: no layout always runs first, on a
             # machine fresh from the previous one's teardown.
             def order(names):
                 return list(names) if run % 2 == 0 else list(reversed(names))
 
-            for where, mode in order(pub) if "publish" in only else ():
-                cores = core_seconds()
-                pub_cores.append(cores)
-                rate, cpu, source_cpu = measure_publish(mode, args.messages, fresh(), placements[where])
-                pub_source_cpu[where, mode].append(source_cpu)
-                pub[where, mode].append(rate)
-                pub_cpu[where, mode].append(cpu)
-                print(f"run {run + 1} publish {mode}, {where}: {rate:,.0f} msg/s, servers {cpu:.1f} µs/msg, "
-                      f"source {source_cpu:.1f} µs/msg; core probe {' / '.join(f'{t:.3f}' for t in cores)} s",
-                      flush=True)
             for mode in order(lag) if "lag" in only else ():
                 lags = measure_lag(mode == "sync", fresh())
                 lag[mode].extend(lags)
@@ -619,16 +649,21 @@ def main() -> None:
 
 Real instances on loopback, each its own `conveyor serve` process; Python asyncio clients
 (uvloop) in the benchmark's process, queue workers in their own processes. Publishes:
-{args.messages:,} messages of 256 bytes from one pipelined publisher that waits until each
-is acknowledged as persisted (with a `sync` destination, persisted means on both disks);
-server CPU is counted until the destination is idle, before the replay that checks it
-holds every message. Lag: {LAG_RATE:,} msg/s for {LAG_SECONDS:.0f} s published on A, a subscriber on B, the first
+bursts of {args.messages:,} messages of 256 bytes from one pipelined publisher that waits
+until each is acknowledged as persisted (with a `sync` destination, persisted means on
+both disks). A single instance, a pair with a `sync` destination and a pair with an
+`async` one are started once and driven in turn, one burst each per round,
+{args.publish_rounds} rounds (every other in the reverse order), so the ratio per round
+compares bursts a few seconds apart; server CPU is counted until the destination is
+idle, and a replay on each destination at the end checks it holds every message. All of
+it twice: with every process wherever the kernel puts it, and with the source alone on
+a core (see below). Lag: {LAG_RATE:,} msg/s for {LAG_SECONDS:.0f} s published on A, a subscriber on B, the first
 10% left out; the lag is from the publish call to the arrival at B's subscriber. Queue
 drain: {args.queue_messages:,} messages published on A into a queue replicated both ways
 (`async`), every instance holding all of them before the workers start; 4 worker
 processes, backlog 10, acks batched by 5; each message must be processed exactly once or
-the run fails. Medians of {args.runs} interleaved runs, every other one in the reverse order;
-the ratio per round compares the two measured in the same round.
+the run fails. Lag and queue drain: medians of {args.runs} interleaved runs, every other one in
+the reverse order; the ratio per round compares the two measured in the same round.
 
 Machine: {machine()}; commit {git_rev()}; load average (1/5/15 min) before and after
 each round: {"; ".join(loads)}.
