@@ -645,7 +645,7 @@ def main() -> None:
     print(table)
     if args.write:
         body = f"""Command: `.venv/bin/python -m bench.bench_replication --runs {args.runs} --write` (about
-{round(2.5 * args.runs)} minutes).
+{round(2 + 1.2 * args.runs)} minutes).
 
 Real instances on loopback, each its own `conveyor serve` process; Python asyncio clients
 (uvloop) in the benchmark's process, queue workers in their own processes. Publishes:
