@@ -525,7 +525,7 @@ def main() -> None:
     pub: dict[tuple[str, str], list[float]] = {(where, mode): [] for where in placements for mode in modes}
     pub_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in pub}
     pub_source_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in pub}
-    pub_cores: list[list[float]] = []  # core_seconds() before each publish measurement
+    pub_cores: list[list[float]] = []  # core_seconds() before each publish round
     lag: dict[str, list[float]] = {"async": [], "sync": []}
     queue: dict[str, list[float]] = {"single": [], "owner": [], "split": [], "other": []}
     queue_steady: dict[str, list[float]] = {layout: [] for layout in queue}  # first to last message
@@ -543,8 +543,8 @@ def main() -> None:
 
         for where, placement in placements.items() if "publish" in only else ():
             setup = PublishSetup(fresh(), placement)
-            setup.start()
             try:
+                setup.start()
                 for rnd in range(args.publish_rounds):
                     cores = core_seconds()
                     pub_cores.append(cores)
@@ -611,7 +611,7 @@ def main() -> None:
                         "wherever the kernel puts it.")
         probe = "; ".join(f"core {core}: {min(times):.3f}-{max(times):.3f} s"
                           for core, times in enumerate(zip(*pub_cores)))
-        rows.append(f"\nThe core probe before each publish measurement (a fixed Python loop of a million "
+        rows.append(f"\nThe core probe before each publish round (a fixed Python loop of a million "
                     f"additions, on each core in turn; the lower, the faster): {probe}.")
         sections.append("\n".join(rows))
     if "queue" in only:
