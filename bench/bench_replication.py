@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
