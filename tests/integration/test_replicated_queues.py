@@ -6,9 +6,11 @@ the processes have stopped.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -97,6 +99,31 @@ def test_the_owner_delivers_and_the_other_does_not_while_it_keeps_up(instances):
         w.join(30)
     assert_once(processed, 300)
     assert {who for who, _ in processed} == {"on-a"}
+
+
+def test_explain_on_the_other_instance_names_the_owner(instances):
+    """A message that A owns is not deliverable on B: B's explain says so and names A
+    (it once said "deliverable" there: a duck-typed ``hasattr`` check that was never true)."""
+    a = instances("A", queues=QUEUE, topics=TOPICS, admin=True)
+    b = instances("B", queues=QUEUE, topics=TOPICS, admin=True)
+    a.replicate_to(b)
+    b.replicate_to(a)
+    a.start()
+    b.start()
+    publish_n(a.uri, 1)
+    b.wait_for_queue(1)
+    with Client("viewer").connect(b.uri) as client:
+        bookmark = client.sow("WorkQ")[0].bookmark
+        client.subscribe("WorkQ", max_backlog=5)  # a subscriber with room on B
+        on_b, on_a = explained(b, bookmark), explained(a, bookmark)
+    assert on_b["verdict"] == "not_owned" and "instance A" in on_b["summary"], on_b
+    assert on_a["verdict"] == "no_consumer", on_a
+
+
+def explained(inst: Instance, bookmark: str) -> dict:
+    url = f"http://127.0.0.1:{inst.admin_port}/amps/instance/queues/WorkQ/explain?bookmark={bookmark}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.load(reply)
 
 
 def test_all_workers_on_the_other_instance_get_every_message_once(instances):

@@ -13,7 +13,8 @@ this instance owns the queue's messages). Rules, in the order they are checked:
    delivered at-most-once and awaiting the acknowledgement that frees the backlog slot.
 3. **inactive**: beyond ``TargetQueueDepth``; it becomes active as earlier messages
    are acknowledged.
-4. **not owned here**: a replicated queue whose messages this instance does not own.
+4. **not owned here**: a replicated queue's message that another instance owns
+   (``ELSEWHERE``): that instance delivers it, or grants it here on a transfer request.
 5. **behind a barrier**: a barrier message before it is still pending; or it is itself
    a barrier waiting for the messages before it to be acknowledged.
 6. **max backlog reached**: the queue's ``MaxBacklog`` outstanding messages are out.
@@ -71,6 +72,7 @@ class MessageFacts:
     max_backlog: int | None  # the queue's MaxBacklog
     expires_at: float | None  # publish time + Expiration
     seats: tuple[SeatFacts, ...]
+    owner: str | None = None  # ELSEWHERE: the instance that owns it
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,6 @@ def explain(
     now: float,
     *,
     bookmark: str | None = None,
-    owned_here: bool = True,
     client_of: Callable[[Hashable], str | None] = lambda key: None,
     filter_of: Callable[[Hashable], str | None] = lambda key: None,
 ) -> Explanation:
@@ -158,9 +159,10 @@ def explain(
         reasons.append(f"{facts.inactive_count} message(s) are beyond TargetQueueDepth {facts.target_queue_depth}")
         return done("beyond_target_depth", f"inactive: beyond TargetQueueDepth {facts.target_queue_depth}; "
                                            "it becomes deliverable as earlier messages are acknowledged")
+    if state is MessageState.ELSEWHERE:
+        reasons.append(f"instance {facts.owner} owns it; it comes here only if that instance grants a transfer")
+        return done("not_owned", f"owned by instance {facts.owner}, which delivers it; not deliverable here")
     # AVAILABLE from here on
-    if not owned_here:
-        return done("not_owned", "this instance does not own this message; the owning instance delivers it")
     if facts.barrier and facts.unacked_before_barrier:
         return done("barrier_waiting", f"a barrier message: it waits for the {facts.unacked_before_barrier} "
                                        "message(s) before it to be acknowledged")
@@ -248,7 +250,4 @@ def explain_message(engine: Any, queue: str, bookmark: str, now: float) -> Expla
         flt = getattr(sub, "filter", None) if sub is not None else None
         return getattr(flt, "source", None) if flt is not None else None
 
-    # Every message a queue holds here is owned here today (replication rule 6 keeps
-    # the others out); the replicated-queues work decides ownership per message.
-    owned = engine.owns(queue, position) if hasattr(engine, "owns") else True
-    return explain(facts, now, bookmark=bookmark, owned_here=owned, client_of=client_of, filter_of=filter_of)
+    return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of)

@@ -1191,7 +1191,7 @@ class Queue:
             target_queue_depth=self._target, outstanding=len(leases.leased) + len(leases.consumed),
             max_backlog=self.config.max_backlog,
             expires_at=None if expiration is None or published_at is None else published_at + expiration,
-            seats=tuple(seats),
+            seats=tuple(seats), owner=self.owner_of(position),
         )
 
     @property
