@@ -84,6 +84,7 @@ from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import AckOption, TakeBack
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 from conveyor.engine.queue_events import Acknowledged, LeaseExpired
@@ -169,7 +170,7 @@ _TAKE_BACK_COUNTERS = {
 class NamedConsumers:
     """Every named consumer, by (queue, name), and the commands that drive them."""
 
-    def __init__(self, bindings: QueueBindings, delivery: QueueDelivery, journal: Any, cache: MessageCache,
+    def __init__(self, bindings: QueueBindings, delivery: QueueDelivery, journal: JournalPort, cache: MessageCache,
                  outbox: Outbox) -> None:
         self._bindings = bindings
         self._delivery = delivery

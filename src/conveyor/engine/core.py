@@ -42,6 +42,10 @@ Rules the engine itself keeps:
    session does nothing before it is authenticated and logged on, and each command is
    checked against its user's grants before it runs; decisions are cached per user and
    name, so a publish pays one dict lookup.
+6. **A publish that reaches no one is reported.** A publish to a topic that is not
+   recorded (a queue's name is first redirected to its ``DefaultPublishTarget``) and
+   has no subscriber is counted in ``publishes_unrouted``, and its publish acks carry a
+   warning in ``reason`` (status stays ``success``: pub/sub needs no declaration).
 
 The journal is injected (``append``/``read``/``scan``/``durable_end``/``end``), and
 reading it is the only outside access the engine makes.
@@ -49,6 +53,7 @@ reading it is the only outside access the engine makes.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 from typing import Any, Callable, Container, Iterable, Mapping
@@ -56,7 +61,7 @@ from typing import Any, Callable, Container, Iterable, Mapping
 import msgspec
 
 from conveyor import errors, records
-from conveyor.config.model import Config, topic_matcher
+from conveyor.config.model import Config, is_regex_topic, topic_matcher
 from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishActions
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.engine.entitlements import Entitlements, Permission, check_command, not_entitled
@@ -76,6 +81,7 @@ from conveyor.engine.sow import key_text
 from conveyor.engine.state_of_world import StateOfTheWorld
 from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.filter_budget import FilterBudget
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.topics import FILTER_TICKS_PER_TURN, REPLAY_RECORDS_PER_PUMP, Topics
 from conveyor.engine.txn import StagingStats, Transactions
 from conveyor.protocol import messages as m
@@ -116,7 +122,7 @@ class Engine:
     """The broker: the seam the server drives, over the parts listed in the module header."""
 
     def __init__(
-        self, config: Config, journal: Any, *, journal_id: str = "", cache_bytes_max: int = CACHE_BYTES_MAX_DEFAULT,
+        self, config: Config, journal: JournalPort, *, journal_id: str = "", cache_bytes_max: int = CACHE_BYTES_MAX_DEFAULT,
     ) -> None:
         """``journal_id``: the identity of this journal (it changes when the journal is
         replaced), so replication destinations know what their positions refer to."""
@@ -128,6 +134,7 @@ class Engine:
         self.cache = MessageCache(journal.read, bytes_max=cache_bytes_max)
         self.outbox = Outbox(journal)
         self.publishes = PublishLog(journal, config.transaction_log)
+        self.publishes_unrouted = 0  # rule 6
         # One filter budget per turn of the shell's loop, for topic fan-out, queue
         # dispatch and SOW subscriptions alike (engine/filter_budget.py); topics.new_turn()
         # renews it.
@@ -539,9 +546,10 @@ class Engine:
         expires_at = 0.0 if cmd.expiration is None else self._expires_at(topic, cmd.expiration, now)
         if not publishes.recorded(topic):
             entry = Entry(topic, cmd.data, now, session.server_publisher, 0, cmd.correlation_id)
+            warning = None if self.topics.listeners(topic) else self._unrouted(topic)
             self.topics.fan_out(None, entry, now)
             for kind in acks & _PUBLISH_ACKS:
-                outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, seq=cmd.seq))
+                outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, seq=cmd.seq, reason=warning))
             return
         if publishes.takes_json(topic):
             _check_json(topic, cmd.data)
@@ -556,6 +564,16 @@ class Engine:
                 outbox.mark_persisted(session.conn_id, pos, seq, publisher, cmd.cid)
             if "processed" in acks:
                 outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
+
+    def _unrouted(self, topic: str) -> str:
+        """Rule 6: a publish that reaches no one is counted, and its acks say why."""
+        self.publishes_unrouted += 1
+        tlog = self.config.transaction_log
+        names = [*self.bindings.by_name, *(t.name for t in (tlog.topics if tlog else ()) if not is_regex_topic(t.name))]
+        near = difflib.get_close_matches(topic, names, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return (f"warning: topic {topic!r} is not recorded in the transaction log, is no queue and has no "
+                f"subscriber: the message reached no one and was not kept{hint}")
 
     def _identity(self, session: Session, cmd, acks) -> tuple[int, int] | None:
         """(publisher, seq) of a publish: the client's sequence under its publisher id, or

@@ -51,6 +51,7 @@ from conveyor.engine.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue import AckOption, Consumer, Delivery
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings, consumer_predicate
@@ -75,7 +76,7 @@ class _Attachment:
 
 class QueueDelivery:
     def __init__(
-        self, bindings: QueueBindings, journal: Any, cache: MessageCache, outbox: Outbox,
+        self, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,
         publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
     ) -> None:
         self._bindings = bindings

@@ -65,6 +65,7 @@ from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine import queue_snapshot
 from conveyor.engine.queue import Event, Queue
 from conveyor.engine.queue_events import Acknowledged, BarrierDelivered, DeliveredAtMostOnce, Expired
+from conveyor.engine.ports import JournalPort
 
 _GONE = (Acknowledged, Expired, DeliveredAtMostOnce, BarrierDelivered)
 
@@ -499,7 +500,7 @@ class ReplicatedQueues:
     decides (requests, grants, proxied claims, settled conflicts), and names the
     messages of local queue records for the destinations (``identify``)."""
 
-    def __init__(self, instance: str, bindings: Any, journal: Any, cache: Any, delivery: Any,
+    def __init__(self, instance: str, bindings: Any, journal: JournalPort, cache: Any, delivery: Any,
                  reachable: Callable[[str], bool]) -> None:
         self.instance = instance
         self._bindings = bindings

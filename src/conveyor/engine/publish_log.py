@@ -46,6 +46,7 @@ import msgspec
 
 from conveyor import records
 from conveyor.engine.fingerprints import FingerprintWindow
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
 
 _encode_publish = records.encode_publish
@@ -76,7 +77,7 @@ class PendingPublish(msgspec.Struct, frozen=True, gc=False):
 
 
 class PublishLog:
-    def __init__(self, journal: Any, transaction_log: Any) -> None:
+    def __init__(self, journal: JournalPort, transaction_log: Any) -> None:
         self._journal = journal
         self._tlog = transaction_log
         self._highest: dict[int, int] = {}
@@ -92,7 +93,7 @@ class PublishLog:
         self._open_runs: dict[int, list[int]] = {}
         self.track_persisted = False
         self.fingerprints = FingerprintWindow()
-        self.applied_end: int = getattr(journal, "first_position", 0)
+        self.applied_end: int = journal.first_position
 
     # --- what is recorded -------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import compile_filter, filter_cost_ticks
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import Queue
 from conveyor.engine.routes import RouteCache
 
@@ -121,7 +122,7 @@ class QueueBinding:
             return None
         return self.priority.priority(entry.decoded(), entry.meta(None, entry.timestamp))
 
-    def refill(self, journal: Any, upto: int | None = None) -> None:
+    def refill(self, journal: JournalPort, upto: int | None = None) -> None:
         """TargetQueueDepth: activate inactive messages read back from the journal until
         the active part is full again (rule 2)."""
         queue = self.queue

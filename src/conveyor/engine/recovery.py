@@ -47,6 +47,7 @@ from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
 from conveyor.engine.consumers import CONSUMER_RECORDS, NamedConsumers
 from conveyor.engine.delivery import QueueDelivery
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 from conveyor.engine.replication import Replication
@@ -102,7 +103,7 @@ class Checkpoint:
 
 
 class Recovery:
-    def __init__(self, journal: Any, bindings: QueueBindings, publishes: PublishLog, delivery: QueueDelivery,
+    def __init__(self, journal: JournalPort, bindings: QueueBindings, publishes: PublishLog, delivery: QueueDelivery,
                  named: NamedConsumers, topics: Topics, replication: Replication, sow: Any = None) -> None:
         self._sow = sow
         self._journal = journal
@@ -196,7 +197,7 @@ class Recovery:
             else:
                 starts[b.name] = self._configured_start(b)
         self._restore_snapshots(checkpoint, pages, starts, now)
-        first = getattr(journal, "first_position", 0)
+        first = journal.first_position
         scan_from = min([checkpoint.position if checkpoint is not None else 0, *(p for p, _ in starts.values())])
         sow = self._sow
         if sow is not None:

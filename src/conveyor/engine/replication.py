@@ -64,6 +64,7 @@ import msgspec
 from conveyor import errors, records
 from conveyor.config.model import Config, QueueKind, ReplicationDestination, topic_matcher
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.protocol import replication as p
 
@@ -208,7 +209,7 @@ class InLink:
 
 class Replication:
     def __init__(
-        self, config: Config, journal: Any, publishes: PublishLog, outbox: Outbox, *, journal_id: str,
+        self, config: Config, journal: JournalPort, publishes: PublishLog, outbox: Outbox, *, journal_id: str,
         window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
     ) -> None:
         self.instance = config.name
@@ -333,7 +334,7 @@ class Replication:
     def _fill(self, link: OutLink) -> None:
         journal = self._journal
         durable = journal.durable_end
-        first = getattr(journal, "first_position", 0)
+        first = journal.first_position
         while link.sent < durable and link.sent - link.acked < self._window:
             gap = None
             if link.sent < first:

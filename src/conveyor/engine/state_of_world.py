@@ -69,6 +69,7 @@ from conveyor.engine.filters import check_connection_filters, filter_cost_ticks
 from conveyor.engine.focus import RecordChange, RecordSubscription, deliver, record_message
 from conveyor.engine.joins import Join, rewrite_identifiers, unknown_roots
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
@@ -126,7 +127,7 @@ class AggregatedSubscription:
 
 
 class StateOfTheWorld:
-    def __init__(self, config: Config, journal: Any, cache: MessageCache, outbox: Outbox, publishes: PublishLog,
+    def __init__(self, config: Config, journal: JournalPort, cache: MessageCache, outbox: Outbox, publishes: PublishLog,
                  bindings: QueueBindings, budget: FilterBudget | None = None) -> None:
         self._journal = journal
         self._cache = cache

@@ -43,6 +43,7 @@ from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.entitlements import Permission, not_entitled
 from conveyor.engine.filters import check_connection_filters, compile_filter
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import Consumer, effective_backlog
 from conveyor.engine.queue_bindings import QueueBindings, consumer_predicate
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
@@ -56,7 +57,7 @@ log = logging.getLogger("conveyor.engine")
 
 class Subscriptions:
     def __init__(self, bindings: QueueBindings, topics: Topics, delivery: QueueDelivery, outbox: Outbox,
-                 journal: Any, records: Any = None, recorded: Callable[[str], bool] = lambda topic: True, *,
+                 journal: JournalPort, records: Any = None, recorded: Callable[[str], bool] = lambda topic: True, *,
                  subscriptions_max: int | None = None) -> None:
         self._records = records  # the StateOfTheWorld: RECORDS subscriptions
         self._recorded = recorded  # whether the transaction log records a topic (rule 5)
@@ -177,7 +178,7 @@ class Subscriptions:
             sub.live = True
         else:
             sub.live = False
-            first = getattr(journal, "first_position", 0)
+            first = journal.first_position
             if start.after_position is not None:
                 try:
                     sub.cursor = max(first, journal.position_after(start.after_position))

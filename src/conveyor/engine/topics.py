@@ -39,6 +39,7 @@ from conveyor.engine.cache import Entry
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import filter_cost_ticks
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
 from conveyor.engine.sessions import SessionSubscription
 from conveyor.expr.limits import regex_cost_ticks_max
@@ -77,7 +78,7 @@ def _filter_ticks(flt) -> int:
 
 
 class Topics:
-    def __init__(self, journal: Any, outbox: Outbox, budget: FilterBudget | None = None) -> None:
+    def __init__(self, journal: JournalPort, outbox: Outbox, budget: FilterBudget | None = None) -> None:
         self._journal = journal
         self._outbox = outbox
         self._subs: list[SessionSubscription] = []  # pub/sub and replay subscriptions
