@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Generic, Iterable, TypeVar
+from types import GenericAlias
+from typing import Generic, Iterable, TypeVar, cast
 
 import msgspec
 
@@ -64,12 +65,14 @@ def encode_frames(messages: list[msgspec.Struct], frame_bytes_max: int = FRAME_B
 
 
 class _Decoder(Generic[T]):
-    def __init__(self, item_type: type, frame_bytes_max: int) -> None:
+    def __init__(self, item_type: object, frame_bytes_max: int) -> None:
+        # ``item_type`` is a union of structs (T), a typing form rather than a class, so
+        # msgspec's stubs cannot infer the decoders' type; the annotations state it.
         self.frame_bytes_max = frame_bytes_max
         self._buf = bytearray()
         self._skip = 0  # bytes of an oversized frame still to discard
-        self._batch = msgspec.msgpack.Decoder(list[item_type])
-        self._one = msgspec.msgpack.Decoder(item_type)
+        self._batch: msgspec.msgpack.Decoder[list[T]] = msgspec.msgpack.Decoder(GenericAlias(list, item_type))
+        self._one: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(item_type)
         self._raw = msgspec.msgpack.Decoder(list[msgspec.Raw])
         self._errors: list[Rejected] = []
 
@@ -145,7 +148,8 @@ class _Decoder(Generic[T]):
         if isinstance(entry, dict):
             cid = entry.get("cid") if isinstance(entry.get("cid"), str) else None
             name = entry.get("c")
-            if isinstance(name, str) and name not in COMMAND_NAMES and self._one.type is Command:
+            # the decoder's ``type`` is the union it was built from (the stubs say a class)
+            if isinstance(name, str) and name not in COMMAND_NAMES and cast(object, self._one.type) is Command:
                 return Rejected(UnknownCommand(f"unknown command {name!r}", command=name), cid)
         return Rejected(ProtocolError(f"invalid command: {_why(exc)}"), cid)
 

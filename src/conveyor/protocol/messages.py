@@ -23,7 +23,7 @@ class _Msg(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="c"):
 # --- client -> server ------------------------------------------------------------------
 
 
-class Logon(_Msg, tag="logon"):
+class Logon(_Msg, tag="logon", frozen=True):
     client_name: str = ""
     cid: str | None = None
     ack_type: str | None = field(default=None, name="a")
@@ -32,7 +32,7 @@ class Logon(_Msg, tag="logon"):
     version: str | None = field(default=None, name="v")
 
 
-class _PublishFields(_Msg):
+class _PublishFields(_Msg, frozen=True):
     """What every kind of publish carries (not a command of its own)."""
 
     topic: str = field(name="t")
@@ -44,7 +44,7 @@ class _PublishFields(_Msg):
     expiration: float | None = field(default=None, name="e")
 
 
-class Publish(_PublishFields, tag="publish"):
+class Publish(_PublishFields, tag="publish", frozen=True):
     # Hash of the payload: a duplicate (publisher, seq) whose fingerprint differs from the
     # one recorded is a conflict (failure ``duplicate_conflict``), not a silent drop.
     fingerprint: int | None = field(default=None, name="fp")
@@ -52,7 +52,7 @@ class Publish(_PublishFields, tag="publish"):
     sow_key: str | None = field(default=None, name="k")
 
 
-class DeltaPublish(_PublishFields, tag="delta_publish"):
+class DeltaPublish(_PublishFields, tag="delta_publish", frozen=True):
     """A publish merged into the current record of a SOW topic (docs/sow-and-views.md):
     fields present replace the stored ones, absent ones are kept; what is journaled and
     delivered is the merged message. On a topic without SOW: a plain publish."""
@@ -60,7 +60,7 @@ class DeltaPublish(_PublishFields, tag="delta_publish"):
     sow_key: str | None = field(default=None, name="k")
 
 
-class _SubscribeFields(_Msg):
+class _SubscribeFields(_Msg, frozen=True):
     """What every kind of subscription carries (not a command of its own). The command
     classes do not derive from one another, so ``isinstance`` tells them apart."""
 
@@ -73,16 +73,16 @@ class _SubscribeFields(_Msg):
     bookmark: str | None = field(default=None, name="bm")
 
 
-class Subscribe(_SubscribeFields, tag="subscribe"):
+class Subscribe(_SubscribeFields, tag="subscribe", frozen=True):
     pass
 
 
-class DeltaSubscribe(_SubscribeFields, tag="delta_subscribe"):
+class DeltaSubscribe(_SubscribeFields, tag="delta_subscribe", frozen=True):
     """A subscription that receives, for an update of a SOW record it has seen, the key
     fields and the fields that changed (docs/sow-and-views.md)."""
 
 
-class _SowFields(_Msg):
+class _SowFields(_Msg, frozen=True):
     """What every SOW query carries (not a command of its own)."""
 
     topic: str = field(name="t")
@@ -97,27 +97,27 @@ class _SowFields(_Msg):
     sow_keys: str | None = None  # comma list of SowKeys: only these records
 
 
-class Sow(_SowFields, tag="sow"):
+class Sow(_SowFields, tag="sow", frozen=True):
     pass
 
 
-class SowAndSubscribe(_SowFields, tag="sow_and_subscribe"):
+class SowAndSubscribe(_SowFields, tag="sow_and_subscribe", frozen=True):
     sub_id: str | None = None
 
 
-class SowAndDeltaSubscribe(_SowFields, tag="sow_and_delta_subscribe"):
+class SowAndDeltaSubscribe(_SowFields, tag="sow_and_delta_subscribe", frozen=True):
     """``sow_and_subscribe`` whose live part is a delta subscription."""
 
     sub_id: str | None = None
 
 
-class Unsubscribe(_Msg, tag="unsubscribe"):
+class Unsubscribe(_Msg, tag="unsubscribe", frozen=True):
     sub_id: str = "all"
     cid: str | None = None
     ack_type: str | None = field(default=None, name="a")
 
 
-class SowDelete(_Msg, tag="sow_delete"):
+class SowDelete(_Msg, tag="sow_delete", frozen=True):
     """Deletes from a SOW; on a queue topic: the acknowledgement (by bookmarks or filter)."""
 
     topic: str = field(name="t")
@@ -130,13 +130,13 @@ class SowDelete(_Msg, tag="sow_delete"):
     data: bytes | None = field(default=None, name="d")  # SOW topic: delete the record this would update
 
 
-class Heartbeat(_Msg, tag="heartbeat"):
+class Heartbeat(_Msg, tag="heartbeat", frozen=True):
     options: str | None = field(default=None, name="o")
     cid: str | None = None
     ack_type: str | None = field(default=None, name="a")
 
 
-class Flush(_Msg, tag="flush"):
+class Flush(_Msg, tag="flush", frozen=True):
     cid: str | None = None
     ack_type: str | None = field(default=None, name="a")
 
@@ -149,7 +149,7 @@ class Flush(_Msg, tag="flush"):
 # whose leases are numbered 1, 2, 3... (the delivery sequence ``d``).
 
 
-class Claim(_Msg, tag="claim"):
+class Claim(_Msg, tag="claim", frozen=True):
     """Fence a named consumer: the new epoch supersedes every older holder.
     result: {"epoch": e, "d": D, "acked": A}."""
 
@@ -159,7 +159,7 @@ class Claim(_Msg, tag="claim"):
     cid: str | None = None
 
 
-class Lease(_Msg, tag="lease"):
+class Lease(_Msg, tag="lease", frozen=True):
     """Lease after delivery ``after`` (== D: up to ``max`` new messages, 0 = all ready;
     < D: re-offer ``(after, min(D, after+max)]``; > D: failure ``bad_delivery_range``).
     ``upto``: never lease a message at a journal position >= upto (AvailableNow).
@@ -175,7 +175,7 @@ class Lease(_Msg, tag="lease"):
     cid: str | None = None
 
 
-class Fetch(_Msg, tag="fetch"):
+class Fetch(_Msg, tag="fetch", frozen=True):
     """Deliveries ``lo < d <= hi`` of a consumer, in d order, whatever their lease state:
     one ``Message`` each (``delivery`` set, ``query_id`` = this cid), then the Ack.
     result: {"count": n}."""
@@ -187,7 +187,7 @@ class Fetch(_Msg, tag="fetch"):
     cid: str | None = None
 
 
-class AckThrough(_Msg, tag="ack_through"):
+class AckThrough(_Msg, tag="ack_through", frozen=True):
     """Cumulative, idempotent ack of deliveries ``<= d``. result: {"acked": A}."""
 
     queue: str = field(name="q")
@@ -197,7 +197,7 @@ class AckThrough(_Msg, tag="ack_through"):
     cid: str | None = None
 
 
-class Extend(_Msg, tag="extend"):
+class Extend(_Msg, tag="extend", frozen=True):
     """Heartbeat: renew every unacked lease of the consumer to now + ttl.
     result: {"renewed": n}."""
 
@@ -208,7 +208,7 @@ class Extend(_Msg, tag="extend"):
     cid: str | None = None
 
 
-class Reclaim(_Msg, tag="reclaim"):
+class Reclaim(_Msg, tag="reclaim", frozen=True):
     """Renew the leases of deliveries ``lo < d <= hi`` (a replayed batch), taking back
     ready ones. result: {"renewed": n, "held_elsewhere": k, "done": j}."""
 
@@ -221,14 +221,14 @@ class Reclaim(_Msg, tag="reclaim"):
     cid: str | None = None
 
 
-class Head(_Msg, tag="head"):
+class Head(_Msg, tag="head", frozen=True):
     """The journal position bounding what is queued now. result: {"upto": P}."""
 
     queue: str = field(name="q")
     cid: str | None = None
 
 
-class ConsumerInfo(_Msg, tag="consumer_info"):
+class ConsumerInfo(_Msg, tag="consumer_info", frozen=True):
     """result: {"d": D, "acked": A, "epoch": e, "unacked": n}."""
 
     queue: str = field(name="q")
@@ -236,7 +236,7 @@ class ConsumerInfo(_Msg, tag="consumer_info"):
     cid: str | None = None
 
 
-class Stage(_Msg, tag="stage"):
+class Stage(_Msg, tag="stage", frozen=True):
     """Stage rows for ``topic`` under transaction handle ``txn`` (may repeat; rows add
     up). Not visible to anyone until committed. result: {"staged": total rows}."""
 
@@ -257,7 +257,7 @@ class ConsumerFence(msgspec.Struct, frozen=True, array_like=True):
     through: int = 0
 
 
-class CommitTxn(_Msg, tag="commit_txn"):
+class CommitTxn(_Msg, tag="commit_txn", frozen=True):
     """Publish every row staged under ``txns`` atomically, as one duplicate-detection
     unit ``(publisher, seq)``. status "duplicate" when seq <= the publisher's highest.
     ``fences``: checked before anything is published (``fenced``), and their
@@ -270,7 +270,7 @@ class CommitTxn(_Msg, tag="commit_txn"):
     fences: list[ConsumerFence] = field(default_factory=list, name="fc")
 
 
-class AbortTxn(_Msg, tag="abort_txn"):
+class AbortTxn(_Msg, tag="abort_txn", frozen=True):
     """Discard what is staged under ``txns``. result: {"discarded": n}."""
 
     txns: list[str] = []
@@ -292,13 +292,14 @@ COMMAND_NAMES = frozenset(t.__struct_config__.tag for t in COMMAND_TYPES)
 # --- server -> client ------------------------------------------------------------------
 
 
-class Ack(_Msg, tag="ack"):
+class Ack(_Msg, tag="ack", frozen=True):
     ack_type: str = field(name="a")
     cid: str | None = None
     status: str = "success"  # success | failure | duplicate
     reason: str | None = None
     code: str | None = None  # stable error code (conveyor.errors) when status=failure
-    details: dict | None = None
+    # msgspec decodes by this annotation: any map, as a bare ``dict`` always accepted.
+    details: dict[Any, Any] | None = None
     client_name: str | None = None
     seq: int | None = field(default=None, name="s")
     bookmark: str | None = field(default=None, name="bm")
@@ -322,7 +323,7 @@ class Ack(_Msg, tag="ack"):
     journal: str | None = field(default=None, name="j")
 
 
-class Message(_Msg, tag="p"):
+class Message(_Msg, tag="p", frozen=True):
     """A message delivered on a subscription (``publish`` from server to client)."""
 
     topic: str = field(name="t")
@@ -341,7 +342,7 @@ class Message(_Msg, tag="p"):
     sow_key: str | None = field(default=None, name="k")  # the record's SowKey (SOW topics, views)
 
 
-class OutOfFocus(_Msg, tag="oof"):
+class OutOfFocus(_Msg, tag="oof", frozen=True):
     """A record a subscription had received no longer qualifies (docs/sow-and-views.md):
     ``reason`` is ``deleted``, ``expired`` or ``match``; ``data`` the record's new state
     (``match``) or its last state (the others)."""
@@ -354,17 +355,17 @@ class OutOfFocus(_Msg, tag="oof"):
     correlation_id: str | None = field(default=None, name="x")
 
 
-class GroupBegin(_Msg, tag="group_begin"):
+class GroupBegin(_Msg, tag="group_begin", frozen=True):
     query_id: str | None = None
     cid: str | None = None
 
 
-class GroupEnd(_Msg, tag="group_end"):
+class GroupEnd(_Msg, tag="group_end", frozen=True):
     query_id: str | None = None
     cid: str | None = None
 
 
-class ServerHeartbeat(_Msg, tag="hb"):
+class ServerHeartbeat(_Msg, tag="hb", frozen=True):
     pass
 
 

@@ -68,23 +68,23 @@ class _Repl(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="c"):
     pass
 
 
-class Hello(_Repl, tag="r_hello"):
+class Hello(_Repl, tag="r_hello", frozen=True):
     profile: Profile
     user: str | None = None
     password: str | None = None
 
 
-class Welcome(_Repl, tag="r_welcome"):
+class Welcome(_Repl, tag="r_welcome", frozen=True):
     profile: Profile
     resume_from: int = 0
 
 
-class Refused(_Repl, tag="r_refused"):
+class Refused(_Repl, tag="r_refused", frozen=True):
     reason: str
     code: str = "replication_refused"
 
 
-class Batch(_Repl, tag="r_batch"):
+class Batch(_Repl, tag="r_batch", frozen=True):
     through: int
     records: list[bytes] = []
     # The source could not send records in [gap_from, gap_to) any more (retention removed
@@ -93,7 +93,7 @@ class Batch(_Repl, tag="r_batch"):
     gap_to: int = -1
 
 
-class Acked(_Repl, tag="r_acked"):
+class Acked(_Repl, tag="r_acked", frozen=True):
     through: int
 
 

@@ -24,7 +24,7 @@ class _Reply(msgspec.Struct, frozen=True, kw_only=True):
     pass
 
 
-class ClaimReply(_Reply):
+class ClaimReply(_Reply, frozen=True):
     """The consumer is now fenced at ``epoch``; ``d`` its last delivery, ``acked`` A."""
 
     epoch: int
@@ -32,7 +32,7 @@ class ClaimReply(_Reply):
     acked: int = 0
 
 
-class LeaseReply(_Reply):
+class LeaseReply(_Reply, frozen=True):
     """``d``: the last delivery this call covers; ``leased`` new deliveries; ``reoffered``
     deliveries re-offered (a replayed batch), of which ``renewed`` were still held,
     ``taken`` were available again, ``held_elsewhere`` leased to another subscriber and
@@ -48,46 +48,46 @@ class LeaseReply(_Reply):
     done: int = 0
 
 
-class ReclaimReply(_Reply):
+class ReclaimReply(_Reply, frozen=True):
     renewed: int = 0
     held_elsewhere: int = 0
     done: int = 0
 
 
-class AckThroughReply(_Reply):
+class AckThroughReply(_Reply, frozen=True):
     acked: int
 
 
-class ExtendReply(_Reply):
+class ExtendReply(_Reply, frozen=True):
     renewed: int = 0
 
 
-class HeadReply(_Reply):
+class HeadReply(_Reply, frozen=True):
     upto: int
 
 
-class ConsumerInfoReply(_Reply):
+class ConsumerInfoReply(_Reply, frozen=True):
     d: int = 0
     acked: int = 0
     epoch: int = 0
     unacked: int = 0
 
 
-class FetchDone(_Reply):
+class FetchDone(_Reply, frozen=True):
     """Ends a fetch: ``count`` messages were sent before it."""
 
     count: int = 0
 
 
-class StageReply(_Reply):
+class StageReply(_Reply, frozen=True):
     staged: int = 0
 
 
-class CommitReply(_Reply):
+class CommitReply(_Reply, frozen=True):
     published: int = 0
 
 
-class AbortReply(_Reply):
+class AbortReply(_Reply, frozen=True):
     discarded: int = 0
 
 

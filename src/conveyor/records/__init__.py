@@ -13,6 +13,7 @@ the same transitions the live server applies, so "what survives a crash" is exac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Union
 
 import msgspec
@@ -22,7 +23,7 @@ class _Rec(msgspec.Struct, frozen=True, array_like=True, tag_field="k", omit_def
     pass
 
 
-class PublishRec(_Rec, tag=1):
+class PublishRec(_Rec, tag=1, frozen=True):
     """A message recorded on a topic. ``publisher`` is the 64-bit publisher id."""
 
     topic: str
@@ -58,7 +59,7 @@ class PublishRec(_Rec, tag=1):
     sow_key: str = ""
 
 
-class LeasedRec(_Rec, tag=2):
+class LeasedRec(_Rec, tag=2, frozen=True):
     """at-least-once: messages of ``queue`` were leased; ``counts`` are their delivery numbers."""
 
     queue: str
@@ -66,28 +67,28 @@ class LeasedRec(_Rec, tag=2):
     counts: list[int]
 
 
-class DeliveredRec(_Rec, tag=3):
+class DeliveredRec(_Rec, tag=3, frozen=True):
     """at-most-once: messages left ``queue`` by delivery (written before they are sent)."""
 
     queue: str
     positions: list[int]
 
 
-class AckedRec(_Rec, tag=4):
+class AckedRec(_Rec, tag=4, frozen=True):
     """Messages of ``queue`` acknowledged (removed as processed)."""
 
     queue: str
     positions: list[int]
 
 
-class CancelledRec(_Rec, tag=5):
+class CancelledRec(_Rec, tag=5, frozen=True):
     """Messages returned to ``queue`` by a ``cancel`` acknowledgement."""
 
     queue: str
     positions: list[int]
 
 
-class ExpiredRec(_Rec, tag=6):
+class ExpiredRec(_Rec, tag=6, frozen=True):
     """A message expired from ``queue`` with the given reasons (comma list)."""
 
     queue: str
@@ -95,14 +96,14 @@ class ExpiredRec(_Rec, tag=6):
     reasons: str
 
 
-class ReturnedRec(_Rec, tag=7):
+class ReturnedRec(_Rec, tag=7, frozen=True):
     """Leases that ended without an ack (expiry, disconnect): messages back in ``queue``."""
 
     queue: str
     positions: list[int]
 
 
-class BarrierRec(_Rec, tag=8):
+class BarrierRec(_Rec, tag=8, frozen=True):
     """Barrier messages of ``queue`` delivered to every current subscriber (they need no
     ack); written before they are sent."""
 
@@ -114,7 +115,7 @@ class BarrierRec(_Rec, tag=8):
 # --- named consumers (the Spark connector's delivery sequence, SPARK.md section 2) ------
 
 
-class ConsumerLeasedRec(_Rec, tag=9):
+class ConsumerLeasedRec(_Rec, tag=9, frozen=True):
     """Deliveries ``first, first+1, ...`` of named ``consumer`` on ``queue``: one per
     position, in d order; ``counts`` are the messages' delivery counts (as LeasedRec)."""
 
@@ -126,7 +127,7 @@ class ConsumerLeasedRec(_Rec, tag=9):
     epoch: int = 0  # the consumer's epoch when it leased (replicated claims fence older ones)
 
 
-class ConsumerAckedRec(_Rec, tag=10):
+class ConsumerAckedRec(_Rec, tag=10, frozen=True):
     """Deliveries ``<= through`` of ``consumer`` acknowledged; ``positions`` are the
     messages this ack removed from ``queue``."""
 
@@ -137,7 +138,7 @@ class ConsumerAckedRec(_Rec, tag=10):
     epoch: int = 0  # the consumer's epoch when it acknowledged
 
 
-class ConsumerClaimedRec(_Rec, tag=11):
+class ConsumerClaimedRec(_Rec, tag=11, frozen=True):
     """``consumer`` of ``queue`` claimed by a new holder: ``epoch`` fences older ones."""
 
     queue: str
@@ -150,7 +151,7 @@ class ConsumerClaimedRec(_Rec, tag=11):
 # --- replication (docs/replication.md) ------------------------------------------------------
 
 
-class ReceivedRec(_Rec, tag=12):
+class ReceivedRec(_Rec, tag=12, frozen=True):
     """Every record of ``source``'s journal ``journal_id`` below position ``through`` that
     this instance needs has been recorded here (appended after the records of each batch
     received over replication, so it is durable only if they are)."""
@@ -166,7 +167,7 @@ class ReceivedRec(_Rec, tag=12):
 # first recorded and the instances they passed, so they are never sent in a loop.
 
 
-class QueueRemovedRec(_Rec, tag=13):
+class QueueRemovedRec(_Rec, tag=13, frozen=True):
     """Messages of replicated ``queue`` left it on another instance: ``kind`` is ``ack``
     (acknowledged), ``expire`` (expired there; only that instance publishes dead letters)
     or ``deliver`` (delivered at-most-once there). Recorded where it is received."""
@@ -180,7 +181,7 @@ class QueueRemovedRec(_Rec, tag=13):
     path: list[str] = []
 
 
-class TransferRequestRec(_Rec, tag=14):
+class TransferRequestRec(_Rec, tag=14, frozen=True):
     """Instance ``requester`` asks the owner of messages ``zip(publishers, seqs)`` of
     ``queue`` to transfer them (it has subscribers waiting); ``attempts`` counts each
     message's requests. One record per scan, not per message."""
@@ -195,7 +196,7 @@ class TransferRequestRec(_Rec, tag=14):
     path: list[str] = []
 
 
-class TransferRec(_Rec, tag=15):
+class TransferRec(_Rec, tag=15, frozen=True):
     """Messages ``zip(publishers, seqs)`` of ``queue`` are owned by ``owner`` from now on,
     granted by ``granter`` (the owner, or an instance acting for an offline owner:
     ``proxied``). ``epochs`` count each message's transfers: the highest wins everywhere.
@@ -216,7 +217,7 @@ class TransferRec(_Rec, tag=15):
     path: list[str] = []
 
 
-class ConsumerReplicatedRec(_Rec, tag=17):
+class ConsumerReplicatedRec(_Rec, tag=17, frozen=True):
     """A named consumer's record of a replicated queue from another instance
     (docs/spark.md, "Failover between instances"): ``kind`` is ``lease`` (deliveries
     ``n, n+1, ...`` of the messages ``zip(publishers, seqs)``), ``ack`` (deliveries ``<=
@@ -245,7 +246,7 @@ class ConsumerReplicatedRec(_Rec, tag=17):
 # --- State of the World (docs/sow-and-views.md) -----------------------------------------------
 
 
-class SowDeletedRec(_Rec, tag=16):
+class SowDeletedRec(_Rec, tag=16, frozen=True):
     """Records of SOW topic ``topic`` deleted by ``sow_delete``: each ``keys[i]`` (its
     SowKey) is removed if its current record is still the one at ``positions[i]``, so a
     publish recorded after the delete keeps its record whatever order the two are
@@ -383,7 +384,7 @@ class Arrival:
             self._tail = _encoder.encode((None, -1, "", 0, -1, 0, self.origin, self.origin_group, self.path))[1:]
         return self._tail
 
-    def encode_many(self, payloads: list[bytes], recs: list[PublishRec] | list[PlainPublish]) -> list[bytes]:
+    def encode_many(self, payloads: list[bytes], recs: Sequence[PublishRec | PlainPublish]) -> list[bytes]:
         """``encode`` of each, in one call: what comes from one place is mostly plain."""
         head, tail, encode = _ARRIVED_HEADER, self._plain_tail(), self.encode
         return [head + payload[1:] + tail if payload[0] == _PLAIN_PUBLISH else encode(payload, rec)
