@@ -71,7 +71,7 @@ def remove_temporaries(directory: str | os.PathLike[str]) -> list[str]:
     """Remove the temporary files of writes that a crash cut short from ``directory``
     (not its subdirectories); return their names. Call it before any writer starts:
     a temporary is never read, its target file is either the old or the new content."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:

@@ -228,4 +228,5 @@ class FrameReader:
 
 def frame_length_at(data: bytes, o: int) -> int:
     """Payload length of the frame starting at ``data[o]`` (no checks)."""
-    return _LENGTH.unpack_from(data, o)[0]
+    length: int = _LENGTH.unpack_from(data, o)[0]
+    return length

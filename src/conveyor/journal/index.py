@@ -28,6 +28,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -44,7 +45,8 @@ SUMMARY_VERSION = 1
 #: Largest set kept per field; a segment with more distinct values stores null.
 SET_MAX = 1024
 
-Describe = Callable[[bytes], tuple]
+#: ``describe(payload) -> (op, ts, topic, queue, publisher, consumer)``
+Describe = Callable[[bytes], tuple[str, float | None, str | None, str | None, int | None, str | None]]
 
 log = logging.getLogger("conveyor.journal.index")
 
@@ -87,7 +89,7 @@ class SummaryBuilder:
         self.ts_min: float | None = None
         self.ts_max: float | None = None
         self.ops: dict[str, int] = {}
-        self.sets: dict[str, set | None] = {"topics": set(), "queues": set(), "publishers": set(), "consumers": set()}
+        self.sets: dict[str, set[str | int] | None] = {"topics": set(), "queues": set(), "publishers": set(), "consumers": set()}
 
     def add(self, position: int, payload: bytes) -> None:
         op, ts, topic, queue_, publisher, consumer = self._describe(payload)
@@ -110,10 +112,10 @@ class SummaryBuilder:
                         self.sets[name] = None
 
     def finish(self, base: int, size: int, mtime_ns: int) -> SegmentSummary:
-        def frame(entry):
+        def frame(entry: tuple[int, bytes] | None) -> tuple[int, int] | None:
             return None if entry is None else (len(entry[1]), frame_crc(len(entry[1]), entry[1]))
 
-        def members(name):
+        def members(name: str) -> list[str | int] | None:
             s = self.sets[name]
             return None if s is None else sorted(s)
 
@@ -122,8 +124,10 @@ class SummaryBuilder:
             records=self.records, first_frame=frame(self.first),
             last_position=None if self.last is None else self.last[0], last_frame=frame(self.last),
             ts_min=self.ts_min, ts_max=self.ts_max, ops=self.ops,
-            topics=members("topics"), queues=members("queues"),
-            publishers=members("publishers"), consumers=members("consumers"),
+            # Each set holds one field of Describe's tuple: the publishers ints, the rest strings.
+            topics=cast("list[str] | None", members("topics")), queues=cast("list[str] | None", members("queues")),
+            publishers=cast("list[int] | None", members("publishers")),
+            consumers=cast("list[str] | None", members("consumers")),
         )
 
 
@@ -165,6 +169,8 @@ def load_summary(segment_path: str | os.PathLike[str]) -> SegmentSummary | None:
             if summary.end != summary.base + st.st_size - FILE_HEADER_LEN:
                 return None
             if summary.records:
+                if summary.last_position is None or summary.first_frame is None or summary.last_frame is None:
+                    return None  # counts records but names no frames: it does not match
                 first = _frame_header(fd, FILE_HEADER_LEN)
                 last = _frame_header(fd, FILE_HEADER_LEN + summary.last_position - summary.base)
                 if first != tuple(summary.first_frame) or last != tuple(summary.last_frame):

@@ -39,6 +39,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from crc32c import crc32c
 
@@ -126,7 +127,7 @@ class JournalStatistics:
 class _Segment:
     __slots__ = ("base", "index")
 
-    def __init__(self, base: int, index: array) -> None:
+    def __init__(self, base: int, index: array[int]) -> None:
         self.base = base
         self.index = index  # sparse: record positions at least INDEX_INTERVAL_BYTES apart
 
@@ -206,11 +207,13 @@ class Journal:
             raise
         return cls(storage, report, segments, segment_bytes=segment_bytes)
 
-    def __init__(self, storage, report: RecoveryReport, segments, *, segment_bytes: int) -> None:
+    def __init__(self, storage: FileStorage | MemoryStore, report: RecoveryReport,
+                 segments: list[tuple[int, int, array[int]]], *, segment_bytes: int) -> None:
         """Internal: :meth:`open` recovers the storage, then builds the journal on it."""
         self._setup(storage, report, segments, segment_bytes)
 
-    def _setup(self, storage, report: RecoveryReport, segments, segment_bytes: int) -> None:
+    def _setup(self, storage: FileStorage | MemoryStore, report: RecoveryReport,
+               segments: list[tuple[int, int, array[int]]], segment_bytes: int) -> None:
         self._storage = storage
         self._segment_bytes = segment_bytes
         self.recovery = report
@@ -282,7 +285,7 @@ class Journal:
         """Buffer records in order, as ``append`` does each; their positions. All or
         nothing: a closed journal or an oversized record refuses the lot."""
         self._check_appendable(max(map(len, payloads), default=0))
-        positions = []
+        positions: list[int] = []
         note = positions.append
         pos = self.end
         records0 = self._records
@@ -422,7 +425,7 @@ class Journal:
         verified.save_prefix(*args)
         return True
 
-    def prefix_to_save(self) -> tuple | None:
+    def prefix_to_save(self) -> tuple[str, int, int, int, int, list[int], int] | None:
         """The arguments of :func:`verified.save_prefix` for the written prefix, or None
         when it is unknown, already saved, or not on disk storage (loop thread)."""
         tail = self._tail
@@ -434,8 +437,7 @@ class Journal:
         if seg.base != base:
             return None  # retention or truncation removed it
         end = base + file_end - FILE_HEADER_LEN
-        index = seg.index
-        index = index[: max(1, bisect_left(index, end))].tolist()  # [base] at least, as a check builds it
+        index = seg.index[: max(1, bisect_left(seg.index, end))].tolist()  # [base] at least, as a check builds it
         return self._storage.path(base), base, records, end, file_end, index, crc
 
     def mark_durable(self, end: int) -> None:
@@ -647,7 +649,7 @@ class Journal:
     # --- lifecycle -------------------------------------------------------------------
 
     @property
-    def directory(self):
+    def directory(self) -> Path | str:
         return self._storage.directory
 
     def statistics(self) -> JournalStatistics:
@@ -769,4 +771,4 @@ class MemoryJournal(Journal):
 
     @property
     def store(self) -> MemoryStore:
-        return self._storage
+        return cast(MemoryStore, self._storage)  # MemoryJournal is only ever built on a MemoryStore

@@ -132,8 +132,8 @@ class RecoveryReport:
 
 
 def check_segment(
-    storage: Storage, base: int, *, index_interval: int = INDEX_INTERVAL_BYTES, resume: tuple | None = None
-) -> tuple[SegmentCheck, array]:
+    storage: Storage, base: int, *, index_interval: int = INDEX_INTERVAL_BYTES, resume: tuple[int, int, array[int]] | None = None
+) -> tuple[SegmentCheck, array[int]]:
     """Read segment ``base`` in full; return what it holds and its sparse index.
 
     ``resume=(offset, records, index)``: the part before file offset ``offset`` is
@@ -204,7 +204,7 @@ def _chain(storage: Storage, base: int, start: int, size: int) -> int:
     return sum(1 for _ in reader)
 
 
-def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[RecoveryReport, list[tuple[int, int, array]]]:
+def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[RecoveryReport, list[tuple[int, int, array[int]]]]:
     """Check every segment; truncate a bad tail of the last one; refuse anything else.
 
     Returns the report and, per segment, ``(base, end, sparse index)``.
@@ -217,7 +217,7 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         storage.create_empty(0)
         bases = [0]
         created = True
-    segments: list[tuple[int, int, array]] = []
+    segments: list[tuple[int, int, array[int]]] = []
     records = 0
     report_tail: dict[str, object] = {}
     prev: SegmentCheck | None = None
@@ -268,7 +268,7 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
     return report, segments
 
 
-def _check_last(storage: Storage, base: int) -> tuple[SegmentCheck, array, int | None, int]:
+def _check_last(storage: Storage, base: int) -> tuple[SegmentCheck, array[int], int | None, int]:
     """The last segment: a prefix saved by the running server (verified.save_prefix) is
     trusted when its CRC32C still matches the file; the rest is checked record by
     record. Also returns the CRC32C of the valid records (for the writer to continue),
@@ -317,7 +317,7 @@ def tail_damage(storage: Storage, check: SegmentCheck, durable_bytes: int) -> st
     return None
 
 
-def _check_sealed(storage: Storage, base: int) -> tuple[SegmentCheck, array]:
+def _check_sealed(storage: Storage, base: int) -> tuple[SegmentCheck, array[int]]:
     """A sealed segment: trusted from its ``.verified`` sidecar when that still matches,
     else checked in full (and the sidecar written when clean). See verified.py."""
     if not isinstance(storage, FileStorage):  # in-memory storage: nothing to save

@@ -26,11 +26,16 @@ Rules:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .format import FILE_HEADER_LEN, FRAME_HEADER_LEN, FrameReader
 from .storage import SegmentReader
 from .verified import sidecar_path
+
+if TYPE_CHECKING:
+    from .journal import SegmentInfo
 
 #: Bytes one step reads at most (plus the rest of a record that straddles the bound):
 #: small enough that a journal write queued behind it on the I/O thread waits little.
@@ -131,7 +136,7 @@ def forget_verified(segment_path: str) -> None:
         pass  # gone already, or a read-only directory (reads still check every CRC)
 
 
-def targets_of(segments) -> list[ScrubTarget]:
+def targets_of(segments: Iterable[SegmentInfo]) -> list[ScrubTarget]:
     """The targets of a pass over ``Journal.segments()`` (loop thread)."""
     return [ScrubTarget(s.path, s.base, FILE_HEADER_LEN + s.end - s.base) for s in segments]
 

@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from conveyor.errors import JournalCorrupt, JournalError
@@ -265,7 +266,7 @@ def dump(directory: str | os.PathLike[str], start: int | None = None) -> Iterato
                 if last and torn_creation(storage, check):
                     return
                 raise corrupt_error(check)
-            reader = FrameReader(lambda o, n, b=base: storage.pread(b, o, n), FILE_HEADER_LEN, size)
+            reader = FrameReader(partial(storage.pread, base), FILE_HEADER_LEN, size)
             shift = base - FILE_HEADER_LEN
             for offset, payload in reader:
                 if start is None or shift + offset >= start:
@@ -296,6 +297,7 @@ def scan_segment(path: str | os.PathLike[str], *, end: int | None = None) -> Ite
         base, problem = decode_header(reader.pread(0, FILE_HEADER_LEN))
         if problem is not None:
             raise JournalCorrupt(f"journal segment {path}: {problem}", path=str(path), offset=0)
+        assert base is not None  # decode_header gives a base exactly when there is no problem
         size = reader.size()
         limit = size if end is None else min(size, FILE_HEADER_LEN + max(0, end - base))
         frames = FrameReader(reader.pread, FILE_HEADER_LEN, limit)

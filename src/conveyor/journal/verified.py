@@ -79,7 +79,7 @@ def load(segment_path: str, base: int) -> _Verified | None:
     return v
 
 
-def save(segment_path: str, base: int, records: int, end: int, valid_bytes: int, last_position: int | None, index: array) -> None:
+def save(segment_path: str, base: int, records: int, end: int, valid_bytes: int, last_position: int | None, index: array[int]) -> None:
     """Record a clean check of a sealed segment (best effort)."""
     try:
         fd = os.open(segment_path, os.O_RDONLY)
