@@ -330,6 +330,7 @@ TOPIC_CHARS_MAX_DEFAULT = 1024
 PENDING_LOGONS_MAX_DEFAULT = 256
 LOGON_TIMEOUT_S_DEFAULT = 10.0
 FAILED_LOGONS_PER_ADDRESS_MAX_DEFAULT = 10
+FAILED_LOGONS_PER_USER_MAX_DEFAULT = 10
 FAILED_LOGON_WINDOW_S_DEFAULT = 60.0
 
 
@@ -347,7 +348,11 @@ class Limits:
     # <MaxPendingLogons>: connections not yet authenticated (with Authentication).
     pending_logons_max: int = PENDING_LOGONS_MAX_DEFAULT
     logon_timeout_s: float = LOGON_TIMEOUT_S_DEFAULT  # <LogonTimeout>
+    # The failed-logon limit (security/ratelimit.py): wrong credentials (never missing
+    # ones) within <FailedLogonWindow>, per client host and per user name tried; over
+    # either, wrong answers are delayed. A correct credential is never refused by it.
     failed_logons_per_address_max: int = FAILED_LOGONS_PER_ADDRESS_MAX_DEFAULT  # <MaxFailedLogonsPerAddress>
+    failed_logons_per_user_max: int = FAILED_LOGONS_PER_USER_MAX_DEFAULT  # <MaxFailedLogonsPerUser>
     failed_logon_window_s: float = FAILED_LOGON_WINDOW_S_DEFAULT  # <FailedLogonWindow>
 
 

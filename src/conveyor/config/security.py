@@ -21,7 +21,10 @@ Rules:
    (:class:`~conveyor.config.model.Limits`). ``OutputBudget`` (a positive size) bounds
    the unsent output of all clients together, ``IdleTimeout`` (a positive duration)
    closes connections that hold no subscription; the others bound what one client may
-   take (connections, subscriptions, topic length, pending and failed logons).
+   take (connections, subscriptions, topic length, pending logons). The failed-logon
+   limits (``MaxFailedLogonsPerAddress``, ``MaxFailedLogonsPerUser``, within
+   ``FailedLogonWindow``) count wrong credentials only and delay the wrong answers
+   over them; a correct credential is never refused (security/ratelimit.py).
 4. TLS (:func:`read_tls`): ``Certificate`` and ``PrivateKey`` are required on a
    listener, ``ClientCertificates`` (``none``/``optional``/``required``) needs
    ``CAFile``; every file must exist when the configuration is read. The files are
@@ -66,6 +69,7 @@ _LIMITS = {
     "MaxPendingLogons": ("pending_logons_max", "count"),
     "LogonTimeout": ("logon_timeout_s", "duration"),
     "MaxFailedLogonsPerAddress": ("failed_logons_per_address_max", "count"),
+    "MaxFailedLogonsPerUser": ("failed_logons_per_user_max", "count"),
     "FailedLogonWindow": ("failed_logon_window_s", "duration"),
 }
 

@@ -102,7 +102,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def host(self) -> str:
-        """The peer's host alone: what failed logons are counted by."""
+        """The peer's host alone: what failed logons are counted by (with the user name)."""
         peer = self.peer
         return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
 

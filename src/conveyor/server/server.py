@@ -27,7 +27,8 @@ Security (docs/security.md): with ``Authentication`` a connection's first comman
 be a logon whose credentials the authenticator verifies off the loop (or a verified
 client certificate stands in for them); its later commands wait, reading paused, and
 reach the engine only after the engine was told who the user is. A refused logon is
-answered, logged with the address and closed; failures are rate-limited per address.
+answered, logged with the address and closed; wrong credentials are counted per
+address and per user, and answered late over the limit (security/ratelimit.py).
 ``Limits`` bound connections in total, per user and waiting to log on (closed after
 ``LogonTimeout``). TLS listeners (``tcps``, ``amps-replication-secure``) reload their
 certificates, and the users file and the entitlements are reloaded, on SIGHUP
@@ -1121,7 +1122,8 @@ class Server:
         if self.auth.by_certificate and cert_user is not None:
             verdict = self.auth.certificate(cert_user, hello.user, conn.host, now)
         else:
-            verdict = await self.auth.verify(hello.user, hello.password, conn.host, now)
+            # counted apart from clients' failed logons (security/authenticator.py, rule 2)
+            verdict = await self.auth.verify(hello.user, hello.password, conn.host, now, link=True)
         if conn.closed or self._failure is not None:
             return
         source = hello.profile.instance
