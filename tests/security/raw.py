@@ -18,8 +18,11 @@ class Closed(Exception):
 
 
 class Raw:
-    def __init__(self, port: int, *, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> None:
-        sock = socket.create_connection((host, port), timeout=TIMEOUT_S)
+    def __init__(self, port: int, *, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1",
+                 source: str | None = None) -> None:
+        """``source``: the local address to connect from (any 127.x.y.z on Linux loopback)."""
+        sock = socket.create_connection((host, port), timeout=TIMEOUT_S,
+                                        source_address=(source, 0) if source else None)
         self.sock = tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
         self.decoder = MessageDecoder()
         self.items: list = []

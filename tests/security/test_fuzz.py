@@ -6,8 +6,9 @@
    another user), and never deliver them a message of it, while a victim (alice) holds
    state there.
 2. Random logons never authenticate anybody in the engine (only the shell does).
-3. Random credentials are refused by the authenticator unless exactly right, and the
-   rate limit holds for any sequence of failures.
+3. Random credentials are refused by the authenticator unless exactly right, the right
+   ones are never refused whatever failed before, and the failed-logon limit counts
+   exactly the wrong credentials within its window.
 4. A password in a URI never appears in what the client shows or raises.
 """
 
@@ -26,7 +27,7 @@ from conveyor.config.model import Authentication, Entitlement, Grant, Limits
 from conveyor.engine.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 from conveyor.security.authenticator import Authenticator
-from conveyor.security.ratelimit import FailedLogons
+from conveyor.security.ratelimit import BACKOFF_MAX_S, BACKOFF_MIN_S, BACKOFF_STEPS, FailedLogons, backoff_s
 from tests.engine.engine_harness import Harness, body, config_xml, queue_xml
 from tests.security.helpers import make_users
 
@@ -163,22 +164,41 @@ def test_random_logons_never_authenticate_in_the_engine(logons):
 
 
 @settings(max_examples=30, deadline=None)
-@given(attempts=st.lists(st.tuples(st.sampled_from(["alice", "bob", "", "alice "]),
-                                   st.sampled_from(["right", "wrong", "", "right "])), min_size=1, max_size=8))
-def test_credentials_are_refused_unless_exactly_right(tmp_path_factory, attempts):
+@given(attempts=st.lists(st.tuples(st.sampled_from(["alice", "bob", "", "alice ", None]),
+                                   st.sampled_from(["right", "wrong", "", "right ", None])), min_size=1, max_size=12))
+def test_credentials_are_refused_unless_exactly_right_and_never_when_right(tmp_path_factory, attempts):
+    """The right password is admitted whatever failed before (no lockout); a wrong one is
+    answered late once its address or user holds 3 failures; missing credentials (no
+    user or no password) are refused and counted nowhere."""
     path = make_users(tmp_path_factory.mktemp("fuzz") / "users", {"alice": "right"})
     config = load_text(f"<AMPSConfig><Authentication><UsersFile>{path}</UsersFile></Authentication></AMPSConfig>")
-    config = dataclasses.replace(config, limits=Limits(failed_logons_per_address_max=3, failed_logon_window_s=60))
+    config = dataclasses.replace(config, limits=Limits(failed_logons_per_address_max=3, failed_logons_per_user_max=3,
+                                                       failed_logon_window_s=60))
     auth = Authenticator(config)
+    slept: list[float] = []
+
+    async def record(delay: float) -> None:
+        slept.append(delay)
+
+    auth.backoff_sleep = record
 
     async def run():
-        failures = 0
+        by_address = 0
+        by_user: dict[str, int] = {}
         for user, password in attempts:
+            slept.clear()
             verdict = await auth.verify(user, password, "10.0.0.1", 0.0)
-            ok = (user, password) == ("alice", "right") and failures < 3
-            assert (verdict.user == "alice") == ok, (user, password, verdict)
-            if verdict.user is None and "too many" not in verdict.reason:
-                failures += 1
+            right = (user, password) == ("alice", "right")
+            assert (verdict.user == "alice") == right, (user, password, verdict)
+            if right:
+                continue
+            if not user or password is None:  # missing: not counted, answered at once
+                assert (verdict.reason, slept) == ("logon refused: bad user name or password", [])
+                continue
+            over = by_address >= 3 or by_user.get(user, 0) >= 3
+            assert ("too many failed logons" in verdict.reason) == over == bool(slept), (verdict, slept)
+            by_address += 1
+            by_user[user] = by_user.get(user, 0) + 1
 
     try:
         asyncio.run(run())
@@ -187,17 +207,24 @@ def test_credentials_are_refused_unless_exactly_right(tmp_path_factory, attempts
 
 
 @given(events=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.floats(0, 200)), max_size=30))
-def test_the_rate_limit_blocks_exactly_after_the_limit_within_the_window(events):
+def test_the_rate_limit_counts_exactly_the_failures_within_the_window(events):
     limiter = FailedLogons(3, 60.0)
     history: dict[str, list[float]] = {"a": [], "b": []}
     now = 0.0
     for address, step in events:
         now += step / 10
         recent = [t for t in history[address] if now - t < 60.0]
-        assert (limiter.blocked_for(address, now) > 0) == (len(recent) >= 3)
-        if not limiter.blocked_for(address, now):
-            limiter.failed(address, now)
-            history[address].append(now)
+        assert limiter.recent(address, now) == min(len(recent), 3 + BACKOFF_STEPS)
+        assert limiter.over(address, now) == max(0, min(len(recent), 3 + BACKOFF_STEPS) - 2)
+        limiter.failed(address, now)
+        history[address].append(now)
+
+
+def test_the_backoff_doubles_up_to_its_maximum():
+    delays = [backoff_s(over) for over in range(0, 10)]
+    assert delays[0] == 0 and delays[1] == BACKOFF_MIN_S
+    assert all(b == min(2 * a, BACKOFF_MAX_S) for a, b in zip(delays[1:], delays[2:]))
+    assert max(delays) == BACKOFF_MAX_S
 
 
 @given(user=st.text(alphabet="abcxyz", min_size=1, max_size=8),
