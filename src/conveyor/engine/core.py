@@ -183,7 +183,7 @@ class Engine:
         self.replication.consumers = self.named
         self.named.replicated_queues = self.replicated_queues if self.replicated_queues else None
         self._publish_actions = PublishActions(config.actions)
-        self._recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
+        self.recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
                                   self.replication, sow=self.sow)
         #: How log lines name a connection; the server sets it to add the peer address.
         self.describe_connection = lambda conn_id: f"connection {conn_id}"
@@ -201,14 +201,14 @@ class Engine:
 
     def recover(self, now: float, progress=None, checkpoint: Checkpoint | None = None, pages=None) -> int:
         """Rebuild state from the journal (:mod:`conveyor.engine.recovery`)."""
-        return self._recovery.recover(now, progress=progress, checkpoint=checkpoint, pages=pages)
+        return self.recovery.recover(now, progress=progress, checkpoint=checkpoint, pages=pages)
 
     def checkpoint(self, *, snapshots: bool = True) -> Checkpoint:
         """What recovery may start from; ``snapshots``: with the queues' snapshots."""
-        return self._recovery.checkpoint(snapshots=snapshots)
+        return self.recovery.checkpoint(snapshots=snapshots)
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
-        return self._recovery.retention_floor(checkpoint)
+        return self.recovery.retention_floor(checkpoint)
 
     # --- connections ---------------------------------------------------------------------------
 

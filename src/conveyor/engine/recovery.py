@@ -41,11 +41,11 @@ from typing import Any, Callable
 
 import msgspec
 
-from conveyor import records
+from conveyor import errors, records
 from conveyor.engine import queue_journal, queue_snapshot
 from conveyor.engine.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
-from conveyor.engine.consumers import CONSUMER_RECORDS, NamedConsumers
+from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
@@ -62,6 +62,20 @@ log = logging.getLogger("conveyor.engine")
 REPLICATED_SNAPSHOT_MESSAGES_MAX = 200_000
 
 _OWNERSHIP_RECORDS = (records.QueueRemovedRec, records.TransferRec, records.TransferRequestRec)
+OwnershipRecord = records.QueueRemovedRec | records.TransferRec | records.TransferRequestRec
+
+
+@dataclass
+class _Scan:
+    """What one recovery scan carries from record to record."""
+
+    points: dict[str, int]  # queue -> its recovery point
+    times: dict[str, float]  # queue -> its RecoveryPoint time, when it has one
+    run: list[tuple[int, records.PublishRec]] = field(default_factory=list)  # an open transaction run
+
+
+#: A row of the recovery table: ``route(position, record, scan, now)``.
+Route = Callable[[int, Any, _Scan, float], None]
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,7 @@ class Recovery:
         self._persisted_end: int | None = None
         self._created: dict[str, int] = {}  # rule 1: each configured queue's creation point
         self._deep: set[str] = set()  # replicated queues too deep to snapshot now
+        self._routes = self._route_table()
 
     # --- checkpoints ------------------------------------------------------------------------
 
@@ -214,47 +229,26 @@ class Recovery:
         self._persisted_end = persisted_end
         points = {name: p for name, (p, _) in starts.items()}
         times = {name: t for name, (_, t) in starts.items() if t is not None}
+        scan = _Scan(points, times)
+        routes = self._routes
         count = 0
-        run: list = []  # an open transaction run (rule 3): applied once complete
         for pos, payload in journal.scan(scan_from):
             rec = records.decode(payload)
             count += 1
-            if type(rec) is records.PublishRec:
-                if rec.txn_total:
-                    run.append((pos, rec))
-                    if rec.txn_index == rec.txn_total - 1:
-                        for p, r in run:
-                            self._publish(p, r, points, times, now)
-                        run = []
-                    continue
-                if run:  # cannot happen (runs are contiguous): apply what there is
-                    log.error("journal: transaction run at %d interrupted at %d", run[0][0], pos)
-                    for p, r in run:
-                        self._publish(p, r, points, times, now)
-                    run = []
-                self._publish(pos, rec, points, times, now)
-            elif type(rec) is records.ReceivedRec:
-                self._replication.recovered(rec)
-            elif type(rec) in _OWNERSHIP_RECORDS:
-                if self._replication.queues is not None and pos >= self._ownership_from(rec.queue, points):
-                    self._replication.queues.replay(rec, now)
-            elif type(rec) is records.SowDeletedRec:
-                if sow is not None:
-                    sow.recovered(pos, rec, now)
-            elif type(rec) in CONSUMER_RECORDS:
-                since = self._binding_since(rec.queue)
-                self._named.replay(pos, rec, now, points.get(rec.queue, 0), since)
-            else:
-                self._queue_record(pos, rec, now, points)
+            route = routes.get(type(rec))
+            if route is None:
+                raise errors.JournalError(f"journal record at {pos}: recovery has no route for {type(rec).__name__}")
+            route(pos, rec, scan, now)
             if progress is not None and count % 10000 == 0:
                 progress(count)
-        if run:
-            head = run[0][1]
+        if scan.run:
+            head = scan.run[0][1]
             log.warning(
                 "journal: transaction of publisher %d seq %d cut short by a crash (%d of %d records): "
-                "truncated the journal at position %d", head.publisher, head.seq, len(run), head.txn_total, run[0][0],
+                "truncated the journal at position %d", head.publisher, head.seq, len(scan.run), head.txn_total,
+                scan.run[0][0],
             )
-            journal.truncate(run[0][0])
+            journal.truncate(scan.run[0][0])
         self._publishes.applied_end = journal.durable_end
         for b in self._bindings:
             # Messages already at MaxCancels / MaxDeliveries expire now, journaled (rule 5).
@@ -268,6 +262,58 @@ class Recovery:
         if sow is not None:
             sow.end_recovery(now)
         return count
+
+    def _route_table(self) -> dict[type, Route]:
+        """Rule 2: one row per record type. Built once; a record type with no row stops
+        recovery (a new record that recovery forgot fails the simulations, it does not
+        silently vanish after a restart). tests/engine/test_record_routes.py checks that
+        every type of :data:`conveyor.records.Record` has a row."""
+        table: dict[type, Route] = {
+            records.PublishRec: self._publish_record,
+            records.ReceivedRec: self._received_record,
+            records.SowDeletedRec: self._sow_deleted_record,
+        }
+        table.update(dict.fromkeys(_OWNERSHIP_RECORDS, self._ownership_record))
+        table.update(dict.fromkeys(CONSUMER_RECORDS, self._consumer_record))
+        table.update(dict.fromkeys(queue_journal.QUEUE_RECORDS, self._queue_record))
+        return table
+
+    @property
+    def routed(self) -> frozenset[type]:
+        """The record types recovery has a row for."""
+        return frozenset(self._routes)
+
+    def _publish_record(self, pos: int, rec: records.PublishRec, scan: _Scan, now: float) -> None:
+        """A publish, or a part of a transaction run (applied once whole: rule 3)."""
+        run = scan.run
+        if rec.txn_total:
+            run.append((pos, rec))
+            if rec.txn_index == rec.txn_total - 1:
+                for p, r in run:
+                    self._publish(p, r, scan.points, scan.times, now)
+                run.clear()
+            return
+        if run:  # cannot happen (runs are contiguous): apply what there is
+            log.error("journal: transaction run at %d interrupted at %d", run[0][0], pos)
+            for p, r in run:
+                self._publish(p, r, scan.points, scan.times, now)
+            run.clear()
+        self._publish(pos, rec, scan.points, scan.times, now)
+
+    def _received_record(self, pos: int, rec: records.ReceivedRec, scan: _Scan, now: float) -> None:
+        self._replication.recovered(rec)
+
+    def _ownership_record(self, pos: int, rec: OwnershipRecord, scan: _Scan, now: float) -> None:
+        queues = self._replication.queues
+        if queues is not None and pos >= self._ownership_from(rec.queue, scan.points):
+            queues.replay(rec, now)
+
+    def _sow_deleted_record(self, pos: int, rec: records.SowDeletedRec, scan: _Scan, now: float) -> None:
+        if self._sow is not None:
+            self._sow.recovered(pos, rec, now)
+
+    def _consumer_record(self, pos: int, rec: ConsumerRecord, scan: _Scan, now: float) -> None:
+        self._named.replay(pos, rec, now, scan.points.get(rec.queue, 0), self._binding_since(rec.queue))
 
     def _ownership_from(self, queue: str, points: dict) -> int:
         """Where a replicated queue's ownership records start to apply: after its
@@ -322,7 +368,8 @@ class Recovery:
                 if b.config.target_queue_depth is not None:
                     b.refill(self._journal, upto=pos)  # as after any queue record: room freed
 
-    def _queue_record(self, pos: int, rec, now: float, points: dict) -> None:
+    def _queue_record(self, pos: int, rec: queue_journal.QueueRec, scan: _Scan, now: float) -> None:
+        points = scan.points
         b = self._bindings.get(rec.queue)
         if b is None:
             return  # a queue no longer configured
@@ -340,7 +387,7 @@ class Recovery:
     def _restore_snapshots(self, checkpoint: Checkpoint | None, pages, starts: dict, now: float) -> None:
         """Page the FileBackedMetadata queues (when ``pages`` is given) and load their
         snapshots; a queue with one starts its replay at the snapshot (``starts``)."""
-        first = getattr(self._journal, "first_position", 0)
+        first = self._journal.first_position
         durable = self._journal.durable_end
         for b in self._bindings:
             name = b.name

@@ -113,6 +113,33 @@ class InLinkStats(msgspec.Struct, frozen=True):
 TOPIC_VERDICTS_MAX = 10_000  # per destination: topic names whose verdict is remembered
 
 
+def travels_on(pass_through: Callable[[str], bool] | None, origin: str, origin_group: str, path: list[str],
+               peer: str) -> bool:
+    """Rules 1 and 5 for a record that arrived here by replication (``origin`` set):
+    whether it goes on to ``peer``. Only when this link passes its origin's group
+    through (PassThrough), and never back to its origin or to an instance it passed."""
+    if pass_through is None or not pass_through(origin_group):
+        return False
+    return origin != peer and peer not in path
+
+
+def came_back(instance: str, origin: str, path: list[str]) -> bool:
+    """Rule 5 on the receiving side: a record that started at ``instance`` or passed
+    it has been here before."""
+    return origin == instance or instance in path
+
+
+OwnershipRecord = (records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
+                   | records.ConsumerReplicatedRec)
+RemovalRecord = (records.AckedRec | records.DeliveredRec | records.ConsumerAckedRec | records.ConsumerLeasedRec
+                 | records.ConsumerClaimedRec)
+#: A row of the send table: ``send(link, record, payload, peer, payloads)``.
+Send = Callable[["OutLink", Any, bytes, str, list[bytes]], None]
+#: A row of the receive table: ``record(record, source profile, now)`` -> records journaled.
+Receive = Callable[[Any, p.Profile, float], int]
+_NO_ROUTE: Any = object()
+
+
 def _matches_any(patterns: tuple[str, ...]) -> Callable[[str], bool]:
     """Whether a topic name matches any of ``patterns``; verdicts are remembered per
     name (a link asks once per record it reads), up to :data:`TOPIC_VERDICTS_MAX` names."""
@@ -170,12 +197,7 @@ class OutLink:
         """Rule 1: whether this destination needs the publish ``rec``."""
         if not self.topic_matches(rec.topic):
             return False
-        if rec.origin:  # it arrived here by replication
-            if self.pass_through is None or not self.pass_through(rec.origin_group):
-                return False
-            if rec.origin == peer_instance or peer_instance in rec.path:
-                return False
-        return True
+        return not rec.origin or travels_on(self.pass_through, rec.origin, rec.origin_group, rec.path, peer_instance)
 
     @property
     def holds_persisted(self) -> bool:
@@ -241,6 +263,8 @@ class Replication:
         self.owned_queues = frozenset(
             q.name for q in config.queues if q.kind is not QueueKind.LOCAL and replicated(q.name)
         )
+        self._send = self._send_table()
+        self._receive = self._receive_table()
 
     # --- profile and rules -------------------------------------------------------------
 
@@ -389,36 +413,65 @@ class Replication:
                     self._queue_removal(link, rec.expired_queue, [rec.expired_position], "expire", payloads)
             else:
                 in_run = False
-                if type(rec) is records.SowDeletedRec:
-                    self._sow_delete(link, rec, payload, peer, payloads)
-                elif self.owned_queues and getattr(rec, "queue", None) in self.owned_queues:
-                    self._queue_record(link, rec, payload, peer, payloads)
+                send = self._send.get(type(rec), _NO_ROUTE)
+                if send is _NO_ROUTE:
+                    raise errors.JournalError(f"replication to {link.name}: no route for {type(rec).__name__}")
+                if send is not None:
+                    send(link, rec, payload, peer, payloads)
         through = end if last is None else self._journal.position_after(last)
         return p.Batch(through=through, records=payloads)
 
-    _REMOVALS = {records.AckedRec: "ack", records.DeliveredRec: "deliver", records.ConsumerAckedRec: "ack"}
-    _QUEUE_RECORDS = (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec,
-                      records.ConsumerReplicatedRec)
-    _CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec)
+    @property
+    def routed(self) -> tuple[frozenset[type], frozenset[type]]:
+        """The record types (other than a publish) with a row in the send table and in
+        the receive table."""
+        return frozenset(self._send), frozenset(self._receive)
 
-    def _queue_record(self, link: OutLink, rec, payload: bytes, peer: str, payloads: list[bytes]) -> None:
-        """Rule 6: what a replicated queue's record means to the other copies of the
-        queue: removals named by identity, and the ownership records as they are."""
-        if not link.topic_matches(rec.queue):
+    def _send_table(self) -> dict[type, Send | None]:
+        """What each kind of record (other than a publish) sends to a destination, one
+        row per type, None for "nothing" (rules 6-8); a type with no row stops the link."""
+        table: dict[type, Send | None] = dict.fromkeys(
+            (records.LeasedRec, records.CancelledRec, records.ReturnedRec, records.BarrierRec, records.ReceivedRec))
+        table[records.SowDeletedRec] = self._sow_delete
+        for t in (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec,
+                  records.ConsumerReplicatedRec):
+            table[t] = self._ownership_record
+        table[records.ExpiredRec] = self._expired_record
+        for removal in (records.AckedRec, records.DeliveredRec, records.ConsumerAckedRec, records.ConsumerLeasedRec,
+                        records.ConsumerClaimedRec):
+            table[removal] = self._removal_record
+        return table
+
+    def _owned(self, link: OutLink, queue: str) -> bool:
+        """Rule 6: a record of a queue whose messages follow ownership, replicated to ``link``."""
+        return queue in self.owned_queues and link.topic_matches(queue)
+
+    def _ownership_record(self, link: OutLink, rec: OwnershipRecord, payload: bytes, peer: str,
+                          payloads: list[bytes]) -> None:
+        """Rule 6: the ownership records (and a named consumer's replicated ones) travel
+        as they are."""
+        if not self._owned(link, rec.queue):
             return
-        t = type(rec)
-        if t in self._QUEUE_RECORDS:
-            if rec.origin:  # it arrived here by replication
-                if link.pass_through is None or not link.pass_through(rec.origin_group):
-                    return
-                if rec.origin == peer or peer in rec.path:
-                    return
-            payloads.append(payload)
-        elif t is records.ExpiredRec:
+        if rec.origin and not travels_on(link.pass_through, rec.origin, rec.origin_group, rec.path, peer):
+            return
+        payloads.append(payload)
+
+    def _expired_record(self, link: OutLink, rec: records.ExpiredRec, payload: bytes, peer: str,
+                        payloads: list[bytes]) -> None:
+        if self._owned(link, rec.queue):
             self._queue_removal(link, rec.queue, [rec.position], "expire", payloads)
-        elif t in self._REMOVALS:
-            self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[t], payloads)
-        if t in self._CONSUMER_RECORDS:
+
+    _REMOVALS = {records.AckedRec: "ack", records.DeliveredRec: "deliver", records.ConsumerAckedRec: "ack"}
+
+    def _removal_record(self, link: OutLink, rec: RemovalRecord, payload: bytes, peer: str,
+                        payloads: list[bytes]) -> None:
+        """Rule 6: a removal goes by identity; rule 7: a named consumer's record goes as
+        its replicated form (an ack of a named consumer is both)."""
+        if not self._owned(link, rec.queue):
+            return
+        if isinstance(rec, (records.AckedRec, records.DeliveredRec, records.ConsumerAckedRec)):
+            self._queue_removal(link, rec.queue, rec.positions, self._REMOVALS[type(rec)], payloads)
+        if not isinstance(rec, (records.AckedRec, records.DeliveredRec)):
             self._consumer_record(rec, payloads)
 
     def _consumer_record(self, rec, payloads: list[bytes]) -> None:
@@ -441,9 +494,7 @@ class Replication:
         if not link.topic_matches(rec.topic) or self.sow is None:
             return
         if rec.origin:  # it arrived here by replication: already by identity
-            if link.pass_through is None or not link.pass_through(rec.origin_group):
-                return
-            if rec.origin == peer or peer in rec.path:
+            if not travels_on(link.pass_through, rec.origin, rec.origin_group, rec.path, peer):
                 return
         else:
             named = [(k, ident) for k, p in zip(rec.keys, rec.positions) if (ident := self.sow.identify(p)) is not None]
@@ -539,15 +590,12 @@ class Replication:
                 if rec.txn_index == rec.txn_total - 1:
                     recorded += self._record_run(run, link, now)
                     run = []
-            elif t is records.ConsumerReplicatedRec:
+            else:
+                record = self._receive.get(t)
+                if record is None:
+                    raise errors.ProtocolError(f"replication from {src.instance}: a {t.__name__} is not replicated")
                 received += 1
-                recorded += self._record_consumer_record(rec, src)
-            elif t in self._QUEUE_RECORDS:
-                received += 1
-                recorded += self._record_queue_record(rec, src, now)
-            elif t is records.SowDeletedRec:
-                received += 1
-                recorded += self._record_sow_delete(rec, src, now)
+                recorded += record(rec, src, now)
         if plain:
             received += len(plain)
             recorded += self._record_plain(plain, plain_bytes, link, now)
@@ -569,7 +617,7 @@ class Replication:
         """A record other than a publish as it is kept here: with its origin and path;
         None when it has been here before (rule 5)."""
         origin = rec.origin or src.instance
-        if origin == self.instance or self.instance in rec.path:
+        if came_back(self.instance, origin, rec.path):
             return None
         path = [*rec.path, src.instance] if rec.origin else [src.instance]
         return msgspec.structs.replace(rec, origin=origin, origin_group=rec.origin_group or src.group, path=path)
@@ -585,7 +633,18 @@ class Replication:
         self._journal.append(records.encode(rec))
         return 1
 
-    def _record_consumer_record(self, rec: records.ConsumerReplicatedRec, src: p.Profile) -> int:
+    def _receive_table(self) -> dict[type, Receive]:
+        """How each kind of record (other than a publish) is recorded here when it arrives
+        (rules 6-8); a type with no row is a protocol error of the peer."""
+        return {
+            records.QueueRemovedRec: self._record_queue_record,
+            records.TransferRequestRec: self._record_queue_record,
+            records.TransferRec: self._record_queue_record,
+            records.ConsumerReplicatedRec: self._record_consumer_record,
+            records.SowDeletedRec: self._record_sow_delete,
+        }
+
+    def _record_consumer_record(self, rec: records.ConsumerReplicatedRec, src: p.Profile, now: float) -> int:
         """Rule 7: a named consumer's record, journaled with this instance's positions
         when it changed the consumer here."""
         rec = self._arrived(rec, src)
@@ -611,7 +670,7 @@ class Replication:
         another path, was resent, or its publisher failed over (rule 2)."""
         if not head.origin:
             arrival = link.arrival  # published at the source itself
-        elif head.origin == self.instance or self.instance in head.path:
+        elif came_back(self.instance, head.origin, head.path):
             return None
         else:
             src = link.profile
