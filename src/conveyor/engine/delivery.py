@@ -41,7 +41,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Semantics
@@ -53,9 +53,10 @@ from conveyor.engine.filters import compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue import AckOption, Consumer, Delivery
+from conveyor.engine.queue import AckOption, Consumer, Delivery, Event
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings, consumer_predicate
 from conveyor.engine.queue_events import Expired
+from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types
 from conveyor.protocol.options import parse_options
@@ -78,6 +79,7 @@ class QueueDelivery:
     def __init__(
         self, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,
         publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
+        entitled: Callable[[int, str], bool] | None = None,
     ) -> None:
         self._bindings = bindings
         self._journal = journal
@@ -96,7 +98,7 @@ class QueueDelivery:
         #: Acknowledgements are applied but not yet journaled (rule 6); an attribute, not
         #: a property: the engine reads it before every publish.
         self.acks_open = False
-        self._ack_events: list = []
+        self._ack_events: list[Event] = []
         self._ack_replies: list[tuple[int, bool, m.Ack]] = []  # (conn_id, wait for durability, ack)
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
         #: sent: the simulations learn each delivery when it is decided (None: off).
@@ -104,7 +106,7 @@ class QueueDelivery:
         #: ``entitled(conn_id, queue)``: whether that connection's user may consume the
         #: queue (engine/entitlements.py). A barrier goes only to entitled recipients;
         #: the others still wait for it, as for a content filter that does not match.
-        self.entitled: Callable[[int, str], bool] | None = None
+        self.entitled = entitled
 
     # --- dirtiness (rule 1) -------------------------------------------------------------
 
@@ -130,7 +132,8 @@ class QueueDelivery:
             self._dirty.add(binding)
         self._attached[consumer.key] = _Attachment(consumer, tuple(names))
 
-    def replace(self, consumer: Consumer, names: list[str], flt: Any, max_backlog: int, now: float) -> None:
+    def replace(self, consumer: Consumer, names: list[str], flt: Expression | None, max_backlog: int,
+                now: float) -> None:
         """``subscribe`` with replace (spec 000, "Replacing Queue Subscriptions"): atomic;
         leases and the outstanding count stay; queues left behind deliver nothing more but
         still take the acknowledgements of what they leased."""
@@ -265,7 +268,10 @@ class QueueDelivery:
         return out
 
     def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool) -> tuple[int, m.Message]:
-        conn_id, sub_id = consumer.key
+        if TYPE_CHECKING:  # a subscription's key (subscribing.py); no cast call at run time: once a message
+            conn_id, sub_id = cast("tuple[int, str]", consumer.key)
+        else:
+            conn_id, sub_id = consumer.key
         entry = self._cache.get(d.position)
         msg = m.Message(
             topic=name,
@@ -307,7 +313,7 @@ class QueueDelivery:
 
     # --- records (rule 4) --------------------------------------------------------------------
 
-    def journal_events(self, binding: QueueBinding, events, now: float) -> None:
+    def journal_events(self, binding: QueueBinding, events: list[Event], now: float) -> None:
         """Journal the queue's events: one record per kind, each expiry with its dead letters."""
         if not events:
             return
@@ -354,16 +360,16 @@ class QueueDelivery:
                 expired_reasons=",".join(reasons) if first else "",
             ))
 
-    def removed_elsewhere(self, binding: QueueBinding, events) -> None:
+    def removed_elsewhere(self, binding: QueueBinding, events: list[Event]) -> None:
         """Messages left the queue on another instance (replicated queues): nothing to
         journal here (the record that said so is), but backlog may be free."""
         self.mark_all()
 
     # --- time ------------------------------------------------------------------------------------
 
-    def expire_due(self, now: float) -> list[tuple[QueueBinding, list]]:
+    def expire_due(self, now: float) -> list[tuple[QueueBinding, list[Event]]]:
         """Lease and message expiry due at ``now``, journaled; the events per queue."""
-        out = []
+        out: list[tuple[QueueBinding, list[Event]]] = []
         for binding in self._bindings:
             queue = binding.queue
             deadline = queue.next_deadline()
@@ -405,6 +411,7 @@ class QueueDelivery:
             result = queue.acknowledge(positions, by=conn_id, option=option, now=now)
         elif cmd.filter:
             predicate = consumer_predicate(compile_filter(cmd.filter))
+            assert predicate is not None  # a filter that is not empty compiles to one (or raises)
             self._open_acks(binding, option, now)
             result = queue.acknowledge_matching(predicate, by=conn_id, option=option, now=now)
         else:
@@ -462,7 +469,7 @@ class QueueDelivery:
         skip_n = (opts.get("skip_n") if opts else None) or 0
         flt = compile_filter(cmd.filter)
         qid = cmd.query_id or cmd.cid
-        out = [m.GroupBegin(query_id=qid, cid=cmd.cid)]
+        out: list[m.GroupBegin | m.Message | m.GroupEnd] = [m.GroupBegin(query_id=qid, cid=cmd.cid)]
         returned = skipped = 0
         cache = self._cache
         for pos in binding.queue.available():

@@ -40,11 +40,12 @@ bookkeeping. Rules:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import msgspec
 
 from conveyor import records
+from conveyor.config.model import TransactionLog
 from conveyor.engine.fingerprints import FingerprintWindow
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
@@ -77,7 +78,10 @@ class PendingPublish(msgspec.Struct, frozen=True, gc=False):
 
 
 class PublishLog:
-    def __init__(self, journal: JournalPort, transaction_log: Any) -> None:
+    def __init__(self, journal: JournalPort, transaction_log: TransactionLog | None, *,
+                 track_persisted: bool = False) -> None:
+        """``track_persisted``: some destination is sync, so a publish is persisted only
+        once that destination holds it too (rule 4)."""
         self._journal = journal
         self._tlog = transaction_log
         self._highest: dict[int, int] = {}
@@ -91,7 +95,7 @@ class PublishLog:
         # order the runs were opened; each publisher's run that still takes publishes.
         self._unpersisted: deque[list[int]] = deque()
         self._open_runs: dict[int, list[int]] = {}
-        self.track_persisted = False
+        self.track_persisted = track_persisted
         self.fingerprints = FingerprintWindow()
         self.applied_end: int = journal.first_position
 
@@ -135,6 +139,7 @@ class PublishLog:
     def _note(self, publisher: int, seq: int) -> None:
         """``seq`` is recorded now: move the highest, or fill a hole."""
         highest = self._highest.get(publisher, 0)
+        holes: list[list[int]] | None
         if seq > highest:
             if seq > highest + 1:
                 holes = self._holes.setdefault(publisher, [])

@@ -150,7 +150,7 @@ from conveyor.engine.queue_events import (
 )
 from conveyor.engine.queue_leases import LeaseTable
 from conveyor.engine.queue_order import DeliveryOrder
-from conveyor.engine.queue_paging import PageFile
+from conveyor.engine.queue_paging import PageFile, PagedMessageStore
 from conveyor.engine.queue_priority import KEY_END, POSITION_MASK, order_key, priority_of_key
 from conveyor.engine.queue_recovery import QueueReplayer
 from conveyor.engine.queue_seats import Seat, Seats
@@ -228,6 +228,17 @@ class QueueCounters:
         "enqueued", "delivered", "acknowledged", "expired", "expired_leases", "returned",
         "cancelled", "filter_errors", "barriers_delivered", "transferred_in", "transferred_out",
     )
+    enqueued: int
+    delivered: int
+    acknowledged: int
+    expired: int
+    expired_leases: int
+    returned: int
+    cancelled: int
+    filter_errors: int
+    barriers_delivered: int
+    transferred_in: int
+    transferred_out: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -595,7 +606,8 @@ class Queue:
         if self._at_least_once:
             self._move(p, Verb.LEASE, _AVAILABLE)
             t = self._order.take(key)
-            deadline: float | None = now + self._lease_period
+            deadline: float | None
+            deadline = now + self._lease_period
             n = self._leases.lease(p, seat, deadline, t, key, True)
         else:
             self._move(p, Verb.DELIVER, _AVAILABLE)
@@ -659,6 +671,7 @@ class Queue:
         """One position of an acknowledgement, by where the message is (rules 3 and 5)."""
         leases = self._leases
         lease = leases.leased.get(p)
+        seat: Seat | None
         if lease is not None:
             seat = lease.seat
             if self._strict and by is not None and by != seat.consumer.owner:
@@ -962,9 +975,13 @@ class Queue:
         if self._expiration is not None:
             store, expiration = self._order.store, self._expiration
             while store:
-                if now < store.head_time() + expiration:
+                head_time = store.head_time()
+                assert head_time is not None  # the store is not empty
+                if now < head_time + expiration:
                     break
-                p = store.head()
+                head = store.head()
+                assert head is not None
+                p = head
                 self._move(p, Verb.EXPIRE, _AVAILABLE)
                 self._order.remove(p)
                 self._expire_gone(p, _TIME_LIMIT, events)
@@ -991,8 +1008,11 @@ class Queue:
             return -math.inf
         deadline = self._leases.next_deadline()
         store = self._order.store
+        t: float | None
         if self._expiration is not None and store:
-            t = store.head_time() + self._expiration
+            head_time = store.head_time()
+            assert head_time is not None  # the store is not empty
+            t = head_time + self._expiration
             deadline = t if deadline is None else min(deadline, t)
         if self._stamped:
             t = self._stamped.next_deadline()
@@ -1050,9 +1070,13 @@ class Queue:
         if self._leases.leased:
             low.append(min(self._leases.leased))
         if self._window.inactive:
-            low.append(self._window.refill_from())
+            refill_from = self._window.refill_from()
+            assert refill_from is not None  # messages are inactive
+            low.append(refill_from)
         if self._elsewhere:
-            low.append(self._elsewhere.first())
+            first = self._elsewhere.first()
+            assert first is not None  # messages are elsewhere
+            low.append(first)
         if low:
             return min(low)
         return max(self._start, self._last_position + 1)
@@ -1073,7 +1097,9 @@ class Queue:
             lease_start = min(lease.deadline for lease in leased.values()) - self._lease_period
         oldest = [lease.published_at for lease in leased.values()]
         if store:
-            oldest.append(store.head_time())
+            head_time = store.head_time()
+            assert head_time is not None  # the store is not empty
+            oldest.append(head_time)
         cfg = self.config
         return QueueStats(
             name=cfg.name,
@@ -1103,7 +1129,7 @@ class Queue:
         leases, order = self._leases, self._order
         priorities = order.priorities() if self._priority else {}
         barriers = set(order.barriers)
-        rows = []
+        rows: list[MessageDetail] = []
         truncated = False
         for p, t in order.store.items():
             if limit is not None and len(rows) >= limit:
@@ -1198,7 +1224,9 @@ class Queue:
     def paged_chunks(self) -> int:
         """Chunks of available messages paged out to the page file (FileBackedMetadata)."""
         store = self._order.store
-        return store.paged_chunks if store.page_generation is not None else 0
+        if isinstance(store, PagedMessageStore) and store.page_generation is not None:
+            return store.paged_chunks  # only a paged store has a page generation
+        return 0
 
     # --- TargetQueueDepth (queue_window) ----------------------------------------------------
 

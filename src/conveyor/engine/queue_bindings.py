@@ -22,7 +22,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Iterator, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Config, QueueConfig, topic_matcher
@@ -33,13 +33,17 @@ from conveyor.engine.filters import compile_filter, filter_cost_ticks
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import Queue
 from conveyor.engine.routes import RouteCache
+from conveyor.expr import Expression
+
+if TYPE_CHECKING:
+    from conveyor.engine.ownership import QueueOwnership
 
 log = logging.getLogger("conveyor.engine")
 
 View = tuple[Entry, int]  # what a queue's load() returns: the message and its position
 
 
-def consumer_predicate(flt: Any) -> Callable[[View, float], bool] | None:
+def consumer_predicate(flt: Expression | None) -> Callable[[object, float], bool] | None:
     """A consumer's (or a ``sow_delete``'s) filter as the queue calls it (rule 3)."""
     if flt is None:
         return None
@@ -48,11 +52,14 @@ def consumer_predicate(flt: Any) -> Callable[[View, float], bool] | None:
         entry, position = view
         return flt.matches(entry.decoded(), entry.meta(format_bookmark(entry.publisher, entry.seq, position), now))
 
-    predicate.cost_ticks = filter_cost_ticks(flt)  # what queue dispatch charges the turn (queue rule 12)
-    return predicate
+    # what queue dispatch charges the turn (queue rule 12; queue_seats reads it with getattr)
+    setattr(predicate, "cost_ticks", filter_cost_ticks(flt))
+    # The queue calls its filters with what its load() returns, typed ``object`` there:
+    # for a queue a QueueBinding built, a View.
+    return cast("Callable[[object, float], bool]", predicate)
 
 
-def _compiled(qc: QueueConfig, element: str, text: str | None):
+def _compiled(qc: QueueConfig, element: str, text: str | None) -> Expression | None:
     try:
         return compile_filter(text)
     except errors.BadFilter as exc:
@@ -73,7 +80,7 @@ class QueueBinding:
         self.plain = not (config.filter or config.priority or config.barrier_expression)
         self.barrier_until = 0  # journal end when this queue's last barrier batch was made
         self.snapshot_events_from: int | None = None  # FileBackedMetadata: events below are in the snapshot
-        self.ownership = None  # a replicated queue's QueueOwnership (engine/ownership.py)
+        self.ownership: QueueOwnership | None = None  # a replicated queue's QueueOwnership (engine/ownership.py)
 
         def load(position: int) -> View:
             return cache.get(position), position
@@ -159,7 +166,7 @@ class QueueBindings:
             if qc.default_publish_target and qc.default_publish_target != qc.name:
                 self._targets[qc.name] = qc.default_publish_target
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[QueueBinding]:
         return iter(self.by_name.values())
 
     def __len__(self) -> int:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from conveyor import errors
 from conveyor.config.model import is_regex_topic, topic_matcher
@@ -50,15 +50,21 @@ from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.topics import Topics
 from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types
-from conveyor.protocol.options import parse_options
+from conveyor.expr import Expression
+from conveyor.protocol.options import Options, parse_options
+
+if TYPE_CHECKING:
+    from conveyor.engine.state_of_world import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
 
 
 class Subscriptions:
     def __init__(self, bindings: QueueBindings, topics: Topics, delivery: QueueDelivery, outbox: Outbox,
-                 journal: JournalPort, records: Any = None, recorded: Callable[[str], bool] = lambda topic: True, *,
-                 subscriptions_max: int | None = None) -> None:
+                 journal: JournalPort, records: StateOfTheWorld | None = None, recorded: Callable[[str], bool] = lambda topic: True, *,
+                 subscriptions_max: int | None = None,
+                 describe: Callable[[Session], str] = lambda session: f"connection {session.conn_id}") -> None:
+        """``describe(session)``: how log lines name the client (the engine adds its name)."""
         self._records = records  # the StateOfTheWorld: RECORDS subscriptions
         self._recorded = recorded  # whether the transaction log records a topic (rule 5)
         self.subscriptions_max = subscriptions_max  # rule 8, per connection (None: no limit)
@@ -67,13 +73,14 @@ class Subscriptions:
         self._delivery = delivery
         self._outbox = outbox
         self._journal = journal
-        self.describe = lambda session: f"connection {session.conn_id}"  # the engine names the client
+        self.describe = describe
 
     def subscribe(self, session: Session, cmd: m.Subscribe | m.SowAndSubscribe, now: float) -> None:
         opts = parse_options("sow_and_subscribe" if isinstance(cmd, m.SowAndSubscribe) else "subscribe", cmd.options)
         acks = ack_types(cmd.ack_type)
         sub_id = cmd.sub_id or cmd.cid or session.new_sub_id()
         warning = None  # rule 6: told to the client in the success ack's reason
+        sub: SessionSubscription | None
         if opts.has("replace"):
             self._replace(session, sub_id, cmd, opts, now)
         else:
@@ -131,18 +138,23 @@ class Subscriptions:
         return names
 
     @staticmethod
-    def _topic_matcher(session: Session, topic: str, permission: Permission):
+    def _topic_matcher(session: Session, topic: str, permission: Permission) -> Callable[[str], bool]:
         """Rule 7 for topics: a literal topic is checked now; a regex one per topic, by
         the session's grants of the moment (a reload takes effect at once)."""
-        base = topic_matcher(topic)
+        base: Callable[[str], bool] = topic_matcher(topic)
         if not session.restricted:
             return base
         if not is_regex_topic(topic):
             session.grants.check(permission, topic)
             return base
-        return lambda name, _base=base, _s=session, _p=permission: _base(name) and _s.grants.allows(_p, name)
 
-    def _subscribe_queue(self, session: Session, sub_id: str, cmd, flt, requested, names: list[str], now: float) -> None:
+        def matches(name: str, _base: Callable[[str], bool] = base, _s: Session = session,
+                    _p: Permission = permission) -> bool:
+            return _base(name) and _s.grants.allows(_p, name)
+        return matches
+
+    def _subscribe_queue(self, session: Session, sub_id: str, cmd: m.Subscribe | m.SowAndSubscribe,
+                         flt: Expression | None, requested: int | None, names: list[str], now: float) -> None:
         configs = [self._bindings.by_name[n].config for n in names]
         consumer = Consumer(
             key=(session.conn_id, sub_id),
@@ -155,16 +167,21 @@ class Subscriptions:
         )
         self._delivery.attach(consumer, names, now)
 
-    def _replay_matcher(self, session: Session, topic: str, names: list[str]):
+    def _replay_matcher(self, session: Session, topic: str, names: list[str]) -> Callable[[str], bool]:
         """Which recorded topics a replay of ``topic`` reads: a queue's underlying
         topics when ``topic`` names queues (rule 2; ``names`` are those the session
         may replay), else ``topic`` itself as far as the session may replay it (rule 7)."""
         if not names:
             return self._topic_matcher(session, topic, Permission.REPLAY)
-        matchers = [topic_matcher(self._bindings.by_name[n].config.underlying) for n in names]
-        return lambda t, _ms=matchers: any(mt(t) for mt in _ms)
+        matchers: list[Callable[[str], bool]] = [topic_matcher(self._bindings.by_name[n].config.underlying)
+                                                 for n in names]
 
-    def _subscribe_replay(self, session: Session, sub_id: str, cmd, flt, bookmark: str, names: list[str]) -> None:
+        def matches(t: str, _ms: list[Callable[[str], bool]] = matchers) -> bool:
+            return any(mt(t) for mt in _ms)
+        return matches
+
+    def _subscribe_replay(self, session: Session, sub_id: str, cmd: m.Subscribe | m.SowAndSubscribe,
+                          flt: Expression | None, bookmark: str, names: list[str]) -> None:
         start = parse_replay_start(bookmark)
         matches = self._replay_matcher(session, cmd.topic, names)  # entitled first (rule 7)
         if not names and not is_regex_topic(cmd.topic) and not self._recorded(cmd.topic):  # rule 5
@@ -191,7 +208,8 @@ class Subscriptions:
         session.subs[sub_id] = sub
         self._topics.add(sub)
 
-    def _replace(self, session: Session, sub_id: str, cmd, opts, now: float) -> None:
+    def _replace(self, session: Session, sub_id: str, cmd: m.Subscribe | m.SowAndSubscribe, opts: Options,
+                 now: float) -> None:
         sub = session.subs.get(sub_id)
         if sub is None:
             raise errors.UnknownSubscription(f"no subscription {sub_id!r} to replace")
@@ -236,6 +254,7 @@ class Subscriptions:
         if sub.kind is SubKind.QUEUE:
             self._delivery.detach(sub.consumer, now)
         elif sub.kind is SubKind.RECORDS:
+            assert self._records is not None  # only the StateOfTheWorld makes RECORDS subscriptions
             self._records.remove(sub)
         else:
             self._topics.remove(sub)

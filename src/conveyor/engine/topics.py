@@ -31,7 +31,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Container
+from typing import Callable, Container
 
 from conveyor import errors, records
 from conveyor.engine.bookmarks import format_bookmark
@@ -42,6 +42,7 @@ from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
 from conveyor.engine.sessions import SessionSubscription
+from conveyor.expr import Expression
 from conveyor.expr.limits import regex_cost_ticks_max
 from conveyor.protocol import messages as m
 
@@ -73,7 +74,7 @@ class _FanOut:
 
 
 @lru_cache(maxsize=4096)
-def _filter_ticks(flt) -> int:
+def _filter_ticks(flt: Expression | None) -> int:
     return filter_cost_ticks(flt)
 
 
