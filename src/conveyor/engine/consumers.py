@@ -74,7 +74,7 @@ import logging
 import math
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Iterable, NotRequired, TypedDict
 
 import msgspec
 
@@ -85,7 +85,7 @@ from conveyor.engine.cache import MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
-from conveyor.engine.queue import AckOption, TakeBack
+from conveyor.engine.queue import AckOption, Consumer, Event, TakeBack
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 from conveyor.engine.queue_events import Acknowledged, LeaseExpired
 from conveyor.protocol import messages as m
@@ -101,6 +101,19 @@ GONE = -1
 
 CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec,
                     records.ConsumerReplicatedRec)
+ConsumerRecord = (records.ConsumerLeasedRec | records.ConsumerAckedRec | records.ConsumerClaimedRec
+                  | records.ConsumerReplicatedRec)
+
+
+class NamedConsumerState(TypedDict):
+    """One named consumer in the checkpoint (rule 6); older checkpoints lack the last two."""
+
+    d: int
+    acked: int
+    epoch: int
+    positions: list[int]
+    claim_d: NotRequired[int]
+    token: NotRequired[str]
 
 
 class NamedConsumer:
@@ -118,7 +131,7 @@ class NamedConsumer:
         self.claim_d = 0  # D when the current epoch was claimed (rule 8)
         self.token = ""
         self.positions = array("q")  # positions[i]: message of delivery A + 1 + i
-        self.consumer = None  # the queue's Consumer, made on first live use
+        self.consumer: Consumer | None = None  # the queue's Consumer, made on first live use
         self.leased = 0  # counters since start
         self.reoffered = 0
         self.taken_back = 0
@@ -127,13 +140,13 @@ class NamedConsumer:
     def position(self, d: int) -> int:
         return self.positions[d - self.acked - 1]
 
-    def export_state(self) -> dict:
+    def export_state(self) -> NamedConsumerState:
         """What the checkpoint keeps (rule 6)."""
         return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "claim_d": self.claim_d, "token": self.token,
                 "positions": list(self.positions)}
 
     @classmethod
-    def from_state(cls, queue: str, name: str, state: dict) -> NamedConsumer:
+    def from_state(cls, queue: str, name: str, state: NamedConsumerState) -> NamedConsumer:
         c = cls(queue, name)
         c.d, c.acked, c.epoch, c.token = state["d"], state["acked"], state["epoch"], state.get("token", "")
         c.positions = array("q", state["positions"])
@@ -190,7 +203,9 @@ class NamedConsumers:
 
     # --- commands ------------------------------------------------------------------------
 
-    def handle(self, conn: int, cmd, now: float) -> None:
+    def handle(self, conn: int, cmd: m.Command, now: float) -> None:
+        result: (replies.HeadReply | replies.ConsumerInfoReply | replies.ClaimReply | replies.LeaseReply
+                 | replies.AckThroughReply | replies.ExtendReply | replies.ReclaimReply)
         match cmd:
             case m.Fetch():
                 self._fetch(conn, cmd)
@@ -306,7 +321,7 @@ class NamedConsumers:
         del c.positions[:n]
         c.acked = cmd.d
         self._delivery.mark(binding)
-        if any(key[0] != "named" for key in result.freed):
+        if any(not isinstance(key, tuple) or key[0] != "named" for key in result.freed):
             # a lapsed delivery acked in another subscriber's hands frees its backlog
             self._delivery.mark_all()
         return replies.AckThroughReply(acked=c.acked)
@@ -328,7 +343,7 @@ class NamedConsumers:
                     "instance before the delivery arrived from the instance that made it: read the range there, "
                     "or acknowledge past it", lo=cmd.lo, hi=cmd.hi,
                 )
-        out = []
+        out: list[m.Message | m.Ack] = []
         for d in range(cmd.lo + 1, cmd.hi + 1):
             p = c.position(d)
             entry = self._cache.get(p)  # the journal keeps the body: retention_floor
@@ -403,7 +418,7 @@ class NamedConsumers:
                 lo=lo, hi=hi, acked=c.acked,
             )
 
-    def _seat(self, c: NamedConsumer):
+    def _seat(self, c: NamedConsumer) -> Consumer:
         if c.consumer is None:
             c.consumer = self._bindings.by_name[c.queue].queue.named_consumer(c.name)
         return c.consumer
@@ -413,7 +428,7 @@ class NamedConsumers:
             return None
         return binding.priority_of(self._cache.get(position))
 
-    def count_expiries(self, binding: QueueBinding, events) -> None:
+    def count_expiries(self, binding: QueueBinding, events: Iterable[Event]) -> None:
         """Statistics: which lease expiries were named consumers'."""
         if not self._named:
             return
@@ -429,8 +444,8 @@ class NamedConsumers:
 
     # --- checkpoint, retention, recovery ------------------------------------------------
 
-    def export_state(self) -> dict:
-        out: dict = {}
+    def export_state(self) -> dict[str, dict[str, NamedConsumerState]]:
+        out: dict[str, dict[str, NamedConsumerState]] = {}
         for (queue, name), c in self._named.items():
             out.setdefault(queue, {})[name] = c.export_state()
         return out
@@ -443,14 +458,14 @@ class NamedConsumers:
         """The lowest position an unacked delivery needs (fetch reads it from the log)."""
         return min((p for c in self._named.values() for p in c.positions if p != GONE), default=None)
 
-    def restore(self, state: dict, position: int = 0) -> None:
+    def restore(self, state: dict[str, dict[str, NamedConsumerState]], position: int = 0) -> None:
         """The checkpoint's consumers, whose state holds every record below ``position``."""
         self._restored_below = position
         for queue, consumers in state.items():
             for name, s in consumers.items():
                 self._named[(queue, name)] = NamedConsumer.from_state(queue, name, s)
 
-    def replay(self, pos: int, rec, now: float, point: int, since: int | None) -> None:
+    def replay(self, pos: int, rec: ConsumerRecord, now: float, point: int, since: int | None) -> None:
         """Rule 6: the consumer's own state, then the record's effect on the queue.
         ``point``: the queue's recovery point; ``since``: the events_from of a restored
         FileBackedMetadata snapshot (None: no snapshot)."""
@@ -477,7 +492,7 @@ class NamedConsumers:
         if binding.config.target_queue_depth is not None:
             binding.refill(self._journal, upto=pos)
 
-    def _replay_state(self, rec) -> None:
+    def _replay_state(self, rec: ConsumerRecord) -> None:
         key = (rec.queue, rec.consumer)
         c = self._named.get(key)
         if c is None:
@@ -526,7 +541,7 @@ class NamedConsumers:
                               rec.consumer, rec.queue, rec.n, rec.origin, c.d if c is not None else 0)
                 return None
             own = binding.ownership
-            positions = []
+            positions: list[int] = []
             for ident in zip(rec.publishers, rec.seqs):
                 p = own.position_recorded(ident)
                 if p is None and pending is not None:

@@ -29,9 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
 from conveyor.engine.queue_state import MessageState
+
+if TYPE_CHECKING:
+    from conveyor.engine.core import Engine
+    from conveyor.engine.sessions import Session, SessionSubscription
 
 #: :meth:`Queue.explain` counts the available messages ahead of one up to this many.
 AHEAD_COUNT_MAX = 100_000
@@ -190,7 +194,8 @@ def explain(
     return done("backlog_full", "every subscriber whose filter matches has a full backlog")
 
 
-def _subscriber(s: SeatFacts, client_of, filter_of) -> SubscriberView:
+def _subscriber(s: SeatFacts, client_of: Callable[[Hashable], str | None],
+                filter_of: Callable[[Hashable], str | None]) -> SubscriberView:
     text = filter_of(s.key)
     label = consumer_label(s.key)
     if s.named:
@@ -212,7 +217,7 @@ def _iso(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def explain_message(engine: Any, queue: str, bookmark: str, now: float) -> Explanation:
+def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Explanation:
     """The engine's view: resolve ``bookmark`` (a bookmark or a bare position), ask the
     queue, name the subscribers. Raises UnknownTopic / BadBookmark."""
     from conveyor import errors
@@ -230,24 +235,25 @@ def explain_message(engine: Any, queue: str, bookmark: str, now: float) -> Expla
             raise errors.BadBookmark(f"{bookmark!r} is not one message's bookmark")
         position = positions[0]
     facts = binding.queue.explain(position, now)
-    sessions: Mapping[int, Any] = engine.sessions
+    sessions: Mapping[int, Session] = engine.sessions
 
-    def session_sub(key):
+    def session_sub(key: Hashable) -> tuple[Session | None, SessionSubscription | None]:
         if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int):
             session = sessions.get(key[0])
             if session is not None:
                 return session, session.subs.get(key[1])
         return None, None
 
-    def client_of(key):
+    def client_of(key: Hashable) -> str | None:
         if isinstance(key, tuple) and key and key[0] == "named":
             return f"named consumer {key[1]}"
         session, _ = session_sub(key)
         return session.client_name if session is not None else None
 
-    def filter_of(key):
+    def filter_of(key: Hashable) -> str | None:
         _, sub = session_sub(key)
         flt = getattr(sub, "filter", None) if sub is not None else None
-        return getattr(flt, "source", None) if flt is not None else None
+        source: str | None = getattr(flt, "source", None) if flt is not None else None
+        return source
 
     return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of)

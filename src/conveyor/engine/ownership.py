@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from typing import Any, Callable, Collection
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 import msgspec
 
@@ -66,6 +66,12 @@ from conveyor.engine import queue_snapshot
 from conveyor.engine.queue import Event, Queue
 from conveyor.engine.queue_events import Acknowledged, BarrierDelivered, DeliveredAtMostOnce, Expired
 from conveyor.engine.ports import JournalPort
+
+if TYPE_CHECKING:
+    from conveyor.config.model import QueueConfig
+    from conveyor.engine.cache import MessageCache
+    from conveyor.engine.delivery import QueueDelivery
+    from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 
 _GONE = (Acknowledged, Expired, DeliveredAtMostOnce, BarrierDelivered)
 
@@ -84,6 +90,12 @@ TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per que
 LEFT_MAX = 10_000
 
 Ident = tuple[int, int]  # (publisher, seq)
+#: The records of a replicated queue's ownership that replication carries (rules 3-5).
+QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
+#: One queue's tombstones and transfers as a checkpoint and a snapshot keep them: JSON
+#: rows of mixed types, ``tombstones`` [publisher, seq, kind, when] (an older version
+#: has no ``when``) and ``epochs`` [publisher, seq, epoch, owner, granter].
+OwnershipState = dict[str, list[list[Any]]]
 
 
 class OwnershipStats(msgspec.Struct, frozen=True):
@@ -288,6 +300,7 @@ class QueueOwnership:
 
         # Requests in flight, oldest first: those unanswered for ``retry`` are asked again.
         again: list[tuple[Ident, int]] = []
+        ident: Ident | None
         for ident, (when, attempt) in requested.items():
             if now - when < retry:
                 due = when + retry
@@ -302,6 +315,7 @@ class QueueOwnership:
             if owner is None:  # it left, or came here: nothing more to ask
                 del requested[ident]
                 continue
+            assert position is not None  # it has an owner
             if askable(position, owner):
                 requested[ident] = (now, attempt + 1)
                 requested.move_to_end(ident)  # the order of when each was asked
@@ -345,12 +359,12 @@ class QueueOwnership:
         only when there may be something to claim."""
         if not self.proxied or not self.queue.elsewhere_count():
             return None
-        held = held()
+        held_positions = held()
         claims: list[tuple[Ident, int]] = []
         for position, away in self.queue.elsewhere():
             if n is not None and len(claims) >= n:
                 break
-            if position >= upto or position in held or reachable(away.owner):
+            if position >= upto or position in held_positions or reachable(away.owner):
                 continue
             ident = self._idents.get(position)
             if ident is not None:
@@ -444,13 +458,13 @@ class QueueOwnership:
 
     # --- checkpoints and statistics -------------------------------------------------------------
 
-    def export_state(self) -> dict:
+    def export_state(self) -> OwnershipState:
         return {
             "tombstones": [[p, s, k, t] for (p, s), (k, t) in self._tombstones.items()],
             "epochs": [[p, s, e, o, g] for (p, s), (e, o, g) in self._epochs.items()],
         }
 
-    def snapshot_fields(self) -> dict:
+    def snapshot_fields(self) -> dict[str, object]:
         """What the queue's snapshot adds for this part (queue_snapshot rule 6): the
         identity of every message in the queue, the transfers that decided their owners,
         the recent leavers."""
@@ -472,10 +486,11 @@ class QueueOwnership:
         self._left.update(zip(idents, positions))
         self.restore(snap.ownership, now)
 
-    def restore(self, state: dict, now: float) -> None:
+    def restore(self, state: OwnershipState, now: float) -> None:
         """Tombstones and transfers from a checkpoint or a snapshot (both may hold the
         same: the later removal and the higher epoch win)."""
         tombstones = self._tombstones
+        current: tuple[str, float] | tuple[int, str, str] | None
         for p, s, k, *when in state.get("tombstones", ()):
             # A checkpoint of an older version has no time: it counts from the restart.
             t = when[0] if when else now
@@ -500,8 +515,8 @@ class ReplicatedQueues:
     decides (requests, grants, proxied claims, settled conflicts), and names the
     messages of local queue records for the destinations (``identify``)."""
 
-    def __init__(self, instance: str, bindings: Any, journal: JournalPort, cache: Any, delivery: Any,
-                 reachable: Callable[[str], bool]) -> None:
+    def __init__(self, instance: str, bindings: QueueBindings, journal: JournalPort, cache: MessageCache,
+                 delivery: QueueDelivery, reachable: Callable[[str], bool]) -> None:
         self.instance = instance
         self._bindings = bindings
         self._journal = journal
@@ -509,9 +524,10 @@ class ReplicatedQueues:
         self._delivery = delivery
         self._reachable = reachable
         self.by_queue: dict[str, QueueOwnership] = {}
-        self._seen_requests: OrderedDict[tuple, None] = OrderedDict()
+        # (queue, requester, publisher, seq, attempt) of the requests answered
+        self._seen_requests: OrderedDict[tuple[str, str, int, int, int], None] = OrderedDict()
 
-    def add(self, binding: Any, config: Any) -> QueueOwnership:
+    def add(self, binding: QueueBinding, config: QueueConfig) -> QueueOwnership:
         own = QueueOwnership(self.instance, binding.queue, kind=config.kind, initial_owner=config.initial_owner,
                              deferred_ack_expiration_s=config.deferred_ack_expiration_s)
         self.by_queue[binding.name] = own
@@ -528,7 +544,7 @@ class ReplicatedQueues:
 
     # --- what replication brings ---------------------------------------------------------------
 
-    def received(self, rec, now: float):
+    def received(self, rec: QueueRecord, now: float) -> QueueRecord | None:
         """Apply a queue record from another instance; the record to journal here (it
         changed something, or it must travel on: a request narrowed to the messages not
         answered here), or None."""
@@ -543,8 +559,10 @@ class ReplicatedQueues:
                 return rec
             return None
         # a TransferRequestRec: each message's attempt is answered once, whatever the path
+        assert type(rec) is records.TransferRequestRec  # the other two returned above
         seen = self._seen_requests
         fresh = []
+        key: tuple[int, int, int] | tuple[str, str, int, int, int]
         for i, key in enumerate(zip(rec.publishers, rec.seqs, rec.attempts)):
             key = (rec.queue, rec.requester, *key)
             if key not in seen:
@@ -562,7 +580,7 @@ class ReplicatedQueues:
 
     def _remove(self, own: QueueOwnership, rec: records.QueueRemovedRec, now: float) -> bool:
         changed = False
-        left: list = []
+        left: list[Event] = []
         for ident in zip(rec.publishers, rec.seqs):
             events = own.removed(ident, rec.kind, now)
             if events is None:
@@ -609,6 +627,7 @@ class ReplicatedQueues:
         own = self.by_queue.get(queue)
         claim = own.claim_unreachable(n, upto, self._reachable, held) if own is not None else None
         if claim is not None:
+            assert own is not None  # it made the claim
             log.warning("queue %s: proxied transfer: taking %d message(s) whose owner is unreachable for a named "
                         "consumer's lease", queue, len(claim.seqs))
             self._journal_transfer(own, claim, now)
@@ -632,7 +651,7 @@ class ReplicatedQueues:
 
     # --- recovery ------------------------------------------------------------------------------------
 
-    def replay(self, rec, now: float) -> None:
+    def replay(self, rec: QueueRecord, now: float) -> None:
         own = self.by_queue.get(rec.queue)
         if own is None:
             return
@@ -642,10 +661,10 @@ class ReplicatedQueues:
         elif type(rec) is records.TransferRec:
             own.transfer(rec, now)
 
-    def export_state(self) -> dict:
+    def export_state(self) -> dict[str, OwnershipState]:
         return {name: own.export_state() for name, own in self.by_queue.items()}
 
-    def restore(self, state: dict, now: float) -> None:
+    def restore(self, state: dict[str, OwnershipState], now: float) -> None:
         for name, s in state.items():
             own = self.by_queue.get(name)
             if own is not None:

@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterable
 import msgspec
 
 from conveyor import errors, expr, records
-from conveyor.config.model import Config, SowTopicConfig, topic_matcher
+from conveyor.config.model import Config, SowTopicConfig, ViewConfig, topic_matcher
 from conveyor.engine.aggregation import Aggregation
 from conveyor.engine.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
@@ -82,6 +82,11 @@ from conveyor.protocol.messages import ack_types
 from conveyor.protocol.options import Options, parse_options
 
 log = logging.getLogger("conveyor.engine")
+
+#: A SOW query: ``sow``, or the query part of a ``sow_and_subscribe`` / ``sow_and_delta_subscribe``.
+SowQuery = m.Sow | m.SowAndSubscribe | m.SowAndDeltaSubscribe
+#: A subscription to a SOW topic's or view's records (with a query, or aggregated).
+RecordsSubscribe = m.Subscribe | m.DeltaSubscribe | m.SowAndSubscribe | m.SowAndDeltaSubscribe
 
 VIEWS_CLIENT_NAME = "views"  # the publisher of view records that feed queues (rule 5)
 _encode = msgspec.json.Encoder().encode
@@ -153,7 +158,7 @@ class StateOfTheWorld:
 
     # --- configuration ------------------------------------------------------------------------
 
-    def _build_view(self, vc) -> None:
+    def _build_view(self, vc: ViewConfig) -> None:
         if vc.joins:
             self._build_join_view(vc)
             return
@@ -167,7 +172,7 @@ class StateOfTheWorld:
         self._attach(source, aggregation)
         self._add_view(vc, aggregation)
 
-    def _build_join_view(self, vc) -> None:
+    def _build_join_view(self, vc: ViewConfig) -> None:
         """A view over left outer joins (engine/joins.py)."""
         join_topics = vc.underlying  # in join order, the driving topic first
         fields = tuple(rewrite_identifiers(f) for f in vc.projection)
@@ -188,7 +193,7 @@ class StateOfTheWorld:
             self._attach(topic, join.side(topic))
         self._add_view(vc, aggregation)
 
-    def _add_view(self, vc, aggregation: Aggregation) -> None:
+    def _add_view(self, vc: ViewConfig, aggregation: Aggregation) -> None:
         view = View(vc, aggregation)
         view.listeners.append(self._view_changed)
         self.views[vc.name] = view
@@ -428,7 +433,8 @@ class StateOfTheWorld:
     def begin_recovery(self) -> None:
         self._recovering = True
 
-    def recovered(self, position: int, rec, now: float) -> None:
+    def recovered(self, position: int, rec: records.PublishRec | records.PlainPublish | records.SowDeletedRec,
+                  now: float) -> None:
         """A record replayed by recovery: a publish with a SowKey, or a delete."""
         if type(rec) is records.SowDeletedRec:
             st = self.topics.get(rec.topic)
@@ -440,6 +446,7 @@ class StateOfTheWorld:
                                if k is not None]
                 self._delete(rec.topic, victims, now)
             return
+        assert not isinstance(rec, records.SowDeletedRec)  # it returned above
         topic = rec.topic
         out = self._outputs.get(topic)
         if out is not None and rec.sow_key:
@@ -532,7 +539,7 @@ class StateOfTheWorld:
 
     # --- queries (rule 3) -------------------------------------------------------------------------
 
-    def query(self, conn_id: int, cmd, now: float, *, sub: RecordSubscription | None = None,
+    def query(self, conn_id: int, cmd: SowQuery, now: float, *, sub: RecordSubscription | None = None,
               opts: Options | None = None) -> None:
         """A ``sow`` (or the query part of a ``sow_and_subscribe``) on a SOW topic or view."""
         if opts is None:
@@ -547,7 +554,7 @@ class StateOfTheWorld:
         topic = cmd.topic
         rows = self._rows(topic, cmd.sow_keys, now)
 
-        def matches(row) -> bool:
+        def matches(row: tuple[Any, Entry]) -> bool:
             return flt is None or flt.matches(row[1].decoded(), row[1].meta(None, now))
 
         chosen, hits, examined = select(
@@ -569,7 +576,7 @@ class StateOfTheWorld:
         outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
         self._query_acks(conn_id, cmd, qid, len(chosen), hits, examined)
 
-    def _query_acks(self, conn_id: int, cmd, qid: str | None, returned: int, hits: int, examined: int) -> None:
+    def _query_acks(self, conn_id: int, cmd: SowQuery, qid: str | None, returned: int, hits: int, examined: int) -> None:
         subscribing = not isinstance(cmd, m.Sow)
         for kind in ack_types(cmd.ack_type) & {"completed", "stats", "processed"}:
             if subscribing and kind == "processed":
@@ -617,6 +624,7 @@ class StateOfTheWorld:
                                        "not by bookmark (bookmarks acknowledge queue messages)")
         examined = 0
         victims: list[tuple[Any, int]] = []
+        position: int | None
         if cmd.filter:
             flt = _filter(cmd.filter, errors.BadFilter)
             load = self._cache.get
@@ -629,6 +637,7 @@ class StateOfTheWorld:
             if cmd.sow_keys:
                 keys = [st.parse_key(t.strip()) for t in cmd.sow_keys.split(",") if t.strip()]
             else:
+                assert cmd.data is not None  # the one form given (checked above)
                 try:
                     data = _decode(cmd.data)
                 except msgspec.DecodeError as exc:
@@ -658,7 +667,7 @@ class StateOfTheWorld:
 
     # --- subscriptions ------------------------------------------------------------------------------
 
-    def subscribe(self, session: Session, cmd, now: float, *, query: bool, is_delta: bool) -> None:
+    def subscribe(self, session: Session, cmd: RecordsSubscribe, now: float, *, query: bool, is_delta: bool) -> None:
         """``sow_and_subscribe`` / ``sow_and_delta_subscribe`` (``query``), ``delta_subscribe``
         or ``subscribe`` on a SOW topic or view; or any of them with projection and
         grouping (an aggregated subscription, on a queue too)."""
@@ -698,6 +707,7 @@ class StateOfTheWorld:
             sub.key_paths = self._key_paths(cmd.topic)
             self._render(cmd.topic, now)  # what changed before it subscribed is not news to it
             if query:
+                assert not isinstance(cmd, (m.Subscribe, m.DeltaSubscribe))  # a query is a sow_and_* command
                 self.query(session.conn_id, cmd, now, sub=sub, opts=opts)
             self._record_subs.setdefault(cmd.topic, []).append(sub)
         session.subs[sub_id] = SessionSubscription(
@@ -705,7 +715,7 @@ class StateOfTheWorld:
         )
         self._ack_subscribe(session, cmd, sub_id)
 
-    def _ack_subscribe(self, session: Session, cmd, sub_id: str) -> None:
+    def _ack_subscribe(self, session: Session, cmd: RecordsSubscribe, sub_id: str) -> None:
         acks = ack_types(cmd.ack_type)
         if "processed" in acks or not acks:
             self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=sub_id))
@@ -715,7 +725,7 @@ class StateOfTheWorld:
             return self.topics[topic].key_paths
         return self.views[topic].key_paths
 
-    def _replace(self, session: Session, sub_id: str, cmd, opts: Options, now: float, *, query: bool) -> None:
+    def _replace(self, session: Session, sub_id: str, cmd: RecordsSubscribe, opts: Options, now: float, *, query: bool) -> None:
         """reference G.1.2: the query runs again; records newly in scope are sent; with
         oof, records that no longer match get an oof."""
         held = session.subs.get(sub_id)
@@ -747,11 +757,13 @@ class StateOfTheWorld:
                 self._outbox.send(sub.conn_id, m.OutOfFocus(topic=sub.topic, sow_key=key_text(key), reason="match",
                                                             data=entry.data, sub_id=sub.sub_id))
 
-    def _subscribe_aggregated(self, session: Session, cmd, sub: RecordSubscription, projection, grouping,
+    def _subscribe_aggregated(self, session: Session, cmd: RecordsSubscribe, sub: RecordSubscription,
+                              projection: tuple[str, ...] | None, grouping: tuple[str, ...] | None,
                               now: float, *, query: bool, opts: Options) -> None:
         if not query:
             raise errors.InvalidOption("projection and grouping need sow, sow_and_subscribe or "
                                        "sow_and_delta_subscribe", option="projection")
+        assert not isinstance(cmd, (m.Subscribe, m.DeltaSubscribe))  # a query is a sow_and_* command
         aggregation = self._aggregation(cmd.topic, projection, grouping, sub.filter)
         agg_sub = AggregatedSubscription(sub, cmd.topic, aggregation)
         sub.filter = None  # it applied to the source messages (reference G.4)
@@ -764,7 +776,8 @@ class StateOfTheWorld:
         self._send_rows(session.conn_id, cmd, rows, opts, sub)
         self._aggregated.append(agg_sub)
 
-    def _aggregation(self, topic: str, projection, grouping, flt) -> Aggregation:
+    def _aggregation(self, topic: str, projection: tuple[str, ...] | None, grouping: tuple[str, ...] | None,
+                     flt: expr.Expression | None) -> Aggregation:
         if projection is None or grouping is None:
             raise errors.InvalidOption("an aggregated query needs both projection and grouping", option="projection")
         if topic not in self.topics and topic not in self.views and self._bindings.get(topic) is None:
@@ -786,7 +799,7 @@ class StateOfTheWorld:
         rows = [(view_key(domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None)) for g, r in aggregation.records()]
         self._send_rows(conn_id, cmd, rows, opts, None)
 
-    def _send_rows(self, conn_id: int, cmd, rows: list[tuple[int, Entry]], opts: Options,
+    def _send_rows(self, conn_id: int, cmd: SowQuery, rows: list[tuple[int, Entry]], opts: Options,
                    sub: RecordSubscription | None) -> None:
         top_n = cmd.top_n if cmd.top_n is not None else opts.get("top_n")
         skip_n = opts.get("skip_n") or 0
@@ -827,7 +840,7 @@ class StateOfTheWorld:
         return out
 
 
-def _view_projection(vc, fields: tuple[str, ...], grouping: tuple[str, ...]) -> Projection:
+def _view_projection(vc: ViewConfig, fields: tuple[str, ...], grouping: tuple[str, ...]) -> Projection:
     try:
         return Projection(fields, grouping)
     except expr.ExpressionError as exc:
@@ -835,7 +848,7 @@ def _view_projection(vc, fields: tuple[str, ...], grouping: tuple[str, ...]) -> 
                                  path=f"{vc.path}/Projection") from None
 
 
-def _filter(text: str | None, error):
+def _filter(text: str | None, error: Callable[[str], Exception]) -> expr.Expression | None:
     if not text:
         return None
     try:
@@ -846,7 +859,7 @@ def _filter(text: str | None, error):
         raise error(str(exc)) from None
 
 
-def _deterministic(flt) -> None:
+def _deterministic(flt: expr.Expression) -> None:
     from conveyor.expr.nodes import Call, walk
 
     for n in walk(flt.tree):
