@@ -44,6 +44,7 @@ DOCUMENTED_DEFAULT = Config(
             name="WorkToDo",
             message_type="json",
             underlying_topic="Work",
+            default_publish_target="Work",  # the default: a literal UnderlyingTopic
             semantics=Semantics.AT_LEAST_ONCE,  # named consumers (the Spark source) need it
             fairness=Fairness.PROPORTIONAL,
             path="AMPSConfig/SOW/Queue[1]",

@@ -251,8 +251,18 @@ def test_queue_defaults():
     assert queue.file_backed_metadata is False
     for attr in ("expiration_s", "max_backlog", "max_per_subscription_backlog", "max_cancels",
                  "max_deliveries", "priority", "barrier_expression", "target_queue_depth",
-                 "recovery_point", "filter", "default_publish_target"):
+                 "recovery_point", "filter"):
         assert getattr(queue, attr) is None, attr
+    # The reference's default (G.8): a literal UnderlyingTopic, so a publish to the
+    # queue's name enters the queue.
+    assert queue.default_publish_target == "Work"
+
+
+def test_a_regex_underlying_topic_has_no_default_publish_target():
+    xml = config_xml("<SOW><Queue><Name>Q</Name><MessageType>json</MessageType>"
+                     "<UnderlyingTopic>^Work$|^Other$</UnderlyingTopic></Queue></SOW>", topics=("Work", "Other"))
+    (queue,) = loads(xml).queues
+    assert queue.default_publish_target is None
 
 
 def test_at_most_once_defaults_to_round_robin():

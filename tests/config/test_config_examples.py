@@ -56,6 +56,7 @@ def test_getting_started():
             message_type="json",
             kind=QueueKind.QUEUE,
             underlying_topic="Work",
+            default_publish_target="Work",  # the default: a literal UnderlyingTopic
             semantics=Semantics.AT_MOST_ONCE,
             fairness=Fairness.ROUND_ROBIN,  # the only model at-most-once supports
             lease_period_s=LEASE_PERIOD_DEFAULT_S,
@@ -151,6 +152,7 @@ def test_order_priority():
             message_type="json",
             semantics=Semantics.AT_LEAST_ONCE,
             underlying_topic="Orders",
+            default_publish_target="Orders",  # the default: a literal UnderlyingTopic
             priority="/price * /qty",
             path="AMPSConfig/SOW/Queue[1]",
         ),
@@ -164,6 +166,7 @@ def test_barrier_and_window():
             name="Settlements",
             message_type="json",
             underlying_topic="Trades",
+            default_publish_target="Trades",  # the default: a literal UnderlyingTopic
             barrier_expression="/type = 'end-of-day'",
             path="AMPSConfig/SOW/Queue[1]",
         ),
@@ -171,6 +174,7 @@ def test_barrier_and_window():
             name="Backfill",
             message_type="json",
             underlying_topic="History",
+            default_publish_target="History",  # the default: a literal UnderlyingTopic
             target_queue_depth=1000,
             path="AMPSConfig/SOW/Queue[2]",
         ),

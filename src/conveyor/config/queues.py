@@ -20,7 +20,10 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
   first name for it, is accepted). ``TargetQueueDepth`` cannot be combined
   with ``Priority`` or ``BarrierExpression``.
 - ``UnderlyingTopic`` is a name or a regex (which must compile); a
-  ``DefaultPublishTarget`` is a literal name that must match it (reference: inferred).
+  ``DefaultPublishTarget`` is a literal name that must match it. It defaults to a
+  literal ``UnderlyingTopic`` (the reference's queue table, G.8), so a publish to the
+  queue's name enters the queue; a regex one has no default (a publish to the queue's
+  name is then recorded, if at all, under that name).
 - ``InitialOwner`` is required on ``GroupLocalQueue``; it and
   ``GroupLocalQueueDomain`` are refused on the other tags.
 - ``RecoveryPoint`` is ``epoch`` (the default: the whole log), ``now``, ``creation``
@@ -45,6 +48,7 @@ from conveyor.config.model import (
     Semantics,
     SowTopicConfig,
     ViewConfig,
+    is_regex_topic,
     topic_matcher,
 )
 from conveyor.config.sow import check_sow_order, read_topic, read_view
@@ -204,6 +208,9 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
                 "<DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>",
             )
         values["default_publish_target"] = target
+    elif (underlying := values.get("underlying_topic")) and not is_regex_topic(underlying):  # type: ignore[arg-type]
+        # The reference's default: a publish to the queue's name enters the queue.
+        values["default_publish_target"] = underlying
 
     values["lease_period_s"] = LEASE_PERIOD_DEFAULT_S
     if (n := kids.one("LeasePeriod")) is not None:
