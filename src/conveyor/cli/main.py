@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
@@ -27,12 +29,39 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 DEFAULT_URI = "tcp://127.0.0.1:9007"
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(verbose: bool, command: str) -> None:
+    """``serve`` (and ``-v``) log records as a server does, with time, level and logger.
+    Every other command shows what the client library reports (a publish the server
+    refused, a warning about a topic) as its own messages: one line, ``conveyor COMMAND:
+    ...``, without time, logger or traceback, and only warnings and errors."""
+    if verbose or command == "serve":
+        logging.basicConfig(
+            level=logging.DEBUG if verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter(f"conveyor {command}"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+class _OneLineFormatter(logging.Formatter):
+    """A log record as one line of the command's output (see _setup_logging): the
+    client's name, which the user did not choose, is left out, and an exception is its
+    message, not its traceback (-v shows everything)."""
+
+    _CLIENT_PREFIX = re.compile(r"^client \S+: ")
+
+    def __init__(self, prog: str) -> None:
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = self._CLIENT_PREFIX.sub("", record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f": {record.exc_info[1]}"
+        return f"{self.prog}: {text}".replace("\n", " ")
 
 
 # --- serve ---------------------------------------------------------------------------------
@@ -132,14 +161,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
     streams), so a Ctrl-C stops at once and says how many messages are persisted."""
     from tqdm import tqdm
 
+    if args.data is not None and args.file:
+        raise errors.ClientError("give DATA or --file, not both")
+    if args.data is not None and not args.data.strip():
+        raise errors.ClientError("DATA is empty: there is no message to publish; nothing was published")
     if args.json:
         messages = _json_messages(args)  # all parsed before anything is sent
         lines, total = iter(messages), len(messages)
     elif args.data is not None:
         lines, total = iter([args.data]), 1
     elif args.file:
-        with open(args.file, encoding="utf-8") as f:  # OSError: "conveyor: No such file..."
-            text = f.read().splitlines()
+        text = _read_file(args.file).splitlines()
         lines, total = iter(text), len(text)
     else:
         lines, total = sys.stdin, None
@@ -166,12 +198,27 @@ def cmd_publish(args: argparse.Namespace) -> int:
                      if persisted < sent else ""), file=sys.stderr)
             return EXIT_INTERRUPTED
         refused = client.statistics().publishes_refused
+        unrouted = client.statistics().publish_warnings
     if refused:  # each was logged with the server's reason (not JSON on a json topic...)
         print(f"conveyor publish: {sent - refused} message(s) published to {args.topic}, {refused} refused by the "
               "server (reasons above)", file=sys.stderr)
         return EXIT_FAILURE
-    print(f"published {sent} message(s) to {args.topic}", file=sys.stderr)
+    # A topic that is not recorded and has no subscriber: the server's warning (logged
+    # once, above) says so; the publish itself succeeded, as pub/sub needs no declaration.
+    note = f" ({unrouted} reached no one, as said above)" if unrouted else ""
+    print(f"published {sent} message(s) to {args.topic}{note}", file=sys.stderr)
     return EXIT_OK
+
+
+def _read_file(path: str) -> str:
+    """The text of ``--file``: one that cannot be read is bad usage (exit 2)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise errors.ClientError(f"--file {path!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise errors.ClientError(f"--file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _json_messages(args: argparse.Namespace) -> list[str]:
@@ -184,8 +231,7 @@ def _json_messages(args: argparse.Namespace) -> list[str]:
     if args.data is not None:
         text, source = args.data, "DATA"
     elif args.file:
-        with open(args.file, encoding="utf-8") as f:  # OSError: "conveyor: No such file..."
-            text, source = f.read(), args.file
+        text, source = _read_file(args.file), args.file
     else:
         text, source = sys.stdin.read(), "stdin"
     try:
@@ -209,8 +255,12 @@ def _persisted_after_interrupt(client, sent: int) -> int:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
+    """Ctrl-C stops at once, sends the acknowledgements made so far, exit code 130."""
     count = 0
-    with _client(args) as client:
+    interrupted = False
+    ack_ignored = False
+    guard = _InterruptGuard()
+    with guard, _client(args) as client:
         sub = client.subscribe(args.topic, filter=args.filter, bookmark=args.bookmark, max_backlog=args.max_backlog)
         try:
             while args.count is None or count < args.count:
@@ -219,13 +269,59 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
                     break
                 count += 1
                 line = msg.data.decode(errors="replace")
-                print(f"{msg.bookmark}\t{line}" if args.show_bookmarks else line, flush=True)
-                if args.ack:
-                    msg.ack()
+                with guard.holding():  # a message printed is a message acknowledged
+                    print(f"{msg.bookmark}\t{line}" if args.show_bookmarks else line, flush=True)
+                    if args.ack and msg.is_queue_message:
+                        msg.ack()
+                    elif args.ack and not ack_ignored:
+                        ack_ignored = True
+                        why = "a replay (--bookmark) has no queue semantics" if args.bookmark is not None \
+                            else f"{args.topic!r} is a topic, not a queue"
+                        print(f"conveyor subscribe: --ack has no effect: {why}, so its messages take no "
+                              "acknowledgement", file=sys.stderr, flush=True)
         except KeyboardInterrupt:
-            pass
+            interrupted = True
         client.flush()
-    return EXIT_OK
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+class _InterruptGuard:
+    """While installed (``with guard:``), a Ctrl-C that comes inside ``holding()`` is
+    held back until the block ends, then raised: ``subscribe`` never prints a message
+    without acknowledging it, nor the reverse. Where SIGINT is not Python's default
+    (ignored, as under nohup), nothing changes."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._pending = False
+        self._previous = None
+
+    def __enter__(self) -> "_InterruptGuard":
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._held:
+            self._pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def holding(self):
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt
 
 
 def cmd_sow(args: argparse.Namespace) -> int:
@@ -364,11 +460,33 @@ def _port(text: str) -> int:
     return int(text)
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """A command's parser: its options may come before, between or after its
+    positionals (``publish Work --json '{...}'``, ``publish Work --server URI DATA``),
+    by argparse's intermixed parsing, and arguments it does not know are refused under
+    its own usage. A parser of subcommands parses as usual (intermixed parsing cannot)."""
+
+    _parsing_intermixed = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self._parsing_intermixed or any(a.nargs in (argparse.PARSER, argparse.REMAINDER)
+                                           for a in self._actions if not a.option_strings):
+            return super().parse_known_args(args, namespace)
+        self._parsing_intermixed = True
+        try:
+            namespace, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing_intermixed = False
+        if extras:
+            self.error("unrecognized arguments: " + " ".join(extras))
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="conveyor: durable message queues over a transaction log")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"conveyor {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_IntermixedParser)
 
     p = sub.add_parser("serve", help="run the server (embedded default configuration unless --config)")
     p.add_argument("--config", "-c", help="XML configuration file (AMPSConfig)")
@@ -471,10 +589,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_FILTER_KEYWORDS = frozenset({"and", "or", "not", "in", "like", "between", "is", "null", "true", "false"})
+
+
+def _filter_error(text: str | None, exc: errors.ConveyorError) -> str:
+    """A filter the server refused: say that the filter is the problem, and, when the
+    mistake is at a bare word or a dot (``qty > 5``, ``order.qty > 5``), that field
+    paths start with ``/``."""
+    if text is None:
+        return f"the filter was refused: {exc}"
+    message = f"the filter {text!r} is not valid: {exc}"
+    position = exc.details.get("position")
+    token = str(exc.details.get("token") or "")
+    bare = re.compile(r"(?<![/\w'\"])[A-Za-z_]\w*(?!\s*\()")
+    at_word = isinstance(position, int) and any(
+        m.start() <= position <= m.end() and m.group().lower() not in _FILTER_KEYWORDS for m in bare.finditer(text))
+    if at_word or token == "." or "/" not in text:
+        message += " (field paths start with /, as in /order/qty > 5)"
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose, args.command)
     try:
         return args.func(args)
     except errors.ConfigError as exc:
@@ -483,6 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     except errors.JournalCorrupt as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return EXIT_JOURNAL
+    except errors.BadFilter as exc:
+        print(f"conveyor: {_filter_error(getattr(args, 'filter', None), exc)}", file=sys.stderr)
+        return EXIT_USAGE
     except errors.ClientError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return EXIT_USAGE

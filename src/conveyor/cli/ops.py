@@ -175,6 +175,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     leased = sum(q["in_flight"] for q in queues)
     print(f"queues      {len(tree['queues'])}: {depth} messages, {leased} in flight, "
           f"{sum(q['consumers'] for q in queues)} consumers")
+    unrouted = tree.get("engine", {}).get("publishes_unrouted")
+    if unrouted:
+        print(f"unrouted    {unrouted} publish(es) reached no one (to a topic neither recorded nor subscribed)")
     links = tree["replication"]["outgoing"]
     if links:
         up = sum(1 for link in links if link["state"] == "streaming")
@@ -194,7 +197,8 @@ def cmd_queues(args: argparse.Namespace) -> int:
          _seconds(q["seconds_behind"]), q["enqueued"], q["delivered"], q["acknowledged"], q["expired"]]
         for name, q in sorted(queues.items())
     ]
-    _table(rows, ["QUEUE", "DEPTH", "AVAILABLE", "IN-FLIGHT", "CONSUMERS", "INACTIVE", "BEHIND", "ENQUEUED",
+    # OLDEST: the age of the oldest unacknowledged message (the admin's seconds_behind)
+    _table(rows, ["QUEUE", "DEPTH", "AVAILABLE", "IN-FLIGHT", "CONSUMERS", "INACTIVE", "OLDEST", "ENQUEUED",
                   "DELIVERED", "ACKED", "EXPIRED"])
     return 0
 

@@ -55,6 +55,7 @@ log = logging.getLogger("conveyor.client")
 
 ACK_BATCH_SIZE_DEFAULT = 100  # acknowledgements per sow_delete frame
 ACK_BATCH_SECONDS_DEFAULT = 0.05  # longest an acknowledgement waits to be sent
+PUBLISH_WARNINGS_LOGGED_MAX = 100  # distinct publish warnings logged per client (each counted)
 __all__ += ["URI_SCHEMES"]
 
 
@@ -119,6 +120,7 @@ class ClientStatistics:
     publishes_refused: int  # publishes the server refused (never persisted; logged)
     reconnects: int
     subscriptions: int
+    publish_warnings: int = 0  # accepted with a warning: reached no one (logged once per topic)
 
 
 class ClientCore:
@@ -150,6 +152,8 @@ class ClientCore:
         self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
         self.acks_refused = 0
         self.publishes_refused = 0
+        self.publish_warnings = 0  # publishes accepted with a warning (reached no one)
+        self.publish_warnings_seen: set[str] = set()
         self.online = False  # logged on over a live connection
         self.publish_errors: list[errors.ConveyorError] = []  # refused publishes, until flush() reports them
         self.replaced: errors.ClientReplaced | None = None  # the server said another connection took the name
@@ -429,6 +433,8 @@ class ClientCore:
             # covers every sequence up to ``seq``), duplicates are reported one by one.
             if ack.ack_type == "persisted" and ack.seq is not None:
                 if ack.status == "success":
+                    if ack.reason:
+                        self._publish_warning(ack.reason)
                     self.store.discard_up_to(ack.seq)
                     self.persisted_seq = max(self.persisted_seq, ack.seq)
                 elif ack.status == "duplicate":
@@ -456,6 +462,15 @@ class ClientCore:
         del self.awaiting_ack[cid]
         done.append(pending)
 
+    def _publish_warning(self, reason: str) -> None:
+        """A publish the server accepted with a warning (say, to a topic that is not
+        recorded and has no subscriber: it reached no one). Counted; each distinct
+        warning is logged once (a loop of publishes to a mistyped topic logs one line)."""
+        self.publish_warnings += 1
+        if reason not in self.publish_warnings_seen and len(self.publish_warnings_seen) < PUBLISH_WARNINGS_LOGGED_MAX:
+            self.publish_warnings_seen.add(reason)
+            log.warning("%s", reason)
+
     def fail_all(self, error: errors.ConveyorError) -> list[PendingCommand]:
         done = []
         for pending in self.awaiting_ack.values():
@@ -479,6 +494,7 @@ class ClientCore:
             ack_batches_unconfirmed=len(self.acks_unconfirmed),
             acks_refused=self.acks_refused,
             publishes_refused=self.publishes_refused,
+            publish_warnings=self.publish_warnings,
             reconnects=self.reconnects,
             subscriptions=len(self.subscriptions),
         )

@@ -108,6 +108,9 @@ class ServerCollector:
         yield _gauge("conveyor_publishers", "Publishers known to duplicate detection", engine.publishes.publishers)
         yield _gauge("conveyor_pending_publishes", "Publishes appended, not yet durable", len(engine.publishes.pending))
         yield _counter("conveyor_cache_misses", "Message cache misses (journal reads)", engine.cache.misses)
+        yield _counter("conveyor_publishes_unrouted",
+                       "Publishes to a topic not recorded and with no subscriber: they reached no one",
+                       engine.publishes_unrouted)
         topic_subs, replays = engine.topics.statistics()
         yield _gauge("conveyor_topic_subscriptions", "Pub/sub and replay subscriptions", topic_subs)
         yield _gauge("conveyor_replays", "Bookmark replays still reading the journal", replays)

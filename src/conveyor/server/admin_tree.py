@@ -109,6 +109,7 @@ def engine_summary(server: Server, now: float) -> dict:
         "pending_publishes": len(e.publishes.pending),
         "held_sends": e.outbox.held,
         "cache_misses": e.cache.misses,
+        "publishes_unrouted": e.publishes_unrouted,  # not recorded, no subscriber: reached no one
         "topic_subscriptions": topic_subs,
         "replays": replays,
         "queue_consumers": e.delivery.consumers(),
