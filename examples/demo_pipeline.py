@@ -5,8 +5,9 @@ here (a master and two workers on loopback, conveyor.spark.standalone) instead o
 ``local[2]``; ``--master URL`` uses a cluster that is already running.
 
 1. Starts ``conveyor serve`` with the embedded default configuration (topic ``Work``,
-   at-least-once queue ``WorkToDo`` over it, topic ``Results``; port 9007; journal under
-   ./data of a scratch directory).
+   at-least-once queue ``WorkToDo`` over it, topic ``Results``; journal under ./data of a
+   scratch directory) on free ports, client and admin alike, so it runs beside a server
+   already on 9007 (``make run``).
 2. Publishes orders to ``Work``.
 3. A streaming query (``Trigger.AvailableNow``) drains ``WorkToDo`` as named consumer
    ``demo-enricher``, enriches every order (region, amount, size class) and publishes it
@@ -34,26 +35,30 @@ import time
 from pathlib import Path
 
 ORDERS = 2000
-URI = "tcp://127.0.0.1:9007"
 REGIONS = {0: "north", 1: "south", 2: "east", 3: "west"}
 
 
-def start_server(workdir: Path) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "serve", "--admin-port", "0"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
+def start_server(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """``conveyor serve`` on free ports (client and admin): the server and its URI."""
+    log = workdir / "server.log"
+    with open(log, "w") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "serve", "--port", "0", "--admin-port", "0"], cwd=workdir,
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
     for line in server.stdout:  # type: ignore[union-attr]
         if line.startswith("conveyor listening on port"):
-            return server
-    raise SystemExit("the server did not start (is port 9007 in use?)")
+            return server, f"tcp://127.0.0.1:{int(line.rsplit(' ', 1)[1])}"
+    server.wait(30)
+    last = log.read_text().strip().splitlines()[-5:]
+    raise SystemExit("the server did not start:\n" + "\n".join(last))
 
 
-def publish_orders() -> None:
+def publish_orders(uri: str) -> None:
     from conveyor import Client
 
     rng = random.Random(7)
-    with Client("demo-order-entry").connect(URI) as client:
+    with Client("demo-order-entry").connect(uri) as client:
         for i in range(ORDERS):
             client.publish("Work", {"order": i, "customer": rng.randrange(100), "qty": rng.randint(1, 9),
                                     "price": round(rng.uniform(1, 50), 2)})
@@ -74,7 +79,7 @@ ENRICH = """
 """
 
 
-def start_enrichment(spark, *, uri: str = URI, queue: str = "WorkToDo", consumer: str = "demo-enricher",
+def start_enrichment(spark, *, uri: str, queue: str = "WorkToDo", consumer: str = "demo-enricher",
                      checkpoint: str, topic: str = "Results", max_records: int = 1000, partitions: int = 2):
     """The demo's streaming query (also timed by bench/bench_spark_cluster.py)."""
     orders = (
@@ -93,8 +98,8 @@ def start_enrichment(spark, *, uri: str = URI, queue: str = "WorkToDo", consumer
     )
 
 
-def run_pipeline(spark, checkpoint: str) -> None:
-    query = start_enrichment(spark, checkpoint=checkpoint)
+def run_pipeline(spark, uri: str, checkpoint: str) -> None:
+    query = start_enrichment(spark, uri=uri, checkpoint=checkpoint)
     query.awaitTermination()
     if query.exception() is not None:
         raise SystemExit(f"the streaming query failed: {query.exception()}")
@@ -102,7 +107,7 @@ def run_pipeline(spark, checkpoint: str) -> None:
     print(f"streaming query done: {sum(p['numInputRows'] for p in query.recentProgress)} orders in micro-batches {batches}")
 
 
-def audit(spark, journal: Path) -> None:
+def audit(spark, journal: Path, uri: str) -> None:
     try:
         journal_df = (
             spark.read.format("conveyor-journal").option("pushdown", "false").option("includeOpen", "true")
@@ -124,7 +129,7 @@ def audit(spark, journal: Path) -> None:
         GROUP BY r.region
     """)
     totals.selectExpr("to_json(struct(*)) AS value").write.format("conveyor") \
-        .option("server", URI).option("topic", "RegionTotals").mode("append").save()
+        .option("server", uri).option("topic", "RegionTotals").mode("append").save()
     print("totals per region published to RegionTotals (one transaction); read back from the journal:")
     spark.read.format("conveyor-journal").option("pushdown", "false").option("includeOpen", "true") \
         .load(str(journal)).where("op = 'publish' AND topic = 'RegionTotals'") \
@@ -162,9 +167,10 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Spark's Python workers import conveyor
     workdir = Path(tempfile.mkdtemp(prefix="conveyor-demo-"))
     cluster = None
-    server = start_server(workdir)
+    server, uri = start_server(workdir)
+    print(f"conveyor serving on {uri}")
     try:
-        publish_orders()
+        publish_orders(uri)
         import msgspec
 
         from conveyor.client.rpc import RpcClient
@@ -180,11 +186,11 @@ def main() -> None:
         spark = session(master, extra)
         spark.sparkContext.setLogLevel("ERROR")
         print("formats:", ", ".join(register(spark)))
-        run_pipeline(spark, str(workdir / "checkpoint"))
-        with RpcClient(URI) as rpc:
+        run_pipeline(spark, uri, str(workdir / "checkpoint"))
+        with RpcClient(uri) as rpc:
             info = rpc.consumer_info("WorkToDo", "demo-enricher")
         print("consumer demo-enricher:", msgspec.json.encode(info).decode())
-        audit(spark, workdir / "data")
+        audit(spark, workdir / "data", uri)
         spark.stop()
     finally:
         if cluster is not None:
