@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -27,6 +28,7 @@ EXIT_USAGE = 2
 EXIT_JOURNAL = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 DEFAULT_URI = "tcp://127.0.0.1:9007"
+SERVER_ENV = "CONVEYOR_SERVER"  # the client commands' --server when not given
 
 
 def _setup_logging(verbose: bool, command: str) -> None:
@@ -498,8 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     def client_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", "-s", default=DEFAULT_URI,
-                       help=f"server URI (default {DEFAULT_URI}); tcps://HOST:PORT for TLS")
+        p.add_argument("--server", "-s", default=os.environ.get(SERVER_ENV) or DEFAULT_URI,
+                       help=f"server URI (default ${SERVER_ENV}, else {DEFAULT_URI}); tcps://HOST:PORT for TLS")
         p.add_argument("--name", help="client name (default: generated)")
         p.add_argument("--user", help="user name to log on with (the password comes from the URI or "
                                       "the CONVEYOR_PASSWORD environment variable)")
