@@ -204,3 +204,32 @@ def test_the_queues_table_names_the_age_column_oldest(server_factory):
     proc = conveyor("queues", "--admin", server.admin_url)
     header = proc.stdout.splitlines()[0].split()
     assert "OLDEST" in header and "BEHIND" not in header, proc.stdout
+
+
+def test_ack_on_a_name_that_is_no_queue_says_so_without_protocol_names(server_factory):
+    server = server_factory(recorded="Work", queues=QUEUE)
+    proc = conveyor("ack", "Work", "1|1|1", "--server", server.uri)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("conveyor: 'Work' is not a queue: ack settles the messages of a queue "
+                                   "(`conveyor queues` lists them)")
+
+
+def test_config_check_lists_sow_topics_and_views(tmp_path):
+    config = tmp_path / "conveyor.xml"
+    config.write_text(f"""<AMPSConfig><Name>views</Name>
+      <TransactionLog><JournalDirectory>{tmp_path / "journal"}</JournalDirectory>
+        <Topic><Name>orders</Name><MessageType>json</MessageType></Topic>
+        <Topic><Name>Work</Name><MessageType>json</MessageType></Topic></TransactionLog>
+      <SOW>
+        <Topic><Name>orders</Name><MessageType>json</MessageType><Key>/orderId</Key></Topic>
+        <View><Name>value_by_region</Name><MessageType>json</MessageType>
+          <UnderlyingTopic>orders</UnderlyingTopic>
+          <Projection><Field>/region</Field><Field>SUM(/qty) AS /qty</Field></Projection>
+          <Grouping><Field>/region</Field></Grouping></View>
+        {QUEUE}
+      </SOW></AMPSConfig>""")
+    proc = conveyor("config", "check", str(config))
+    assert proc.returncode == 0, proc.stderr
+    assert "  SOW topic   orders (json), keyed by /orderId" in proc.stdout
+    assert "  view        value_by_region (json, view) over orders" in proc.stdout
+    assert "  queue       WorkToDo (Queue, at-least-once) over Work, a publish to WorkToDo goes to Work" in proc.stdout

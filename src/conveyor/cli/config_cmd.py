@@ -35,7 +35,15 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"  journal     {tlog.journal_directory.resolve()}, recording "
               + ", ".join(t.name for t in tlog.topics))
     for q in config.queues:
-        print(f"  queue       {q.name} ({q.kind.value}, {q.semantics.value}) over {q.underlying}")
+        target = f", a publish to {q.name} goes to {q.default_publish_target}" \
+            if q.default_publish_target and q.default_publish_target != q.name else ""
+        print(f"  queue       {q.name} ({q.kind.value}, {q.semantics.value}) over {q.underlying}{target}")
+    for t in config.sow_topics:
+        keys = ", ".join(t.keys) if t.keys else "the publisher's sow_key"
+        print(f"  SOW topic   {t.name} ({t.message_type}), keyed by {keys}")
+    for v in config.views:
+        kind = "join" if v.joins else "view"
+        print(f"  view        {v.name} ({v.message_type}, {kind}) over {', '.join(v.underlying)}")
     if config.replication is not None:
         for d in config.replication.destinations:
             print(f"  replicates  to {d.name} ({d.sync_type}) at {', '.join(d.addresses)}")

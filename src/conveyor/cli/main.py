@@ -339,7 +339,12 @@ def cmd_ack(args: argparse.Namespace) -> int:
         print("conveyor ack: give bookmarks or --filter", file=sys.stderr)
         return EXIT_USAGE
     with _client(args) as client:
-        removed = client.sow_delete(args.queue, bookmarks=args.bookmark or None, filter=args.filter, options=args.option)
+        try:
+            removed = client.sow_delete(args.queue, bookmarks=args.bookmark or None, filter=args.filter,
+                                        options=args.option)
+        except errors.UnknownTopic:  # the server's message names the protocol command
+            raise errors.ClientError(f"{args.queue!r} is not a queue: ack settles the messages of a queue "
+                                     "(`conveyor queues` lists them)") from None
     print(f"{removed} message(s) acknowledged", file=sys.stderr)
     return EXIT_OK
 
