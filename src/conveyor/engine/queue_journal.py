@@ -20,7 +20,7 @@ record through the queue verb that re-applies it. Rules:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Union, cast
 
 from conveyor import records
 from conveyor.engine.queue import Queue
@@ -36,8 +36,12 @@ from conveyor.engine.queue_events import (
     Returned,
 )
 
+#: The records of queue events that hold only the queue and positions, and all of them.
+PositionsRec = Union[records.DeliveredRec, records.AckedRec, records.CancelledRec, records.ReturnedRec, records.BarrierRec]
+QueueRec = Union[records.LeasedRec, PositionsRec, records.ExpiredRec]
+
 #: Rule 1: event type -> the record type that journals it.
-EVENT_RECORDS: dict[type, type] = {
+EVENT_RECORDS: dict[type[Event], type[QueueRec]] = {
     Leased: records.LeasedRec,
     DeliveredAtMostOnce: records.DeliveredRec,
     Acknowledged: records.AckedRec,
@@ -49,42 +53,42 @@ EVENT_RECORDS: dict[type, type] = {
 }
 
 
-def batch(events: Iterable[Event]) -> tuple[list[tuple[type, list[Event]]], list[Expired]]:
+def batch(events: Iterable[Event]) -> tuple[list[tuple[type[QueueRec], list[Event]]], list[Expired]]:
     """Rule 2: the events of one call grouped by record type (first appearance first),
     and the expiries apart."""
-    groups: dict[type, list[Event]] = {}
+    groups: dict[type[QueueRec], list[Event]] = {}
     expired: list[Expired] = []
     for ev in events:
         rec_type = EVENT_RECORDS[type(ev)]
         if rec_type is records.ExpiredRec:
-            expired.append(ev)
+            expired.append(cast(Expired, ev))  # the one event journaled as ExpiredRec
         else:
             groups.setdefault(rec_type, []).append(ev)
     return list(groups.items()), expired
 
 
-def record(queue: str, rec_type: type, events: list[Event]):
+def record(queue: str, rec_type: type[QueueRec], events: list[Event]) -> records.LeasedRec | PositionsRec:
     """The one record journaling ``events`` (all of ``rec_type``) of ``queue``."""
     positions = [ev.position for ev in events]
     if rec_type is records.LeasedRec:
-        return records.LeasedRec(queue, positions, [ev.count for ev in events])
-    return rec_type(queue, positions)
+        return records.LeasedRec(queue, positions, [ev.count for ev in cast("list[Leased]", events)])
+    return cast("type[PositionsRec]", rec_type)(queue, positions)  # batch keeps ExpiredRec apart
 
 
-def _leased(q: Queue, rec, now: float, keep: Callable[[int], bool]) -> None:
+def _leased(q: Queue, rec: records.LeasedRec, now: float, keep: Callable[[int], bool]) -> None:
     for position, count in zip(rec.positions, rec.counts):
         if keep(position):
             q.replay_delivered(position, now, count=count)
 
 
-def _delivered(q: Queue, rec, now: float, keep: Callable[[int], bool]) -> None:
+def _delivered(q: Queue, rec: records.DeliveredRec, now: float, keep: Callable[[int], bool]) -> None:
     for position in rec.positions:
         if keep(position):
             q.replay_delivered(position, now)
 
 
-def _each(verb: str):
-    def apply(q: Queue, rec, now: float, keep: Callable[[int], bool]) -> None:
+def _each(verb: str) -> Callable[[Queue, PositionsRec, float, Callable[[int], bool]], None]:
+    def apply(q: Queue, rec: PositionsRec, now: float, keep: Callable[[int], bool]) -> None:
         method = getattr(q, verb)
         for position in rec.positions:
             if keep(position):
@@ -94,13 +98,13 @@ def _each(verb: str):
     return apply
 
 
-def _expired(q: Queue, rec, now: float, keep: Callable[[int], bool]) -> None:
+def _expired(q: Queue, rec: records.ExpiredRec, now: float, keep: Callable[[int], bool]) -> None:
     if keep(rec.position):
         q.replay_expired(rec.position)
 
 
-#: Rule 3: queue record type -> how to replay it.
-RECORD_REPLAY: dict[type, Callable] = {
+#: Rule 3: queue record type -> how to replay it (each verb takes its own record type).
+RECORD_REPLAY: dict[type[QueueRec], Callable[..., None]] = {
     records.LeasedRec: _leased,
     records.DeliveredRec: _delivered,
     records.AckedRec: _each("replay_acknowledged"),
@@ -117,7 +121,7 @@ def _everything(position: int) -> bool:
     return True
 
 
-def replay(queue: Queue, rec, now: float, point: int = 0) -> None:
+def replay(queue: Queue, rec: QueueRec, now: float, point: int = 0) -> None:
     """Apply a queue record to ``queue``: only its positions at or above ``point``."""
     keep = _everything if not point else (lambda p: p >= point)
     RECORD_REPLAY[type(rec)](queue, rec, now, keep)

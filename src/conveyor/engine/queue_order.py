@@ -69,7 +69,7 @@ class DeliveryOrder:
             return None
         return head
 
-    def deliverable(self):
+    def deliverable(self) -> PriorityIndex | MessageStore:
         """What a filtered consumer scans, by key (``scan(key)``): the first epoch, or
         the store (the caller stops at the first barrier)."""
         return self._epochs[0] if self._priority else self.store
@@ -157,13 +157,11 @@ class DeliveryOrder:
         ``__debug__``)."""
         if not self._priority:
             t = self.store.discard(key)
-            if __debug__:
-                assert t is not None, f"position {key} taken but not available"
+            assert t is not None, f"position {key} taken but not available"
             return t
         p = key & POSITION_MASK
         t = self.store.discard(p)
-        if __debug__:
-            assert t is not None, f"position {p} taken but not available"
+        assert t is not None, f"position {p} taken but not available"
         barriers = self.barriers
         self._epochs[bisect_left(barriers, p) if barriers else 0].remove(key)
         return t
@@ -173,8 +171,7 @@ class DeliveryOrder:
         must be available (AssertionError, before anything changes, under
         ``__debug__``)."""
         t = self.store.discard(p)
-        if __debug__:
-            assert t is not None, f"position {p} removed but not available"
+        assert t is not None, f"position {p} removed but not available"
         barriers = self.barriers
         if barriers and p >= barriers[0]:
             i = bisect_left(barriers, p)

@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import zlib
 from array import array
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from conveyor.engine.queue_store import _NO_HINT, MessageStore, _Chunk
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: Resident chunks (head and tail included): 8 x 4,096 x 16 B = 512 KiB per queue.
 RESIDENT_MAX = 8
@@ -55,6 +58,7 @@ class PageFile(Protocol):
     generation: int
     size: int
     name: str
+    path: Path
 
     def append(self, data: bytes) -> int: ...
     def read(self, offset: int, n: int) -> bytes: ...
@@ -62,17 +66,17 @@ class PageFile(Protocol):
     def close(self) -> None: ...
 
 
-def encode_page(positions: array, times: array) -> tuple[bytes, int]:
+def encode_page(positions: array[int], times: array[float]) -> tuple[bytes, int]:
     data = positions.tobytes() + times.tobytes()
     return data, zlib.crc32(data)
 
 
-def check_page(data: bytes, count: int, crc: int, where: str) -> None:
+def check_page(data: bytes | memoryview, count: int, crc: int, where: str) -> None:
     if len(data) != 16 * count or zlib.crc32(data) != crc:
         raise PageCorrupt(f"page {where} does not match its checksum")
 
 
-def decode_page(data: bytes, count: int, crc: int, where: str) -> tuple[array, array]:
+def decode_page(data: bytes | memoryview, count: int, crc: int, where: str) -> tuple[array[int], array[float]]:
     check_page(data, count, crc, where)
     view = memoryview(data)  # no copies of the halves: a deep queue's restart reads many pages
     positions = array("q")
@@ -124,6 +128,7 @@ class PagedMessageStore(MessageStore):
 
     def _page_in(self, i: int) -> _Chunk:
         ch = self._chunks[i]
+        assert ch.page is not None  # a paged-out chunk is on a page
         offset, count, crc = ch.page
         ch.positions, ch.times = decode_page(
             self.file.read(offset, 16 * count), count, crc, f"{self.file.name}@{offset}"

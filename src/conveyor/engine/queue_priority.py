@@ -93,7 +93,7 @@ class EpochImage(NamedTuple):
 class _Chunk:
     __slots__ = ("ranks", "positions", "start")
 
-    def __init__(self, ranks: array, positions: array) -> None:
+    def __init__(self, ranks: array[int], positions: array[int]) -> None:
         self.ranks = ranks  # array('Q'): rank minus the run's base
         self.positions = positions  # array('q')
         self.start = 0  # slots before it are taken heads (dead)
@@ -240,7 +240,7 @@ class _Run:
             positions.extend(ch.positions[ch.start:])
         return ranks.tobytes(), positions.tobytes()
 
-    def load(self, ranks: array, positions: array) -> None:
+    def load(self, ranks: array[int], positions: array[int]) -> None:
         """Replace the contents with what :meth:`export` gave (sorted, this run's)."""
         base = self._base
         self._chunks, self._firsts, self.n = [], [], len(positions)

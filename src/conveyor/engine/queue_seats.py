@@ -35,13 +35,17 @@ A part of :class:`conveyor.engine.queue.Queue`. Rules:
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable
 
 from conveyor.config.model import Fairness
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue_consumer import Consumer
 from conveyor.engine.queue_priority import POSITION_MASK
 from conveyor.errors import DuplicateSubscription, UnknownSubscription
+
+if TYPE_CHECKING:
+    from conveyor.engine.queue_priority import PriorityIndex
+    from conveyor.engine.queue_store import MessageStore
 
 #: Rule 4: the smallest candidate heap that is pruned.
 CANDIDATES_SLACK_MIN = 32
@@ -76,7 +80,7 @@ class Seats:
     __slots__ = ("active", "consumers", "_by_key", "_rr_next", "_mask", "_matches", "_name", "_budget")
 
     def __init__(
-        self, name: str, *, priority: bool, matches: Callable[[Callable, int, float], bool],
+        self, name: str, *, priority: bool, matches: Callable[[Callable[[object, float], bool], int, float], bool],
         budget: FilterBudget | None = None,
     ) -> None:
         self.active: list[Seat] = []  # active seats, in subscription order
@@ -173,12 +177,13 @@ class Seats:
     # --- filtered cursors ---------------------------------------------------------------------
 
     def next_for(
-        self, seat: Seat, contains: Callable[[int], bool], order, end: int, now: float
+        self, seat: Seat, contains: Callable[[int], bool], order: PriorityIndex | MessageStore, end: int, now: float
     ) -> int | None:
         """The first key in delivery order, among ``order.scan(...)``, that the filtered
         consumer of ``seat`` matches at ``now`` (rule 3). ``contains``: membership in the
         store; ``end``: the cursor past every active message."""
         flt = seat.consumer.filter
+        assert flt is not None  # asked for filtered consumers only
         if flt is not seat.filter_seen:
             seat.reset_cursor()
         candidates, mask = seat.candidates, self._mask

@@ -50,7 +50,7 @@ import hashlib
 import zlib
 from array import array
 from operator import itemgetter
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import msgspec
 
@@ -106,7 +106,8 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     elsewhere_priorities: list[int] = []
     idents: bytes = b""  # every message in the queue: positions 'q', publishers 'Q', seqs 'q'
     left: bytes = b""  # recent leavers, oldest first, the same columns
-    ownership: dict = {}  # tombstones and transfers (engine/ownership.py export_state)
+    # msgspec decodes by this annotation: any map, as a bare ``dict`` always accepted
+    ownership: dict[Any, Any] = {}  # tombstones and transfers (engine/ownership.py export_state)
 
 
 def fingerprint(config: QueueConfig) -> str:
@@ -121,12 +122,13 @@ def fingerprint(config: QueueConfig) -> str:
 def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_from: int) -> QueueSnapshot:
     """The snapshot of a queue's exported ``state`` (rule 1: valid for those two
     positions). O(resident chunks + side tables), on the engine's thread."""
-    chunks = []
+    chunks: list[tuple[int, int, int, int, bytes]] = []
     for image in state.chunks:
         if image.page is not None:
             offset, count, crc = image.page
             chunks.append((image.first, offset, count, crc, b""))
         else:
+            assert image.positions is not None and image.times is not None  # a chunk not paged out is inline
             data, crc = encode_page(image.positions, image.times)
             chunks.append((image.first, -1, len(image.positions), crc, data))
     leased = state.leased
@@ -144,7 +146,9 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         last_time=state.last_time,
         offered=state.offered,
         page_file=state.page_file,
-        chunks=chunks,
+        # bytes here, views once decoded (msgspec encodes both alike, and refuses a
+        # ``bytes | memoryview`` annotation, which is what the field holds)
+        chunks=chunks,  # type: ignore[arg-type]
         returned=returned,
         deliveries=dict(state.deliveries),
         cancels=dict(state.cancels),
@@ -152,7 +156,7 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         inactive=state.inactive,
         refill_from=state.refill_from,
         deferred=list(state.deferred_acks),
-        epochs=[tuple(e) for e in state.epochs],
+        epochs=cast("list[tuple[bytes, bytes, bytes, int]]", [tuple(e) for e in state.epochs]),  # EpochImage's fields
         returned_priorities=[priority_of_key(k) for k in state.leased_keys],
         elsewhere=_pack(array("q", [a[0] for a in away]), array("d", [a[2] for a in away]),
                         array("d", [a[4] for a in away])),
@@ -192,6 +196,7 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
     for first, offset, count, crc, data in snap.chunks:
         try:
             if offset >= 0:
+                assert file is not None  # take() names a page file whenever a chunk is paged out
                 check_page(file.read(offset, 16 * count), count, crc, f"{file.path}@{offset}")
             else:
                 check_page(data, count, crc, "inline")
@@ -236,6 +241,7 @@ def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float],
     positions, times, arrived = _unpack(snap.elsewhere, "q", "d", "d")
     owner = array("H", snap.elsewhere_owner)
     owners = snap.owners
+    keys: Iterable[int]
     if snap.elsewhere_priorities:
         keys = [order_key(q, p) for q, p in zip(snap.elsewhere_priorities, positions)]
     else:
@@ -251,19 +257,20 @@ def columns(positions: Iterable[int], idents: Iterable[tuple[int, int]]) -> byte
     return _pack(array("q", positions), array("Q", map(_first, idents)), array("q", map(_second, idents)))
 
 
-def triples(data: bytes) -> tuple[array, list[tuple[int, int]]]:
+def triples(data: bytes) -> tuple[array[int], list[tuple[int, int]]]:
     """``columns``' bytes back: (positions, (publisher, seq) of each)."""
     positions, publishers, seqs = _unpack(data, "q", "Q", "q")
     return positions, list(zip(publishers, seqs))
 
 
-def _pack(*columns: array) -> bytes:
+def _pack(*columns: array[int] | array[float]) -> bytes:
     """Columns of one length, 8-byte items, one after the other."""
     return b"".join(column.tobytes() for column in columns)
 
 
-def _unpack(data: bytes, *typecodes: str) -> list[array]:
-    """``_pack``'s columns back, one per type code."""
+def _unpack(data: bytes, *typecodes: str) -> list[array[Any]]:
+    """``_pack``'s columns back, one per type code (which decides int or float items:
+    ``array[Any]``, as typeshed types an array of a type code known at run time)."""
     n = len(data) // (8 * len(typecodes))
     out = []
     for i, code in enumerate(typecodes):

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, cast
 
 #: Slots per chunk (the default of ``MessageStore(chunk_slots=)``). An insert moves at most
 #: 2 x 4096 x 8 bytes; the chunk's own overhead (two array headers, one list slot) is under
@@ -57,16 +57,17 @@ _NAN = float("nan")
 class _Chunk:
     __slots__ = ("positions", "times", "live", "start", "page")
 
-    def __init__(self, positions: array | None, times: array | None) -> None:
+    def __init__(self, positions: array[int] | None, times: array[float] | None) -> None:
         self.positions = positions  # array('q'), sorted; None while paged out
         self.times = times  # array('d'); NaN marks a tombstone
         self.live = len(positions) if positions is not None else 0
         self.start = 0  # index of the first live slot
-        self.page = None  # paging: where an up-to-date copy is on disk, if any
+        self.page: tuple[int, int, int] | None = None  # paging: where an up-to-date copy is on disk, if any
 
-    def live_arrays(self) -> tuple[array, array]:
+    def live_arrays(self) -> tuple[array[int], array[float]]:
         """The chunk's messages still in the queue (a removed one has a NaN time)."""
         positions, times = self.positions, self.times
+        assert positions is not None and times is not None  # asked of resident chunks only
         if self.live != len(positions):
             keep = [k for k in range(self.start, len(positions)) if times[k] == times[k]]
             positions = array("q", [positions[k] for k in keep])
@@ -81,12 +82,12 @@ class ChunkImage(NamedTuple):
     at or above it)."""
 
     first: int
-    positions: array | None
-    times: array | None
+    positions: array[int] | None
+    times: array[float] | None
     page: tuple[int, int, int] | None = None
 
 
-_NO_HINT = (-1, None, -1, -1)
+_NO_HINT: tuple[int, int | None, int, int] = (-1, None, -1, -1)
 
 
 class MessageStore:
@@ -102,7 +103,7 @@ class MessageStore:
         self._firsts: list[int] = []  # _chunks[i].positions[0], for bisect
         self._live = 0
         self._version = 0  # bumped on every change, to catch mutation during iteration
-        self._hint = _NO_HINT  # (version, position, chunk, slot) of the last position found
+        self._hint: tuple[int, int | None, int, int] = _NO_HINT  # (version, position, chunk, slot) of the last position found
 
     def __len__(self) -> int:
         return self._live
@@ -122,12 +123,14 @@ class MessageStore:
         if not self._chunks:
             return None
         ch = self._chunks[0]
+        assert ch.positions is not None  # the head chunk is always resident
         return ch.positions[ch.start]
 
     def head_time(self) -> float | None:
         if not self._chunks:
             return None
         ch = self._chunks[0]
+        assert ch.times is not None  # the head chunk is always resident
         return ch.times[ch.start]
 
     @property
@@ -141,6 +144,7 @@ class MessageStore:
         if chunks:  # the head: what a FIFO queue delivers, expires and usually acknowledges
             ch = chunks[0]
             j = ch.start
+            assert ch.positions is not None  # the head chunk is always resident
             if ch.positions[j] == position:
                 return 0, j
         hint = self._hint
@@ -152,6 +156,7 @@ class MessageStore:
         ch = chunks[i]
         if ch.positions is None:
             ch = self._page_in(i)
+        assert ch.positions is not None and ch.times is not None  # resident, or paged in just now
         j = bisect_left(ch.positions, position)
         if j < len(ch.positions) and ch.positions[j] == position:
             t = ch.times[j]
@@ -165,7 +170,7 @@ class MessageStore:
 
     def time_of(self, position: int) -> float | None:
         i, j = self._find(position)
-        return None if i < 0 else self._chunks[i].times[j]
+        return None if i < 0 else cast("array[float]", self._chunks[i].times)[j]  # _find left it resident
 
     def scan(self, position: int) -> Iterator[int]:
         """Available positions >= ``position``, in order. Do not change the store while
@@ -181,6 +186,7 @@ class MessageStore:
             if ch.positions is None:
                 ch = self._page_in(i)
             positions, times = ch.positions, ch.times
+            assert positions is not None and times is not None  # resident, or paged in just now
             j = max(bisect_left(positions, position), ch.start) if first else ch.start
             first = False
             for k in range(j, len(positions)):
@@ -198,6 +204,7 @@ class MessageStore:
             if ch.positions is None:
                 ch = self._page_in(i)
             positions, times = ch.positions, ch.times
+            assert positions is not None and times is not None  # resident, or paged in just now
             for k in range(ch.start, len(positions)):
                 t = times[k]
                 if t == t:
@@ -213,6 +220,7 @@ class MessageStore:
         chunks = self._chunks
         if chunks:
             ch = chunks[-1]
+            assert ch.positions is not None and ch.times is not None  # the tail chunk is always resident
             if len(ch.positions) < self.chunk_slots:
                 ch.positions.append(position)
                 ch.times.append(t)
@@ -231,6 +239,7 @@ class MessageStore:
             return None
         self._version += 1
         ch = self._chunks[i]
+        assert ch.positions is not None and ch.times is not None  # _find left it resident
         ch.page = None  # the copy on disk (if any) is stale
         t = ch.times[j]
         ch.times[j] = _NAN
@@ -259,8 +268,9 @@ class MessageStore:
         i = bisect_right(firsts, position) - 1
         if i < 0:
             # Before every chunk: the chunks that held it were dropped.
-            if chunks and len(chunks[0].positions) < self.chunk_slots:
+            if chunks and len(cast("array[int]", chunks[0].positions)) < self.chunk_slots:
                 ch = chunks[0]  # the head: always in memory
+                assert ch.positions is not None and ch.times is not None
                 ch.page = None
                 ch.positions.insert(0, position)
                 ch.times.insert(0, t)
@@ -276,6 +286,7 @@ class MessageStore:
         ch = chunks[i]
         if ch.positions is None:
             ch = self._page_in(i)
+        assert ch.positions is not None and ch.times is not None  # resident, or paged in just now
         ch.page = None
         j = bisect_left(ch.positions, position)
         if j < len(ch.positions) and ch.positions[j] == position:
@@ -295,6 +306,7 @@ class MessageStore:
 
     def _compact(self, i: int) -> None:
         ch = self._chunks[i]
+        assert ch.positions is not None and ch.times is not None  # discard found it resident
         if ch.start == len(ch.positions) - ch.live:
             # Every tombstone is in the prefix (the usual case: the head was consumed).
             del ch.positions[: ch.start]
@@ -309,18 +321,20 @@ class MessageStore:
     def _split(self, i: int) -> None:
         """Cut an over-full chunk in two; recount both halves, drop an empty one."""
         ch = self._chunks[i]
+        assert ch.positions is not None and ch.times is not None  # restore made it resident
         cut = self.chunk_slots
         tail = _Chunk(ch.positions[cut:], ch.times[cut:])
         del ch.positions[cut:]
         del ch.times[cut:]
         halves = []
         for part in (ch, tail):
+            assert part.times is not None  # both halves hold arrays
             live = [k for k, t in enumerate(part.times) if t == t]
             if live:
                 part.live, part.start = len(live), live[0]
                 halves.append(part)
         self._chunks[i : i + 1] = halves
-        self._firsts[i : i + 1] = [part.positions[0] for part in halves]
+        self._firsts[i : i + 1] = [cast("array[int]", part.positions)[0] for part in halves]
         if tail in halves:
             self._added(tail)
         if ch not in halves:
@@ -330,7 +344,7 @@ class MessageStore:
 
     def export_chunks(self) -> list[ChunkImage]:
         """Every chunk, in order: paged-out ones by reference, the others by value."""
-        out = []
+        out: list[ChunkImage] = []
         for first, ch in zip(self._firsts, self._chunks):
             if ch.positions is None:
                 out.append(ChunkImage(first, None, None, ch.page))

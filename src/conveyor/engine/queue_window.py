@@ -75,12 +75,14 @@ class ActiveWindow:
 
     def holds_back(self, active: int) -> bool:
         """Rule 2: a message enqueued now is inactive (``active``: available + leased)."""
+        assert self.target is not None  # asked only of a queue with a window
         return bool(self.inactive) or active >= self.target
 
     def wants(self, active: int) -> int:
         """Rule 3: how many inactive messages the queue would activate now."""
         if not self.inactive:
             return 0
+        assert self.target is not None  # asked only of a queue with a window
         room = self.target - active
         return min(room, self.inactive) if room > 0 else 0
 

@@ -20,7 +20,7 @@ V = TypeVar("V")
 TOPIC_ROUTES_MAX = 8192
 
 
-class RouteCache(dict, Generic[V]):
+class RouteCache(dict[str, V], Generic[V]):
     """``dict`` lookups (``get``) at full speed; ``put`` evicts the oldest entry first."""
 
     __slots__ = ("entries_max",)
