@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, cast
 
 from conveyor.config.model import Action, DoProxiedTransfer, DoPublish, OnPublish, OnSowExpire, topic_matcher
+
+if TYPE_CHECKING:
+    from conveyor.engine.cache import Entry
+    from conveyor.expr import Expression
 
 ACTION_CLIENT_NAME = "amps-action"  # the internal publisher of action publishes
 _VARIABLE = re.compile(r"\{\{AMPS_[A-Z_]+\}\}")
@@ -41,10 +46,10 @@ class ExpiryActions:
     ) -> list[DeadLetter]:
         out: list[DeadLetter] = []
         for action in self._by_queue.get(queue, ()):
-            wanted = action.on.reasons
+            wanted = cast(OnSowExpire, action.on).reasons  # _by_queue holds expiry actions only
             if wanted is not None and not wanted.intersection(reasons):
                 continue
-            for do in action.do:
+            for do in cast("tuple[DoPublish, ...]", action.do):  # what an expiry action does (config/actions.py)
                 out.append(DeadLetter(do.topic, render(do, queue, reasons, body, correlation_id, bookmark)))
         return out
 
@@ -75,12 +80,12 @@ class PublishActions:
             (topic_matcher(a.on.topic), compile_filter(a.on.filter), a.on.source, a)
             for a in actions if isinstance(a.on, OnPublish)
         ]
-        self._by_topic: dict[str, list] = {}
+        self._by_topic: dict[str, list[tuple[Callable[[str], bool], Expression | None, str, Action]]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._actions)
 
-    def triggered(self, entry, replicated: bool) -> list[DoProxiedTransfer]:
+    def triggered(self, entry: Entry, replicated: bool) -> list[DoProxiedTransfer]:
         """The Do steps a durable publish (``entry``, a cache Entry) sets off."""
         watching = self._by_topic.get(entry.topic)
         if watching is None:
@@ -91,5 +96,5 @@ class PublishActions:
                 continue
             if flt is not None and not flt.matches(entry.decoded(), entry.meta(None, entry.timestamp)):
                 continue
-            out.extend(action.do)
+            out.extend(cast("tuple[DoProxiedTransfer, ...]", action.do))  # what an on-publish action does
         return out

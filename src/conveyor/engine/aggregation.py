@@ -22,10 +22,19 @@ message (by its position) or a record of another view (by its key). Rules:
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterator
+from typing import TYPE_CHECKING, Any, Hashable, Iterator, cast
 
 from conveyor.expr.aggregates import accumulator
 from conveyor.expr.projection import Projection
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsDunderGT
+
+    from conveyor.expr import Expression
+
+    #: A member's order (rule 5): a position, or a joined row's tuple of them (joins.py);
+    #: compared only with the orders of the same aggregation.
+    Order = SupportsDunderGT[Any]
 
 
 class _Group:
@@ -34,8 +43,8 @@ class _Group:
     def __init__(self, names: list[str], track: bool) -> None:
         self.accs = [accumulator(n) for n in names]
         self.size = 0
-        self.newest: tuple[int, Hashable] | None = None  # (order, member) (rule 5)
-        self.members: dict[Hashable, int] | None = {} if track else None  # member -> order
+        self.newest: tuple[Order, Hashable] | None = None  # (order, member) (rule 5)
+        self.members: dict[Hashable, Order] | None = {} if track else None  # member -> order
 
 
 class Aggregation:
@@ -43,17 +52,18 @@ class Aggregation:
 
     __slots__ = ("projection", "filter", "members", "groups", "dirty")
 
-    def __init__(self, projection: Projection, filter: Any = None) -> None:
+    def __init__(self, projection: Projection, filter: Expression | None = None) -> None:
         self.projection = projection
         self.filter = filter  # a compiled Expression, or None (rule 3)
-        self.members: dict[Hashable, tuple] = {}  # member -> (key, args, reads, order)
-        self.groups: dict[tuple, _Group] = {}
-        self.dirty: dict[tuple, None] = {}  # an ordered set of group keys
+        self.members: dict[Hashable, tuple[tuple[Hashable, ...], tuple[object, ...], tuple[object, ...], Order]] = {}
+        # (member -> (key, args, reads, order))
+        self.groups: dict[tuple[Hashable, ...], _Group] = {}
+        self.dirty: dict[tuple[Hashable, ...], None] = {}  # an ordered set of group keys
 
     def __len__(self) -> int:
         return len(self.groups)
 
-    def add(self, member: Hashable, order: int, data: Any, meta: Any = None) -> bool:
+    def add(self, member: Hashable, order: Order, data: Any, meta: Any = None) -> bool:
         """``member`` counts now (replacing what it counted before); False if the filter
         leaves it out."""
         if member in self.members:
@@ -103,7 +113,7 @@ class Aggregation:
         self.members.clear()
         self.groups.clear()
 
-    def record(self, key: tuple) -> dict | None:
+    def record(self, key: tuple[Hashable, ...]) -> dict[str, object] | None:
         """The output record of group ``key`` now (None: no such group)."""
         group = self.groups.get(key)
         if group is None:
@@ -113,7 +123,7 @@ class Aggregation:
             reads = self.members[group.newest[1]][2]
         return self.projection.render(key, [acc.result() for acc in group.accs], reads)
 
-    def take_changes(self) -> list[tuple[tuple, dict | None]]:
+    def take_changes(self) -> list[tuple[tuple[Hashable, ...], dict[str, object] | None]]:
         """Rule 4: (group key, its record or None) for every group changed since the
         last call, in the order they first changed."""
         if not self.dirty:
@@ -121,6 +131,6 @@ class Aggregation:
         dirty, self.dirty = self.dirty, {}
         return [(key, self.record(key)) for key in dirty]
 
-    def records(self) -> Iterator[tuple[tuple, dict]]:
+    def records(self) -> Iterator[tuple[tuple[Hashable, ...], dict[str, object]]]:
         for key in self.groups:
-            yield key, self.record(key)  # type: ignore[misc]
+            yield key, cast("dict[str, object]", self.record(key))  # a group has a record

@@ -23,17 +23,18 @@ _json = msgspec.json.Decoder()
 class Entry:
     __slots__ = ("topic", "data", "timestamp", "publisher", "seq", "correlation_id", "_decoded", "expiration")
 
-    def __init__(self, topic, data, timestamp, publisher, seq, correlation_id, expiration=0.0) -> None:
+    def __init__(self, topic: str, data: bytes, timestamp: float, publisher: int, seq: int,
+                 correlation_id: str | None, expiration: float = 0.0) -> None:
         self.topic = topic
         self.data = data
         self.timestamp = timestamp
         self.publisher = publisher
         self.seq = seq
         self.correlation_id = correlation_id
-        self._decoded = self
+        self._decoded: object = self  # self: not decoded yet
         self.expiration = expiration  # absolute expiry stamped by a SOW topic (0: none)
 
-    def meta(self, bookmark: str | None, now: float) -> dict:
+    def meta(self, bookmark: str | None, now: float) -> dict[str, object]:
         """What the message functions of a filter read (``TOPIC_NAME()``, ``BOOKMARK()``,
         ``UNIX_TIMESTAMP()``...): ``now`` is the time of the decision the filter makes
         (the expression language never reads the clock)."""
@@ -47,7 +48,7 @@ class Entry:
             "now": now,
         }
 
-    def decoded(self):
+    def decoded(self) -> object:
         """The JSON body, decoded once; an undecodable body is None (filters see NULL)."""
         if self._decoded is self:
             try:
@@ -87,7 +88,7 @@ class MessageCache:
         self.put(position, entry)
         return entry
 
-    def data(self, position: int):
+    def data(self, position: int) -> object:
         """Decoded body of the message at ``position`` (the queue's ``load``)."""
         return self.get(position).decoded()
 

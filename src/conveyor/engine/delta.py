@@ -40,9 +40,9 @@ def merge(stored: Any, update: Any) -> Any:
 _MISSING = object()
 
 
-def changes(old: Any, new: Any) -> dict:
+def changes(old: Any, new: Any) -> dict[str, object]:
     """Rule 2: the fields of ``new`` that differ from ``old`` (both JSON objects)."""
-    out: dict = {}
+    out: dict[str, object] = {}
     if not isinstance(new, dict):
         return out
     old = old if isinstance(old, dict) else {}
@@ -68,7 +68,7 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) in (int, float) and type(b) in (int, float) and a == b or (type(a) is type(b) and a == b)
 
 
-def with_fields(delta: dict, record: Any, paths: tuple[tuple[str, ...], ...]) -> dict:
+def with_fields(delta: dict[str, object], record: Any, paths: tuple[tuple[str, ...], ...]) -> dict[str, object]:
     """Rule 3: ``delta`` plus the value in ``record`` of each of ``paths`` (a key field
     path as steps), whether it changed or not."""
     if not paths or not isinstance(record, dict):

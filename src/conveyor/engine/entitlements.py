@@ -29,7 +29,7 @@ import re
 from typing import Iterable
 
 from conveyor import errors
-from conveyor.config.model import Entitlement, Grant, is_regex_topic
+from conveyor.config.model import Config, Entitlement, Grant, is_regex_topic
 from conveyor.protocol import messages as m
 
 DECISIONS_CACHED_MAX = 100_000  # names remembered per permission and user
@@ -144,7 +144,7 @@ class Entitlements:
         self._memo: dict[str, Grants] = {}
 
     @classmethod
-    def from_config(cls, config) -> Entitlements:
+    def from_config(cls, config: Config) -> Entitlements:
         return cls(config.entitlement, required=config.authentication is not None)
 
     def for_user(self, user: str) -> Grants:
@@ -173,7 +173,7 @@ SUBSCRIPTION_COMMANDS = (m.Subscribe, m.SowAndSubscribe, m.DeltaSubscribe, m.Sow
 _NAMED_CONSUMER_COMMANDS = (m.Claim, m.Lease, m.Fetch, m.AckThrough, m.Extend, m.Reclaim, m.Head, m.ConsumerInfo)
 
 
-def required(cmd) -> list[tuple[Permission, str]]:
+def required(cmd: m.Command) -> list[tuple[Permission, str]]:
     """The permissions ``cmd`` needs, each with the name it applies to."""
     match cmd:
         case m.Publish() | m.DeltaPublish():
@@ -210,7 +210,7 @@ def required(cmd) -> list[tuple[Permission, str]]:
                                      permission="unknown", name=type(cmd).__name__)
 
 
-def check_command(grants: Grants, cmd) -> None:
+def check_command(grants: Grants, cmd: m.Command) -> None:
     """Raise NotEntitled unless ``grants`` allow everything ``cmd`` needs."""
     for permission, name in required(cmd):
         grants.check(permission, name)

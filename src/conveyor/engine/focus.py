@@ -20,7 +20,7 @@ A :class:`RecordChange` says one record changed (inserted, replaced, deleted, ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable, cast
 
 import msgspec
 
@@ -28,6 +28,9 @@ from conveyor.engine import delta
 from conveyor.engine.cache import Entry
 from conveyor.engine.outbox import Outbox
 from conveyor.protocol import messages as m
+
+if TYPE_CHECKING:
+    from conveyor.expr import Expression
 
 _encode = msgspec.json.Encoder().encode
 
@@ -59,7 +62,7 @@ class RecordChange:
         if type(old) is int:
             assert self._load is not None
             old = self._old = self._load(old)
-        return old  # type: ignore[return-value]
+        return cast("Entry | None", old)  # a position was loaded above
 
     @property
     def had_old(self) -> bool:
@@ -71,14 +74,14 @@ class RecordSubscription:
     sub_id: str
     conn_id: int
     topic: str
-    filter: Any = None  # conveyor.expr.Expression or None
+    filter: Expression | None = None
     oof: bool = False
     delta: bool = False
     no_empties: bool = False
     send_keys: bool = True
     no_sowkey: bool = False
     key_paths: tuple[tuple[str, ...], ...] = ()  # what a delta always carries (rule 1)
-    seen: set = field(default_factory=set)  # rule 2: keys sent, with oof
+    seen: set[Hashable] = field(default_factory=set)  # rule 2: keys sent, with oof
 
     def matches(self, entry: Entry | None, bookmark: str | None, now: float) -> bool:
         if entry is None:
@@ -125,6 +128,7 @@ def deliver(sub: RecordSubscription, change: RecordChange, now: float, outbox: O
         return
     if sub.oof and had:
         sub.seen.discard(change.key)
+        body: Entry | None
         if new is not None:
             reason, body = "match", new
         else:

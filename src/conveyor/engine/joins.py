@@ -37,7 +37,7 @@ one underlying topic. Rules:
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, cast
 
 from conveyor import expr
 from conveyor.config.model import JoinConfig
@@ -57,9 +57,9 @@ _IDENTIFIER = re.compile(
 def rewrite_identifiers(text: str) -> str:
     """Rule 3: ``[T].[/p]`` becomes ``[/T]/p`` (the path ``/T/p`` of a joined row)."""
 
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         if m.group(1) is not None:
-            return m.group(1)  # a string literal stays as it is
+            return cast(str, m.group(1))  # a string literal stays as it is
         return f"[/{m.group('topic')}]{m.group('path')}"
 
     return _IDENTIFIER.sub(one, text)
@@ -112,13 +112,14 @@ class _Topic:
     __slots__ = ("name", "index", "parent", "slot", "own", "below", "records", "by_value", "by_child_value",
                  "reached")
 
-    def __init__(self, name: str, index: int, parent: int, slot: int, own: Callable | None) -> None:
+    def __init__(self, name: str, index: int, parent: int, slot: int,
+                 own: Callable[[object, object], object] | None) -> None:
         self.name = name
         self.index = index
         self.parent = parent
         self.slot = slot
         self.own = own
-        self.below: list[Callable] = []
+        self.below: list[Callable[[object, object], object]] = []
         # key -> (order, data, meta, own join value, join value per child slot)
         self.records: dict[Hashable, tuple[int, Any, Any, str | None, tuple[str | None, ...]]] = {}
         self.by_value: dict[str, dict[Hashable, None]] = {}  # own join value -> keys
@@ -157,7 +158,7 @@ class Join:
                                       expr.compile(jc.right_field).evaluate))
             parent.below.append(expr.compile(jc.left_field).evaluate)
             parent.by_child_value.append({})
-        self._rows: dict[Hashable, dict[tuple, None]] = {}  # root key -> its rows' members
+        self._rows: dict[Hashable, dict[tuple[Hashable, ...], None]] = {}  # root key -> its rows' members
 
     def side(self, topic: str) -> _Side:
         """What ``topic``'s source feeds."""
@@ -166,7 +167,7 @@ class Join:
                 return _Side(self, t.index)
         raise KeyError(topic)
 
-    def _value(self, evaluate: Callable, data: Any) -> str | None:
+    def _value(self, evaluate: Callable[[object, object], object], data: Any) -> str | None:
         """Rule 2: the join value as text; None: it matches nothing."""
         text = to_text(scalar(evaluate(data, None)))
         if text is None or text == "":
@@ -200,12 +201,14 @@ class Join:
         return True
 
     @staticmethod
-    def _reindex(t: _Topic, key: Hashable, entry, *, add: bool) -> None:
+    def _reindex(t: _Topic, key: Hashable, entry: tuple[int, Any, Any, str | None, tuple[str | None, ...]], *,
+                 add: bool) -> None:
         _index(t.by_value, entry[3], key, add)
         for table, value in zip(t.by_child_value, entry[4]):
             _index(table, value, key, add)
 
-    def _reaching(self, t: _Topic, key: Hashable, entry) -> dict[Hashable, None]:
+    def _reaching(self, t: _Topic, key: Hashable,
+                  entry: tuple[int, Any, Any, str | None, tuple[str | None, ...]]) -> dict[Hashable, None]:
         """Rule 1: the root keys whose rows hold the record ``key`` of ``t`` (``entry``),
         or would: those reaching a parent record with its join value."""
         if t.index == 0:
@@ -223,13 +226,13 @@ class Join:
 
     # --- rows (rule 3) ----------------------------------------------------------------------
 
-    def _expand(self, root: Hashable) -> list[tuple]:
+    def _expand(self, root: Hashable) -> list[tuple[Hashable, ...]]:
         """The members of ``root``'s rows: a key, or None, per topic in join order."""
-        rows: list[list] = [[root]]
+        rows: list[list[Hashable]] = [[root]]
         topics = self.topics
         for t in topics[1:]:
             parent = topics[t.parent]
-            grown: list[list] = []
+            grown: list[list[Hashable]] = []
             for row in rows:
                 pkey = row[t.parent]
                 value = parent.records[pkey][4][t.slot] if pkey is not None else None
@@ -258,7 +261,7 @@ class Join:
         if new:
             self._rows[root] = new
 
-    def _count(self, member: tuple, root: Hashable, step: int) -> None:
+    def _count(self, member: tuple[Hashable, ...], root: Hashable, step: int) -> None:
         for t, key in zip(self.topics[1:], member[1:]):
             if key is None:
                 continue
@@ -271,7 +274,7 @@ class Join:
                 if not roots:
                     del t.reached[key]
 
-    def _add_row(self, member: tuple) -> None:
+    def _add_row(self, member: tuple[Hashable, ...]) -> None:
         row: dict[str, Any] = {}
         orders: list[int] = []
         meta = None

@@ -28,10 +28,15 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from conveyor.engine.bookmarks import format_bookmark
 from conveyor.protocol import messages as m
+
+if TYPE_CHECKING:
+    from conveyor.engine.ports import JournalPort
 
 
 #: Frames awaiting their persisted ack, per connection (rule 3).
@@ -50,11 +55,11 @@ class _PersistMarks:
 
 
 class Outbox:
-    def __init__(self, journal: Any) -> None:
+    def __init__(self, journal: JournalPort) -> None:
         self._journal = journal  # reads end and durable_end only
-        self._out: dict[int, list] = {}
-        self._held: deque[tuple[int, int, Any]] = deque()  # (threshold, conn_id, message)
-        self._held_persisted: deque[tuple[int, int, Any]] = deque()  # the same, for rule 4
+        self._out: dict[int, list[msgspec.Struct]] = {}
+        self._held: deque[tuple[int, int, msgspec.Struct]] = deque()  # (threshold, conn_id, message)
+        self._held_persisted: deque[tuple[int, int, msgspec.Struct]] = deque()  # the same, for rule 4
         self._closes: list[tuple[int, str]] = []
         self._persist: dict[int, _PersistMarks] = {}
         self._open: set[int] = set()
@@ -78,14 +83,14 @@ class Outbox:
 
     # --- sends ------------------------------------------------------------------------
 
-    def send(self, conn_id: int, message: Any) -> None:
+    def send(self, conn_id: int, message: msgspec.Struct) -> None:
         box = self._out.get(conn_id)
         if box is None:
             self._out[conn_id] = [message]
         else:
             box.append(message)
 
-    def send_when_durable(self, conn_id: int, message: Any, threshold: int | None = None) -> None:
+    def send_when_durable(self, conn_id: int, message: msgspec.Struct, threshold: int | None = None) -> None:
         """Send once every record appended so far (or up to ``threshold``) is on disk."""
         if threshold is None:
             threshold = self._journal.end
@@ -94,7 +99,7 @@ class Outbox:
         else:
             self._held.append((threshold, conn_id, message))
 
-    def send_when_persisted(self, conn_id: int, message: Any, threshold: int | None = None) -> None:
+    def send_when_persisted(self, conn_id: int, message: msgspec.Struct, threshold: int | None = None) -> None:
         """Send once every record appended so far (or up to ``threshold``) is persisted
         (rule 4): durable here and on every sync replication destination."""
         if threshold is None:
@@ -150,7 +155,7 @@ class Outbox:
 
     # --- the shell's side ----------------------------------------------------------------
 
-    def take_output(self) -> dict[int, list]:
+    def take_output(self) -> dict[int, list[msgspec.Struct]]:
         out, self._out = self._out, {}
         return out
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from conveyor.engine.entitlements import UNRESTRICTED, Grants
+
+if TYPE_CHECKING:
+    from conveyor.expr import Expression
 
 
 class SubKind(enum.Enum):
@@ -38,7 +41,7 @@ class SessionSubscription:
     topic: str
     matches_topic: Callable[[str], bool]
     kind: SubKind
-    filter: Any = None  # conveyor.expr.Expression or None
+    filter: Expression | None = None
     cid: str | None = None
     ack_types: frozenset[str] = frozenset()
     consumer: Any = None  # engine.queue.Consumer for QUEUE subscriptions

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgspec
 
@@ -124,7 +124,7 @@ class SowTopic:
 
     def prepare(
         self, data: bytes, supplied: str | None, expiration: float | None, now: float, *,
-        is_delta: bool, load,
+        is_delta: bool, load: Callable[[int], bytes],
     ) -> tuple[bytes, Any, float]:
         """The message to journal for a publish (delta merged), its key and its expiry
         stamp. ``load(position)``: the payload of a journaled record."""
@@ -162,7 +162,7 @@ class SowTopic:
     def appended(self, key: Any, position: int, data: bytes) -> None:
         self.pending[key] = (position, data)
 
-    def latest(self, key: Any, load) -> bytes | None:
+    def latest(self, key: Any, load: Callable[[int], bytes]) -> bytes | None:
         """The newest state of ``key``, durable or not (rule 3)."""
         hit = self.pending.get(key)
         if hit is not None:

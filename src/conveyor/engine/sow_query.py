@@ -18,7 +18,7 @@ Rules:
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from conveyor import errors, expr
 from conveyor.expr.aggregates import order_key
@@ -26,6 +26,8 @@ from conveyor.expr.values import scalar, to_text
 
 #: The largest ``batch_size`` (reference G.1.2: above 10,000 is an error).
 BATCH_SIZE_MAX = 10_000
+
+_Row = TypeVar("_Row")  # what a query selects from: a record, as its caller holds it
 
 _TERM = re.compile(r"\s*(?P<field>\S+)(?P<words>(?:\s+(?:ASC|DESC|TEXT))*)\s*", re.IGNORECASE)
 
@@ -52,10 +54,10 @@ class OrderBy:
             terms.append((field, "DESC" in words, "TEXT" in words))
         self.terms = tuple(terms)
 
-    def sort(self, rows: list, data_of: Callable[[Any], Any]) -> None:
+    def sort(self, rows: list[_Row], data_of: Callable[[_Row], object]) -> None:
         """Sort ``rows`` in place; ``data_of(row)``: the decoded message."""
         for field, desc, as_text in reversed(self.terms):
-            def key(row, field=field, as_text=as_text):
+            def key(row: _Row, field: expr.Expression = field, as_text: bool = as_text) -> tuple[object, ...]:
                 value = scalar(field.evaluate(data_of(row)))
                 if value is None:
                     return (0,)
@@ -68,8 +70,8 @@ def check_batch_size(batch_size: int | None) -> None:
         raise errors.InvalidOption(f"batch_size must be 1 to {BATCH_SIZE_MAX}, not {batch_size}", option="batch_size")
 
 
-def select(rows: Iterable, matches: Callable[[Any], bool], *, orderby: OrderBy | None, top_n: int | None,
-           skip_n: int, data_of: Callable[[Any], Any], key_of: Callable[[Any], str]) -> tuple[list, int, int]:
+def select(rows: Iterable[_Row], matches: Callable[[_Row], bool], *, orderby: OrderBy | None, top_n: int | None,
+           skip_n: int, data_of: Callable[[_Row], object], key_of: Callable[[_Row], str]) -> tuple[list[_Row], int, int]:
     """(rows to return, Matches, TopicMatches) by rules 1 and 2."""
     examined = 0
     hits = []

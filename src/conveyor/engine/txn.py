@@ -120,7 +120,7 @@ class Staging:
                 "expired, or lost in a server restart): stage the batch again",
                 txns=len(missing),
             )
-        out = []
+        out: list[tuple[str, bytes]] = []
         for t in dict.fromkeys(txns):
             staged = self._txns.pop(t)
             self.bytes -= staged.bytes
@@ -173,7 +173,7 @@ class Transactions:
         self.staging = staging if staging is not None else Staging()
         self._named = named  # for the fences of rule 5
 
-    def handle(self, conn: int, cmd, now: float, *, owner: str | None = None) -> None:
+    def handle(self, conn: int, cmd: m.Command, now: float, *, owner: str | None = None) -> None:
         """``owner``: the authenticated user (rule 6), None without authentication."""
         match cmd:
             case m.Stage():
@@ -201,6 +201,7 @@ class Transactions:
         if cmd.fences and self._named is None:
             raise errors.InvalidOption("commit_txn fences: this engine has no named consumers")
         for fence in cmd.fences:  # rule 5: refused before anything happens
+            assert self._named is not None  # fences without named consumers were refused above
             self._named.check_fence(fence)
         publisher = txn_publisher_id(cmd.publisher, owner)
         txns = [_handle(owner, t) for t in cmd.txns]
@@ -221,6 +222,7 @@ class Transactions:
                 records.PublishRec(topic, publisher, cmd.seq, now, data, None, txn_index=i, txn_total=n)
             )
         for fence in cmd.fences:  # after the rows: a crash keeps the ack only with them
+            assert self._named is not None  # fences without named consumers were refused above
             self._named.ack_fence(fence, now)
         self._outbox.send_when_persisted(conn, m.Ack(ack_type="processed", cid=cmd.cid, seq=cmd.seq,
                                                    result=replies.CommitReply(published=n)))

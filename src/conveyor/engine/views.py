@@ -33,7 +33,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Hashable
 
 import msgspec
 
@@ -55,7 +55,7 @@ _encode = msgspec.json.Encoder().encode
 _SHOWN = frozenset({MessageState.AVAILABLE, MessageState.ELSEWHERE})
 
 
-def view_key(domain: str, group: tuple) -> int:
+def view_key(domain: str, group: tuple[Hashable, ...]) -> int:
     """Rule 4: the key of a view record."""
     return generated_key(domain, [to_text(key_value(v)) for v in group])
 
@@ -70,7 +70,7 @@ class View:
         self.name = config.name
         self.aggregation = aggregation
         self.records: dict[int, Entry] = {}  # view key -> the record
-        self._keys: dict[tuple, tuple[int, str]] = {}  # group -> its view key and its text (a checksum: kept)
+        self._keys: dict[tuple[Hashable, ...], tuple[int, str]] = {}  # group -> its view key and its text (a checksum: kept)
         self.feeds_queue = False
         self._seq = 0
         #: Called with the RecordChanges of each flush: subscriptions, downstream views.
@@ -113,7 +113,7 @@ class View:
         return changes
 
 
-def _meta(entry: Entry, position: int) -> dict:
+def _meta(entry: Entry, position: int) -> dict[str, object]:
     # Message functions in a view describe the queued message (expressions.md 7.3).
     return entry.meta(format_bookmark(entry.publisher, entry.seq, position), entry.timestamp)
 

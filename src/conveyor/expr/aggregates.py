@@ -158,7 +158,7 @@ class Accumulator:
     def remove(self, value) -> None:
         raise NotImplementedError
 
-    def result(self):
+    def result(self) -> object:
         raise NotImplementedError
 
 
