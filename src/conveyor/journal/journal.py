@@ -757,7 +757,7 @@ class MemoryJournal(Journal):
         self._setup(store, report, segments, segment_bytes)
 
     @classmethod
-    def open(  # type: ignore[override]
+    def open(  # type: ignore[override]  # on a store, not a directory: by design not Journal.open's signature
         cls,
         store: MemoryStore | None = None,
         *,

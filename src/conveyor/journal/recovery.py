@@ -263,7 +263,7 @@ def recover(storage: Storage, *, logger: logging.Logger, create: bool) -> tuple[
         created=created,
         tail_crc=tail_crc,
         tail_records=prev.records if prev is not None else 0,
-        **report_tail,  # type: ignore[arg-type]
+        **report_tail,  # type: ignore[arg-type]  # _truncate_tail's fields, each of its own type (a dict of them)
     )
     return report, segments
 
