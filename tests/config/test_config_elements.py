@@ -105,7 +105,7 @@ FULL = """<?xml version="1.0" encoding="UTF-8"?>
       <Transport>
         <InetAddr>[fd00::2]:10005</InetAddr>
       </Transport>
-      <Topic><Name>.*</Name><MessageType>json</MessageType></Topic>
+      <Topic><Name>^(orders|work\\..*)$</Name><MessageType>json</MessageType></Topic>
       <PassThrough>^east$</PassThrough>
     </Destination>
   </Replication>
@@ -208,7 +208,7 @@ def test_replication(full):
                     "west-1b.example.com:10005",
                     "[fd00::2]:10005",
                 ),
-                topics=(RecordedTopic(".*", "json"),),
+                topics=(RecordedTopic(r"^(orders|work\..*)$", "json"),),
                 pass_through="^east$",
             ),
         )

@@ -544,3 +544,28 @@ def test_pass_through_must_compile():
     dest = _DEST.format(sync="sync", addr="h:1", topic="Work") + "<PassThrough>(</PassThrough>"
     refused(config_xml(_replication(dest)), f"{D1}/PassThrough",
             "is not a valid regular expression", hint="regex of group names")
+
+
+def test_a_replicated_queue_has_no_target_queue_depth_yet():
+    """Rule 8, checked when the configuration loads (so `conveyor config check` refuses
+    it as `conveyor serve` does)."""
+    sow = queue_xml("<TargetQueueDepth>10</TargetQueueDepth>")
+    refused(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*"))),
+            "AMPSConfig/SOW/Queue[1]/TargetQueueDepth", "queue 'Q' is replicated and has a TargetQueueDepth",
+            hint="remove <TargetQueueDepth>")
+
+
+def test_a_queue_replicated_elsewhere_may_keep_its_target_queue_depth():
+    sow = queue_xml("<TargetQueueDepth>10</TargetQueueDepth>")
+    loads(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic="Work"))))
+
+
+def test_a_replicated_queue_does_not_take_from_a_view():
+    sow = ("<SOW><Topic><Name>Orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>"
+           "<View><Name>Totals</Name><MessageType>json</MessageType><UnderlyingTopic>Orders</UnderlyingTopic>"
+           "<Projection><Field>/id</Field></Projection><Grouping><Field>/id</Field></Grouping></View>"
+           "<Queue><Name>Q</Name><MessageType>json</MessageType><UnderlyingTopic>Totals</UnderlyingTopic></Queue>"
+           "</SOW>")
+    refused(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*")),
+                       topics=("Work", "Orders", "Totals")),
+            "AMPSConfig/SOW/Queue[1]", "its underlying topic is view 'Totals'", hint="make the queue a LocalQueue")

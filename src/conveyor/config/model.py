@@ -11,6 +11,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 # Characters that make a topic name a regular expression (AMPS treats such topics as
 # patterns). A plain name like "orders.eu" stays literal: '.' alone is not enough.
@@ -309,6 +310,13 @@ class ReplicationDestination:
 @dataclass(frozen=True)
 class Replication:
     destinations: tuple[ReplicationDestination, ...] = ()
+
+    def replicated_queues(self, queues: Iterable[QueueConfig]) -> frozenset[str]:
+        """The queues whose replicated messages follow ownership (a ``Queue`` or
+        ``GroupLocalQueue`` whose name a destination's ``Topic`` matches)."""
+        matchers = [topic_matcher(t.name) for d in self.destinations for t in d.topics]
+        return frozenset(q.name for q in queues
+                         if q.kind is not QueueKind.LOCAL and any(m(q.name) for m in matchers))
 
 
 #: Limits (a conveyor extension): unsent output across every connection. One slow

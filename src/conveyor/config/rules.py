@@ -18,6 +18,11 @@ typed values, and name the element that has to change:
    its records are a fold over the log (docs/sow-and-views.md).
 7. A ``FileBackedMetadata`` queue cannot take from a SOW topic with ``Expiration``: its
    snapshots do not keep the per-message expiration stamped on such messages.
+8. A replicated queue (a ``Queue`` or ``GroupLocalQueue`` a destination replicates) has
+   no ``TargetQueueDepth`` yet, and does not take from a view: a view's records are
+   computed on every instance and never replicated, so each instance would hold its own
+   copies of the same work under different identities. ``conveyor config check`` and
+   ``conveyor serve`` refuse these alike.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from conveyor.config.model import (
     QueueKind,
     Replication,
     TransactionLog,
+    ViewConfig,
     is_regex_topic,
     topic_matcher,
 )
@@ -81,6 +87,7 @@ def check(
         _check_action(doc, txlog, by_name, action)
     if replication is not None:
         _check_local_queues_not_replicated(doc, queues, replication)
+        _check_replicated_queues(doc, queues, replication, sow.views if sow is not None else ())
 
 
 def _require_transaction_log(
@@ -192,6 +199,30 @@ def _check_local_queues_not_replicated(
                         "replicate the queue's underlying topics instead, or declare the "
                         "queue as <Queue> or <GroupLocalQueue>",
                     )
+
+
+def _check_replicated_queues(
+    doc: Document, queues: tuple[QueueConfig, ...], replication: Replication, views: tuple[ViewConfig, ...]
+) -> None:
+    """Rule 8."""
+    replicated = replication.replicated_queues(queues)
+    for queue in queues:
+        if queue.name not in replicated:
+            continue
+        if queue.target_queue_depth is not None:
+            raise doc.error(
+                f"{queue.path}/TargetQueueDepth",
+                f"queue {queue.name!r} is replicated and has a TargetQueueDepth: not supported together yet",
+                "remove <TargetQueueDepth>, or replicate only its underlying topics",
+            )
+        over_view = next((v.name for v in views if topic_matcher(queue.underlying)(v.name)), None)
+        if over_view is not None:
+            raise doc.error(
+                queue.path,
+                f"queue {queue.name!r} is replicated and its underlying topic is view {over_view!r}: not supported "
+                "together",
+                "make the queue a LocalQueue, or leave it out of the destinations' Topic regexes",
+            )
 
 
 def _require_recorded(

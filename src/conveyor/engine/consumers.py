@@ -84,6 +84,7 @@ from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.ownership import ReplicatedQueues
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import AckOption, Consumer, Event, TakeBack
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
@@ -184,7 +185,8 @@ class NamedConsumers:
     """Every named consumer, by (queue, name), and the commands that drive them."""
 
     def __init__(self, bindings: QueueBindings, delivery: QueueDelivery, journal: JournalPort, cache: MessageCache,
-                 outbox: Outbox) -> None:
+                 outbox: Outbox, replicated_queues: ReplicatedQueues | None = None) -> None:
+        """``replicated_queues``: the replicated queues, when this instance has any (rule 7)."""
         self._bindings = bindings
         self._delivery = delivery
         self._journal = journal
@@ -192,8 +194,7 @@ class NamedConsumers:
         self._outbox = outbox
         self._named: dict[tuple[str, str], NamedConsumer] = {}
         self._restored_below = 0  # records below it are in the restored consumers' state (replay)
-        #: The replicated queues (engine/ownership.py), set by the engine (rule 7).
-        self.replicated_queues = None
+        self.replicated_queues = replicated_queues
 
     def __len__(self) -> int:
         return len(self._named)

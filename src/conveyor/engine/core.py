@@ -75,7 +75,7 @@ from conveyor.engine.queue import Queue, QueueStats
 from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.engine.recovery import Checkpoint, Recovery
 from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
-from conveyor.engine.replication import Replication
+from conveyor.engine.replication import PeerLinks, Replication
 from conveyor.engine.sessions import Session, SubKind
 from conveyor.engine.sow import key_text
 from conveyor.engine.state_of_world import StateOfTheWorld
@@ -123,9 +123,11 @@ class Engine:
 
     def __init__(
         self, config: Config, journal: JournalPort, *, journal_id: str = "", cache_bytes_max: int = CACHE_BYTES_MAX_DEFAULT,
+        describe_connection: Callable[[int], str] = lambda conn_id: f"connection {conn_id}",
     ) -> None:
         """``journal_id``: the identity of this journal (it changes when the journal is
-        replaced), so replication destinations know what their positions refer to."""
+        replaced), so replication destinations know what their positions refer to.
+        ``describe_connection(conn_id)``: how log lines name a connection."""
         self.config = config
         self.journal = journal
         self.instance = config.name
@@ -133,17 +135,26 @@ class Engine:
         self._names: dict[str, int] = {}  # client name -> connection (rule 3)
         self.cache = MessageCache(journal.read, bytes_max=cache_bytes_max)
         self.outbox = Outbox(journal)
-        self.publishes = PublishLog(journal, config.transaction_log)
+        repl = config.replication
+        # Rule 4 of replication: a sync destination holds back persisted acknowledgements.
+        self.publishes = PublishLog(journal, config.transaction_log,
+                                    track_persisted=any(d.sync_type == "sync" for d in (repl.destinations if repl else ())))
         self.publishes_unrouted = 0  # rule 6
+        #: How log lines name a connection (the server adds the peer address).
+        self.describe_connection = describe_connection
+        self.limits = config.limits
+        self.entitlements = Entitlements.from_config(config)
         # One filter budget per turn of the shell's loop, for topic fan-out, queue
         # dispatch and SOW subscriptions alike (engine/filter_budget.py); topics.new_turn()
         # renews it.
         budget = FilterBudget(FILTER_TICKS_PER_TURN)
+        # Every part is built once, here, in dependency order, and given what it uses;
+        # nothing is assigned into a part afterwards (docs/architecture.md, "Assembly").
         self.bindings = QueueBindings(config, self.cache, budget)
         self.topics = Topics(journal, self.outbox, budget)
         self.delivery = QueueDelivery(
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
-            publisher_id(ACTION_CLIENT_NAME, instance=self.instance),
+            publisher_id(ACTION_CLIENT_NAME, instance=self.instance), entitled=self._may_consume,
         )
         self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings, budget)
         self._sow_topics = self.sow.topics
@@ -151,46 +162,21 @@ class Engine:
         self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
         self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal,
                                            records=self.sow, recorded=self.publishes.recorded,
-                                           subscriptions_max=config.limits.subscriptions_per_connection_max)
-        self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox)
+                                           subscriptions_max=config.limits.subscriptions_per_connection_max,
+                                           describe=self._who)
+        self.peers = PeerLinks(config)
+        self.replicated_queues = ReplicatedQueues(self.instance, self.bindings, journal, self.cache, self.delivery,
+                                                  self.peers.reachable)
+        replicated = self.replicated_queues if self.replicated_queues else None
+        self.named = NamedConsumers(self.bindings, self.delivery, journal, self.cache, self.outbox,
+                                    replicated_queues=replicated)
         self.transactions = Transactions(self.publishes, self.bindings, self.outbox, named=self.named)
         self.journal_id = journal_id
-        self.replication = Replication(config, journal, self.publishes, self.outbox, journal_id=journal_id)
-        self.publishes.track_persisted = any(link.sync for link in self.replication.links.values())
-        self.replicated_queues = ReplicatedQueues(self.instance, self.bindings, journal, self.cache, self.delivery,
-                                                  self.replication.reachable)
-        for name in self.replication.owned_queues:
-            binding = self.bindings.by_name[name]
-            if binding.config.target_queue_depth is not None:
-                raise errors.ConfigError(
-                    f"queue {name!r} is replicated and has a TargetQueueDepth: not supported together yet",
-                    path=binding.config.path, hint="remove <TargetQueueDepth>, or replicate only its underlying topics",
-                )
-            over_view = next((v.name for v in config.views if topic_matcher(binding.config.underlying)(v.name)), None)
-            if over_view is not None:
-                # A view's records are computed on every instance and never replicated
-                # (replication rule 8): a replicated queue over them would hold each
-                # instance's own copies of the same work, under different identities.
-                raise errors.ConfigError(
-                    f"queue {name!r} is replicated and its underlying topic is view {over_view!r}: not supported "
-                    "together", path=binding.config.path,
-                    hint="make the queue a LocalQueue, or leave it out of the destinations' Topic regexes",
-                )
-            binding.ownership = self.replicated_queues.add(binding, binding.config)
-            binding.plain = False
-        self.replication.queues = self.replicated_queues if self.replicated_queues else None
-        self.replication.sow = self.sow
-        self.replication.consumers = self.named
-        self.named.replicated_queues = self.replicated_queues if self.replicated_queues else None
+        self.replication = Replication(config, journal, self.publishes, self.outbox, self.peers, journal_id=journal_id,
+                                       queues=replicated, sow=self.sow, consumers=self.named)
         self._publish_actions = PublishActions(config.actions)
         self.recovery = Recovery(journal, self.bindings, self.publishes, self.delivery, self.named, self.topics,
-                                  self.replication, sow=self.sow)
-        #: How log lines name a connection; the server sets it to add the peer address.
-        self.describe_connection = lambda conn_id: f"connection {conn_id}"
-        self.subscriptions.describe = lambda session: self._who(session)
-        self.limits = config.limits
-        self.entitlements = Entitlements.from_config(config)
-        self.delivery.entitled = self._may_consume
+                                 self.replication, sow=self.sow, queues=replicated)
 
     @property
     def queues(self) -> Mapping[str, Queue]:

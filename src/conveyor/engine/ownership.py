@@ -523,15 +523,9 @@ class ReplicatedQueues:
         self._cache = cache
         self._delivery = delivery
         self._reachable = reachable
-        self.by_queue: dict[str, QueueOwnership] = {}
+        self.by_queue: dict[str, QueueOwnership] = {b.name: b.ownership for b in bindings if b.ownership is not None}
         # (queue, requester, publisher, seq, attempt) of the requests answered
         self._seen_requests: OrderedDict[tuple[str, str, int, int, int], None] = OrderedDict()
-
-    def add(self, binding: QueueBinding, config: QueueConfig) -> QueueOwnership:
-        own = QueueOwnership(self.instance, binding.queue, kind=config.kind, initial_owner=config.initial_owner,
-                             deferred_ack_expiration_s=config.deferred_ack_expiration_s)
-        self.by_queue[binding.name] = own
-        return own
 
     def __bool__(self) -> bool:
         return bool(self.by_queue)

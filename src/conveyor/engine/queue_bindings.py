@@ -22,7 +22,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Iterator, cast
+from typing import Callable, Iterator, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Config, QueueConfig, topic_matcher
@@ -30,13 +30,11 @@ from conveyor.engine.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import compile_filter, filter_cost_ticks
+from conveyor.engine.ownership import QueueOwnership
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import Queue
 from conveyor.engine.routes import RouteCache
 from conveyor.expr import Expression
-
-if TYPE_CHECKING:
-    from conveyor.engine.ownership import QueueOwnership
 
 log = logging.getLogger("conveyor.engine")
 
@@ -70,22 +68,29 @@ class QueueBinding:
     __slots__ = ("queue", "name", "config", "filter", "priority", "barrier", "plain", "barrier_until",
                  "snapshot_events_from", "ownership")
 
-    def __init__(self, config: QueueConfig, cache: MessageCache, budget: FilterBudget | None = None) -> None:
+    def __init__(self, config: QueueConfig, cache: MessageCache, budget: FilterBudget | None = None, *,
+                 replicated_at: str | None = None) -> None:
+        """``replicated_at``: this instance's name when the queue is replicated (its
+        messages then follow ownership, engine/ownership.py)."""
         self.config = config
         self.name = config.name
         self.filter = _compiled(config, "Filter", config.filter)
         self.priority = _compiled(config, "Priority", config.priority)
         self.barrier = _compiled(config, "BarrierExpression", config.barrier_expression)
-        # No Filter, Priority or BarrierExpression: recovery enqueues without decoding.
-        self.plain = not (config.filter or config.priority or config.barrier_expression)
+        # No Filter, Priority or BarrierExpression, not replicated: recovery enqueues
+        # without decoding.
+        self.plain = not (config.filter or config.priority or config.barrier_expression or replicated_at)
         self.barrier_until = 0  # journal end when this queue's last barrier batch was made
         self.snapshot_events_from: int | None = None  # FileBackedMetadata: events below are in the snapshot
-        self.ownership: QueueOwnership | None = None  # a replicated queue's QueueOwnership (engine/ownership.py)
 
         def load(position: int) -> View:
             return cache.get(position), position
 
         self.queue = Queue(config, load=load, budget=budget)
+        #: A replicated queue's QueueOwnership (engine/ownership.py); None: not replicated.
+        self.ownership: QueueOwnership | None = None if replicated_at is None else QueueOwnership(
+            replicated_at, self.queue, kind=config.kind, initial_owner=config.initial_owner,
+            deferred_ack_expiration_s=config.deferred_ack_expiration_s)
 
     def __repr__(self) -> str:
         return f"<QueueBinding {self.name!r}>"
@@ -161,8 +166,10 @@ class QueueBindings:
         self.by_name: dict[str, QueueBinding] = {}
         self._targets: dict[str, str] = {}  # DefaultPublishTarget: queue name -> topic
         self._routes: RouteCache[tuple[QueueBinding, ...]] = RouteCache()  # bounded: routes.py
+        replicated = config.replication.replicated_queues(config.queues) if config.replication else frozenset()
         for qc in config.queues:
-            self.by_name[qc.name] = QueueBinding(qc, cache, budget)
+            self.by_name[qc.name] = QueueBinding(qc, cache, budget,
+                                                 replicated_at=config.name if qc.name in replicated else None)
             if qc.default_publish_target and qc.default_publish_target != qc.name:
                 self._targets[qc.name] = qc.default_publish_target
 

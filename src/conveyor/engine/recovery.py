@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
 
@@ -52,6 +52,10 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 from conveyor.engine.replication import Replication
 from conveyor.engine.topics import Topics
+
+if TYPE_CHECKING:
+    from conveyor.engine.ownership import ReplicatedQueues
+    from conveyor.engine.state_of_world import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
 
@@ -118,8 +122,10 @@ class Checkpoint:
 
 class Recovery:
     def __init__(self, journal: JournalPort, bindings: QueueBindings, publishes: PublishLog, delivery: QueueDelivery,
-                 named: NamedConsumers, topics: Topics, replication: Replication, sow: Any = None) -> None:
+                 named: NamedConsumers, topics: Topics, replication: Replication, sow: StateOfTheWorld | None = None,
+                 queues: ReplicatedQueues | None = None) -> None:
         self._sow = sow
+        self._queues = queues  # the replicated queues, if any
         self._journal = journal
         self._bindings = bindings
         self._publishes = publishes
@@ -152,7 +158,7 @@ class Recovery:
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=snapshots,
                           replication=self._replication.received(), links=self._replication.acknowledged(),
-                          ownership=self._replication.queues.export_state() if self._replication.queues else {},
+                          ownership=self._queues.export_state() if self._queues else {},
                           sow=self._sow.floors(first_unapplied) if self._sow is not None else {},
                           created={b.name: self._created.get(b.name, end) for b in self._bindings})
 
@@ -201,8 +207,8 @@ class Recovery:
             for source, (journal_id, through) in checkpoint.replication.items():
                 self._replication.recovered(records.ReceivedRec(source, journal_id, through))
             self._replication.restore_acknowledged(checkpoint.links)
-            if self._replication.queues is not None:
-                self._replication.queues.restore(checkpoint.ownership, now)
+            if self._queues is not None:
+                self._queues.restore(checkpoint.ownership, now)
         created = checkpoint.created if checkpoint is not None else {}
         self._created = {b.name: created.get(b.name, journal.durable_end) for b in self._bindings}
         for b in self._bindings:
@@ -256,8 +262,8 @@ class Recovery:
             b.refill(journal)
             self._delivery.mark(b)
         self._named.lease_after_restart(now)
-        if self._replication.queues is not None:
-            for own in self._replication.queues.by_queue.values():
+        if self._queues is not None:
+            for own in self._queues.by_queue.values():
                 own.settle_after_recovery()
         if sow is not None:
             sow.end_recovery(now)
@@ -304,7 +310,7 @@ class Recovery:
         self._replication.recovered(rec)
 
     def _ownership_record(self, pos: int, rec: OwnershipRecord, scan: _Scan, now: float) -> None:
-        queues = self._replication.queues
+        queues = self._queues
         if queues is not None and pos >= self._ownership_from(rec.queue, scan.points):
             queues.replay(rec, now)
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
 
@@ -67,6 +67,11 @@ from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.protocol import replication as p
+
+if TYPE_CHECKING:
+    from conveyor.engine.consumers import NamedConsumers
+    from conveyor.engine.ownership import ReplicatedQueues
+    from conveyor.engine.state_of_world import StateOfTheWorld
 
 log = logging.getLogger("conveyor.replication")
 
@@ -229,11 +234,35 @@ class InLink:
         self.arrival = records.Arrival(profile.instance, profile.group, [profile.instance])
 
 
+class PeerLinks:
+    """This instance's replication links, both ways: outgoing by destination name,
+    incoming by connection. A part of its own so that the replicated queues can ask
+    whether a peer is reachable (proxied transfer) without holding the replication
+    part that holds them."""
+
+    def __init__(self, config: Config) -> None:
+        views = frozenset(v.name for v in config.views)
+        repl = config.replication
+        self.out: dict[str, OutLink] = {d.name: OutLink(d, views) for d in (repl.destinations if repl else ())}
+        self.incoming: dict[int, InLink] = {}
+
+    def reachable(self, instance: str) -> bool:
+        """Whether a link to or from ``instance`` is up (proxied transfer acts only for an
+        owner that is not)."""
+        if any(link.state is LinkState.STREAMING and link.peer is not None and link.peer.instance == instance
+               for link in self.out.values()):
+            return True
+        return any(link.profile.instance == instance for link in self.incoming.values())
+
+
 class Replication:
     def __init__(
-        self, config: Config, journal: JournalPort, publishes: PublishLog, outbox: Outbox, *, journal_id: str,
-        window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
+        self, config: Config, journal: JournalPort, publishes: PublishLog, outbox: Outbox, peers: PeerLinks, *,
+        journal_id: str, queues: ReplicatedQueues | None = None, sow: StateOfTheWorld | None = None,
+        consumers: NamedConsumers | None = None, window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
     ) -> None:
+        """``queues``: the replicated queues (None: none here, rule 6); ``sow``: the State
+        of the World (rule 8); ``consumers``: the named consumers (rule 7)."""
         self.instance = config.name
         self.group = config.group or config.name  # an instance without a Group is its own group
         self.journal_id = journal_id
@@ -244,25 +273,19 @@ class Replication:
         self._window = window_bytes_max
         repl = config.replication
         self._by_conn: dict[int, OutLink] = {}
-        self._incoming: dict[int, InLink] = {}
+        self._incoming = peers.incoming
+        self._peers = peers
         # source instance -> what this instance holds of its journal (rule 2)
         self._sources: dict[str, SourceState] = {}
         self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
-        self.links: dict[str, OutLink] = {d.name: OutLink(d, self._views)
-                                          for d in (repl.destinations if repl else ())}
+        self.links = peers.out
         self._samples: deque[tuple[int, float]] = deque()  # (durable end, when), rising
         self._profile = self._make_profile()
-        #: The replicated queues (engine/ownership.py ReplicatedQueues), set by the engine.
-        self.queues = None
-        #: The State of the World (engine/state_of_world.py), set by the engine (rule 8).
-        self.sow = None
-        #: The named consumers (engine/consumers.py), set by the engine (rule 7).
-        self.consumers = None
-        replicated = _matches_any(tuple(t.name for d in self.links.values() for t in d.dest.topics))
+        self.queues = queues
+        self.sow = sow
+        self.consumers = consumers
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
-        self.owned_queues = frozenset(
-            q.name for q in config.queues if q.kind is not QueueKind.LOCAL and replicated(q.name)
-        )
+        self.owned_queues = repl.replicated_queues(config.queues) if repl else frozenset()
         self._send = self._send_table()
         self._receive = self._receive_table()
 
@@ -797,12 +820,7 @@ class Replication:
                             link.name, age, link.dest.upgrade_age_s)
 
     def reachable(self, instance: str) -> bool:
-        """Whether a link to or from ``instance`` is up (proxied transfer acts only for an
-        owner that is not)."""
-        if any(link.state is LinkState.STREAMING and link.peer is not None and link.peer.instance == instance
-               for link in self.links.values()):
-            return True
-        return any(link.profile.instance == instance for link in self._incoming.values())
+        return self._peers.reachable(instance)
 
     def statistics(self, now: float) -> tuple[tuple[LinkStats, ...], tuple[InLinkStats, ...]]:
         end = self._journal.durable_end

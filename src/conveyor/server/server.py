@@ -209,8 +209,8 @@ class Server:
             self.journal = MemoryJournal()
         self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
         self.engine = Engine(config, self.journal,
-                             journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory")
-        self.engine.describe_connection = self._describe  # logon and subscription log lines name the address
+                             journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory",
+                             describe_connection=self._describe)  # log lines name the peer's address
         self.connections: dict[int, Connection] = {}
         self._next_conn_id = 1
         self._servers: list[asyncio.base_events.Server] = []
