@@ -10,7 +10,7 @@ recovery rebuilds the same queue.
 from __future__ import annotations
 
 from conveyor import records
-from conveyor.engine.bookmarks import bookmark_positions
+from conveyor.protocol.bookmarks import bookmark_positions
 from conveyor.protocol import messages as m
 
 from .engine_harness import Harness, config_xml, decode, queue_xml

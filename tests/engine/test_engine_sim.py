@@ -51,7 +51,7 @@ from typing import Callable
 import pytest
 
 from conveyor.config import Config, load_text
-from conveyor.engine.bookmarks import bookmark_position
+from conveyor.protocol.bookmarks import bookmark_position
 from conveyor.protocol import messages as m
 
 from .engine_harness import Harness, config_xml, decode, queue_xml

@@ -9,7 +9,7 @@ import pytest
 
 from conveyor.config import load_text
 from conveyor.config.model import Authentication, Entitlement, Grant
-from conveyor.engine.bookmarks import publisher_id, txn_publisher_id
+from conveyor.protocol.bookmarks import publisher_id, txn_publisher_id
 from conveyor.engine.entitlements import DECISIONS_CACHED_MAX, Entitlements, Grants, Permission
 from conveyor.protocol import messages as m
 from tests.engine.engine_harness import Harness, body, config_xml, queue_xml, recorded

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conveyor.engine.bookmarks import bookmark_position
+from conveyor.protocol.bookmarks import bookmark_position
 from conveyor.engine.ownership import WAIT_DEFAULT_S
 from conveyor.journal import MemoryJournal
 

@@ -302,7 +302,7 @@ def test_a_removal_that_arrives_before_its_message_keeps_it_out():
     """Rule 3: if an acknowledgement of a message reaches an instance before the message
     (possible only through unusual paths: on every link a message travels before its
     acknowledgement), the message never enters the queue there, also after a restart."""
-    from conveyor.engine.bookmarks import publisher_id
+    from conveyor.protocol.bookmarks import publisher_id
     from conveyor.protocol import replication as p
 
     c = cluster()
@@ -327,7 +327,7 @@ def test_a_removal_is_kept_for_deferred_ack_expiration_then_the_message_may_ente
     """Rule 3 with the queue's DeferredAckExpiration (reference G.8: how long acks for
     unknown messages are kept): within it the message is kept out, after it the message
     enters as any other, also when the tombstone came back from a checkpoint."""
-    from conveyor.engine.bookmarks import publisher_id
+    from conveyor.protocol.bookmarks import publisher_id
     from conveyor.protocol import replication as p
 
     c = cluster(sow=queue_xml("WorkQ", underlying="Work", DeferredAckExpiration="10s"))

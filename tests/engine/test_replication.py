@@ -12,7 +12,7 @@ import pytest
 from conveyor import errors
 from conveyor.config import load_text
 from conveyor.engine.replication import BATCH_BYTES_MAX
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.protocol.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 
 from .cluster import Cluster, destination, instance_xml

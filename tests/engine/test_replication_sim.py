@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor import records
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.protocol.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 
 from .cluster import Cluster, destination, instance_xml

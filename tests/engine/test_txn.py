@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from conveyor import records
-from conveyor.engine.bookmarks import publisher_id, txn_publisher_id
+from conveyor.protocol.bookmarks import publisher_id, txn_publisher_id
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import Client, records
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.protocol.bookmarks import publisher_id
 from conveyor.journal import Journal
 from tests.integration.tcp_proxy import TcpProxy
 from tests.serverproc import ServerProcess

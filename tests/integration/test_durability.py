@@ -136,7 +136,7 @@ def test_graceful_shutdown_flushes_and_restarts_cleanly(server_factory):
 
 
 def test_replay_from_a_timestamp(server_factory):
-    from conveyor.engine.bookmarks import format_timestamp
+    from conveyor.protocol.bookmarks import format_timestamp
 
     server = server_factory(recorded="t")
     with Client("p").connect(server.uri) as client:

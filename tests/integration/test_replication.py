@@ -10,7 +10,7 @@ record, not by waiting for silence.
 from __future__ import annotations
 
 from conveyor import Client
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.protocol.bookmarks import publisher_id
 from tests.integration.instances import TOPIC, Instance, assert_exactly_once, ids, instances, publish  # noqa: F401
 from tests.integration.tcp_proxy import TcpProxy
 

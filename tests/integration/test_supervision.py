@@ -141,7 +141,7 @@ def test_a_link_whose_handshake_answer_lands_with_the_shutdown_lets_the_server_s
     cancellation: the link came up after stop() had closed the connections, and stop()
     waited for it for ever (seen as a fault-checker stop that timed out)."""
     from conveyor.protocol import replication as p_repl
-    from conveyor.replication import links
+    from conveyor.server import links
     from tests.integration.instances import Instance
 
     destination = Instance(tmp_path, "b").start()

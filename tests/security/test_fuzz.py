@@ -24,7 +24,7 @@ from conveyor import errors, records
 from conveyor.client.endpoints import parse_endpoint
 from conveyor.config import load_text
 from conveyor.config.model import Authentication, Entitlement, Grant, Limits
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.protocol.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 from conveyor.security.authenticator import Authenticator
 from conveyor.security.ratelimit import BACKOFF_MAX_S, BACKOFF_MIN_S, BACKOFF_STEPS, FailedLogons, backoff_s

@@ -243,7 +243,7 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
 def _recovery_point(doc: Document, node: Node) -> str:
     """``epoch`` (the default), ``now``, ``creation``, a bookmark or a timestamp, as a
     subscription's bookmark takes them (see the module header)."""
-    from conveyor.engine.bookmarks import parse_replay_start  # pure: no engine state
+    from conveyor.protocol.bookmarks import parse_replay_start
 
     text = doc.text(node)
     if text.lower() == "creation":

@@ -80,7 +80,7 @@ import msgspec
 
 from conveyor import errors, records
 from conveyor.config.model import Semantics
-from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox

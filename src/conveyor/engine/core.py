@@ -34,7 +34,7 @@ Rules the engine itself keeps:
    old connection (told why, then closed); by another user, it is refused. With
    ``Authentication`` the user is the one the shell authenticated (:meth:`authenticate`),
    never what the logon claims, and the publisher ids behind sequence numbers belong to
-   that user (:func:`~conveyor.engine.bookmarks.publisher_id`), so no other user can
+   that user (:func:`~conveyor.protocol.bookmarks.publisher_id`), so no other user can
    publish or burn sequence numbers under them.
 4. **Time is an argument.** Every seam method takes ``now`` and passes it down; nothing
    stores it.
@@ -63,7 +63,7 @@ import msgspec
 from conveyor import errors, records
 from conveyor.config.model import Config, is_regex_topic, topic_matcher
 from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishActions
-from conveyor.engine.bookmarks import publisher_id
+from conveyor.protocol.bookmarks import publisher_id
 from conveyor.engine.entitlements import Entitlements, Permission, check_command, not_entitled
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats

@@ -47,7 +47,7 @@ from conveyor import errors, records
 from conveyor.config.model import Semantics
 from conveyor.engine import queue_journal
 from conveyor.engine.actions import ExpiryActions
-from conveyor.engine.bookmarks import bookmark_positions, format_bookmark
+from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.outbox import Outbox

@@ -221,7 +221,7 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
     """The engine's view: resolve ``bookmark`` (a bookmark or a bare position), ask the
     queue, name the subscribers. Raises UnknownTopic / BadBookmark."""
     from conveyor import errors
-    from conveyor.engine.bookmarks import bookmark_positions
+    from conveyor.protocol.bookmarks import bookmark_positions
 
     binding = engine.bindings.get(queue)
     if binding is None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.protocol import messages as m
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Config, QueueConfig, topic_matcher
-from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import compile_filter, filter_cost_ticks

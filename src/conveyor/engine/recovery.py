@@ -43,7 +43,7 @@ import msgspec
 
 from conveyor import errors, records
 from conveyor.engine import queue_journal, queue_snapshot
-from conveyor.engine.bookmarks import parse_replay_start
+from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
 from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers
 from conveyor.engine.delivery import QueueDelivery

@@ -62,7 +62,7 @@ import msgspec
 from conveyor import errors, expr, records
 from conveyor.config.model import Config, SowTopicConfig, ViewConfig, topic_matcher
 from conveyor.engine.aggregation import Aggregation
-from conveyor.engine.bookmarks import format_bookmark, publisher_id
+from conveyor.protocol.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import check_connection_filters, filter_cost_ticks

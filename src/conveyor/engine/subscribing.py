@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Callable
 
 from conveyor import errors
 from conveyor.config.model import is_regex_topic, topic_matcher
-from conveyor.engine.bookmarks import parse_replay_start
+from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.entitlements import Permission, not_entitled
 from conveyor.engine.filters import check_connection_filters, compile_filter

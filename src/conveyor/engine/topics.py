@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Callable, Container
 
 from conveyor import errors, records
-from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import filter_cost_ticks

@@ -27,7 +27,7 @@ Rules:
 6. **Owners** (docs/security.md). With ``Authentication`` the authenticated user owns
    what it stages and commits: staged handles are kept per user (another user cannot
    commit or abort them by guessing a handle), and a commit's ``publisher`` is the
-   transaction publisher ``(user, name)`` (:func:`~conveyor.engine.bookmarks.txn_publisher_id`).
+   transaction publisher ``(user, name)`` (:func:`~conveyor.protocol.bookmarks.txn_publisher_id`).
    Transaction publishers never share ids with clients, so no commit can burn a client's
    sequence numbers, with or without authentication.
 5. **Fences.** A commit may name the named consumers its rows derive from, each with
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from conveyor import errors, records
-from conveyor.engine.bookmarks import txn_publisher_id
+from conveyor.protocol.bookmarks import txn_publisher_id
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBindings

@@ -40,7 +40,7 @@ import msgspec
 from conveyor import errors
 from conveyor.config.model import ViewConfig
 from conveyor.engine.aggregation import Aggregation
-from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.focus import RecordChange
 from conveyor.engine.queue import Queue

@@ -60,6 +60,7 @@ from conveyor import errors
 from conveyor.config.model import Admin
 from conveyor.server import admin_metrics, admin_tree
 from conveyor.server.admin_http import HttpServer, Request, Response
+from conveyor.server.net import bind_problem
 
 if TYPE_CHECKING:
     from conveyor.server.server import Server
@@ -155,14 +156,12 @@ class AdminInterface:
 
     async def bind(self) -> None:
         """Listen on ``Admin/InetAddr``; a ConfigError naming it if that is impossible."""
-        from conveyor.server.server import _bind_problem
-
         try:
             self.port = await self.http.bind(self.config.host, self.config.port)
         except OSError as exc:
             raise errors.ConfigError(
                 f"cannot listen on {self.config.host}:{self.config.port} for the admin interface: "
-                f"{_bind_problem(exc)}",
+                f"{bind_problem(exc)}",
                 path="AMPSConfig/Admin/InetAddr",
                 hint="choose a free port (conveyor serve --admin-port N), or remove <Admin>",
             ) from None

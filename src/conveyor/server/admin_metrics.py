@@ -21,6 +21,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from conveyor.engine.core import VERSION
+from conveyor.server.commit import COMMIT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:
     from conveyor.server.server import Server
@@ -92,7 +93,6 @@ class ServerCollector:
         if cfg.transaction_log is not None:
             yield _gauge("conveyor_journal_segments", "Journal segment files", j.statistics().segments)
         c = server.commit_stats
-        from conveyor.server.server import COMMIT_SECONDS_BUCKETS
 
         cumulative, buckets = 0, []
         for bound, n in zip(COMMIT_SECONDS_BUCKETS, c.buckets):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from conveyor.engine.bookmarks import format_bookmark
+from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.core import VERSION
 from conveyor.engine.explain import consumer_label
 from conveyor.engine.sessions import SubKind

@@ -58,10 +58,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import errno
 import logging
 import os
-import socket
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -86,7 +84,10 @@ from conveyor.server.checkpoints import PAGES_DIRECTORY, journal_id, page_files,
 from conveyor.engine.entitlements import Entitlements, Permission
 from conveyor.security.authenticator import Authenticator, basic_credentials
 from conveyor.security.tls import ServerTls, peer_user
+from conveyor.server.commit import CommitStats
 from conveyor.server.connection import Connection
+from conveyor.server.links import IncomingReplica, OutgoingLink
+from conveyor.server.net import bind_problem
 
 __all__ = ["CHECKPOINT_INTERVAL_S", "Connection", "Server", "ServerStats"]
 
@@ -109,43 +110,6 @@ TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a TLS client that does not finish its handshak
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
-class CommitStats:
-    """Group commits, for the admin interface: how long each write + fsync took (seconds;
-    ``buckets[i]`` counts the commits whose time fell in ``COMMIT_SECONDS_BUCKETS[i]``
-    and no lower bucket) and how big each group was. A few additions per group, off the
-    per-message path."""
-
-    __slots__ = ("count", "seconds_sum", "seconds_max", "last_seconds", "bytes_sum", "records_sum",
-                 "bytes_max", "records_max", "buckets")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.seconds_sum = self.seconds_max = self.last_seconds = 0.0
-        self.bytes_sum = self.records_sum = self.bytes_max = self.records_max = 0
-        self.buckets = [0] * len(COMMIT_SECONDS_BUCKETS)
-
-    def add(self, seconds: float, size: int, records: int) -> None:
-        self.count += 1
-        self.last_seconds = seconds
-        self.seconds_sum += seconds
-        if seconds > self.seconds_max:
-            self.seconds_max = seconds
-        self.bytes_sum += size
-        self.records_sum += records
-        if size > self.bytes_max:
-            self.bytes_max = size
-        if records > self.records_max:
-            self.records_max = records
-        for i, bound in enumerate(COMMIT_SECONDS_BUCKETS):
-            if seconds <= bound:
-                self.buckets[i] += 1
-                break
-
-
-#: Upper bounds (seconds) of the group-commit latency histogram.
-COMMIT_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
-
-
 @dataclass(frozen=True)
 class ServerStats:
     connections: int
@@ -160,22 +124,8 @@ class ServerStats:
     scrub_problems: int  # damaged records the background scrub found
 
 
-def _replica_protocol():
-    from conveyor.replication import IncomingReplica  # the replication shell sits beside this one
-
-    return IncomingReplica
-
-
 def _address(peer) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
-
-
-def _bind_problem(exc: OSError) -> str:
-    if exc.errno == errno.EADDRINUSE:
-        return "the address is already in use"
-    if isinstance(exc, socket.gaierror):
-        return f"the host name does not resolve ({exc.strerror})"
-    return exc.strerror or str(exc)
 
 
 class Server:
@@ -300,7 +250,7 @@ class Server:
         loop = asyncio.get_running_loop()
         transports = self.config.transports or (Transport(name="default"),)
         for tc in transports:
-            protocol = _replica_protocol() if tc.type == "replication" else Connection
+            protocol = IncomingReplica if tc.type == "replication" else Connection
             ssl_context = None
             if tc.tls is not None:
                 self.tls[tc.name] = ServerTls(tc.tls)  # ConfigError with the element's path
@@ -312,7 +262,7 @@ class Server:
                 )
             except OSError as exc:  # socket.gaierror too: a host name that does not resolve
                 raise errors.ConfigError(
-                    f"cannot listen on {tc.host}:{tc.port}: {_bind_problem(exc)}",
+                    f"cannot listen on {tc.host}:{tc.port}: {bind_problem(exc)}",
                     path=f"{tc.path or 'Transports/Transport'}/InetAddr",
                     hint="choose a free port and an address of this machine",
                 ) from None
@@ -548,7 +498,7 @@ class Server:
     def _writing(self, conn: Connection, *, paused: bool) -> None:
         """A connection's socket filled up or drained: hold its replays back or let them go."""
         if not conn.client or self.connections.get(conn.conn_id) is not conn:
-            return  # a replication link: it bounds its own output (conveyor.replication)
+            return  # a replication link: it bounds its own output (server/links.py)
         if paused:
             self._writing_paused.add(conn.conn_id)
             return
@@ -1070,11 +1020,9 @@ class Server:
         for conn in beats:
             conn.write_frames(encode_frames([m.ServerHeartbeat()]))
 
-    # --- replication links (conveyor.replication; the engine decides) ----------------------
+    # --- replication links (server/links.py; the engine decides) ----------------------------
 
     def _start_links(self) -> None:
-        from conveyor.replication import OutgoingLink
-
         repl = self.config.replication
         for dest in repl.destinations if repl else ():
             link = OutgoingLink(self, dest.name, dest.addresses, dest.endpoints)
