@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test test-slow install install-test bench clean demo soak browser bench-peers bench-peers-install
+.PHONY: run check test test-slow install install-test bench clean demo soak browser bench-peers bench-peers-install
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,9 +27,18 @@ install-test: $(TEST_STAMP)
 run: $(STAMP)
 	$(BIN)/conveyor serve
 
-# Run the whole test suite (CI), without the tests marked slow.
+# The fast lane (docs/testing.md): mypy, then every test that starts no process and no
+# Spark (unit, engine, property tests; simulations at 5% of their seeds). About 3 minutes.
+check: $(TEST_STAMP)
+	$(BIN)/mypy
+	CONVEYOR_SIM_SCALE=0.05 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup -m "not spark and not proc and not slow"
+
+# The whole suite (CI): mypy, then everything but the tests marked slow, simulations at
+# 25% of their seeds; prints skip reasons and the slowest tests. About 10 minutes.
+# As root it installs Debian's Chromium first, for the dashboard tests (`browser`).
 test: $(TEST_STAMP) browser
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/mypy
+	CONVEYOR_SIM_SCALE=0.25 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup --durations=10
 
 # Debian's Chromium for the dashboard tests (tests/integration/test_dashboard.py): installed
 # when missing and we are root; otherwise those tests skip and say why.
@@ -40,9 +49,10 @@ browser:
 	      || echo "warning: could not install chromium: the dashboard tests will skip"; \
 	  else echo "note: chromium is not installed and we are not root: the dashboard tests will skip"; fi; }
 
-# The tests marked slow (nightly): e.g. the full driver-SIGKILL chain of tests/spark.
+# Nightly: the tests marked slow (the driver-SIGKILL chains of tests/spark, the long
+# live-aggregate run) and every simulation at all of its seeds.
 test-slow: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow
+	CONVEYOR_SIM_SCALE=1 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup -m "slow or sim"
 
 # The queue checker over 1,000 server kills (SIGKILL, power cuts, kills during recovery,
 # torn writes, damaged records), then its table: 0 lost, 0 duplicated, 0 unexpected.

@@ -19,7 +19,6 @@ A failure names its seed: ``CONVEYOR_SIM_SEED=7 pytest tests/engine/test_fbm_rec
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from pathlib import Path
@@ -33,8 +32,8 @@ from conveyor.protocol import messages as m
 from conveyor.server.page_files import PageFiles
 
 from .engine_harness import Harness
+from .seeds import sim_seeds
 
-SEEDS = int(os.environ.get("CONVEYOR_SIM_SEEDS", 60))
 
 
 def jobs_xml(fbm: bool, *, barrier: bool = False, tqd: bool = False, expiration: bool = False,
@@ -225,8 +224,7 @@ class Twin:
 SHAPES = [{}, {"barrier": True}, {"tqd": True}, {"expiration": True}, {"priority": True, "barrier": True}]
 
 
-@pytest.mark.parametrize("seed", range(SEEDS) if "CONVEYOR_SIM_SEED" not in os.environ
-                         else [int(os.environ["CONVEYOR_SIM_SEED"])])
+@pytest.mark.parametrize("seed", sim_seeds(60))
 def test_fbm_engine_matches_plain_engine_across_crashes(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(queue_store, "CHUNK_SLOTS", 4)
     monkeypatch.setattr(queue_store, "_COMPACT_MIN_SLOTS", 2)

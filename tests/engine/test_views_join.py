@@ -20,6 +20,7 @@ from conveyor.engine.joins import Join, rewrite_identifiers
 from conveyor.expr.projection import Projection
 from conveyor.expr.values import scalar, to_text
 from conveyor.protocol import messages as m
+from tests.engine.seeds import sim_seeds
 
 from .engine_harness import Harness, recorded
 
@@ -73,7 +74,7 @@ def view_of(agg: Aggregation) -> dict:
     return out
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", sim_seeds(40))
 def test_the_join_view_equals_a_recomputation_after_every_change(seed):
     """Rule 1: incremental left outer join; rule 2: NULL and empty never match unless
     JoinNullEquivalency; rule 3: the newest-row rule."""
@@ -191,7 +192,7 @@ def tree_rows(tables: dict, nulls_match: bool) -> dict:
     return out
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", sim_seeds(60))
 def test_a_view_over_three_joins_equals_a_recomputation_after_every_change(seed):
     """Rules 1 and 5 for a chain and a star at once: after every change of any of the four
     topics, the join counts exactly the rows that nested loops give (with their orders),

@@ -41,3 +41,12 @@ def conveyor_server(tmp_path):
     servers.append(server)
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A Spark standalone cluster (a master, two workers) for the module's tests."""
+    from conveyor.spark.standalone import LocalCluster
+
+    with LocalCluster(workers=2, workdir=str(tmp_path_factory.mktemp("cluster"))) as c:
+        yield c

@@ -2,11 +2,12 @@
 of their own (conveyor.spark.standalone), shared by every test of this module; each
 driver is a subprocess (tests/spark/job.py, the demo), its executors in the workers.
 
-Covered here: the demo pipeline; the short driver-SIGKILL chain (test_crashes.py); a
-worker SIGKILLed in the middle of a batch; two queries with different named consumers
-draining one queue as competing consumers, one of them SIGKILLed; speculative execution
-with a forced straggler. Every test checks the output topic, replayed from the log,
-against the input: each message exactly once.
+Covered here: the demo pipeline; a worker SIGKILLed in the middle of a batch; the short
+driver-SIGKILL chain (test_crashes.py; marked slow: ``make test-slow``). Two queries
+sharing a queue and speculative execution are in test_cluster_queries.py, so that the
+two xdist workers run them side by side, each file on a cluster of its own. Every test
+checks the output topic, replayed from the log, against the input: each message
+exactly once.
 """
 
 from __future__ import annotations
@@ -37,12 +38,6 @@ SPECULATION = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with LocalCluster(workers=2, workdir=str(tmp_path_factory.mktemp("cluster"))) as c:
-        yield c
-
-
 def on(cluster: LocalCluster, cores: int | None = None) -> list[str]:
     """job.py's arguments for a driver on the cluster; ``cores``: at most that many (an
     application takes every free core by default, and a second one would get none)."""
@@ -67,6 +62,7 @@ def test_demo_pipeline_on_the_cluster(cluster):
     assert f"master {cluster.url}" in result.stdout
 
 
+@pytest.mark.slow  # about 4 minutes; the short chain runs in local mode in make test (test_crashes.py)
 @pytest.mark.timeout(CHAIN_TEST_S_MAX)
 def test_driver_sigkill_short_chain_on_the_cluster(cluster, conveyor_server, tmp_path):
     # One executor per run: each of the four runs launches its executors anew.
@@ -95,48 +91,6 @@ def test_worker_sigkilled_mid_batch_loses_and_duplicates_nothing(cluster, convey
             cluster.restart_worker(victim)
     assert_exactly_once(read_topic(uri, "out", 60), range(60))
     assert consumer_info(uri, "etl").acked == 60
-
-
-@pytest.mark.timeout(CLUSTER_TEST_S_MAX)
-def test_two_queries_with_their_own_consumers_share_a_queue(cluster, conveyor_server, tmp_path):
-    """Competing consumers: each message goes to one of the two named consumers (one
-    executor each); one query is SIGKILLed mid-run, the leases it held lapse and the
-    other query takes them; the output holds every message once."""
-    uri = conveyor_server.uri
-    total = 120
-    publish_numbers(uri, 0, total)
-    common = ["--max-records", "10", "--trigger-ms", "300", "--lease-seconds", "4", *on(cluster, cores=1)]
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = _start(uri, tmp_path / "a", "--consumer", "a", *common)
-    b = _start(uri, tmp_path / "b", "--consumer", "b", *common)
-    try:
-        _wait(lambda: consumer_info(uri, "a").acked >= 10 and consumer_info(uri, "b").acked >= 10, a, b)
-        _kill(a)  # with whatever it had leased, staged or committed
-        _wait(lambda: consumer_info(uri, "b").acked + consumer_info(uri, "a").acked >= total, b, timeout=240)
-    finally:
-        _kill(a)
-        _kill(b)
-    rows = read_topic(uri, "out", total)
-    assert_exactly_once(rows, range(total))
-    by_a, by_b = consumer_info(uri, "a"), consumer_info(uri, "b")
-    assert by_a.acked > 0 and by_b.acked > 0  # both took part
-
-
-@pytest.mark.timeout(CLUSTER_TEST_S_MAX)
-def test_speculative_execution_with_a_straggler_is_exactly_once(cluster, conveyor_server, tmp_path):
-    """spark.speculation=true; the first attempt of one task of batch 0 stalls in its
-    read, so the scheduler launches a copy on the other executor. Both attempts stage
-    their rows; the sink commits only the attempt Spark chose."""
-    uri = conveyor_server.uri
-    publish_numbers(uri, 0, 40)
-    faults = "read.d20.p1=sleep25,sink.writing.b0.p1.a1=mark"
-    result = run_job(uri, tmp_path, "--max-records", "20", "--faults", faults, *SPECULATION, *on(cluster))
-    assert result.returncode == 0 and "DONE" in result.stdout, result.stderr[-3000:]
-    fired = sorted(p.name for p in tmp_path.glob("fired-*"))
-    assert fired == ["fired-read.d20.p1", "fired-sink.writing.b0.p1.a1"], fired  # a second attempt wrote
-    assert_exactly_once(read_topic(uri, "out", 40), range(40))
-    assert consumer_info(uri, "etl").acked == 40
 
 
 def _start(uri: str, tmp: Path, *args: str) -> subprocess.Popen:
