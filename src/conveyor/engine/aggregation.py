@@ -22,7 +22,7 @@ message (by its position) or a record of another view (by its key). Rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Hashable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Hashable, Iterator, Protocol, cast
 
 from conveyor.expr.aggregates import accumulator
 from conveyor.expr.projection import Projection
@@ -35,6 +35,16 @@ if TYPE_CHECKING:
     #: A member's order (rule 5): a position, or a joined row's tuple of them (joins.py);
     #: compared only with the orders of the same aggregation.
     Order = SupportsDunderGT[Any]
+
+
+class MemberSink(Protocol):
+    """What a source feeds its member changes to: an :class:`Aggregation`, or one side
+    of a join (engine/joins.py) that feeds one in turn. ``order``: the member's journal
+    position, or a view record's sequence number (rule 5)."""
+
+    def add(self, member: Hashable, order: int, data: Any, meta: Any = None) -> bool: ...
+
+    def remove(self, member: Hashable) -> bool: ...
 
 
 class _Group:

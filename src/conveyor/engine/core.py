@@ -70,15 +70,15 @@ from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.publish_log import PendingPublish, PublishLog
 from conveyor.engine.queue import Queue, QueueStats
-from conveyor.engine.queue_bindings import QueueBindings
-from conveyor.engine.recovery import Checkpoint, Recovery
+from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
 from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication import PeerLinks, Replication
 from conveyor.engine.sessions import Session, SubKind
 from conveyor.engine.sow import key_text
-from conveyor.engine.state_of_world import StateOfTheWorld
+from conveyor.engine.state_of_world import RecordsSubscribe, StateOfTheWorld
 from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.ports import JournalPort
@@ -87,6 +87,7 @@ from conveyor.engine.txn import StagingStats, Transactions
 from conveyor.protocol import messages as m
 from conveyor.protocol import replication as p_repl
 from conveyor.protocol.messages import ack_types
+from conveyor.protocol.codec import Rejected
 from conveyor.protocol.options import parse_options
 
 __all__ = ["Checkpoint", "Engine", "EngineStats", "REPLAY_RECORDS_PER_PUMP", "VERSION"]
@@ -185,7 +186,8 @@ class Engine:
 
     # --- recovery and checkpoints ----------------------------------------------------------
 
-    def recover(self, now: float, progress=None, checkpoint: Checkpoint | None = None, pages=None) -> int:
+    def recover(self, now: float, progress: Callable[[int], None] | None = None, checkpoint: Checkpoint | None = None,
+                pages: PageFiles | None = None) -> int:
         """Rebuild state from the journal (:mod:`conveyor.engine.recovery`)."""
         return self.recovery.recover(now, progress=progress, checkpoint=checkpoint, pages=pages)
 
@@ -258,7 +260,7 @@ class Engine:
         self.delivery.dispatch(now)
         self.sow.flush(now)
 
-    def take_output(self) -> dict[int, list]:
+    def take_output(self) -> dict[int, list[msgspec.Struct]]:
         return self.outbox.take_output()
 
     def take_closes(self) -> list[tuple[int, str]]:
@@ -266,7 +268,7 @@ class Engine:
 
     # --- commands ------------------------------------------------------------------------------
 
-    def handle(self, conn_id: int, commands: Iterable, now: float) -> None:
+    def handle(self, conn_id: int, commands: Iterable[m.Command | errors.ConveyorError], now: float) -> None:
         """Apply a batch of decoded commands (one frame) from one connection."""
         self.topics.new_turn()  # each call from the shell is a turn of its loop (topics.py rule 1)
         session = self.sessions[conn_id]
@@ -329,7 +331,7 @@ class Engine:
                   seq=seq),
         )
 
-    def _command(self, session: Session, cmd, now: float) -> None:
+    def _command(self, session: Session, cmd: m.Command, now: float) -> None:
         conn = session.conn_id
         if session.logged_on:
             topic = getattr(cmd, "topic", None)
@@ -399,7 +401,7 @@ class Engine:
         else:
             raise errors.UnknownTopic(f"sow needs a SOW topic, a view or a queue; {cmd.topic!r} is none of them")
 
-    def _sow_and_subscribe(self, session: Session, cmd, now: float) -> None:
+    def _sow_and_subscribe(self, session: Session, cmd: m.SowAndSubscribe | m.SowAndDeltaSubscribe, now: float) -> None:
         is_delta = isinstance(cmd, m.SowAndDeltaSubscribe)
         command = "sow_and_delta_subscribe" if is_delta else "sow_and_subscribe"
         opts = parse_options(command, cmd.options)
@@ -426,7 +428,8 @@ class Engine:
                 self.outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=0))
         self.subscriptions.subscribe(session, plain, now)
 
-    def _records_subscribe(self, session: Session, cmd, now: float, *, query: bool, is_delta: bool) -> None:
+    def _records_subscribe(self, session: Session, cmd: RecordsSubscribe, now: float, *, query: bool,
+                           is_delta: bool) -> None:
         """A subscription to a SOW topic's or view's records, or an aggregated one: it
         needs ``Subscribe`` on the name it gives (rule 5; a view is entitled by its own
         name, not its underlying topics'); the other subscriptions are decided in
@@ -519,10 +522,10 @@ class Engine:
 
     # --- publish (rules 1 and 2) ------------------------------------------------------------------
 
-    def _publish(self, session: Session, cmd: m.Publish, now: float) -> None:
+    def _publish(self, session: Session, cmd: m.Publish | m.DeltaPublish, now: float) -> None:
         # The hot path: a few dict lookups, one encode, one buffered append.
         topic = self.bindings.target(cmd.topic)
-        if topic in self._sow_names or cmd.__class__ is not m.Publish:
+        if topic in self._sow_names or type(cmd) is not m.Publish:
             self._publish_sow(session, cmd, topic, now)
             return
         ack_type = cmd.ack_type
@@ -531,7 +534,9 @@ class Engine:
         outbox = self.outbox
         expires_at = 0.0 if cmd.expiration is None else self._expires_at(topic, cmd.expiration, now)
         if not publishes.recorded(topic):
-            entry = Entry(topic, cmd.data, now, session.server_publisher, 0, cmd.correlation_id)
+            server_publisher = session.server_publisher
+            assert server_publisher is not None  # set by the logon, which comes before any publish
+            entry = Entry(topic, cmd.data, now, server_publisher, 0, cmd.correlation_id)
             warning = None if self.topics.listeners(topic) else self._unrouted(topic)
             self.topics.fan_out(None, entry, now)
             for kind in acks & _PUBLISH_ACKS:
@@ -561,17 +566,22 @@ class Engine:
         return (f"warning: topic {topic!r} is not recorded in the transaction log, is no queue and has no "
                 f"subscriber: the message reached no one and was not kept{hint}")
 
-    def _identity(self, session: Session, cmd, acks) -> tuple[int, int] | None:
+    def _identity(self, session: Session, cmd: m.Publish | m.DeltaPublish, acks: frozenset[str]
+                  ) -> tuple[int, int] | None:
         """(publisher, seq) of a publish: the client's sequence under its publisher id, or
         the next server-made one; None for a duplicate (answered here)."""
         publishes = self.publishes
-        if cmd.seq is None:
+        seq = cmd.seq
+        if seq is None:
             publisher = session.server_publisher
+            assert publisher is not None  # set by the logon, which comes before any publish
             return publisher, publishes.next_seq(publisher)
-        if publishes.is_duplicate(session.publisher, cmd.seq):
-            self._duplicate(session, cmd, acks)
+        publisher = session.publisher
+        assert publisher is not None  # likewise
+        if publishes.is_duplicate(publisher, seq):
+            self._duplicate(session.conn_id, cmd, publisher, seq, acks)
             return None
-        return session.publisher, cmd.seq
+        return publisher, seq
 
     def _expires_at(self, topic: str, expiration: float, now: float) -> float:
         """The absolute expiry of a message published at ``now`` with ``e`` (0: never).
@@ -616,23 +626,27 @@ class Engine:
         if "processed" in acks:
             self.outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
 
-    def _duplicate(self, session: Session, cmd: m.Publish, acks: frozenset[str]) -> None:
+    def _duplicate(self, conn_id: int, cmd: m.Publish | m.DeltaPublish, publisher: int, seq: int,
+                   acks: frozenset[str]) -> None:
+        """Answer publish ``cmd``, sequence ``seq`` of ``publisher``: a duplicate (rule 2)."""
         outbox = self.outbox
-        if cmd.fingerprint is not None:
-            recorded = self.publishes.fingerprints.get(session.publisher, cmd.seq)
-            if recorded is not None and recorded != cmd.fingerprint:
+        # (a delta publish carries no fingerprint)
+        fingerprint = cmd.fingerprint if type(cmd) is m.Publish else None
+        if fingerprint is not None:
+            recorded = self.publishes.fingerprints.get(publisher, seq)
+            if recorded is not None and recorded != fingerprint:
                 # Same (publisher, seq), another message: fail loudly, never drop it silently.
-                reason = f"duplicate_conflict: sequence {cmd.seq} was published with another fingerprint"
+                reason = f"duplicate_conflict: sequence {seq} was published with another fingerprint"
                 for kind in acks & _PUBLISH_ACKS:
                     ack = m.Ack(ack_type=kind, cid=cmd.cid, status="failure", reason=reason,
-                                code=errors.DuplicateConflict.code, seq=cmd.seq)
-                    outbox.send_when_persisted(session.conn_id, ack)
+                                code=errors.DuplicateConflict.code, seq=seq)
+                    outbox.send_when_persisted(conn_id, ack)
                 return
-        reason = f"duplicate: sequence {cmd.seq} is not above {self.publishes.highest_seq(session.publisher)}"
+        reason = f"duplicate: sequence {seq} is not above {self.publishes.highest_seq(publisher)}"
         for kind in acks & _PUBLISH_ACKS:
-            ack = m.Ack(ack_type=kind, cid=cmd.cid, status="duplicate", reason=reason, seq=cmd.seq)
+            ack = m.Ack(ack_type=kind, cid=cmd.cid, status="duplicate", reason=reason, seq=seq)
             # A duplicate is already persisted, or will be with the batch it duplicates.
-            outbox.send_when_persisted(session.conn_id, ack)
+            outbox.send_when_persisted(conn_id, ack)
 
     # --- durability -------------------------------------------------------------------------------
 
@@ -650,7 +664,7 @@ class Engine:
                 # replicated: the key as this instance's Key defines it (state_of_world rule 7)
                 sow_key = sow.local_key(p.position, p.topic, p.data, sow_key) or ""
             if sow_key:  # a SOW record changes (engine/state_of_world.py rule 1)
-                def entry_of(p=p) -> Entry:
+                def entry_of(p: PendingPublish = p) -> Entry:
                     nonlocal entry
                     entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
                     return entry
@@ -782,7 +796,7 @@ class Engine:
         """A source connected to the incoming replication transport."""
         self.outbox.open(conn_id)
 
-    def replica_frames(self, conn_id: int, items: Iterable, now: float) -> None:
+    def replica_frames(self, conn_id: int, items: Iterable[p_repl.LinkMessage | Rejected], now: float) -> None:
         """Entries from a source on the incoming replication transport."""
         for item in items:
             match item:
@@ -834,7 +848,7 @@ class Engine:
     # --- statistics -------------------------------------------------------------------------------------
 
     @staticmethod
-    def _queue_stats(binding, now: float | None) -> QueueStats:
+    def _queue_stats(binding: QueueBinding, now: float | None) -> QueueStats:
         stats = binding.queue.statistics(now)
         if binding.ownership is not None and binding.ownership.proxied:
             stats = msgspec.structs.replace(stats, proxied_transfer=True)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol
 
 import msgspec
 
@@ -45,16 +45,17 @@ from conveyor import errors, records
 from conveyor.engine import queue_journal, queue_snapshot
 from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
-from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers
+from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers, NamedConsumerState
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue_paging import PageFile
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 from conveyor.engine.replication import Replication
 from conveyor.engine.topics import Topics
 
 if TYPE_CHECKING:
-    from conveyor.engine.ownership import ReplicatedQueues
+    from conveyor.engine.ownership import OwnershipState, ReplicatedQueues
     from conveyor.engine.state_of_world import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
@@ -82,6 +83,15 @@ class _Scan:
 Route = Callable[[int, Any, _Scan, float], None]
 
 
+class PageFiles(Protocol):
+    """The page files of the FileBackedMetadata queues, provided by the shell
+    (:class:`conveyor.server.page_files.PageFiles`; rule 4): the engine does no I/O itself."""
+
+    def generations(self, queue: str) -> Collection[int]: ...
+    def open(self, queue: str, generation: int, *, fresh: bool) -> PageFile: ...
+    def prune(self, queue: str, *, keep: int | None = None, below: int | None = None) -> None: ...
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """What lets recovery skip the part of the journal that no longer matters.
@@ -97,27 +107,27 @@ class Checkpoint:
     queues: dict[str, tuple[int, str]]
     publishers: dict[int, int]
     # Sequences skipped below each publisher's highest (publish_log rule 2).
-    holes: dict = field(default_factory=dict)
+    holes: dict[int, list[list[int]]] = field(default_factory=dict)
     # Named consumers: queue -> name -> {d, acked, epoch, token, positions}, so a restart
     # does not need their records below the queues' recovery points.
-    consumers: dict = field(default_factory=dict)
+    consumers: dict[str, dict[str, NamedConsumerState]] = field(default_factory=dict)
     # FileBackedMetadata: queue -> QueueSnapshot, each valid at its own positions;
     # recovery replays such a queue only from there.
-    snapshots: dict = field(default_factory=dict)
+    snapshots: dict[str, queue_snapshot.QueueSnapshot] = field(default_factory=dict)
     # Replication: source instance -> (its journal id, through): how far each source's
     # journal is recorded here (ReceivedRec), so links resume where the disk says.
-    replication: dict = field(default_factory=dict)
+    replication: dict[str, tuple[str, int]] = field(default_factory=dict)
     # Replication: destination -> the position below which it had acknowledged everything,
     # so publishes it may lack stay unpersisted after a restart.
-    links: dict = field(default_factory=dict)
+    links: dict[str, int] = field(default_factory=dict)
     # Replicated queues: queue -> ownership state (tombstones, transfers) the journal
     # above the queue's recovery point may not hold (engine/ownership.py).
-    ownership: dict = field(default_factory=dict)
+    ownership: dict[str, OwnershipState] = field(default_factory=dict)
     # State of the World: SOW topic (or "view:<name>", a view's journaled records) -> the
     # position its rebuild starts at (every record below it was replaced or deleted).
-    sow: dict = field(default_factory=dict)
+    sow: dict[str, int] = field(default_factory=dict)
     # Queue -> its creation point (rule 1); missing for a queue first seen now.
-    created: dict = field(default_factory=dict)
+    created: dict[str, int] = field(default_factory=dict)
 
 
 class Recovery:
@@ -151,12 +161,12 @@ class Recovery:
                 # past an unapplied publish (the scan must start on a record boundary).
                 point = first_unapplied
             queues[b.name] = (point, b.config.recovery_point or "")
-        snapshots = {
+        taken = {
             b.name: self._snapshot(b, end, first_unapplied) for b in self._bindings if self._snapshots_taken(b)
         } if snapshots else {}
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
-                          consumers=self._named.export_state(), snapshots=snapshots,
+                          consumers=self._named.export_state(), snapshots=taken,
                           replication=self._replication.received(), links=self._replication.acknowledged(),
                           ownership=self._queues.export_state() if self._queues else {},
                           sow=self._sow.floors(first_unapplied) if self._sow is not None else {},
@@ -179,6 +189,7 @@ class Recovery:
         over = b.ownership is not None and b.ownership.size > REPLICATED_SNAPSHOT_MESSAGES_MAX
         if over != (b.name in self._deep):
             if over:
+                assert b.ownership is not None  # over: a replicated queue
                 self._deep.add(b.name)
                 log.info("queue %s holds %d messages, over %d: its last snapshot is kept, not retaken, until it "
                          "holds fewer", b.name, b.ownership.size, REPLICATED_SNAPSHOT_MESSAGES_MAX)
@@ -197,7 +208,7 @@ class Recovery:
     # --- recovery ----------------------------------------------------------------------------
 
     def recover(self, now: float, progress: Callable[[int], None] | None = None,
-                checkpoint: Checkpoint | None = None, pages=None) -> int:
+                checkpoint: Checkpoint | None = None, pages: PageFiles | None = None) -> int:
         """Rebuild state from the journal (rules 1-5); the number of records read."""
         journal = self._journal
         starts: dict[str, tuple[int, float | None]] = {}
@@ -321,7 +332,7 @@ class Recovery:
     def _consumer_record(self, pos: int, rec: ConsumerRecord, scan: _Scan, now: float) -> None:
         self._named.replay(pos, rec, now, scan.points.get(rec.queue, 0), self._binding_since(rec.queue))
 
-    def _ownership_from(self, queue: str, points: dict) -> int:
+    def _ownership_from(self, queue: str, points: dict[str, int]) -> int:
         """Where a replicated queue's ownership records start to apply: after its
         snapshot, or from its recovery point."""
         since = self._binding_since(queue)
@@ -347,7 +358,8 @@ class Recovery:
             return 0, start.at_time
         return 0, None
 
-    def _publish(self, pos: int, rec: records.PublishRec, points: dict, times: dict, now: float) -> None:
+    def _publish(self, pos: int, rec: records.PublishRec, points: dict[str, int], times: dict[str, float],
+                 now: float) -> None:
         self._publishes.recovered(pos, rec, self._persisted_end)
         if self._sow is not None:
             self._sow.recovered(pos, rec, now)
@@ -365,14 +377,14 @@ class Recovery:
                     rec.origin)
         if rec.expired_queue is not None:
             # A dead letter carries the expiry that caused it (delivery rule 4).
-            b = self._bindings.get(rec.expired_queue)
-            if b is None:
+            dead = self._bindings.get(rec.expired_queue)
+            if dead is None:
                 return
-            since = b.snapshot_events_from
-            if rec.expired_position >= points[b.name] if since is None else pos >= since:
-                b.queue.replay_expired(rec.expired_position)
-                if b.config.target_queue_depth is not None:
-                    b.refill(self._journal, upto=pos)  # as after any queue record: room freed
+            since = dead.snapshot_events_from
+            if rec.expired_position >= points[dead.name] if since is None else pos >= since:
+                dead.queue.replay_expired(rec.expired_position)
+                if dead.config.target_queue_depth is not None:
+                    dead.refill(self._journal, upto=pos)  # as after any queue record: room freed
 
     def _queue_record(self, pos: int, rec: queue_journal.QueueRec, scan: _Scan, now: float) -> None:
         points = scan.points
@@ -390,7 +402,8 @@ class Recovery:
 
     # --- FileBackedMetadata (rule 4) -----------------------------------------------------------
 
-    def _restore_snapshots(self, checkpoint: Checkpoint | None, pages, starts: dict, now: float) -> None:
+    def _restore_snapshots(self, checkpoint: Checkpoint | None, pages: PageFiles | None,
+                           starts: dict[str, tuple[int, float | None]], now: float) -> None:
         """Page the FileBackedMetadata queues (when ``pages`` is given) and load their
         snapshots; a queue with one starts its replay at the snapshot (``starts``)."""
         first = self._journal.first_position
@@ -409,7 +422,7 @@ class Recovery:
             if pages is not None and b.config.file_backed_metadata and b.config.priority is None:
                 # (the server refuses FileBackedMetadata on a priority queue: its index is not paged)
                 existing = pages.generations(name)
-                if snap is not None and snap.page_file in existing:
+                if snap is not None and snap.page_file is not None and snap.page_file in existing:
                     file = pages.open(name, snap.page_file, fresh=False)
                 else:
                     file = pages.open(name, max(existing, default=-1) + 1, fresh=True)
@@ -420,9 +433,11 @@ class Recovery:
                     log.warning("queue %s: ignoring its snapshot (%s): replaying from the recovery point", name, exc)
                     snap = None
                     if file is not None and file.size:
+                        assert pages is not None  # a file comes from pages
                         file.close()
                         file = pages.open(name, max(pages.generations(name)) + 1, fresh=True)
             if file is not None:
+                assert pages is not None  # a file comes from pages
                 pages.prune(name, keep=file.generation)
                 b.queue.page_to(file)
             if snap is not None:

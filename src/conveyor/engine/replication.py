@@ -57,12 +57,12 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import msgspec
 
 from conveyor import errors, records
-from conveyor.config.model import Config, QueueKind, ReplicationDestination, topic_matcher
+from conveyor.config.model import Config, QueueKind, RecordedTopic, ReplicationDestination, topic_matcher
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
@@ -70,7 +70,7 @@ from conveyor.protocol import replication as p
 
 if TYPE_CHECKING:
     from conveyor.engine.consumers import NamedConsumers
-    from conveyor.engine.ownership import ReplicatedQueues
+    from conveyor.engine.ownership import QueueRecord, ReplicatedQueues
     from conveyor.engine.state_of_world import StateOfTheWorld
 
 log = logging.getLogger("conveyor.replication")
@@ -143,6 +143,9 @@ Send = Callable[["OutLink", Any, bytes, str, list[bytes]], None]
 #: A row of the receive table: ``record(record, source profile, now)`` -> records journaled.
 Receive = Callable[[Any, p.Profile, float], int]
 _NO_ROUTE: Any = object()
+#: A record that travels with where it was first recorded and the instances it passed
+#: (rules 5-8), as it arrives from another instance.
+_Travelling = TypeVar("_Travelling", bound=OwnershipRecord | records.SowDeletedRec)
 
 
 def _matches_any(patterns: tuple[str, ...]) -> Callable[[str], bool]:
@@ -379,6 +382,8 @@ class Replication:
                 self._fill(link)
 
     def _fill(self, link: OutLink) -> None:
+        conn_id = link.conn_id
+        assert conn_id is not None  # a streaming link is connected (link_up)
         journal = self._journal
         durable = journal.durable_end
         first = journal.first_position
@@ -396,7 +401,7 @@ class Replication:
             link.sent = batch.through
             link.batches_sent += 1
             link.records_sent += len(batch.records)
-            self._outbox.send(link.conn_id, batch)
+            self._outbox.send(conn_id, batch)
 
     def _read_batch(self, link: OutLink, start: int, end: int) -> p.Batch:
         """The records ``link`` needs from ``[start, end)``, up to about
@@ -497,14 +502,16 @@ class Replication:
         if not isinstance(rec, (records.AckedRec, records.DeliveredRec)):
             self._consumer_record(rec, payloads)
 
-    def _consumer_record(self, rec, payloads: list[bytes]) -> None:
+    def _consumer_record(self, rec: records.ConsumerLeasedRec | records.ConsumerAckedRec | records.ConsumerClaimedRec,
+                         payloads: list[bytes]) -> None:
         """Rule 7: a named consumer's record, its messages named by identity."""
-        t = type(rec)
-        if t is records.ConsumerLeasedRec:
-            idents = [self.queues.identify(p) for p in rec.positions]
+        if isinstance(rec, records.ConsumerLeasedRec):
+            queues = self.queues
+            assert queues is not None  # the queue is owned (_removal_record): the engine gave the replicated queues
+            idents = [queues.identify(p) for p in rec.positions]
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "lease", rec.first,
                                                 [i[0] for i in idents], [i[1] for i in idents], epoch=rec.epoch)
-        elif t is records.ConsumerAckedRec:
+        elif isinstance(rec, records.ConsumerAckedRec):
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "ack", rec.through, epoch=rec.epoch)
         else:
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, token=rec.token,
@@ -636,7 +643,7 @@ class Replication:
         state.pending.append((self._journal.end, state.received_through))
         self._acknowledge(state, link)
 
-    def _arrived(self, rec, src: p.Profile):
+    def _arrived(self, rec: _Travelling, src: p.Profile) -> _Travelling | None:
         """A record other than a publish as it is kept here: with its origin and path;
         None when it has been here before (rule 5)."""
         origin = rec.origin or src.instance
@@ -645,15 +652,15 @@ class Replication:
         path = [*rec.path, src.instance] if rec.origin else [src.instance]
         return msgspec.structs.replace(rec, origin=origin, origin_group=rec.origin_group or src.group, path=path)
 
-    def _record_queue_record(self, rec, src: p.Profile, now: float) -> int:
+    def _record_queue_record(self, rec: QueueRecord, src: p.Profile, now: float) -> int:
         """A replicated queue's record (rule 6): applied, and journaled when it changed
         something here or must travel on."""
-        rec = self._arrived(rec, src)
-        if rec is not None and self.queues is not None:
-            rec = self.queues.received(rec, now)
-        if rec is None:
+        kept = self._arrived(rec, src)
+        if kept is not None and self.queues is not None:
+            kept = self.queues.received(kept, now)
+        if kept is None:
             return 0
-        self._journal.append(records.encode(rec))
+        self._journal.append(records.encode(kept))
         return 1
 
     def _receive_table(self) -> dict[type, Receive]:
@@ -670,20 +677,20 @@ class Replication:
     def _record_consumer_record(self, rec: records.ConsumerReplicatedRec, src: p.Profile, now: float) -> int:
         """Rule 7: a named consumer's record, journaled with this instance's positions
         when it changed the consumer here."""
-        rec = self._arrived(rec, src)
-        if rec is None or self.consumers is None:
+        arrived = self._arrived(rec, src)
+        if arrived is None or self.consumers is None:
             return 0
-        rec = self.consumers.replicated(rec, pending=self._publishes.pending_position)
-        if rec is None:
+        kept = self.consumers.replicated(arrived, pending=self._publishes.pending_position)
+        if kept is None:
             return 0
-        self._journal.append(records.encode(rec))
+        self._journal.append(records.encode(kept))
         return 1
 
     def _record_sow_delete(self, rec: records.SowDeletedRec, src: p.Profile, now: float) -> int:
         """Rule 8: a replicated ``sow_delete``, journaled and applied here when its topic
         is a SOW topic here."""
-        rec = self._arrived(rec, src)
-        if rec is None or self.sow is None or not self.sow.replicated_delete(rec, now):
+        arrived = self._arrived(rec, src)
+        if arrived is None or self.sow is None or not self.sow.replicated_delete(arrived, now):
             return 0
         return 1
 
@@ -905,7 +912,7 @@ def _shape(q: p.QueueProfile) -> str:
     return f"({q.kind}, {q.underlying!r}, {q.filter!r}, {q.initial_owner!r})"
 
 
-def _covers(topics, underlying: str) -> bool:
+def _covers(topics: tuple[RecordedTopic, ...], underlying: str) -> bool:
     names = [t.name for t in topics]
     if underlying in names or any(n in (".*", ".+", "^.*$") for n in names):
         return True

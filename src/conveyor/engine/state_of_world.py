@@ -61,7 +61,7 @@ import msgspec
 
 from conveyor import errors, expr, records
 from conveyor.config.model import Config, SowTopicConfig, ViewConfig, topic_matcher
-from conveyor.engine.aggregation import Aggregation
+from conveyor.engine.aggregation import Aggregation, MemberSink
 from conveyor.protocol.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
@@ -144,8 +144,8 @@ class StateOfTheWorld:
         self.views: dict[str, View] = {}
         self._outputs: dict[str, SowTopic] = {}  # rule 5: what each view feeding a queue has journaled
         self._watches: dict[str, QueueWatch] = {}
-        self._topic_aggs: dict[str, list[Aggregation]] = {}  # SOW topic -> aggregations over it
-        self._view_aggs: dict[str, list[Aggregation]] = {}  # view -> aggregations over it
+        self._topic_aggs: dict[str, list[MemberSink]] = {}  # SOW topic -> aggregations over it
+        self._view_aggs: dict[str, list[MemberSink]] = {}  # view -> aggregations over it
         self._record_subs: dict[str, list[RecordSubscription]] = {}  # SOW topic or view -> subscriptions
         self._aggregated: list[AggregatedSubscription] = []
         self._deletes: deque[_PendingDelete] = deque()
@@ -201,7 +201,7 @@ class StateOfTheWorld:
             view.feeds_queue = True
             self._outputs[vc.name] = SowTopic(SowTopicConfig(name=vc.name, message_type="json"))
 
-    def _attach(self, source: str, aggregation: Aggregation, now: float | None = None) -> None:
+    def _attach(self, source: str, aggregation: MemberSink, now: float | None = None) -> None:
         """Feed ``aggregation`` from ``source`` (a SOW topic, a view or a queue), counting
         what the source holds now (``now``: when a client asks; None: at startup, when
         no view has anything to render yet)."""
@@ -221,6 +221,7 @@ class StateOfTheWorld:
         else:
             binding = self._bindings.get(source)
             assert binding is not None, source  # the configuration checked it
+            assert isinstance(aggregation, Aggregation), source  # no join over a queue (config/sow.py)
             watch = self._watches.get(source)
             if watch is None:
                 watch = self._watches[source] = QueueWatch(binding.queue, self._cache)

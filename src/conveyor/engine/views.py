@@ -39,7 +39,7 @@ import msgspec
 
 from conveyor import errors
 from conveyor.config.model import ViewConfig
-from conveyor.engine.aggregation import Aggregation
+from conveyor.engine.aggregation import Aggregation, MemberSink
 from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.focus import RecordChange
@@ -179,7 +179,7 @@ class QueueWatch:
         touched.clear()
 
 
-def member_of_record(agg: Aggregation, change: RecordChange, now: float) -> None:
+def member_of_record(agg: MemberSink, change: RecordChange, now: float) -> None:
     """Apply one SOW or view record change to an aggregation over that topic (rule 1).
     The newest-message order is the record's journal position, or a view record's
     sequence number."""
