@@ -197,6 +197,14 @@ class BadExpiration(ClientError):
     code = "bad_expiration"
 
 
+class BadTopic(ClientError):
+    """A topic written as a regular expression that is not one (``orders.(eu``): refused
+    with the pattern and the position where it stops being one (``details``:
+    ``topic``, ``position``)."""
+
+    code = "bad_topic"
+
+
 class ReadOnlyTopic(ClientError):
     """A publish or ``sow_delete`` on a view: its records are computed, not published."""
 

@@ -151,8 +151,19 @@ def test_pattern_length_limit():
 
 
 def test_invalid_pattern_is_an_expression_error():
-    with pytest.raises(ExpressionError, match="invalid LIKE pattern: unterminated character set"):
+    with pytest.raises(ExpressionError, match="invalid LIKE pattern '\\[a-': unterminated character set"):
         expr.compile("/s LIKE '[a-'")
+
+
+def test_an_invalid_pattern_is_named_with_the_position_where_it_breaks():
+    """Issue 32, defect 3: one line naming the pattern, where it breaks in the pattern,
+    and where the pattern is in the filter."""
+    with pytest.raises(ExpressionError) as refused:
+        expr.compile("/t LIKE 'orders.(eu'")
+    text = str(refused.value)
+    assert "'orders.(eu'" in text and "character 7 of the pattern" in text and "at position 8" in text
+    assert "\n" not in text
+    assert refused.value.details["pattern_position"] == 7 and refused.value.details["position"] == 8
 
 
 def test_wide_unicode_classes_share_one_budget():

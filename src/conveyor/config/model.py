@@ -11,6 +11,8 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from conveyor import errors
 from typing import Iterable
 
 # Characters that make a topic name a regular expression (AMPS treats such topics as
@@ -22,10 +24,47 @@ def is_regex_topic(topic: str) -> bool:
     return bool(_REGEX_CHARS.search(topic))
 
 
+#: Longest pattern quoted in an error: a refusal never echoes a kilobyte of it back.
+PATTERN_QUOTED_CHARS_MAX = 80
+
+
+def regex_error(pattern: str) -> tuple[str, int | None] | None:
+    """Why ``pattern`` is not a regular expression and the position where it stops
+    being one (None when it is not known), or None when it is one. Every way the
+    compiler refuses is an answer here, never an exception: re.error (with its
+    position), a repeat count too large, parentheses nested too deeply."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return exc.msg, exc.pos
+    except RecursionError:
+        return "parentheses nested too deeply", None
+    except (OverflowError, ValueError) as exc:
+        return str(exc), None
+    return None
+
+
+def quoted(pattern: str) -> str:
+    """``pattern`` as an error quotes it: on one line (repr), cut when long."""
+    if len(pattern) > PATTERN_QUOTED_CHARS_MAX:
+        return repr(pattern[:PATTERN_QUOTED_CHARS_MAX]) + "..."
+    return repr(pattern)
+
+
 def topic_matcher(pattern: str):
-    """A predicate over topic names: exact match, or a regex search for patterns."""
+    """A predicate over topic names: exact match, or a regex search for patterns. A
+    pattern that is not a valid regex raises BadTopic, one line naming the pattern and
+    the position (configured patterns are checked when the configuration loads, so
+    only a client's can fail here)."""
     if is_regex_topic(pattern):
-        rx = re.compile(pattern)
+        try:
+            rx = re.compile(pattern)
+        except Exception:  # noqa: BLE001 - regex_error says which and where
+            why = regex_error(pattern) or ("not a valid regular expression", None)
+            reason, position = why
+            where = "" if position is None else f" at position {position}"
+            raise errors.BadTopic(f"topic {quoted(pattern)} is not a valid regular expression: {reason}{where}",
+                                  topic=pattern[:PATTERN_QUOTED_CHARS_MAX], position=position) from None
         return lambda name: rx.search(name) is not None
     return lambda name: name == pattern
 

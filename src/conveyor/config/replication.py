@@ -134,7 +134,7 @@ def _regex(doc: Document, node: Node) -> str:
     text = doc.text(node)
     try:
         re.compile(text)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError) as e:  # RecursionError: "((((..." thousands deep
         raise doc.error(
             node.path,
             f"{text!r} is not a valid regular expression: {e}",

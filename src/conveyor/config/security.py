@@ -145,7 +145,7 @@ def _pattern(doc: Document, node: Node) -> str:
     if is_regex_topic(text):
         try:
             re.compile(text)
-        except re.error as e:
+        except (re.error, OverflowError, RecursionError) as e:  # RecursionError: "((((..." thousands deep
             raise doc.error(node.path, f"{text!r} is not a valid regular expression: {e}",
                             "a name is matched whole: write orders or orders\\..* (escape a literal dot)") from None
     return text

@@ -106,7 +106,7 @@ def topic_name(doc: Document, node: Node, *, regex_allowed: bool) -> str:
         )
     try:
         re.compile(name)
-    except re.error as e:
+    except (re.error, OverflowError, RecursionError) as e:  # RecursionError: "((((..." thousands deep
         raise doc.error(
             node.path,
             f"{name!r} is not a valid regular expression: {e}",

@@ -41,7 +41,7 @@ from re import _constants as C  # the stdlib regex parser's opcodes (3.11+)
 from re import _compiler as sre_compiler
 from re import _parser as sre_parse
 
-from .errors import ExpressionError
+from .errors import ExpressionError, shorten
 from .limits import (
     regex_class_chars_max,
     regex_cost_ticks_max,
@@ -485,6 +485,22 @@ def is_plain_text(source: str) -> bool:
         return False
 
 
+def _invalid(source: str, pos: int, exc: Exception) -> ExpressionError:
+    """A pattern the stdlib refuses: the error names the pattern (cut when long) and,
+    when the compiler knows it, the character of the pattern where it stops being one
+    (``details["pattern_position"]``), besides the literal's position in the filter."""
+    if isinstance(exc, re.error):
+        reason = exc.msg if exc.pos is None else f"{exc.msg} (character {exc.pos} of the pattern)"
+    elif isinstance(exc, RecursionError):
+        reason = "parentheses nested too deeply"
+    else:
+        reason = str(exc)
+    error = ExpressionError(f"invalid LIKE pattern {shorten(source)!r}: {reason}", pos, source)
+    if isinstance(exc, re.error) and exc.pos is not None:
+        error.details["pattern_position"] = exc.pos
+    return error
+
+
 def compile_pattern(
     source: str,
     pos: int,
@@ -509,8 +525,7 @@ def compile_pattern(
             warnings.simplefilter("ignore")
             parsed = sre_parse.parse(source, re.ASCII)
     except (re.error, OverflowError, RecursionError, ValueError, TypeError) as exc:
-        reason = exc.msg if isinstance(exc, re.error) else str(exc)
-        raise ExpressionError(f"invalid LIKE pattern: {reason}", pos, source) from None
+        raise _invalid(source, pos, exc) from None
     literal = _literal_form(parsed)
     if literal is not None:
         kind, text = literal
@@ -540,8 +555,7 @@ def compile_pattern(
     try:
         compiled = _compile_parsed(source, parsed)
     except (re.error, OverflowError, RecursionError, ValueError) as exc:
-        reason = exc.msg if isinstance(exc, re.error) else str(exc)
-        raise ExpressionError(f"invalid LIKE pattern: {reason}", pos, source) from None
+        raise _invalid(source, pos, exc) from None
     search = compiled.search
 
     def test(s: str) -> bool | None:
