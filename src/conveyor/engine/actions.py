@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, cast
 
 from conveyor.config.model import Action, DoProxiedTransfer, DoPublish, OnPublish, OnSowExpire, topic_matcher
+from conveyor.engine import poison
 
 if TYPE_CHECKING:
     from conveyor.engine.cache import Entry
@@ -94,7 +95,7 @@ class PublishActions:
         for _, flt, source, action in watching:
             if (source == "local" and replicated) or (source == "replicated" and not replicated):
                 continue
-            if flt is not None and not flt.matches(entry.decoded(), entry.meta(None, entry.timestamp)):
+            if flt is not None and not poison.matches(flt, entry, None, entry.timestamp, "an on-publish action"):
                 continue
             out.extend(cast("tuple[DoProxiedTransfer, ...]", action.do))  # what an on-publish action does
         return out

@@ -18,12 +18,16 @@ message (by its position) or a record of another view (by its key). Rules:
 5. A projected field outside aggregates that is not a grouping field takes its value
    from the group's newest member (highest ``order``: the record's or message's journal
    position), so the record is the same after a restart and after removals.
+6. **A member that fails is left out** (engine/poison.py): a filter or projection that
+   raises on a message makes it no member; a group whose record cannot be rendered is
+   not reported this time (its last record stands). Both are counted and logged.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Hashable, Iterator, Protocol, cast
 
+from conveyor.engine import poison
 from conveyor.expr.aggregates import accumulator
 from conveyor.expr.projection import Projection
 
@@ -79,9 +83,13 @@ class Aggregation:
         if member in self.members:
             self.remove(member)
         flt = self.filter
-        if flt is not None and not flt.matches(data, meta):
+        try:
+            if flt is not None and not flt.matches(data, meta):
+                return False
+            key, args, reads = self.projection.member(data, meta)
+        except Exception as exc:  # noqa: BLE001 - rule 6: not a member
+            poison.skipped("projection", f"member {member!r} of a view or aggregated subscription", exc)
             return False
-        key, args, reads = self.projection.member(data, meta)
         self.members[member] = (key, args, reads, order)
         group = self.groups.get(key)
         if group is None:
@@ -139,8 +147,19 @@ class Aggregation:
         if not self.dirty:
             return []
         dirty, self.dirty = self.dirty, {}
-        return [(key, self.record(key)) for key in dirty]
+        out = []
+        for key in dirty:
+            try:
+                out.append((key, self.record(key)))
+            except Exception as exc:  # noqa: BLE001 - rule 6: not reported this time
+                poison.skipped("projection", f"group {key!r} of a view or aggregated subscription", exc)
+        return out
 
     def records(self) -> Iterator[tuple[tuple[Hashable, ...], dict[str, object]]]:
         for key in self.groups:
-            yield key, cast("dict[str, object]", self.record(key))  # a group has a record
+            try:
+                record = self.record(key)
+            except Exception as exc:  # noqa: BLE001 - rule 6: left out
+                poison.skipped("projection", f"group {key!r} of a view or aggregated subscription", exc)
+                continue
+            yield key, cast("dict[str, object]", record)  # a group has a record

@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-import msgspec
-
 from conveyor import records
+from conveyor.engine import poison
+from conveyor.protocol.payload import BodyRefused, decode_json
 
 CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory stays flat
 _ENTRY_OVERHEAD_BYTES = 200  # rough cost of the entry itself, counted against the budget
-
-_json = msgspec.json.Decoder()
 
 
 class Entry:
@@ -49,12 +47,16 @@ class Entry:
         }
 
     def decoded(self) -> object:
-        """The JSON body, decoded once; an undecodable body is None (filters see NULL)."""
+        """The JSON body, decoded once; a body that is not JSON, or that the server will
+        not parse (over a limit of protocol/payload.py, not UTF-8), is None: filters see
+        NULL. Never raises; the second kind is counted and logged (poison.py rule 3)."""
         if self._decoded is self:
             try:
-                self._decoded = _json.decode(self.data)
-            except msgspec.DecodeError:
+                self._decoded = decode_json(self.data)
+            except BodyRefused as exc:
                 self._decoded = None
+                if not exc.malformed:
+                    poison.skipped("parse", self, exc)
         return self._decoded
 
 

@@ -89,6 +89,7 @@ from conveyor.protocol import replication as p_repl
 from conveyor.protocol.messages import ack_types
 from conveyor.protocol.codec import Rejected
 from conveyor.protocol.options import parse_options
+from conveyor.protocol.payload import BodyRefused, check_json
 
 __all__ = ["Checkpoint", "Engine", "EngineStats", "REPLAY_RECORDS_PER_PUMP", "VERSION"]
 
@@ -875,16 +876,13 @@ class Engine:
         )
 
 
-#: Checks that a body is one well-formed JSON value without building it (msgspec.Raw:
-#: about a third of a full decode), for topics recorded with MessageType json.
-_JSON_CHECK = msgspec.json.Decoder(msgspec.Raw)
-
-
 def _check_json(topic: str, data: bytes) -> None:
-    """Refuse a body that is not JSON on a json topic: filters, views and consumers would
-    each fail on it later, far from the publisher (docs/queues.md)."""
+    """Refuse a body a json topic cannot take: not JSON, not UTF-8, or over a limit of
+    protocol/payload.py (nested too deep, too large), checked without building it (about
+    a third of a full decode). Filters, views and consumers would each fail on it later,
+    far from the publisher (docs/queues.md); the reason and details name the limit."""
     try:
-        _JSON_CHECK.decode(data)
-    except msgspec.DecodeError as exc:
+        check_json(data)
+    except BodyRefused as exc:
         raise errors.BadMessage(f"topic {topic!r} takes JSON messages (MessageType json): {exc}",
-                                topic=topic) from None
+                                topic=topic, **exc.details) from None

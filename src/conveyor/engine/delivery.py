@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Semantics
-from conveyor.engine import queue_journal
+from conveyor.engine import poison, queue_journal
 from conveyor.engine.actions import ExpiryActions
 from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
@@ -265,6 +265,9 @@ class QueueDelivery:
                     name, d.position, exc,
                     "it counts as delivered (at-most-once)" if at_most_once else "it is offered again when its lease runs out",
                 )
+            except Exception as exc:  # noqa: BLE001 - poison.py rule 1: this delivery only, as a damaged one
+                poison.skipped("encode", f"message at position {d.position} of queue {name!r}", exc,
+                               "its delivery (offered again when its lease runs out, unless at-most-once)")
         return out
 
     def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool) -> tuple[int, m.Message]:
@@ -477,7 +480,7 @@ class QueueDelivery:
                 break
             entry = cache.get(pos)
             bookmark = format_bookmark(entry.publisher, entry.seq, pos)
-            if flt is not None and not flt.matches(entry.decoded(), entry.meta(bookmark, now)):
+            if flt is not None and not poison.matches(flt, entry, bookmark, now, f"a sow query of connection {conn_id}"):
                 continue
             if skipped < skip_n:
                 skipped += 1

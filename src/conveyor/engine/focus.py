@@ -15,6 +15,9 @@ A :class:`RecordChange` says one record changed (inserted, replaced, deleted, ex
    and forgets the key. Without ``oof`` nothing is remembered and nothing is sent.
 3. Live messages of a journaled record carry its bookmark; view records have none.
    Every message carries the SowKey unless ``no_sowkey``.
+4. A change that fails for one subscription (its filter, the delta, the encoding) is
+   skipped for that subscription only, counted and logged (engine/poison.py); a filter
+   that fails counts as not matching.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, cast
 
 import msgspec
 
-from conveyor.engine import delta
+from conveyor.engine import delta, poison
 from conveyor.engine.cache import Entry
 from conveyor.engine.outbox import Outbox
 from conveyor.protocol import messages as m
@@ -87,7 +90,8 @@ class RecordSubscription:
         if entry is None:
             return False
         flt = self.filter
-        return flt is None or flt.matches(entry.decoded(), entry.meta(bookmark, now))
+        return flt is None or poison.matches(flt, entry, bookmark, now, f"subscription {self.sub_id!r} of connection "
+                                                                         f"{self.conn_id}")
 
 
 def record_message(sub: RecordSubscription, topic: str, entry: Entry, key_text: str, bookmark: str | None,
@@ -100,7 +104,15 @@ def record_message(sub: RecordSubscription, topic: str, entry: Entry, key_text: 
 
 
 def deliver(sub: RecordSubscription, change: RecordChange, now: float, outbox: Outbox) -> None:
-    """Rules 1-3 for one subscription and one change."""
+    """Rules 1-4 for one subscription and one change."""
+    try:
+        _deliver(sub, change, now, outbox)
+    except Exception as exc:  # noqa: BLE001 - rule 4: this change, this subscription only
+        what = change.new if change.new is not None else f"record {change.key_text} of {change.topic!r}"
+        poison.skipped("delta", what, exc, f"subscription {sub.sub_id!r} of connection {sub.conn_id}")
+
+
+def _deliver(sub: RecordSubscription, change: RecordChange, now: float, outbox: Outbox) -> None:
     new = change.new
     new_ok = sub.matches(new, change.bookmark, now)
     if not new_ok and not sub.oof:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Hashable, Iterable, cast
 
 from conveyor import expr
 from conveyor.config.model import JoinConfig
+from conveyor.engine import poison
 from conveyor.engine.aggregation import Aggregation
 from conveyor.expr.nodes import Field, walk
 from conveyor.expr.parser import parse
@@ -168,8 +169,13 @@ class Join:
         raise KeyError(topic)
 
     def _value(self, evaluate: Callable[[object, object], object], data: Any) -> str | None:
-        """Rule 2: the join value as text; None: it matches nothing."""
-        text = to_text(scalar(evaluate(data, None)))
+        """Rule 2: the join value as text; None: it matches nothing (also when it cannot
+        be computed: engine/poison.py, counted and logged)."""
+        try:
+            text = to_text(scalar(evaluate(data, None)))
+        except Exception as exc:  # noqa: BLE001 - one record joins nothing; the view goes on
+            poison.skipped("join", "a record of a joined topic", exc, "a view's Join")
+            return None
         if text is None or text == "":
             return "" if self._nulls_match else None
         return text

@@ -17,6 +17,10 @@ Rules:
    the ``now`` of that decision (:func:`consumer_predicate`).
 4. Routing caches (topic -> bindings) are built lazily; the set of queues is fixed by
    the configuration, so they never go stale.
+5. **A message that fails an expression is skipped there** (engine/poison.py): a
+   consumer filter that raises does not match (the queue goes on with the next
+   message), a ``Filter`` keeps the message out, a ``Priority`` gives the lowest
+   priority and a ``BarrierExpression`` false, the same at every recovery.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Callable, Iterator, cast
 from conveyor import errors, records
 from conveyor.config.model import Config, QueueConfig, topic_matcher
 from conveyor.protocol.bookmarks import format_bookmark
+from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import compile_filter, filter_cost_ticks
@@ -35,6 +40,7 @@ from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import Queue
 from conveyor.engine.routes import RouteCache
 from conveyor.expr import Expression
+from conveyor.expr.values import priority_key
 
 log = logging.getLogger("conveyor.engine")
 
@@ -48,7 +54,11 @@ def consumer_predicate(flt: Expression | None) -> Callable[[object, float], bool
 
     def predicate(view: View, now: float) -> bool:
         entry, position = view
-        return flt.matches(entry.decoded(), entry.meta(format_bookmark(entry.publisher, entry.seq, position), now))
+        try:
+            return flt.matches(entry.decoded(), entry.meta(format_bookmark(entry.publisher, entry.seq, position), now))
+        except Exception as exc:  # noqa: BLE001 - rule 5: no match for this consumer, the queue goes on
+            poison.skipped("filter", entry, exc, "a queue consumer's filter")
+            return False
 
     # what queue dispatch charges the turn (queue rule 12; queue_seats reads it with getattr)
     setattr(predicate, "cost_ticks", filter_cost_ticks(flt))
@@ -101,7 +111,13 @@ class QueueBinding:
     def takes(self, entry: Entry) -> bool:
         """Whether the message enters the queue (its ``Filter``; rule 1)."""
         flt = self.filter
-        return flt is None or flt.matches(entry.decoded(), entry.meta(None, entry.timestamp))
+        if flt is None:
+            return True
+        try:
+            return flt.matches(entry.decoded(), entry.meta(None, entry.timestamp))
+        except Exception as exc:  # noqa: BLE001 - rule 5: it stays out
+            poison.skipped("filter", entry, exc, f"the Filter of queue {self.name!r}")
+            return False
 
     def offer(self, position: int, entry: Entry, origin: str = "", now: float | None = None) -> bool:
         """Enqueue a message the queue takes, with its priority and barrier flag (rule 1);
@@ -114,10 +130,15 @@ class QueueBinding:
         barrier = False
         if self.priority is not None or self.barrier is not None:
             data, meta = entry.decoded(), entry.meta(None, entry.timestamp)
-            if self.barrier is not None:
-                barrier = self.barrier.matches(data, meta)
-            if self.priority is not None and not barrier:
-                priority = self.priority.priority(data, meta)
+            try:
+                if self.barrier is not None:
+                    barrier = self.barrier.matches(data, meta)
+                if self.priority is not None and not barrier:
+                    priority = self.priority.priority(data, meta)
+            except Exception as exc:  # noqa: BLE001 - rule 5: an ordinary message, lowest priority
+                poison.skipped("filter", entry, exc, f"the Priority or BarrierExpression of queue {self.name!r}")
+                barrier = False
+                priority = None if self.priority is None else priority_key(None)
         if self.ownership is None:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration)
             return True
@@ -132,7 +153,10 @@ class QueueBinding:
         """The message's priority, computed as at enqueue (None: not a priority queue)."""
         if self.priority is None:
             return None
-        return self.priority.priority(entry.decoded(), entry.meta(None, entry.timestamp))
+        try:
+            return self.priority.priority(entry.decoded(), entry.meta(None, entry.timestamp))
+        except Exception:  # noqa: BLE001 - as at enqueue (rule 5), which counted it
+            return priority_key(None)
 
     def refill(self, journal: JournalPort, upto: int | None = None) -> None:
         """TargetQueueDepth: activate inactive messages read back from the journal until

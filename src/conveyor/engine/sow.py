@@ -42,13 +42,13 @@ from conveyor.config.model import SowTopicConfig
 from conveyor.engine import delta
 from conveyor.engine.queue_expiry import MessageExpiry
 from conveyor.expr.values import scalar, to_text
+from conveyor.protocol.payload import BodyRefused, decode_json
 
 #: A SowKey is a 63-bit number (so that it prints as a positive decimal in any client).
 SOW_KEY_BITS = 63
 #: The longest publisher-supplied sow_key (the reference: Base64-legal characters).
 SOW_KEY_CHARS_MAX = 1024
 
-_json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
 _SEP = b"\x1f"
 
@@ -129,17 +129,22 @@ class SowTopic:
         """The message to journal for a publish (delta merged), its key and its expiry
         stamp. ``load(position)``: the payload of a journaled record."""
         try:
-            decoded = _json_decode(data)
-        except msgspec.DecodeError as exc:
+            decoded = decode_json(data)  # the limits of protocol/payload.py, checked first
+        except BodyRefused as exc:
             raise errors.BadMessage(f"a message for SOW topic {self.name!r} must be JSON: {exc}",
-                                    topic=self.name) from None
+                                    topic=self.name, **exc.details) from None
         if self._keys and not isinstance(decoded, dict):
             raise errors.BadMessage(f"a message for SOW topic {self.name!r} must be a JSON object", topic=self.name)
         key = self.key_of(decoded, supplied)
         if is_delta:
             latest = self.latest(key, load)
             if latest is not None:
-                decoded = delta.merge(_json_decode(latest), decoded)
+                try:
+                    stored = decode_json(latest)
+                except BodyRefused as exc:  # journaled by an older version, unchecked
+                    raise errors.BadMessage(f"the delta cannot be merged into the record of SOW topic {self.name!r}: "
+                                            f"the record's {exc}", topic=self.name) from None
+                decoded = delta.merge(stored, decoded)
                 data = _json_encode(decoded)
         return data, key, self.stamp(expiration, now)
 

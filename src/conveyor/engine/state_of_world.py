@@ -61,6 +61,7 @@ import msgspec
 
 from conveyor import errors, expr, records
 from conveyor.config.model import Config, SowTopicConfig, ViewConfig, topic_matcher
+from conveyor.engine import poison
 from conveyor.engine.aggregation import Aggregation, MemberSink
 from conveyor.protocol.bookmarks import format_bookmark, publisher_id
 from conveyor.engine.cache import Entry, MessageCache
@@ -80,6 +81,7 @@ from conveyor.expr.projection import NON_DETERMINISTIC, Projection
 from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types
 from conveyor.protocol.options import Options, parse_options
+from conveyor.protocol.payload import BodyRefused, decode_json
 
 log = logging.getLogger("conveyor.engine")
 
@@ -90,7 +92,6 @@ RecordsSubscribe = m.Subscribe | m.DeltaSubscribe | m.SowAndSubscribe | m.SowAnd
 
 VIEWS_CLIENT_NAME = "views"  # the publisher of view records that feed queues (rule 5)
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 
 class _PendingDelete:
@@ -470,9 +471,9 @@ class StateOfTheWorld:
         if not st.keyed:
             return supplied or None
         try:
-            return key_text(st.key_of(_decode(data), supplied))
-        except (msgspec.DecodeError, errors.ConveyorError):
-            log.warning("SOW topic %s: the message at %d has no usable key: not kept", topic, position)
+            return key_text(st.key_of(decode_json(data), supplied))
+        except Exception as exc:  # noqa: BLE001 - a body it cannot read, a key it cannot make (poison.py rule 1)
+            log.warning("SOW topic %s: the message at %d has no usable key (%s): not kept", topic, position, exc)
             return None
 
     # --- replication (rule 7) -----------------------------------------------------------------------
@@ -556,7 +557,7 @@ class StateOfTheWorld:
         rows = self._rows(topic, cmd.sow_keys, now)
 
         def matches(row: tuple[Any, Entry]) -> bool:
-            return flt is None or flt.matches(row[1].decoded(), row[1].meta(None, now))
+            return flt is None or poison.matches(flt, row[1], None, now, f"a sow query of connection {conn_id}")
 
         chosen, hits, examined = select(
             rows, matches, orderby=orderby, top_n=top_n, skip_n=skip_n,
@@ -632,7 +633,7 @@ class StateOfTheWorld:
             for key, position, data in list(st.latest_items()):
                 examined += 1
                 entry = load(position) if data is None else Entry(st.name, data, now, 0, 0, None)
-                if flt is None or flt.matches(entry.decoded(), entry.meta(None, now)):
+                if flt is None or poison.matches(flt, entry, None, now, f"a sow_delete of connection {conn_id}"):
                     victims.append((key, position))
         else:
             if cmd.sow_keys:
@@ -640,9 +641,9 @@ class StateOfTheWorld:
             else:
                 assert cmd.data is not None  # the one form given (checked above)
                 try:
-                    data = _decode(cmd.data)
-                except msgspec.DecodeError as exc:
-                    raise errors.BadMessage(f"sow_delete data is not JSON: {exc}") from None
+                    data = decode_json(cmd.data)
+                except BodyRefused as exc:
+                    raise errors.BadMessage(f"sow_delete data is not JSON: {exc}", **exc.details) from None
                 keys = [st.key_of(data, None)]
             latest = st.latest_positions()
             for key in dict.fromkeys(keys):
@@ -747,8 +748,7 @@ class StateOfTheWorld:
             return
         for key, entry in self._rows(sub.topic, None, now):
             now_in = sub.matches(entry, None, now)
-            was_in = key in sub.seen if sub.oof else (old_flt is None or old_flt.matches(entry.decoded(),
-                                                                                            entry.meta(None, now)))
+            was_in = key in sub.seen if sub.oof else (old_flt is None or poison.matches(old_flt, entry, None, now))
             if now_in and not was_in:
                 self._outbox.send(sub.conn_id, record_message(sub, sub.topic, entry, key_text(key), None))
                 if sub.oof:

@@ -23,6 +23,9 @@ Rules:
 4. A replay that reaches a damaged record (bit rot found when it is read) cannot go on
    in order: it ends there, with a failure ack naming the segment and offset
    (``journal_corrupt``); what it delivered before stands, and nothing else stops.
+5. **A message that fails is skipped for that subscription only** (engine/poison.py): a
+   filter that raises counts as not matching, so a deferred fan-out always moves on and
+   a poison message never holds the messages behind it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Callable, Container
 
 from conveyor import errors, records
 from conveyor.protocol.bookmarks import format_bookmark
+from conveyor.engine import poison
 from conveyor.engine.cache import Entry
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import filter_cost_ticks
@@ -167,8 +171,13 @@ class Topics:
         return True
 
     def deliver(self, sub: SessionSubscription, entry: Entry, bookmark: str | None, now: float) -> None:
-        if sub.filter is not None and not sub.filter.matches(entry.decoded(), entry.meta(bookmark, now)):
-            return
+        if sub.filter is not None:
+            try:
+                if not sub.filter.matches(entry.decoded(), entry.meta(bookmark, now)):
+                    return
+            except Exception as exc:  # noqa: BLE001 - rule 5: this message, this subscription only
+                poison.skipped("filter", entry, exc, f"subscription {sub.sub_id!r} of connection {sub.conn_id}")
+                return
         self._outbox.send(
             sub.conn_id,
             m.Message(

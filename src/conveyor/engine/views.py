@@ -41,6 +41,7 @@ from conveyor import errors
 from conveyor.config.model import ViewConfig
 from conveyor.engine.aggregation import Aggregation, MemberSink
 from conveyor.protocol.bookmarks import format_bookmark
+from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.focus import RecordChange
 from conveyor.engine.queue import Queue
@@ -103,8 +104,13 @@ class View:
                 del self.records[key]
                 changes.append(RecordChange(self.name, key, text, old, None, "deleted"))
                 continue
+            try:
+                data = _encode(record)
+            except Exception as exc:  # noqa: BLE001 - engine/poison.py: this record is not sent, its last one stands
+                poison.skipped("encode", f"record {text} of view {self.name!r}", exc)
+                continue
             self._seq += 1
-            new = Entry(self.name, _encode(record), now, 0, self._seq, None)
+            new = Entry(self.name, data, now, 0, self._seq, None)
             self.records[key] = new
             changes.append(RecordChange(self.name, key, text, old, new))
         if changes:

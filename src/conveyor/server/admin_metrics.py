@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from conveyor.engine import poison
 from conveyor.engine.core import VERSION
 from conveyor.server.commit import COMMIT_SECONDS_BUCKETS
 
@@ -111,6 +112,12 @@ class ServerCollector:
         yield _counter("conveyor_publishes_unrouted",
                        "Publishes to a topic not recorded and with no subscriber: they reached no one",
                        engine.publishes_unrouted)
+        skipped = CounterMetricFamily("conveyor_messages_skipped", "Messages skipped for one consumer at one stage "
+                                      "of delivery: parse, filter, projection, join, delta, encode (engine/poison.py)",
+                                      labels=["stage"])
+        for stage, n in sorted(poison.SKIPPED.items()):
+            skipped.add_metric([stage], n)
+        yield skipped
         topic_subs, replays = engine.topics.statistics()
         yield _gauge("conveyor_topic_subscriptions", "Pub/sub and replay subscriptions", topic_subs)
         yield _gauge("conveyor_replays", "Bookmark replays still reading the journal", replays)

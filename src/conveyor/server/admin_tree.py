@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from conveyor.protocol.bookmarks import format_bookmark
+from conveyor.engine import poison
 from conveyor.engine.core import VERSION
 from conveyor.engine.explain import consumer_label
 from conveyor.engine.sessions import SubKind
@@ -110,6 +111,7 @@ def engine_summary(server: Server, now: float) -> dict:
         "held_sends": e.outbox.held,
         "cache_misses": e.cache.misses,
         "publishes_unrouted": e.publishes_unrouted,  # not recorded, no subscriber: reached no one
+        "messages_skipped": dict(poison.SKIPPED),  # per stage, for one consumer each (engine/poison.py)
         "topic_subscriptions": topic_subs,
         "replays": replays,
         "queue_consumers": e.delivery.consumers(),

@@ -69,13 +69,14 @@ from typing import Any
 from conveyor import errors
 from conveyor.config.model import Config, Scrub, Transport
 from conveyor.config.unsupported import refuse_unsupported
+from conveyor.engine import poison
 from conveyor.engine.core import Engine
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer
 from conveyor.journal.scrub import SCRUB_STEP_BYTES, Scrubber, forget_verified, targets_of
 from conveyor.protocol import messages as m
-from conveyor.protocol.codec import Rejected, encode_frames
+from conveyor.protocol.codec import Rejected, encode_frame, encode_frames
 from conveyor.protocol.options import parse_options
 from conveyor.records.facts import describe_record
 from conveyor.protocol import replication as p_repl
@@ -122,6 +123,19 @@ class ServerStats:
     scrub_passes: int  # background scrub passes completed
     scrub_bytes: int  # journal bytes the background scrub checked
     scrub_problems: int  # damaged records the background scrub found
+
+
+def _encode_each(conn_id: int, msgs: list) -> list[bytes]:
+    """The frames of ``msgs`` one by one, leaving out (counted and logged, engine/poison.py)
+    a message that cannot be encoded: its connection gets every other one, in order."""
+    frames = []
+    for msg in msgs:
+        try:
+            frames.append(encode_frame([msg]))
+        except Exception as exc:  # noqa: BLE001 - poison.py rule 1: this message, this connection only
+            poison.skipped("encode", f"{type(msg).__name__} for connection {conn_id} "
+                           f"({getattr(msg, 'topic', None) or getattr(msg, 'cid', None) or '-'})", exc)
+    return frames
 
 
 def _address(peer) -> str:
@@ -781,7 +795,11 @@ class Server:
             conn = self.connections.get(conn_id)
             if conn is not None:
                 conn.messages_out += len(msgs)
-                conn.write_frames(encode_frames(msgs))
+                try:
+                    frames = encode_frames(msgs)
+                except Exception:  # noqa: BLE001 - one message that cannot be encoded must not cost the others
+                    frames = _encode_each(conn_id, msgs)
+                conn.write_frames(frames)
 
     def _took_input(self, conn: Connection, size: int) -> None:
         """Count client input; past INPUT_BYTES_PER_TURN, ``conn`` stops reading until the
