@@ -103,6 +103,9 @@ FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # one frame, incl. a batch of publis
 OUTPUT_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # unsent output before a slow consumer is cut
 JOURNAL_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024  # JournalSize default of the reference
 JOURNAL_SEGMENT_BYTES_MIN = 1024 * 1024  # below this, segments churn for no gain
+#: The journal's SEGMENT_BYTES_MAX (journal/format.py), checked when the configuration
+#: loads so that a larger JournalSize is a configuration error naming its element.
+JOURNAL_SEGMENT_BYTES_MAX = 64 * 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)

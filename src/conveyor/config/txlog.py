@@ -6,7 +6,8 @@ Rules:
   relative to the server's working directory, as in AMPS.
 - ``JournalSize`` and its synonym ``MinJournalSize`` set the segment size; give one of
   them. It may not be below ``JOURNAL_SEGMENT_BYTES_MIN`` (1 MiB; the reference's
-  minimum is 10M, conveyor allows smaller segments for tests and small installations).
+  minimum is 10M, conveyor allows smaller segments for tests and small installations)
+  nor above ``JOURNAL_SEGMENT_BYTES_MAX`` (64 GiB, the most the journal takes).
 - ``PreallocatedJournalFiles`` is a positive count; ``FlushInterval`` a duration that
   may be zero ("commit as soon as the previous commit finishes").
 - Each ``Topic`` has a ``Name`` (literal, or a regex that must compile) and a
@@ -24,6 +25,7 @@ import re
 from pathlib import Path
 
 from conveyor.config.model import (
+    JOURNAL_SEGMENT_BYTES_MAX,
     JOURNAL_SEGMENT_BYTES_MIN,
     RecordedTopic,
     Retention,
@@ -123,6 +125,13 @@ def _segment_bytes(doc: Document, node: Node) -> int:
             f"<{node.tag}> of {value} bytes is below the minimum of "
             f"{JOURNAL_SEGMENT_BYTES_MIN} bytes",
             "use at least 1M (the default is 1G)",
+        )
+    if value > JOURNAL_SEGMENT_BYTES_MAX:
+        raise doc.error(
+            node.path,
+            f"<{node.tag}> of {value} bytes is above the maximum of {JOURNAL_SEGMENT_BYTES_MAX} bytes",
+            "use at most 64G (the default is 1G): a segment is the unit of retention, of a Spark partition "
+            "and of the rescan at startup",
         )
     return value
 
