@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def regex_error(pattern: str) -> tuple[str, int | None] | None:
     compiler refuses is an answer here, never an exception: re.error (with its
     position), a repeat count too large, parentheses nested too deeply."""
     try:
-        re.compile(pattern)
+        _compile(pattern)
     except re.error as exc:
         return exc.msg, exc.pos
     except RecursionError:
@@ -42,6 +43,12 @@ def regex_error(pattern: str) -> tuple[str, int | None] | None:
     except (OverflowError, ValueError) as exc:
         return str(exc), None
     return None
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    with warnings.catch_warnings():  # e.g. FutureWarning "possible nested set": not the client's business
+        warnings.simplefilter("ignore")
+        return re.compile(pattern)
 
 
 def quoted(pattern: str) -> str:
@@ -58,7 +65,7 @@ def topic_matcher(pattern: str):
     only a client's can fail here)."""
     if is_regex_topic(pattern):
         try:
-            rx = re.compile(pattern)
+            rx = _compile(pattern)
         except Exception:  # noqa: BLE001 - regex_error says which and where
             why = regex_error(pattern) or ("not a valid regular expression", None)
             reason, position = why
