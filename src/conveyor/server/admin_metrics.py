@@ -112,12 +112,7 @@ class ServerCollector:
         yield _counter("conveyor_publishes_unrouted",
                        "Publishes to a topic not recorded and with no subscriber: they reached no one",
                        engine.publishes_unrouted)
-        skipped = CounterMetricFamily("conveyor_messages_skipped", "Messages skipped for one consumer at one stage "
-                                      "of delivery: parse, filter, projection, join, delta, encode (engine/poison.py)",
-                                      labels=["stage"])
-        for stage, n in sorted(poison.SKIPPED.items()):
-            skipped.add_metric([stage], n)
-        yield skipped
+        yield _skipped()
         topic_subs, replays = engine.topics.statistics()
         yield _gauge("conveyor_topic_subscriptions", "Pub/sub and replay subscriptions", topic_subs)
         yield _gauge("conveyor_replays", "Bookmark replays still reading the journal", replays)
@@ -188,6 +183,15 @@ def _label(queue: str) -> str:
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_text, value=value)
+
+
+def _skipped() -> CounterMetricFamily:
+    family = CounterMetricFamily("conveyor_messages_skipped", "Messages skipped for one consumer at one stage "
+                                 "of delivery: parse, filter, projection, join, delta, encode (engine/poison.py)",
+                                 labels=["stage"])
+    for stage, n in sorted(poison.SKIPPED.items()):
+        family.add_metric([stage], n)
+    return family
 
 
 def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
