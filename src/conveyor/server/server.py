@@ -67,14 +67,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor import errors
-from conveyor.config.model import Config, Scrub, Transport
+from conveyor.config.model import Config, Transport
 from conveyor.config.unsupported import refuse_unsupported
 from conveyor.engine import poison
 from conveyor.engine.core import Engine
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer
-from conveyor.journal.scrub import SCRUB_STEP_BYTES, Scrubber, forget_verified, targets_of
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import Rejected, encode_frame, encode_frames
 from conveyor.protocol.options import parse_options
@@ -87,6 +86,7 @@ from conveyor.security.authenticator import Authenticator, basic_credentials
 from conveyor.security.tls import ServerTls, peer_user
 from conveyor.server.commit import CommitStats
 from conveyor.server.connection import Connection
+from conveyor.server.disk import Disk
 from conveyor.server.links import IncomingReplica, OutgoingLink
 from conveyor.server.net import bind_problem
 
@@ -104,8 +104,6 @@ HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dea
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
 STOP_GROUPS_MAX = 16  # groups written and applied at shutdown before the rest is only written
 STOP_TASKS_S_MAX = 10.0  # how long stop() waits for its cancelled tasks to end
-FREE_SPACE_CHECK_INTERVAL_S = 10.0  # statvfs of the journal's file system
-FREE_SPACE_REPORT_INTERVAL_S = 300.0  # while space is low, the warning repeats this often
 SECURITY_CHECK_S = 2.0  # how often the users file, certificates and entitlements are checked for changes
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a TLS client that does not finish its handshake is dropped
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -202,12 +200,7 @@ class Server:
         self._stopped = False
         self._frames_in = 0
         self._commits = 0
-        self._disk_free_bytes: int | None = None
-        self._free_checked_at = float("-inf")
-        self._free_warned_at: float | None = None
-        self._scrub_passes = 0
-        self._scrub_bytes = 0
-        self._scrub_problems = 0
+        self.disk = Disk(config.transaction_log, self.journal, self._io)  # free space, scrub
         self.ports: list[int] = []
         self.started_at = clock()
         self.commit_stats = CommitStats()  # group-commit latency and sizes (the admin interface)
@@ -255,8 +248,8 @@ class Server:
         self._start_links()
         tlog = self.config.transaction_log
         if tlog is not None and tlog.scrub.bytes_per_s > 0:
-            self.spawn(self._scrub(tlog.scrub), name="journal scrub")
-        self._check_free_space(self.clock())
+            self.spawn(self.disk.scrub(tlog.scrub), name="journal scrub")
+        self.disk.check_free_space(self.clock())
         self.engine.tick(self.clock())
         self._flush_output()
 
@@ -943,82 +936,10 @@ class Server:
             for seg in removed:
                 log.info("retention removed journal segment %s", seg.path)
 
-    # --- the disk ------------------------------------------------------------------------
-
-    def _check_free_space(self, now: float) -> None:
-        """Warn while the journal's file system has less free than FreeSpaceWarning: a
-        full disk fails the next journal write, and that stops the server."""
-        tlog = self.config.transaction_log
-        if tlog is None or tlog.free_space_warning <= 0:
-            return
-        if now - self._free_checked_at < FREE_SPACE_CHECK_INTERVAL_S:
-            return
-        self._free_checked_at = now
-        try:
-            st = os.statvfs(tlog.journal_directory)
-        except OSError as exc:
-            log.warning("cannot read the free space of %s: %s", tlog.journal_directory, exc)
-            return
-        free = self._disk_free_bytes = st.f_bavail * st.f_frsize
-        if free < tlog.free_space_warning:
-            if self._free_warned_at is None or now - self._free_warned_at >= FREE_SPACE_REPORT_INTERVAL_S:
-                self._free_warned_at = now
-                log.warning(
-                    "low free space: the file system of the journal %s has %d bytes free, below "
-                    "FreeSpaceWarning (%d bytes); when it is full the next journal write fails and the "
-                    "server stops",
-                    tlog.journal_directory, free, tlog.free_space_warning,
-                )
-        elif self._free_warned_at is not None:
-            self._free_warned_at = None
-            log.info("free space of %s is back above FreeSpaceWarning: %d bytes free", tlog.journal_directory, free)
-
-    def _close_on_io(self, scrubber: Scrubber) -> None:
-        """Close ``scrubber`` on the I/O thread, after the step that may still run there:
-        a scrub cancelled at shutdown leaves its step running, and closing its file from
-        the loop meanwhile raced the step's own close (EBADF, found by the checker), or
-        could close a descriptor number the journal had just reused."""
-        try:
-            self._io.submit(scrubber.close)
-        except RuntimeError:  # the I/O thread is gone: nothing runs there any more
-            scrubber.close()
-
-    async def _scrub(self, scrub: Scrub) -> None:
-        """Re-read the journal at ``scrub.bytes_per_s``, a pass every ``scrub.interval_s``
-        (journal/scrub.py). A damaged record is logged, counted, and its segment's
-        ``.verified`` sidecar dropped, so the next start refuses to open it; the server
-        keeps serving (a read of that record fails on its own)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            scrubber = Scrubber(targets_of(self.journal.segments()))
-            try:
-                while not scrubber.done:
-                    t0 = loop.time()
-                    result = await loop.run_in_executor(self._io, scrubber.step, SCRUB_STEP_BYTES)
-                    self._scrub_bytes += result.bytes
-                    for problem in result.problems:
-                        self._scrub_problems += 1
-                        log.error(
-                            "journal scrub: %s; the records from there on cannot be read, and the next "
-                            "start will refuse to open the journal until it is repaired "
-                            "(`conveyor journal repair`)",
-                            problem.describe(),
-                        )
-                        await loop.run_in_executor(self._io, forget_verified, problem.path)
-                    await asyncio.sleep(max(0.0, result.bytes / scrub.bytes_per_s - (loop.time() - t0)))
-            finally:
-                self._close_on_io(scrubber)
-            self._scrub_passes += 1
-            log.info(
-                "journal scrub: pass %d checked %d records (%d bytes) in %.1f s, %d problem(s)",
-                self._scrub_passes, scrubber.records_checked, scrubber.bytes_checked, loop.time() - started,
-                len(scrubber.problems),
-            )
-            await asyncio.sleep(max(0.0, scrub.interval_s - (loop.time() - started)))
+    # --- housekeeping ----------------------------------------------------------------------
 
     def _housekeeping(self, now: float) -> None:
-        self._check_free_space(now)
+        self.disk.check_free_space(now)
         beats = []
         for conn in list(self.connections.values()):
             if conn.heartbeat_s:
@@ -1151,8 +1072,8 @@ class Server:
             journal_end=self.journal.end,
             journal_durable_end=self.journal.durable_end,
             failed=self._failure is not None,
-            disk_free_bytes=self._disk_free_bytes,
-            scrub_passes=self._scrub_passes,
-            scrub_bytes=self._scrub_bytes,
-            scrub_problems=self._scrub_problems,
+            disk_free_bytes=self.disk.free_bytes,
+            scrub_passes=self.disk.scrub_passes,
+            scrub_bytes=self.disk.scrub_bytes,
+            scrub_problems=self.disk.scrub_problems,
         )
