@@ -201,3 +201,22 @@ def test_a_body_that_is_not_json_is_refused_on_a_json_topic_with_its_sequence():
     assert "takes JSON messages" in refused[0].reason
     w = worker(h, "w", options="max_backlog=5")
     assert items(h.messages(w)) == [3]  # nothing of the refused ones was journaled
+
+
+def test_a_delta_publish_resent_with_its_sequence_is_a_duplicate_not_a_crash():
+    """A client resending from its publish store sends a delta publish again with the
+    same sequence number: it is acknowledged as a duplicate and recorded once (it once
+    raised AttributeError: a DeltaPublish has no fingerprint)."""
+    import json
+
+    from conveyor.protocol import messages as m
+
+    sow = "<Topic><Name>orders</Name><MessageType>json</MessageType><Key>/id</Key></Topic>"
+    h = Harness(config_xml(sow, topics=("orders",)))
+    pub = h.connect("pub", ack_type="persisted")
+    data = json.dumps({"id": 1, "qty": 5}).encode()
+    h.handle(pub, m.DeltaPublish(topic="orders", data=data, seq=1, ack_type="persisted"))
+    h.handle(pub, m.DeltaPublish(topic="orders", data=data, seq=1, ack_type="persisted"))
+    h.commit()
+    assert sorted(a.status for a in h.acks(pub) if a.seq == 1) == ["duplicate", "success"]
+    assert len([p for p in h.engine.journal.scan() if b"orders" in p[1]]) == 1
