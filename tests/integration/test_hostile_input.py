@@ -134,3 +134,71 @@ def test_a_like_pattern_that_is_not_a_regex_is_named_with_its_position(server):
     assert refusal.code == "bad_filter" and "'orders.(eu'" in refusal.reason
     assert "character 7 of the pattern" in refusal.reason and "\n" not in refusal.reason
     assert refusal.details["pattern_position"] == 7
+
+
+def test_a_message_the_server_cannot_encode_is_left_out_and_the_rest_go_out(tmp_path, monkeypatch, caplog):
+    """The last stage, in a server in this process: framing a connection's output fails
+    for one message (injected). The frame used to fail whole, with every message in it;
+    now that message is left out (counted, logged once) and the others are sent, in order."""
+    import asyncio
+    import logging
+
+    from conveyor.config import load_file
+    from conveyor.engine import poison
+    from conveyor.protocol import MessageDecoder
+    from conveyor.server import server as server_module
+    from tests.serverproc import write_config
+
+    real_frames, real_frame = server_module.encode_frames, server_module.encode_frame
+
+    def refuse_poison(encode):
+        def encoded(messages, *args):
+            if any(b'"poison": "poison"' in (getattr(x, "data", None) or b"") for x in messages):
+                raise OverflowError("injected: cannot encode this message")
+            return encode(messages, *args)
+        return encoded
+
+    monkeypatch.setattr(server_module, "encode_frames", refuse_poison(real_frames))
+    monkeypatch.setattr(server_module, "encode_frame", refuse_poison(real_frame))
+    poison.reset()
+    config = load_file(write_config(tmp_path, recorded="t"))
+
+    async def scenario() -> list:
+        srv = server_module.Server(config)
+        await srv.start()
+        stop = asyncio.Event()
+        serving = asyncio.create_task(srv.run_until(stop))
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.ports[0])
+            writer.write(encode_frame([m.Logon(client_name="sub", cid="logon", ack_type="processed"),
+                                       m.Subscribe(topic="t", sub_id="s", cid="s", ack_type="processed")]))
+            decoder, got = MessageDecoder(), []
+            while not any(isinstance(x, m.Ack) and x.cid == "s" for x in got):  # subscribed before the publishes
+                data = await asyncio.wait_for(reader.read(65536), READ_SECONDS_MAX)
+                assert data, "the subscriber's connection was closed"
+                decoder.receive_data(data)
+                got.extend(decoder.next_items())
+            pub_reader, pub = await asyncio.open_connection("127.0.0.1", srv.ports[0])
+            pub.write(encode_frame([m.Logon(client_name="pub"),
+                                    *(m.Publish(topic="t", data=b'{"n": %d, "poison": %s}' % (n, b'"poison"' if n == 1
+                                                                                            else b"0"))
+                                      for n in range(3)),
+                                    m.Flush(cid="flushed", ack_type="processed")]))
+            while len([x for x in got if isinstance(x, m.Message)]) < 2:
+                data = await asyncio.wait_for(reader.read(65536), READ_SECONDS_MAX)
+                assert data, "the subscriber's connection was closed"
+                decoder.receive_data(data)
+                got.extend(decoder.next_items())
+            writer.close()
+            pub.close()
+            return got
+        finally:
+            stop.set()
+            await asyncio.wait_for(serving, READ_SECONDS_MAX)
+
+    with caplog.at_level(logging.WARNING, "conveyor.engine"):
+        got = asyncio.run(scenario())
+    assert [json.loads(x.data)["n"] for x in messages(got)] == [0, 2]
+    assert poison.SKIPPED["encode"] == 1
+    assert sum("injected: cannot encode" in r.getMessage() for r in caplog.records) == 1
+    poison.reset()
