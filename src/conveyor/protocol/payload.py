@@ -67,6 +67,7 @@ _STEPS = bytes(1 if c == 0x28 else 255 if c == 0x29 else 0 for c in range(256)) 
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digits -> "0", rest -> " "
 _TOO_MANY_DIGITS = b"0" * (JSON_INTEGER_DIGITS_MAX + 1)
 _PASSES = 8  # innermost pairs removed by bytes.replace before counting what is left
+_SHALLOW_BYTES_MAX = 2 * JSON_DEPTH_MAX  # n bytes nest at most n / 2 levels: never too deep, nor too large
 
 
 class BodyRefused(BadMessage):
@@ -152,8 +153,11 @@ def _too_long_integer() -> BodyRefused:
 
 
 def check_json(data: bytes) -> None:
-    """Rule 2: refuse (BodyRefused) a body over a limit, not JSON, or not UTF-8."""
-    _check_size_and_depth(data)
+    """Rule 2: refuse (BodyRefused) a body over a limit, not JSON, or not UTF-8. On the
+    publish path of every json topic: a body too short to nest past the limit skips the
+    size and depth checks (most bodies: no call, no pass over the bytes)."""
+    if len(data) > _SHALLOW_BYTES_MAX:
+        _check_size_and_depth(data)
     try:
         _RAW.decode(data)
     except msgspec.DecodeError as exc:

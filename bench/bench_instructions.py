@@ -1,0 +1,102 @@
+"""Engine work per message on two revisions, counted in instructions (valgrind's
+callgrind), so that an A/B does not depend on what else this shared machine is doing.
+
+The wall-clock A/B (``bench_revisions``) moves by 10-30% between rounds here when
+another process runs; an instruction count is the same on every run of the same code
+and input. It measures the engine only, in process (no sockets, no fsync, no client):
+
+- ``publish``: N publishes (256-byte JSON bodies) to a recorded json topic, committed
+  every 50;
+- ``queue``: the same with a queue over the topic and one worker (backlog 50) taking and
+  acknowledging every message: publish, dispatch, delivery, acknowledgement.
+
+Each is run with N and with 0 messages; the difference over N is the cost of one
+message (start-up, imports and recovery cancel out). Each revision is checked out into a
+temporary git worktree and imported from there, its own tests/engine harness included.
+
+    python -m bench.bench_instructions BASE [HEAD] [--messages 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORKLOAD = """
+import sys
+from tests.engine.engine_harness import Harness, config_xml, queue_xml
+from conveyor.protocol import messages as m
+
+kind, n = sys.argv[1], int(sys.argv[2])
+sow = queue_xml("WorkToDo", underlying="Work") if kind == "queue" else ""
+h = Harness(config_xml(sow, topics=("Work",)))
+pub = h.connect("pub")
+worker = None
+if kind == "queue":
+    worker = h.connect("worker")
+    h.subscribe(worker, "WorkToDo", options="max_backlog=50")
+body = b'{"order": 1, "qty": 5, "pad": "' + b"x" * 222 + b'"}'
+for i in range(n):
+    h.handle(pub, m.Publish(topic="Work", data=body, seq=i + 1))
+    if i % 50 == 49:
+        h.commit()
+        if worker is not None:
+            got = h.messages(worker, "WorkToDo")
+            if got:
+                h.ack(worker, "WorkToDo", got)
+h.commit()
+"""
+
+
+def instructions(tree: Path, kind: str, n: int) -> int:
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", WORKLOAD, kind,
+         str(n)],
+        cwd=tree, env={"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+        capture_output=True, text=True, check=True,
+    )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count from callgrind:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_message(tree: Path, kind: str, n: int) -> float:
+    return (instructions(tree, kind, n) - instructions(tree, kind, 0)) / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base")
+    ap.add_argument("head", nargs="?", default="HEAD")
+    ap.add_argument("--messages", type=int, default=4000)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {}
+        for rev in (args.base, args.head):
+            tree = Path(tmp) / rev.replace("/", "_")
+            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev], cwd=ROOT, check=True)
+            trees[rev] = tree
+        try:
+            for kind in ("publish", "queue"):
+                a = per_message(trees[args.base], kind, args.messages)
+                b = per_message(trees[args.head], kind, args.messages)
+                rows.append((kind, a, b))
+                print(f"{kind}: {args.base} {a:,.0f}, {args.head} {b:,.0f} instructions per message", flush=True)
+        finally:
+            for tree in trees.values():
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+    print(f"\n| workload | {args.base} | {args.head} | after / before |\n| --- | ---: | ---: | ---: |")
+    for kind, a, b in rows:
+        print(f"| {kind} (instructions per message) | {a:,.0f} | {b:,.0f} | {b / a:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
