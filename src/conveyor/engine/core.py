@@ -544,7 +544,10 @@ class Engine:
                 outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, seq=cmd.seq, reason=warning))
             return
         if publishes.takes_json(topic):
-            _check_json(topic, cmd.data)
+            try:
+                check_json(cmd.data)  # (called here: one frame less on the publish path)
+            except BodyRefused as exc:
+                raise _not_json(topic, exc) from None
         ident = self._identity(session, cmd, acks)
         if ident is None:
             return
@@ -876,13 +879,10 @@ class Engine:
         )
 
 
-def _check_json(topic: str, data: bytes) -> None:
-    """Refuse a body a json topic cannot take: not JSON, not UTF-8, or over a limit of
-    protocol/payload.py (nested too deep, too large), checked without building it (about
-    a third of a full decode). Filters, views and consumers would each fail on it later,
-    far from the publisher (docs/queues.md); the reason and details name the limit."""
-    try:
-        check_json(data)
-    except BodyRefused as exc:
-        raise errors.BadMessage(f"topic {topic!r} takes JSON messages (MessageType json): {exc}",
-                                topic=topic, **exc.details) from None
+def _not_json(topic: str, exc: BodyRefused) -> errors.BadMessage:
+    """Why a json topic refuses a body (``check_json``: not JSON, not UTF-8, or over a
+    limit of protocol/payload.py, checked without building it, about a third of a full
+    decode). Filters, views and consumers would each fail on it later, far from the
+    publisher (docs/queues.md); the reason and details name the limit."""
+    return errors.BadMessage(f"topic {topic!r} takes JSON messages (MessageType json): {exc}",
+                             topic=topic, **exc.details)
