@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -65,6 +67,22 @@ def write_config(
 REPO = Path(__file__).resolve().parent.parent
 
 
+def free_port() -> int:
+    """A free port below the kernel's ephemeral range (32768 and up on Linux), so that
+    no outgoing connection takes it between a SIGKILL and the restart that binds it again
+    (a port the kernel picked for the first start, from that range, was once taken so)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
+
+
 class ServerProcess:
     """A `conveyor serve` subprocess; `uri` once it is listening.
 
@@ -86,6 +104,8 @@ class ServerProcess:
         return f"tcp://127.0.0.1:{self.port}"
 
     def start(self, port: int = 0) -> "ServerProcess":
+        """Start serving clients on ``port`` (0: a free port below the ephemeral range)."""
+        port = port or free_port()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         program = ["-m", "conveyor"]
         if self.faults is not None:

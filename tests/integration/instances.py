@@ -3,8 +3,6 @@ its journal read back once it has stopped (tests/integration/test_replication*.p
 
 from __future__ import annotations
 
-import random
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,24 +13,9 @@ from conveyor import Client, records
 from conveyor.protocol.bookmarks import publisher_id
 from conveyor.journal import Journal
 from tests.integration.tcp_proxy import TcpProxy
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, free_port  # noqa: F401 (free_port: imported from here by other tests)
 
 TOPIC = "Work"
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768 and up on Linux), so that
-    no outgoing connection takes it between a SIGKILL and the restart that binds it again."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
 
 
 class Instance:
