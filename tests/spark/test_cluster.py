@@ -2,8 +2,8 @@
 of their own (conveyor.spark.standalone), shared by every test of this module; each
 driver is a subprocess (tests/spark/job.py, the demo), its executors in the workers.
 
-Covered here: the demo pipeline; a worker SIGKILLed in the middle of a batch; the short
-driver-SIGKILL chain (test_crashes.py; marked slow: ``make test-slow``). Two queries
+Covered here: the demo pipeline; a worker SIGKILLed in the middle of a batch and the
+short driver-SIGKILL chain (test_crashes.py), both marked slow (``make test-slow``). Two queries
 sharing a queue and speculative execution are in test_cluster_queries.py, so that the
 two xdist workers run them side by side, each file on a cluster of its own. Every test
 checks the output topic, replayed from the log, against the input: each message
@@ -69,6 +69,7 @@ def test_driver_sigkill_short_chain_on_the_cluster(cluster, conveyor_server, tmp
     run_chain(conveyor_server.uri, tmp_path, SHORT, *on(cluster, cores=1))
 
 
+@pytest.mark.slow  # a SIGKILL run on the cluster, about 2 minutes: make test-slow
 @pytest.mark.timeout(CLUSTER_TEST_S_MAX)
 def test_worker_sigkilled_mid_batch_loses_and_duplicates_nothing(cluster, conveyor_server, tmp_path):
     """A task of batch 1 holds still in the sink's write(); the test SIGKILLs the worker
