@@ -179,3 +179,17 @@ def test_barrier_and_window():
             path="AMPSConfig/SOW/Queue[2]",
         ),
     )
+
+
+def test_every_whole_configuration_in_the_readme_loads():
+    """An ``<AMPSConfig>`` block of the README loads as given (its live-aggregates block
+    once lacked the TransactionLog its SOW topic needs)."""
+    import re
+
+    from conveyor.config import load_text
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```xml\n(.*?)```", readme, re.S) if b.lstrip().startswith("<AMPSConfig>")]
+    assert blocks, "the README shows no whole configuration"
+    for block in blocks:
+        load_text(block, env={})
