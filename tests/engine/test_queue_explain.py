@@ -92,3 +92,25 @@ def test_explain_does_not_count_filter_errors():
     q.add_consumer(c, 0.0)
     assert verdict(q, 1).verdict == "filtered_out"
     assert q.statistics().filter_errors == 0
+
+
+def test_explain_says_where_a_message_comes_from_and_knows_a_made_up_bookmark():
+    """Through the engine: a real message's explanation names its topic, publisher and
+    sequence; an acknowledged one is "done"; a bookmark no publish has is "unknown"
+    (it was "done", like an acknowledged message)."""
+    from .engine_harness import Harness, config_xml, queue_xml
+
+    h = Harness(config_xml(queue_xml("WorkToDo", underlying="Work"), topics=("Work",)))
+    pub, worker = h.connect("pub"), h.connect("worker")
+    h.publish(pub, "Work", {"n": 1})
+    h.commit()
+    h.subscribe(worker, "WorkToDo", options="max_backlog=1")
+    (msg,) = h.messages(worker, "WorkToDo")
+    e = h.engine.explain("WorkToDo", msg.bookmark, h.now)
+    assert e.verdict == "leased" and any("published to topic 'Work'" in r for r in e.reasons), e
+    h.ack(worker, "WorkToDo", msg)
+    h.commit()
+    assert h.engine.explain("WorkToDo", msg.bookmark, h.now).verdict == "done"
+    publisher, seq, position = msg.bookmark.split("|")
+    for made_up in (f"{publisher}|{int(seq) + 7}|{position}", f"{publisher}|{seq}|{int(position) + 3}", "123456"):
+        assert h.engine.explain("WorkToDo", made_up, h.now).verdict == "unknown", made_up

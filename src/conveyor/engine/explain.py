@@ -7,6 +7,9 @@ about one message from the queue's parts (:class:`MessageFacts`, :class:`SeatFac
 adds what only the engine knows (client names, the subscribers' filter texts, whether
 this instance owns the queue's messages). Rules, in the order they are checked:
 
+0. **unknown**: no publish of the journal is at the bookmark's position (or the one
+   there has another publisher and sequence): a made-up or mistyped bookmark. Every
+   other verdict starts with where the message comes from (topic, publisher, sequence).
 1. **done**: not in the queue (acknowledged, expired, delivered at-most-once, never
    entered it: the queue filter, another topic, before the recovery point).
 2. **leased**: held by a subscriber until its lease deadline (at-least-once), or
@@ -123,6 +126,8 @@ def explain(
     now: float,
     *,
     bookmark: str | None = None,
+    unknown: bool = False,
+    origin: str | None = None,
     client_of: Callable[[Hashable], str | None] = lambda key: None,
     filter_of: Callable[[Hashable], str | None] = lambda key: None,
 ) -> Explanation:
@@ -147,6 +152,11 @@ def explain(
         reasons.append(f"delivered {facts.deliveries} time(s), cancelled {facts.cancels} time(s)")
     if facts.expires_at is not None and state in (MessageState.AVAILABLE, MessageState.LEASED):
         reasons.append(f"expires (Expiration) in {max(0.0, facts.expires_at - now):.1f} s if not acknowledged")
+    if origin is not None:
+        reasons.append(f"published to {origin}")
+    if unknown:
+        return done("unknown", "no published message has this bookmark: its position names no publish of the "
+                               "journal, or another message (a made-up or mistyped bookmark)")
     if state in (MessageState.ABSENT, MessageState.CONSUMED) and facts.holder is None:
         return done("done", f"not in queue {facts.queue!r}: acknowledged, expired, delivered at-most-once, "
                             "or it never entered the queue (another topic, the queue filter, before the recovery point)")
@@ -234,7 +244,10 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
         if len(positions) != 1:
             raise errors.BadBookmark(f"{bookmark!r} is not one message's bookmark")
         position = positions[0]
+    published = _published(engine, position, text)
     facts = binding.queue.explain(position, now)
+    if published is None and facts.state in (MessageState.ABSENT, MessageState.CONSUMED) and facts.holder is None:
+        return explain(facts, now, bookmark=bookmark, unknown=True)
     sessions: Mapping[int, Session] = engine.sessions
 
     def session_sub(key: Hashable) -> tuple[Session | None, SessionSubscription | None]:
@@ -256,4 +269,19 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
         source: str | None = getattr(flt, "source", None) if flt is not None else None
         return source
 
-    return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of)
+    return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published)
+
+
+def _published(engine: Engine, position: int, text: str) -> str | None:
+    """Where the message at ``position`` comes from ("topic 'Work', publisher P, sequence
+    S"), or None when no publish of the journal is there, or the one there is not the
+    bookmark's (its publisher and sequence differ): a made-up or mistyped bookmark."""
+    try:
+        entry = engine.cache.get(position)
+    except Exception:  # noqa: BLE001 - not a record boundary, past the end, not a publish: no message
+        return None
+    parts = text.split("|")
+    if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and (
+            int(parts[0]), int(parts[1])) != (entry.publisher, entry.seq):
+        return None
+    return f"topic {entry.topic!r}, publisher {entry.publisher}, sequence {entry.seq}"
