@@ -10,7 +10,7 @@ Markers are applied here, by what a test is, so nobody has to remember them:
 - ``slow``: set by hand on the nightly tests (``make test-slow``).
 
 ``make check`` runs ``not spark and not proc and not slow`` (the fast lane), ``make
-test`` everything but ``slow``. Under xdist ``--dist loadgroup``, a module with
+test`` everything but ``slow``, the longest files first. Under xdist ``--dist loadgroup``, a module with
 module- or session-scoped fixtures (a shared server, a Spark session, a cluster) runs
 on one worker, as a group; every other test is balanced one by one.
 """
@@ -60,7 +60,18 @@ def _kinds(path: Path) -> tuple[bool, bool, bool, bool]:
     return spark, proc, sim, shared
 
 
+def _weight(item: pytest.Item) -> int:
+    """Longest first (what xdist hands out first runs first): the Spark cluster files,
+    the other Spark files, the fault checker, then the rest, so that no worker starts a
+    five-minute group when the other has nothing left."""
+    path = str(item.fspath)
+    if "/tests/spark/" in path:
+        return 0 if "test_cluster" in path else 1
+    return 2 if "/tests/faults/" in path else 3
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_weight)  # stable: each module's tests stay together and in order
     for item in items:
         path = Path(str(item.fspath)).resolve()
         if TESTS not in path.parents:
