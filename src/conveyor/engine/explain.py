@@ -114,6 +114,10 @@ class Explanation:
     subscribers: tuple[SubscriberView, ...]
 
 
+_UNKNOWN = ("no published message has this bookmark: its position names no publish of the journal, or another "
+            "message (a made-up or mistyped bookmark)")
+
+
 def consumer_label(key: Hashable) -> str:
     """A consumer key as text: ``conn/sub_id`` for subscriptions, ``named/NAME``."""
     if isinstance(key, tuple) and len(key) == 2:
@@ -152,11 +156,9 @@ def explain(
         reasons.append(f"delivered {facts.deliveries} time(s), cancelled {facts.cancels} time(s)")
     if facts.expires_at is not None and state in (MessageState.AVAILABLE, MessageState.LEASED):
         reasons.append(f"expires (Expiration) in {max(0.0, facts.expires_at - now):.1f} s if not acknowledged")
-    if origin is not None:
-        reasons.append(f"published to {origin}")
     if unknown:
-        return done("unknown", "no published message has this bookmark: its position names no publish of the "
-                               "journal, or another message (a made-up or mistyped bookmark)")
+        return done("unknown", _UNKNOWN)
+    reasons += [f"published to {origin}"] if origin is not None else []
     if state in (MessageState.ABSENT, MessageState.CONSUMED) and facts.holder is None:
         return done("done", f"not in queue {facts.queue!r}: acknowledged, expired, delivered at-most-once, "
                             "or it never entered the queue (another topic, the queue filter, before the recovery point)")
