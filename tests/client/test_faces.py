@@ -233,3 +233,23 @@ def test_policy_shortcuts_reach_the_core():
         assert client.state is S.DISCONNECTED
     finally:
         client.disconnect()
+
+
+def test_disconnect_recovers_a_hand_over_lock_an_interrupt_left_held(server_factory):
+    """A KeyboardInterrupt between the hand-over lock's acquire and its ``with`` block
+    leaves the lock held; disconnect() once waited for it for ever (the README worker
+    hung after Ctrl-C). Now it releases it and still sends what was handed over."""
+    server = server_factory(recorded="Work")
+    client = Client("held").connect(server.uri)
+    client.publish("Work", {"n": 1})
+    client._lock.acquire()  # what the interrupt leaves behind
+    done = threading.Event()
+    threading.Thread(target=lambda: (client.disconnect(), done.set()), daemon=True).start()
+    assert done.wait(30), "disconnect() hung on the hand-over lock"
+    with Client("reader").connect(server.uri) as reader:
+        sub = reader.subscribe("Work", bookmark="0")
+        deadline = time.monotonic() + 10
+        got = None
+        while got is None and time.monotonic() < deadline:
+            got = sub.get(timeout=0.5)
+    assert got is not None and got.json() == {"n": 1}

@@ -20,12 +20,16 @@ the asyncio client uses; this module only carries calls across threads. Rules:
    :meth:`AsyncClient.subscribe_state` (its acknowledgements relayed through the
    hand-over); :meth:`AsyncClient.on_persisted` wakes publishers waiting for room and
    :meth:`AsyncClient.before_resume` keeps rule 2.
+6. **An interrupt never hangs disconnect().** A KeyboardInterrupt can leave the
+   hand-over lock held (between its acquire and the ``with`` block); disconnect()
+   finds it so after a second and releases it, then sends what was handed over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import queue
 import threading
 import time
@@ -42,7 +46,10 @@ from conveyor.client.state import ConnectionState, StateChange
 from conveyor.client.subscription import DeliveryMode, SubscriptionBase
 
 _PUBLISH, _ACK = 0, 1
+log = logging.getLogger("conveyor.client")
+
 HANDLER_JOIN_SECONDS = 5.0  # disconnect() waits this long for a handler to finish its message
+HAND_OVER_LOCK_WAIT_S = 1.0  # rule 6: the lock is held for microseconds; this long means it was orphaned
 
 
 class Subscription(SubscriptionBase):
@@ -223,6 +230,7 @@ class Client:
             sub._stop()
         for sub in handlers:
             sub._join(HANDLER_JOIN_SECONDS)
+        self._recover_hand_over_lock()
         try:
             self._drain_blocking()
             self._call(self._aio.disconnect(), timeout=self.timeout + HANDLER_JOIN_SECONDS)
@@ -290,6 +298,20 @@ class Client:
             else:
                 for bookmark in bookmarks:
                     acker(queue_name, bookmark, verb)
+
+    def _recover_hand_over_lock(self) -> None:
+        """Rule 6: the hand-over lock is held for a few appends at a time. Still held
+        after :data:`HAND_OVER_LOCK_WAIT_S`, it was left so by a KeyboardInterrupt that
+        landed between acquiring it and the ``with`` block that releases it (CPython does
+        not guarantee that release); the loop thread would wait for it for ever, and
+        disconnect() with it. Release it: what was handed over is still in the deque."""
+        if self._lock.acquire(timeout=HAND_OVER_LOCK_WAIT_S):
+            self._lock.release()
+            return
+        log.warning("client %s: the hand-over lock was left held (an interrupt inside it): released",
+                    self._aio.client_name)
+        self._lock.release()
+        self._scheduled = False
 
     def _drain_blocking(self) -> None:
         async def drain() -> None:
