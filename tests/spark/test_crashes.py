@@ -4,9 +4,9 @@ subprocess (tests/spark/job.py).
 One chain of runs (txn mode) on one checkpoint: every run is killed at the first fault
 point still armed (each fires once), the next run restarts from the checkpoint, with
 another partition count; the last run finishes. The output must hold every input
-message exactly once. Each run costs a JVM start, so CI runs the SHORT chain (each crash
-point once, on the standalone cluster of tests/spark/test_cluster.py) and ``make
-test-slow`` the FULL chain here, in local mode. (Direct mode's replay deduplication is
+message exactly once. Each run costs a JVM start, so CI runs the SHORT chain here, in
+local mode (each crash point once), and ``make test-slow`` the FULL chain here and the
+SHORT chain on the standalone cluster of tests/spark/test_cluster.py. (Direct mode's replay deduplication is
 the same mechanism as its task retry, tested in test_stream.py.)
 """
 
@@ -86,6 +86,11 @@ def run_chain(uri: str, tmp: Path, chain: Chain, *extra: str) -> None:
     assert_exactly_once(read_topic(uri, "out", chain.total), range(chain.total))
     info = consumer_info(uri, "etl")
     assert (info.d, info.acked) == (chain.total, chain.total)
+
+
+@pytest.mark.timeout(RUN_S_MAX * (SHORT.kills + 1))
+def test_driver_sigkill_short_chain_is_exactly_once(conveyor_server, tmp_path):
+    run_chain(conveyor_server.uri, tmp_path, SHORT)
 
 
 @pytest.mark.slow
