@@ -40,18 +40,18 @@ def numbers(h: Harness, conn: int, sub_id: str | None = None) -> list:
     return [json.loads(x.data).get("n") for x in h.messages(conn) if sub_id is None or x.sub_id == sub_id]
 
 
-def poisoned(flt_text: str, monkeypatch) -> None:
-    """Make the compiled filter ``flt_text`` raise on a message whose body has ``poison``
-    (compile is cached: the subscriptions share this very Expression)."""
+def poisoned(flt_text: str, monkeypatch, method: str = "matches") -> None:
+    """Make ``method`` of the compiled expression ``flt_text`` raise on a message whose
+    body has ``poison`` (compile is cached: the subscriptions share this very Expression)."""
     expr = compile_expr(flt_text)
-    real = expr.matches
+    real = getattr(expr, method)
 
-    def matches(data, meta=None):
+    def failing(data, meta=None):
         if isinstance(data, dict) and data.get("poison"):
-            raise RuntimeError("injected: the filter failed")
+            raise RuntimeError(f"injected: the expression's {method} failed")
         return real(data, meta)
 
-    monkeypatch.setattr(expr, "matches", matches)
+    monkeypatch.setattr(expr, method, failing)
 
 
 # --- refused at publish ----------------------------------------------------------------------
@@ -204,16 +204,8 @@ def test_a_failing_queue_consumer_filter_skips_the_message_for_that_consumer_onl
 def test_a_failing_queue_expression_keeps_the_queue_going(monkeypatch, element):
     text = {"Filter": "/n >= 0", "Priority": "/n", "BarrierExpression": "/n = 99"}[element]
     poisoned(text, monkeypatch)
-    expr = compile_expr(text)
     if element == "Priority":
-        real = expr.evaluate
-
-        def evaluate(data, meta=None):
-            if isinstance(data, dict) and data.get("poison"):
-                raise RuntimeError("injected: the priority failed")
-            return real(data, meta)
-
-        monkeypatch.setattr(expr, "evaluate", evaluate)
+        poisoned(text, monkeypatch, "evaluate")
     h = Harness(config_xml(queue_xml("Jobs", **{element: text}), topics=("Work",)))
     worker = h.connect("worker")
     h.subscribe(worker, "Jobs", options="max_backlog=10")

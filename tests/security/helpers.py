@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import textwrap
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import argon2
@@ -86,3 +89,30 @@ def tls_elements(pki: Pki, cert: tuple[Path, Path] | None = None, client_certifi
     cert = cert or pki.server
     return (f"<Certificate>{cert[0]}</Certificate><PrivateKey>{cert[1]}</PrivateKey>"
             f"<CAFile>{pki.ca_file}</CAFile><ClientCertificates>{client_certificates}</ClientCertificates>")
+
+
+def fetch(url: str, user: str | None = None, password: str = "") -> tuple[int, dict, str]:
+    """GET ``url`` (with HTTP Basic credentials when ``user`` is given, an empty one
+    included): (status, headers, body), an HTTP error status included."""
+    headers = {}
+    if user is not None:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
+            return resp.status, dict(resp.headers), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def instance_config(directory: Path, name: str, *, incoming: str = "", auth: str = "", destination: str = "") -> Path:
+    """A replication test instance's configuration: clients on a free port, ``orders``
+    recorded, and the given incoming transport, Authentication and Destination."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.xml"
+    path.write_text(f"""<AMPSConfig><Name>{name}</Name><Transports>
+      <Transport><Name>clients</Name><Type>tcp</Type><InetAddr>127.0.0.1:0</InetAddr></Transport>{incoming}
+      </Transports>
+      <TransactionLog><JournalDirectory>{directory / 'journal'}</JournalDirectory>
+        <Topic><Name>orders</Name><MessageType>json</MessageType></Topic></TransactionLog>
+      {auth}{f'<Replication>{destination}</Replication>' if destination else ''}</AMPSConfig>""")
+    return path

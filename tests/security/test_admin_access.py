@@ -6,17 +6,14 @@ table of routes and one of users."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
-from tests.security.helpers import secure_config
+from tests.security.helpers import fetch, secure_config
 from tests.serverproc import ServerProcess
 
 USERS = {"ops": "ops-pw", "root": "root-pw", "app": "app-pw"}
@@ -53,15 +50,6 @@ def server(tmp_path_factory):
     proc.stop()
 
 
-def fetch(url: str, user: str = "", password: str = "") -> tuple[int, dict, str]:
-    headers = {}
-    if user:
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
-            return resp.status, dict(resp.headers), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read().decode()
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

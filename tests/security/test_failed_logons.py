@@ -10,13 +10,9 @@ stands for distinct clients. Over the limit a wrong answer comes after a backoff
 
 from __future__ import annotations
 
-import base64
 import socket
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +21,7 @@ from conveyor.config.model import FAILED_LOGONS_PER_USER_MAX_DEFAULT
 from conveyor.protocol import replication as p_repl
 from conveyor.protocol.codec import encode_frame
 from tests.integration.instances import free_port
-from tests.security.helpers import make_users, secure_config, start
+from tests.security.helpers import fetch, instance_config, make_users, secure_config, start
 from tests.security.raw import Raw
 from tests.serverproc import ServerProcess
 
@@ -52,15 +48,6 @@ def server(tmp_path):
     s.stop()
 
 
-def fetch(url: str, user: str | None = None, password: str = "") -> tuple[int, dict, str]:
-    headers = {}
-    if user is not None:
-        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
-            return resp.status, dict(resp.headers), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read().decode()
 
 
 def logon(port: int, user: str | None, password: str | None, *, source: str | None = None,
@@ -196,16 +183,6 @@ def test_wrong_credentials_are_answered_late_per_address_and_per_user(server):
 # --- (b) a sync replication link is never locked out -----------------------------------------------
 
 
-def _instance(directory: Path, name: str, *, incoming: str = "", auth: str = "", destination: str = "") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "config.xml"
-    path.write_text(f"""<AMPSConfig><Name>{name}</Name><Transports>
-      <Transport><Name>clients</Name><Type>tcp</Type><InetAddr>127.0.0.1:0</InetAddr></Transport>{incoming}
-      </Transports>
-      <TransactionLog><JournalDirectory>{directory / 'journal'}</JournalDirectory>
-        <Topic><Name>orders</Name><MessageType>json</MessageType></Topic></TransactionLog>
-      {auth}{f'<Replication>{destination}</Replication>' if destination else ''}</AMPSConfig>""")
-    return path
 
 
 def link_hello(port: int, password: str) -> p_repl.Refused | p_repl.Welcome:
@@ -230,7 +207,7 @@ def test_a_sync_link_keeps_persisting_while_an_address_hammers_wrong_passwords(t
     every publish on A is acknowledged as persisted (that is, stored on B)."""
     port = free_port()
     users = make_users(tmp_path / "users", {"repl": "repl-pw", "reader": "r"})
-    dest = ServerProcess(_instance(
+    dest = ServerProcess(instance_config(
         tmp_path / "B", "B",
         incoming=f"<Transport><Name>repl</Name><Type>amps-replication</Type><InetAddr>127.0.0.1:{port}</InetAddr>"
                  "</Transport>",
@@ -238,7 +215,7 @@ def test_a_sync_link_keeps_persisting_while_an_address_hammers_wrong_passwords(t
              "<Grant><User>repl</User><Replicate>true</Replicate></Grant>"
              f"<Grant><User>reader</User><Replay>orders</Replay></Grant></Entitlement><Limits>{LIMITS}</Limits>",
     )).start()
-    source = ServerProcess(_instance(
+    source = ServerProcess(instance_config(
         tmp_path / "A", "A",
         destination=f"<Destination><Name>B</Name><SyncType>sync</SyncType><Transport>"
                     f"<Type>amps-replication</Type><InetAddr>127.0.0.1:{port}</InetAddr>"

@@ -19,7 +19,7 @@ from conveyor import errors
 from conveyor.client import AsyncClient, Client
 from conveyor.client.rpc import RpcClient
 from conveyor.protocol import messages as m
-from tests.security.helpers import CHEAP, Pki, make_users, pki, tls_elements  # noqa: F401 (pki: a fixture)
+from tests.security.helpers import CHEAP, Pki, instance_config, make_users, pki, tls_elements  # noqa: F401 (pki: a fixture)
 from tests.security.raw import Closed, Raw
 from tests.serverproc import ServerProcess
 
@@ -187,23 +187,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _instance(directory: Path, name: str, *, incoming: str = "", auth: str = "", destination: str = "") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "config.xml"
-    path.write_text(f"""<AMPSConfig><Name>{name}</Name><Transports>
-      <Transport><Name>clients</Name><Type>tcp</Type><InetAddr>127.0.0.1:0</InetAddr></Transport>{incoming}
-      </Transports>
-      <TransactionLog><JournalDirectory>{directory / 'journal'}</JournalDirectory>
-        <Topic><Name>orders</Name><MessageType>json</MessageType></Topic></TransactionLog>
-      {auth}{f'<Replication>{destination}</Replication>' if destination else ''}</AMPSConfig>""")
-    return path
 
 
 @pytest.mark.parametrize("credentials", [True, False], ids=["with credentials", "without credentials"])
 def test_replication_over_tls(tmp_path, pki, credentials):
     port = _free_port()
     users = make_users(tmp_path / "users", {"repl": "repl-pw", "reader": "r"})
-    dest = ServerProcess(_instance(
+    dest = ServerProcess(instance_config(
         tmp_path / "B", "B",
         incoming=f"<Transport><Name>repl</Name><Type>amps-replication-secure</Type>"
                  f"<InetAddr>127.0.0.1:{port}</InetAddr>{tls_elements(pki, client_certificates='none')}</Transport>",
@@ -212,7 +202,7 @@ def test_replication_over_tls(tmp_path, pki, credentials):
              "<Grant><User>reader</User><Replay>orders</Replay></Grant></Entitlement>",
     )).start()
     creds = "<User>repl</User><Password>${REPL_PASSWORD}</Password>" if credentials else ""
-    source = ServerProcess(_instance(
+    source = ServerProcess(instance_config(
         tmp_path / "A", "A",
         destination=f"<Destination><Name>B</Name><SyncType>sync</SyncType><Transport>"
                     f"<Type>amps-replication-secure</Type><InetAddr>127.0.0.1:{port}</InetAddr>"

@@ -277,7 +277,6 @@ class Replication:
         repl = config.replication
         self._by_conn: dict[int, OutLink] = {}
         self._incoming = peers.incoming
-        self._peers = peers
         # source instance -> what this instance holds of its journal (rule 2)
         self._sources: dict[str, SourceState] = {}
         self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
@@ -826,8 +825,6 @@ class Replication:
                 log.warning("replication to %s: UPGRADED back to sync: %.1f s behind (UpgradeAge %.1f s)",
                             link.name, age, link.dest.upgrade_age_s)
 
-    def reachable(self, instance: str) -> bool:
-        return self._peers.reachable(instance)
 
     def statistics(self, now: float) -> tuple[tuple[LinkStats, ...], tuple[InLinkStats, ...]]:
         end = self._journal.durable_end
