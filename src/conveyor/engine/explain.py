@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
 from conveyor.engine.queue_state import MessageState
+from conveyor.protocol.bookmarks import format_bookmark
 
 if TYPE_CHECKING:
     from conveyor.engine.core import Engine
@@ -282,8 +283,6 @@ def _published(engine: Engine, position: int, text: str) -> str | None:
         entry = engine.cache.get(position)
     except Exception:  # noqa: BLE001 - not a record boundary, past the end, not a publish: no message
         return None
-    parts = text.split("|")
-    if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit() and (
-            int(parts[0]), int(parts[1])) != (entry.publisher, entry.seq):
+    if not text.isdigit() and text != format_bookmark(entry.publisher, entry.seq, position):
         return None
     return f"topic {entry.topic!r}, publisher {entry.publisher}, sequence {entry.seq}"
