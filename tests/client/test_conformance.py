@@ -141,6 +141,22 @@ def test_replace_changes_a_subscription_in_place(server, face):
         client.subscribe(server.queue, sub_id="nope", replace=True)
 
 
+def test_replace_of_a_bookmark_subscription_changes_its_filter(server, face):
+    """A replace carries no bookmark (the server refuses one that does: the replay goes
+    on from where it is); the new filter applies to every later message."""
+    client = face("r").connect(server.uri)
+    for n in range(3):
+        client.publish(server.live, {"n": n})
+    client.flush()
+    sub = client.subscribe(server.live, bookmark="0", sub_id="r")
+    assert ns([sub.get(5) for _ in range(3)]) == [0, 1, 2]
+    same = client.subscribe(server.live, sub_id="r", replace=True, filter="/n > 4")
+    assert same.state is sub.state
+    for n in range(3, 7):
+        client.publish(server.live, {"n": n})
+    assert ns([sub.get(5) for _ in range(2)]) == [5, 6]
+
+
 # --- acknowledgement -------------------------------------------------------------------
 
 

@@ -46,6 +46,8 @@ DOCUMENTED_DEFAULT = Config(
             underlying_topic="Work",
             default_publish_target="Work",  # the default: a literal UnderlyingTopic
             semantics=Semantics.AT_LEAST_ONCE,  # named consumers (the Spark source) need it
+            lease_period_s=60.0,  # set explicitly: the reference's default is infinite
+            max_per_subscription_backlog=100,  # set explicitly: the reference's default is 1
             fairness=Fairness.PROPORTIONAL,
             path="AMPSConfig/SOW/Queue[1]",
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -245,11 +246,12 @@ def test_queue_defaults():
     assert queue.kind is QueueKind.QUEUE
     assert queue.semantics is Semantics.AT_LEAST_ONCE
     assert queue.fairness is Fairness.PROPORTIONAL
-    assert queue.lease_period_s == LEASE_PERIOD_DEFAULT_S
+    assert queue.lease_period_s == LEASE_PERIOD_DEFAULT_S == math.inf  # the reference's: no lease expiry
+    assert queue.max_per_subscription_backlog == 1  # the reference's queue table (G.8)
     assert queue.leasing is Leasing.SUBLET  # the reference's queue table (G.8)
     assert queue.deferred_ack_expiration_s == 86400.0  # one day, ditto
     assert queue.file_backed_metadata is False
-    for attr in ("expiration_s", "max_backlog", "max_per_subscription_backlog", "max_cancels",
+    for attr in ("expiration_s", "max_backlog", "max_cancels",
                  "max_deliveries", "priority", "barrier_expression", "target_queue_depth",
                  "recovery_point", "filter"):
         assert getattr(queue, attr) is None, attr

@@ -11,7 +11,7 @@ def config(queue_elements: str) -> str:
 <TransactionLog><JournalDirectory>/unused</JournalDirectory>
 <Topic><Name>Orders</Name><MessageType>json</MessageType></Topic></TransactionLog>
 <SOW><Queue><Name>Q</Name><MessageType>json</MessageType><UnderlyingTopic>Orders</UnderlyingTopic>
-<Semantics>at-least-once</Semantics>{queue_elements}</Queue></SOW></AMPSConfig>"""
+<Semantics>at-least-once</Semantics><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog>{queue_elements}</Queue></SOW></AMPSConfig>"""
 
 
 def items(messages, key="i"):

@@ -8,7 +8,7 @@ from tests.engine.engine_harness import Harness
 
 CONFIG = """<AMPSConfig>
 <TransactionLog><JournalDirectory>/unused</JournalDirectory><Topic><Name>orders</Name><MessageType>json</MessageType></Topic></TransactionLog>
-<SOW><Queue><Name>Q</Name><MessageType>json</MessageType><UnderlyingTopic>orders</UnderlyingTopic></Queue></SOW>
+<SOW><Queue><Name>Q</Name><MessageType>json</MessageType><UnderlyingTopic>orders</UnderlyingTopic><MaxPerSubscriptionBacklog>5</MaxPerSubscriptionBacklog></Queue></SOW>
 </AMPSConfig>"""
 
 

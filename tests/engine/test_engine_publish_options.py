@@ -59,19 +59,71 @@ def test_publish_expiration_travels_in_the_journal_across_a_restart():
     assert items(h.messages(w)) == [1]
 
 
-def test_the_earlier_of_the_queue_expiration_and_the_message_s_own_applies():
+def test_a_message_s_own_expiration_overrides_the_queue_s_earlier_or_later():
+    """The reference's queue table: "a per-message expiration in the log overrides" the
+    queue's Expiration; messages without one keep the queue's."""
     h = one_queue(Expiration="10s")
     pub = h.connect("pub")
-    h.publish(pub, "Work", {"i": 0}, expiration=60.0)  # longer: the queue's 10 s apply
+    h.publish(pub, "Work", {"i": 0}, expiration=60.0)  # longer than the queue's: 60 s apply
     h.publish(pub, "Work", {"i": 1}, expiration=2.0)  # shorter: its own 2 s apply
-    h.publish(pub, "Work", {"i": 2})
+    h.publish(pub, "Work", {"i": 2})  # none: the queue's 10 s
     h.commit()
     h.advance(2.0)
     w = worker(h, "w", options="max_backlog=5")
     assert items(h.messages(w)) == [0, 2]
     h.unsubscribe(w)
     h.advance(8.0)
+    assert h.stats("Q").queue_depth == 1 and h.stats("Q").expired == 2  # 0 is still there
+    h.advance(50.0)
+    assert h.stats("Q").queue_depth == 0 and h.stats("Q").expired == 3
+
+
+def test_messages_in_the_queue_before_the_first_own_expiration_keep_the_queue_s():
+    h = one_queue(Expiration="10s")
+    pub = h.connect("pub")
+    h.publish(pub, "Work", {"i": 0})
+    h.commit()
+    h.advance(5.0)
+    h.publish(pub, "Work", {"i": 1}, expiration=60.0)
+    h.publish(pub, "Work", {"i": 2})
+    h.commit()
+    h.advance(5.0)  # 0 is 10 s old; 2 is 5 s old
+    w = worker(h, "w", options="max_backlog=5")
+    assert items(h.messages(w)) == [1, 2]
+
+
+@pytest.mark.parametrize("snapshots", [True, False])
+def test_expirations_survive_a_restart_from_a_checkpoint(snapshots):
+    """A restart from a checkpoint's queue snapshot expires the same messages at the same
+    times as one that replays the journal."""
+    h = Harness(config_xml(queue_xml("Q", Expiration="10s")), snapshots=snapshots)
+    pub = h.connect("pub")
+    h.publish(pub, "Work", {"i": 0}, expiration=60.0)
+    h.publish(pub, "Work", {"i": 1}, expiration=3.0)
+    h.publish(pub, "Work", {"i": 2})
+    h.commit()
+    h.checkpoint()
+    h.crash()
+    h.advance(3.0)
+    assert h.stats("Q").queue_depth == 2
+    h.advance(7.0)
+    assert h.stats("Q").queue_depth == 1  # 2 at the queue's 10 s; 0 keeps its own 60 s
+    h.crash()
+    h.advance(50.0)
     assert h.stats("Q").queue_depth == 0
+
+
+def test_publish_expiration_of_a_message_without_queue_expiration_survives_a_snapshot():
+    h = one_queue()
+    pub = h.connect("pub")
+    h.publish(pub, "Work", {"i": 0}, expiration=30.0)
+    h.publish(pub, "Work", {"i": 1})
+    h.commit()
+    h.checkpoint()
+    h.crash()
+    h.advance(30.0)
+    w = worker(h, "w", options="max_backlog=5")
+    assert items(h.messages(w)) == [1]
 
 
 def test_publish_expiration_zero_means_never():

@@ -299,7 +299,7 @@ def test_max_backlog_defaults_to_one():
 
 @pytest.mark.parametrize(
     ("requested", "limit", "expected"),
-    [(10, 3, 3), (2, 3, 2), (None, 3, 1), (10, None, 10), (0, 3, 0)],
+    [(10, 3, 3), (2, 3, 2), (None, 3, 1), (10, 1_000_000, 10), (10, None, 1), (0, 3, 0)],
 )
 def test_backlog_is_min_of_max_backlog_and_max_per_subscription_backlog(requested, limit, expected):
     """Subscription Backlog: the backlog is the minimum of the MaxPerSubscriptionBacklog of

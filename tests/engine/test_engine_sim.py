@@ -50,7 +50,7 @@ from typing import Callable
 
 import pytest
 
-from conveyor.config import Config, load_text
+from conveyor.config import MAX_PER_SUBSCRIPTION_BACKLOG_DEFAULT, Config, load_text
 from conveyor.protocol.bookmarks import bookmark_position
 from conveyor.protocol import messages as m
 
@@ -118,7 +118,7 @@ def random_specs(rng: random.Random) -> tuple[Spec, Spec]:
         expiration_s=rng.choice([None, 30.0, 60.0]) if limits else None,
         max_cancels=rng.choice([None, 1, 2, 3]) if limits else None,
         max_deliveries=rng.choice([None, 2, 3]) if limits else None,
-        max_per_sub=rng.choice([None, None, 2]),
+        max_per_sub=rng.choice([None, 1_000, 1_000, 2]),  # None: the reference's default, 1
         strict=rng.random() < 0.5,
         filter=QUEUE_FILTER[1] if rng.random() < 0.2 else None,
     )
@@ -130,7 +130,7 @@ def random_specs(rng: random.Random) -> tuple[Spec, Spec]:
         expiration_s=rng.choice([None, 20.0]) if limits else None,
         max_cancels=None,
         max_deliveries=None,
-        max_per_sub=rng.choice([None, None, 2]),
+        max_per_sub=rng.choice([None, 1_000, 1_000, 2]),  # None: the reference's default, 1
         strict=rng.random() < 0.5,
         filter=QUEUE_FILTER[1] if rng.random() < 0.2 else None,
     )
@@ -324,7 +324,7 @@ class Model:
     def backlog(self, queue: str, requested: int | None) -> int:
         b = 1 if requested is None else requested
         cap = self.specs[queue].max_per_sub
-        return b if cap is None else min(b, cap)
+        return min(b, MAX_PER_SUBSCRIPTION_BACKLOG_DEFAULT if cap is None else cap)
 
     def subscribe(self, key, queue, pred, requested) -> None:
         self.consumers[key] = MCons(key, queue, pred, self.backlog(queue, requested))

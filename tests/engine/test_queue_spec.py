@@ -184,11 +184,12 @@ def test_subscription_backlog_default_is_one():
 def test_subscription_backlog_is_minimum_of_request_and_queue_settings():
     """Subscription Backlog: the minimum of max_backlog and the minimum
     MaxPerSubscriptionBacklog of the queues matched."""
-    qs = [cfg(name="A", max_per_subscription_backlog=7), cfg(name="B"),
+    qs = [cfg(name="A", max_per_subscription_backlog=7), cfg(name="B", max_per_subscription_backlog=None),
           cfg(name="C", max_per_subscription_backlog=4)]
     assert effective_backlog(10, qs) == 4
     assert effective_backlog(3, qs) == 3
-    assert effective_backlog(10, [cfg()]) == 10
+    assert effective_backlog(10, [cfg(max_per_subscription_backlog=None)]) == 10
+    assert effective_backlog(10, [cfg()]) == 1  # the reference's MaxPerSubscriptionBacklog default
     with pytest.raises(InvalidOption):
         effective_backlog(-1, qs)
 

@@ -81,9 +81,10 @@ CONFIG = """\
 </AMPSConfig>
 """
 QUEUES = f"""
-        <Queue><Name>{AT_LEAST_ONCE}</Name><MessageType>json</MessageType><UnderlyingTopic>{TOPIC}</UnderlyingTopic></Queue>
+        <Queue><Name>{AT_LEAST_ONCE}</Name><MessageType>json</MessageType><UnderlyingTopic>{TOPIC}</UnderlyingTopic>
+               <MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog><LeasePeriod>60s</LeasePeriod></Queue>
         <Queue><Name>{AT_MOST_ONCE}</Name><MessageType>json</MessageType><UnderlyingTopic>{TOPIC}</UnderlyingTopic>
-               <Semantics>at-most-once</Semantics></Queue>
+               <Semantics>at-most-once</Semantics><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 """
 REPLICA = "replica"
 #: The server under test replicates the topic to the replica, sync: a persisted ack then

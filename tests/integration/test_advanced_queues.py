@@ -10,12 +10,14 @@ QUEUES = """
     <Semantics>at-least-once</Semantics>
     <UnderlyingTopic>Orders</UnderlyingTopic>
     <Priority>/price * /qty</Priority>
+    <MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog>
 </Queue>
 <Queue>
     <Name>Window</Name>
     <MessageType>json</MessageType>
     <UnderlyingTopic>Orders</UnderlyingTopic>
     <TargetQueueDepth>2</TargetQueueDepth>
+    <MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog>
 </Queue>
 """
 

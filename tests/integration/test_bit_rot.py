@@ -84,9 +84,9 @@ def test_verify_on_a_live_journal_under_load_reports_no_problem(tmp_path):
 
 
 QUEUE = """
-<Queue><Name>Jobs</Name><MessageType>json</MessageType><UnderlyingTopic>t</UnderlyingTopic></Queue>
+<Queue><Name>Jobs</Name><MessageType>json</MessageType><UnderlyingTopic>t</UnderlyingTopic><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 <Queue><Name>Once</Name><MessageType>json</MessageType><UnderlyingTopic>t</UnderlyingTopic>
-       <Semantics>at-most-once</Semantics></Queue>
+       <Semantics>at-most-once</Semantics><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 """
 
 

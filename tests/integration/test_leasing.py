@@ -9,9 +9,9 @@ from conveyor import Client
 from tests.settle import barrier, buffered
 
 QUEUES = """
-<Queue><Name>Default</Name><MessageType>json</MessageType><UnderlyingTopic>default</UnderlyingTopic></Queue>
+<Queue><Name>Default</Name><MessageType>json</MessageType><UnderlyingTopic>default</UnderlyingTopic><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 <Queue><Name>Strict</Name><MessageType>json</MessageType><UnderlyingTopic>strict</UnderlyingTopic>
-    <Leasing>strict</Leasing></Queue>
+    <Leasing>strict</Leasing><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog></Queue>
 """
 
 

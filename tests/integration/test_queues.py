@@ -21,6 +21,7 @@ ALO = """
     <MessageType>json</MessageType>
     <UnderlyingTopic>once</UnderlyingTopic>
     <Semantics>at-most-once</Semantics>
+    <MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog>
 </Queue>
 """
 

@@ -68,7 +68,8 @@ class Message:
     """A message delivered on a subscription or returned by a ``sow``.
 
     ``queue`` is set on queue deliveries: it is the queue to acknowledge to.
-    ``lease_deadline`` (epoch seconds) is when an at-least-once lease ends.
+    ``lease_deadline`` (epoch seconds) is when an at-least-once lease ends (``math.inf``
+    under a queue whose LeasePeriod is infinite, the default).
     """
 
     topic: str

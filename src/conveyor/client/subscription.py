@@ -168,7 +168,9 @@ class SubState:
         """The subscribe command: the first, a ``replace``, or a resume after a reconnect.
         A ``sow_and_*`` subscription queries again on a resume (its query's messages
         carry the sub_id as their query_id)."""
-        bookmark = self.resume_bookmark() if self.bookmark is not None else None
+        # a replace goes on from where the replay is: the server refuses one that names a
+        # bookmark (InvalidOption), so only a first subscribe or a resume carries it
+        bookmark = self.resume_bookmark() if self.bookmark is not None and not replace else None
         options = self.options
         if replace:
             options = f"replace,{options}" if options else "replace"

@@ -8,6 +8,7 @@ are float seconds and sizes are int bytes. ``None`` means "not set / unlimited".
 from __future__ import annotations
 
 import enum
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -102,8 +103,12 @@ class Leasing(enum.Enum):
     SLOPPY = "sublet"  # an alias of SUBLET (the name conveyor used first)
 
 
-#: Defaults where the reference marks them unconfirmed (docs/queues.md says why).
-LEASE_PERIOD_DEFAULT_S = 60.0
+#: The reference's queue defaults (its queue table): a lease never ends on its own (a
+#: message comes back on cancel, disconnect or restart) and a subscription holds one
+#: unacknowledged message unless the queue allows more. The embedded getting-started
+#: configuration sets 60 s and 100 explicitly (docs/configuration.md says why).
+LEASE_PERIOD_DEFAULT_S = math.inf
+MAX_PER_SUBSCRIPTION_BACKLOG_DEFAULT = 1
 #: DeferredAckExpiration default of the reference's queue table: one day.
 DEFERRED_ACK_EXPIRATION_S_DEFAULT = 86400.0
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # one frame, incl. a batch of publishes
@@ -247,7 +252,7 @@ class QueueConfig:
     lease_period_s: float = LEASE_PERIOD_DEFAULT_S
     expiration_s: float | None = None
     max_backlog: int | None = None
-    max_per_subscription_backlog: int | None = None
+    max_per_subscription_backlog: int | None = MAX_PER_SUBSCRIPTION_BACKLOG_DEFAULT
     fairness: Fairness = Fairness.PROPORTIONAL
     max_cancels: int | None = None
     max_deliveries: int | None = None

@@ -118,7 +118,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left
-from typing import Callable, Hashable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple
 
 from conveyor import expr
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
@@ -154,6 +154,7 @@ from conveyor.engine.queue_paging import PageFile, PagedMessageStore
 from conveyor.engine.queue_priority import KEY_END, POSITION_MASK, order_key, priority_of_key
 from conveyor.engine.queue_recovery import QueueReplayer
 from conveyor.engine.queue_seats import Seat, Seats
+from conveyor.engine.queue_store import MessageStore
 from conveyor.engine.queue_state import (
     IllegalTransition,
     MessageState,
@@ -431,8 +432,8 @@ class Queue:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
         key = self._order_key(position, priority, barrier)
         self._counters.enqueued += 1
-        if expires_at and owner is not None:
-            self._stamped.note(position, expires_at)  # it expires here if it is transferred here
+        if owner is not None:
+            self._note_expiry(position, published_at, expires_at)  # it expires here if it is transferred here
         step = self._transitions.step  # ABSENT, derived: nothing is held above the last position
         if owner is not None:
             if barrier:
@@ -454,13 +455,27 @@ class Queue:
         self._last_time = published_at
         if self._target is not None:
             self._window.enter(position)
-        if expires_at:
-            self._stamped.note(position, expires_at)
+        self._note_expiry(position, published_at, expires_at)
         if self._order.append(position, published_at, key, barrier):
             # it may sort before a filtered consumer's cursor; enqueue has no now: the
             # filters decide at the message's publish time
             self._seats.came_back(key, self._order.store.__contains__, published_at)
         return True
+
+    def _note_expiry(self, position: int, published_at: float, expires_at: float) -> None:
+        """A message entering the queue: its own expiry overrides the queue's Expiration,
+        which is then kept per message (queue_expiry rule 4)."""
+        if expires_at and self._expiration is not None:
+            self._keep_expiration_per_message()
+        self._stamped.enter(position, published_at, expires_at)
+
+    def _keep_expiration_per_message(self) -> None:
+        assert self._expiration is not None
+        self._stamped.keep_expiration(self._expiration, itertools.chain(
+            self._order.store.items(), ((p, lease.published_at) for p, lease in self._leases.leased.items()),
+            ((p, away.published_at) for p, away in self._elsewhere.items())))
+        self._expiration = None  # no head-of-queue check: every message has its entry
+        self._leases.expire_by_stamps()
 
     def _order_key(self, position: int, priority: int | None, barrier: bool) -> int:
         if not self._priority:
@@ -1093,7 +1108,7 @@ class Queue:
     def statistics(self, now: float | None = None) -> QueueStats:
         leased, store, counters = self._leases.leased, self._order.store, self._counters
         lease_start = None
-        if leased:
+        if leased and not math.isinf(self._lease_period):  # an endless lease's start is not kept
             lease_start = min(lease.deadline for lease in leased.values()) - self._lease_period
         oldest = [lease.published_at for lease in leased.values()]
         if store:
@@ -1179,33 +1194,13 @@ class Queue:
         before = bisect_left(barriers, position)
         is_barrier = before < len(barriers) and barriers[before] == position
         available = state is _AVAILABLE
-        seats = []
-        for seat in self._seats.every():
-            c = seat.consumer
-            matches = None
-            if available and c.filter is not None:
-                try:
-                    matches = bool(c.filter(self._load(position), now))
-                except Exception:  # a filter that raises is "no match" (see _matches)
-                    matches = False
-            named = isinstance(c.key, tuple) and bool(c.key) and c.key[0] == "named"
-            seats.append(SeatFacts(c.key, seat.active, named, c.outstanding, c.max_backlog,
-                                   c.filter is not None, matches))
-        ahead = None
-        if available:
-            ahead = 0
-            for p in order:
-                if p == position or ahead >= AHEAD_COUNT_MAX:
-                    break
-                ahead += 1
-        out_before = 0
-        if is_barrier:
-            out_before = sum(1 for p in leases.leased if p < position) + sum(1 for p in leases.consumed if p < position)
-            out_before += sum(1 for p, _ in order.store.items() if p < position)
+        seats = _seat_facts(self._seats.every(), lambda: self._load(position), now, available)
+        ahead = _count_ahead(order, position) if available else None
+        out_before = _out_before(leases, order.store, position) if is_barrier else 0
         priority = None
         if self._priority and available:
             priority = order.priorities().get(position)
-        expiration = self._expiration
+        expiration, own_expiry = self._expiration, self._stamped.expiry_of(position)
         return MessageFacts(
             queue=self.name, position=position, state=state, semantics=self.config.semantics.value,
             published_at=published_at, deliveries=leases.deliveries_of(position),
@@ -1216,7 +1211,8 @@ class Queue:
             unacked_before_barrier=out_before, ahead=ahead, inactive_count=window.inactive,
             target_queue_depth=self._target, outstanding=len(leases.leased) + len(leases.consumed),
             max_backlog=self.config.max_backlog,
-            expires_at=None if expiration is None or published_at is None else published_at + expiration,
+            expires_at=own_expiry if own_expiry is not None else
+            None if expiration is None or published_at is None else published_at + expiration,
             seats=tuple(seats), owner=self.owner_of(position),
         )
 
@@ -1268,8 +1264,7 @@ class Queue:
         if published_at < self._last_time:
             published_at = self._last_time
         self._last_time = published_at
-        if expires_at:
-            self._stamped.note(position, expires_at)
+        self._note_expiry(position, published_at, expires_at)
         self._order.append(position, published_at, position, False)
         return True
 
@@ -1362,6 +1357,8 @@ class Queue:
             inactive=inactive,
             refill_from=refill_from,
             deferred_acks=acks,
+            expiries=self._stamped.export(
+                lambda p: p in self._order.store or p in self._leases.leased or p in self._elsewhere),
         )
 
     def restore_state(self, state: QueueState) -> None:
@@ -1386,6 +1383,10 @@ class Queue:
         self._last_position = state.last_position
         self._last_time = state.last_time
         self._leases.restore_counts(state.deliveries, state.cancels)
+        for p, t in state.expiries:
+            self._stamped.note(p, t)
+        if state.expiries and self._expiration is not None:
+            self._keep_expiration_per_message()
         self._window.restore(
             offered=state.offered, inactive=state.inactive, refill_from=state.refill_from,
             acks=state.deferred_acks, last=state.last_position,
@@ -1484,3 +1485,39 @@ class Queue:
 def _require(ok: bool, what: str) -> None:
     if not ok:
         raise AssertionError(what)
+
+
+# --- explain's facts (Queue.explain) --------------------------------------------------------
+
+
+def _seat_facts(seats: Iterable[Seat], body: Callable[[], Any], now: float, available: bool) -> list[SeatFacts]:
+    """Each seat's facts; whether its filter matches the message only if it is available
+    (a filter that raises is "no match", as in delivery)."""
+    out = []
+    for seat in seats:
+        c = seat.consumer
+        matches = None
+        if available and c.filter is not None:
+            try:
+                matches = bool(c.filter(body(), now))
+            except Exception:
+                matches = False
+        named = isinstance(c.key, tuple) and bool(c.key) and c.key[0] == "named"
+        out.append(SeatFacts(c.key, seat.active, named, c.outstanding, c.max_backlog, c.filter is not None, matches))
+    return out
+
+
+def _count_ahead(order: Iterable[int], position: int) -> int:
+    """Available messages ahead of ``position`` in delivery order, up to AHEAD_COUNT_MAX."""
+    ahead = 0
+    for p in order:
+        if p == position or ahead >= AHEAD_COUNT_MAX:
+            break
+        ahead += 1
+    return ahead
+
+
+def _out_before(leases: LeaseTable, store: MessageStore, position: int) -> int:
+    """Messages before barrier ``position`` not yet acknowledged (leased, delivered, available)."""
+    return (sum(1 for p in leases.leased if p < position) + sum(1 for p in leases.consumed if p < position)
+            + sum(1 for p, _ in store.items() if p < position))

@@ -275,3 +275,5 @@ class QueueState:
     # time, order key, when it arrived here), those leased here whose ownership moved
     # away included (their lease ends with the restart: queue_elsewhere rule 3)
     elsewhere: tuple[tuple[int, str, float, int, float], ...] = ()
+    # (position, expiry) of each message with an expiry of its own (queue_expiry rule 5)
+    expiries: tuple[tuple[int, float], ...] = ()

@@ -16,30 +16,62 @@ Queue"). A part of :class:`conveyor.engine.queue.Queue`, beside the queue-wide
 3. Entries of messages that are done (acknowledged, delivered, expired by another
    rule) are dropped when they reach the top of the heap, and swept once they
    outnumber the messages still in the queue, so memory stays O(queue).
+4. A message's own expiry overrides the queue's ``Expiration``, earlier or later (the
+   reference's queue table). A queue with ``Expiration`` checks it at the head of its
+   age order while no message carries its own; the first one that does turns the
+   queue-wide rule into an entry here for every message in the queue, and for each one
+   that enters later (``Queue._note_expiry``), so each message has exactly one expiry.
+5. A snapshot keeps the entries (:meth:`export`): a restart from it expires the same
+   messages at the same times as a replay of the journal would.
 """
 
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 SWEEP_SLACK_MIN = 64  # stale entries tolerated before a sweep, whatever the queue's size
 
 
 class MessageExpiry:
-    __slots__ = ("_heap", "_at")
+    __slots__ = ("_heap", "_at", "_every")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int]] = []
         self._at: dict[int, float] = {}
+        self._every: float | None = None  # the queue's Expiration, once it is kept here (rule 4)
 
     def __len__(self) -> int:
         return len(self._at)
+
+    def __contains__(self, position: int) -> bool:
+        return position in self._at
+
+    def export(self, tracked: Callable[[int], bool]) -> tuple[tuple[int, float], ...]:
+        """(position, expiry) of the messages still in the queue (rule 5); a due one that
+        waits for its lease to end (:meth:`hold`) is due at once after a restart."""
+        return tuple(sorted((p, t) for p, t in self._at.items() if tracked(p)))
 
     def note(self, position: int, expires_at: float) -> None:
         """Message ``position`` expires at ``expires_at`` (rule 1)."""
         self._at[position] = expires_at
         heappush(self._heap, (expires_at, position))
+
+    def enter(self, position: int, published_at: float, expires_at: float) -> None:
+        """A message entering the queue (rule 4): its own expiry (0: none), else the
+        queue's Expiration once that is kept here."""
+        if expires_at:
+            self.note(position, expires_at)
+        elif self._every is not None:
+            self.note(position, published_at + self._every)
+
+    def keep_expiration(self, expiration: float, messages: Iterable[tuple[int, float]]) -> None:
+        """Rule 4: the queue's ``expiration`` is kept here from now on, for ``messages``
+        (position, publish time: those in the queue) and every later one."""
+        self._every = expiration
+        for p, t in messages:
+            if p not in self._at:
+                self.note(p, t + expiration)
 
     def hold(self, position: int) -> None:
         """``position`` is due but leased: it expires when its lease ends (rule 2)."""
@@ -51,6 +83,10 @@ class MessageExpiry:
         t = self._at.get(position)
         if t is not None:
             heappush(self._heap, (t, position))
+
+    def expiry_of(self, position: int) -> float | None:
+        """When ``position`` expires by its own expiry (None: it has none; -inf: due, held)."""
+        return self._at.get(position)
 
     def due(self, position: int, now: float) -> bool:
         """Whether ``position`` carries an expiry that has passed (rule 2)."""

@@ -220,6 +220,11 @@ class LeaseTable:
     def restore_counts(self, deliveries: dict[int, int], cancels: dict[int, int]) -> None:
         self._deliveries, self._cancels = dict(deliveries), dict(cancels)
 
+    def expire_by_stamps(self) -> None:
+        """The queue's Expiration now lives in its per-message expiries (queue_expiry
+        rule 4): the queue checks it for a message whose lease ends, not this table."""
+        self._expiration = None
+
     def limit_reasons(self, p: int, published_at: float, now: float) -> tuple[str, ...]:
         """Rule 5: why ``p``, coming back to the queue, must expire instead."""
         found = []

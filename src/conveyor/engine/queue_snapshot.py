@@ -62,7 +62,7 @@ from conveyor.engine.queue_store import ChunkImage
 if TYPE_CHECKING:
     from conveyor.config.model import QueueConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-message expiries (``expiries``)
 
 
 class SnapshotInvalid(Exception):
@@ -108,6 +108,7 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     left: bytes = b""  # recent leavers, oldest first, the same columns
     # msgspec decodes by this annotation: any map, as a bare ``dict`` always accepted
     ownership: dict[Any, Any] = {}  # tombstones and transfers (engine/ownership.py export_state)
+    expiries: bytes = b""  # messages with an expiry of their own: positions 'q' + expiry times 'd'
 
 
 def fingerprint(config: QueueConfig) -> str:
@@ -163,6 +164,7 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         elsewhere_owner=array("H", [index[a[1]] for a in away]).tobytes(),
         owners=owners,
         elsewhere_priorities=[priority_of_key(a[3]) for a in away] if config.priority is not None else [],
+        expiries=_pack(array("q", [p for p, _ in state.expiries]), array("d", [t for _, t in state.expiries])),
     )
 
 
@@ -184,6 +186,8 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
         raise SnapshotInvalid("a message owned elsewhere names no owner")
     if priority and len(snap.elsewhere_priorities) != n:
         raise SnapshotInvalid("a message owned elsewhere has no priority")
+    if len(snap.expiries) % 16:
+        raise SnapshotInvalid("its message expiries are cut short")
     if len(snap.idents) % 24 or len(snap.left) % 24:
         raise SnapshotInvalid("its message identities are cut short")
     for ranks, positions, nan_positions, stale in snap.epochs:
@@ -232,6 +236,7 @@ def state(snap: QueueSnapshot) -> QueueState:
         epochs=tuple(EpochImage(*e) for e in snap.epochs),
         leased_keys=tuple(order_key(q, p) for q, p in zip(snap.returned_priorities, positions)),
         elsewhere=_elsewhere(snap),
+        expiries=tuple(zip(*_unpack(snap.expiries, "q", "d"))),
     )
 
 
