@@ -16,6 +16,11 @@ from conveyor.protocol.payload import BodyRefused, decode_json
 
 CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory stays flat
 _ENTRY_OVERHEAD_BYTES = 200  # rough cost of the entry itself, counted against the budget
+#: An entry whose body is not decoded yet. Not the entry itself: a reference to itself
+#: would put every entry in a reference cycle, freed only by the cyclic collector, so
+#: entries the cache let go (a large query reads millions) would pile up between its
+#: full collections instead of going at once.
+_UNDECODED = object()
 
 
 class Entry:
@@ -29,7 +34,7 @@ class Entry:
         self.publisher = publisher
         self.seq = seq
         self.correlation_id = correlation_id
-        self._decoded: object = self  # self: not decoded yet
+        self._decoded: object = _UNDECODED
         self.expiration = expiration  # absolute expiry stamped by a SOW topic (0: none)
 
     def meta(self, bookmark: str | None, now: float) -> dict[str, object]:
@@ -50,7 +55,7 @@ class Entry:
         """The JSON body, decoded once; a body that is not JSON, or that the server will
         not parse (over a limit of protocol/payload.py, not UTF-8), is None: filters see
         NULL. Never raises; the second kind is counted and logged (poison.py rule 3)."""
-        if self._decoded is self:
+        if self._decoded is _UNDECODED:
             try:
                 self._decoded = decode_json(self.data)
             except BodyRefused as exc:
@@ -82,13 +87,23 @@ class MessageCache:
         entry = self._entries.get(position)
         if entry is not None:
             return entry
+        entry = self._load(position)
+        self.put(position, entry)
+        return entry
+
+    def peek(self, position: int) -> Entry:
+        """The message at ``position`` as :meth:`get` gives it, but one read from the
+        journal is not kept: a query reading a million old messages must not push out
+        the recent ones that deliveries read (engine/sow_query.py)."""
+        entry = self._entries.get(position)
+        return entry if entry is not None else self._load(position)
+
+    def _load(self, position: int) -> Entry:
         self.misses += 1
         rec = records.decode(self._read(position))
         if not isinstance(rec, records.PublishRec):
             raise LookupError(f"position {position} is not a published message")
-        entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)
-        self.put(position, entry)
-        return entry
+        return Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)
 
     def data(self, position: int) -> object:
         """Decoded body of the message at ``position`` (the queue's ``load``)."""

@@ -19,6 +19,8 @@ part                          owns
 :class:`Recovery`             replaying the journal, checkpoints
 :class:`StateOfTheWorld`      SOW topics, views, their queries and subscriptions,
                               aggregated subscriptions, views over queues
+:class:`Queries`              query results on their way, paced to their
+                              connections like replays (sow_query.py)
 ============================  =========================================================
 
 Rules the engine itself keeps:
@@ -78,6 +80,7 @@ from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication import PeerLinks, Replication
 from conveyor.engine.sessions import Session, SubKind
 from conveyor.engine.sow import key_text
+from conveyor.engine.sow_query import Queries
 from conveyor.engine.state_of_world import RecordsSubscribe, StateOfTheWorld
 from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.filter_budget import FilterBudget
@@ -154,11 +157,15 @@ class Engine:
         # nothing is assigned into a part afterwards (docs/architecture.md, "Assembly").
         self.bindings = QueueBindings(config, self.cache, budget)
         self.topics = Topics(journal, self.outbox, budget)
+        # Query results on their way to their connections, paced like replays (sow_query.py).
+        self.queries = Queries(self.outbox, budget)
         self.delivery = QueueDelivery(
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance), entitled=self._may_consume,
+            queries=self.queries,
         )
-        self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings, budget)
+        self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings, budget,
+                                   queries=self.queries)
         self._sow_topics = self.sow.topics
         # SOW topics and views: the publish hot path checks this one set first
         self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
@@ -197,7 +204,11 @@ class Engine:
         return self.recovery.checkpoint(snapshots=snapshots)
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
-        return self.recovery.retention_floor(checkpoint)
+        """The lowest position anything needs (recovery.py), query results on their way
+        included (sow_query.py rule 8)."""
+        floor = self.recovery.retention_floor(checkpoint)
+        queries = self.queries.floor()
+        return floor if queries is None else min(floor, queries)
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -254,6 +265,7 @@ class Engine:
         session = self.sessions.pop(conn_id, None)
         if session is None:
             return
+        self.queries.forget(conn_id)
         self.subscriptions.end_session(session, now)
         if session.client_name and self._names.get(session.client_name) == conn_id:
             del self._names[session.client_name]
@@ -589,8 +601,8 @@ class Engine:
 
     def _expires_at(self, topic: str, expiration: float, now: float) -> float:
         """The absolute expiry of a message published at ``now`` with ``e`` (0: never).
-        It is journaled with the message; queues expire it then (queue_expiry), the
-        earlier of it and their own Expiration. Refused where nothing keeps the message:
+        It is journaled with the message; queues expire it then (queue_expiry), whatever
+        their own Expiration (rule 4: it overrides it). Refused where nothing keeps the message:
         reading it and doing nothing would mean less than the publisher said."""
         if not math.isfinite(expiration) or expiration < 0:
             raise errors.BadExpiration(f"expiration {expiration!r}: give a number of seconds >= 0 (0: never)")
@@ -734,9 +746,18 @@ class Engine:
 
     @property
     def replays_pending(self) -> bool:
-        """Whether bookmark replays still have journal records to send
-        (:meth:`pump_replays` has work)."""
-        return self.topics.replays_pending
+        """Whether bookmark replays still have journal records to send, or query results
+        rows (:meth:`pump_replays` has work)."""
+        return self.topics.replays_pending or self.queries.pending
+
+    def paced_connections(self) -> int:
+        """How many connections have a replay or a query result on its way: the shell
+        shares the output budget among them."""
+        return len(self.topics.replay_connections() | set(self.queries.connections()))
+
+    def querying(self, conn_id: int) -> bool:
+        """Whether a query result of ``conn_id`` is on its way (sow_query.py rule 4)."""
+        return self.queries.querying(conn_id)
 
     @property
     def fanout_pending(self) -> bool:
@@ -749,9 +770,10 @@ class Engine:
         room: Callable[[int], int] | None = None,
     ) -> bool:
         """One turn of background delivery: the fan-outs a filter budget cut short, then
-        bookmark replays by up to ``budget`` records, except those of the connections in
-        ``paused`` (their output is full: flow control, topics.py rule 2) and within the
-        bytes ``room`` gives a connection. True while either has work for the next turn."""
+        bookmark replays by up to ``budget`` records and query results by up to ``budget``
+        rows, except those of the connections in ``paused`` (their output is full: flow
+        control, topics.py rule 2, sow_query.py rule 4) and within the bytes ``room``
+        gives a connection. True while any has work for the next turn."""
         topics = self.topics
         topics.new_turn()
         more = topics.continue_fanout()
@@ -761,7 +783,10 @@ class Engine:
         if self.sow.delivery_pending:
             self.sow.continue_delivery()
             more = more or self.sow.delivery_pending
-        return topics.pump(now, self.publishes.applied_end, budget, paused, room) or more
+        more = topics.pump(now, self.publishes.applied_end, budget, paused, room) or more
+        if self.queries.pending:
+            more = self.queries.pump(budget, paused, room) or more
+        return more
 
     def subscribed(self, conn_id: int) -> bool:
         """Whether the connection holds a subscription (the shell's default idle

@@ -36,12 +36,17 @@ Rules:
    from a state whose records are not appended. One queue and one option per batch: a
    message is then named by at most one event of the batch (an acknowledged or
    cancelled message is not leased any more when a later command of the batch names it).
+7. **The queue view is a snapshot produced as it is read** (engine/sow_query.py rules 4
+   to 8): a ``sow`` lists the positions available in the step of its command, in
+   delivery order; their messages (a position's message never changes) are read and
+   sent a turn at a time as the connection drains them, so leases, acknowledgements
+   and publishes meanwhile change nothing in the result.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Hashable, cast
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Semantics
@@ -49,13 +54,14 @@ from conveyor.engine import poison, queue_journal
 from conveyor.engine.actions import ExpiryActions
 from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
-from conveyor.engine.filters import compile_filter
+from conveyor.engine.filters import compile_filter, filter_cost_ticks
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue import AckOption, Consumer, Delivery, Event
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings, consumer_predicate
 from conveyor.engine.queue_events import Expired
+from conveyor.engine.sow_query import Production, Queries, Snapshot, frozen_positions, query_failed
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types
@@ -79,9 +85,10 @@ class QueueDelivery:
     def __init__(
         self, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,
         publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
-        entitled: Callable[[int, str], bool] | None = None,
+        entitled: Callable[[int, str], bool] | None = None, queries: Queries | None = None,
     ) -> None:
         self._bindings = bindings
+        self._queries = queries if queries is not None else Queries(outbox)  # rule 7
         self._journal = journal
         self._cache = cache
         self._outbox = outbox
@@ -465,36 +472,50 @@ class QueueDelivery:
 
     def sow(self, conn_id: int, cmd: m.Sow | m.SowAndSubscribe, now: float) -> None:
         """The queue as a view (spec 000, "Querying Queues as a View"): its available
-        messages in delivery order, filtered, with ``top_n`` / ``skip_n``."""
+        messages in delivery order, filtered, with ``top_n`` / ``skip_n``. Rule 7: the
+        messages available in this step, produced as the connection drains them."""
         binding = self._binding(cmd.topic, "sow")
         opts = parse_options("sow", cmd.options) if isinstance(cmd, m.Sow) else None
         top_n = cmd.top_n if cmd.top_n is not None else (opts.get("top_n") if opts else None)
         skip_n = (opts.get("skip_n") if opts else None) or 0
         flt = compile_filter(cmd.filter)
         qid = cmd.query_id or cmd.cid
-        out: list[m.GroupBegin | m.Message | m.GroupEnd] = [m.GroupBegin(query_id=qid, cid=cmd.cid)]
-        returned = skipped = 0
+        topic = cmd.topic
         cache = self._cache
-        for pos in binding.queue.available():
-            if top_n is not None and returned >= top_n:
-                break
-            entry = cache.get(pos)
-            bookmark = format_bookmark(entry.publisher, entry.seq, pos)
-            if flt is not None and not poison.matches(flt, entry, bookmark, now, f"a sow query of connection {conn_id}"):
-                continue
-            if skipped < skip_n:
-                skipped += 1
-                continue
-            out.append(
-                m.Message(topic=cmd.topic, data=entry.data, bookmark=bookmark, seq=entry.seq,
-                          timestamp=entry.timestamp, query_id=qid, correlation_id=entry.correlation_id)
-            )
-            returned += 1
-        out.append(m.GroupEnd(query_id=qid, cid=cmd.cid))
+        source = Snapshot(binding.queue.available(), frozen_positions)
+        where = f"a sow query of connection {conn_id}"
+        returned = 0
+
+        def messages() -> Iterator[m.Message | None]:
+            nonlocal returned
+            skipped = 0
+            for pos in source:
+                if top_n is not None and returned >= top_n:
+                    return
+                entry = cache.peek(pos)  # read, not kept: the deliveries' recent messages stay
+                bookmark = format_bookmark(entry.publisher, entry.seq, pos)
+                if flt is not None and not poison.matches(flt, entry, bookmark, now, where):
+                    yield None
+                    continue
+                if skipped < skip_n:
+                    skipped += 1
+                    yield None
+                    continue
+                returned += 1
+                yield m.Message(topic=topic, data=entry.data, bookmark=bookmark, seq=entry.seq,
+                                timestamp=entry.timestamp, query_id=qid, correlation_id=entry.correlation_id)
+
         outbox = self._outbox
-        for msg in out:
-            outbox.send(conn_id, msg)
-        for kind in ack_types(cmd.ack_type) & {"completed", "stats", "processed"}:
-            if isinstance(cmd, m.SowAndSubscribe) and kind == "processed":
-                continue  # the subscribe part acknowledges
-            outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=returned))
+
+        def finish(error: errors.JournalError | None) -> None:
+            outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
+            if error is not None:
+                outbox.send(conn_id, query_failed(cmd.cid, qid, error))
+                return
+            for kind in ack_types(cmd.ack_type) & {"completed", "stats", "processed"}:
+                if isinstance(cmd, m.SowAndSubscribe) and kind == "processed":
+                    continue  # the subscribe part acknowledges
+                outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=returned))
+
+        self._queries.start(Production(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid), messages(), finish, source,
+                                       filter_cost_ticks(flt)))

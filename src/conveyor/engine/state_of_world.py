@@ -48,6 +48,15 @@ command dispatch (so its checks apply to them too). Rules:
    filter is charged to the turn's budget before a change is delivered to it; what the
    turn cannot pay waits, in order, for later turns (the shell pumps it), so a hundred
    slow filters on one SOW topic cannot stall every other client.
+10. **A query's result is produced as its connection drains it** (engine/sow_query.py
+    rules 4 to 8): the records of the step of the command (a SOW topic's keys and
+    positions, references to a view's records) are sent a turn at a time between one
+    ``group_begin`` and ``group_end``. The subscription of a ``sow_and_subscribe`` is
+    made in the step of the command, and the updates it gets until its query's
+    ``group_end`` is sent are held (:class:`_Held`), then delivered in order: the client
+    sees the records of that step, then every change after it, as when a query ran in
+    one step. Held updates past ``Limits/OutputBudget`` (payload and framing) close the
+    connection as a slow consumer.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from collections import deque
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import msgspec
 
@@ -75,7 +84,9 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_bindings import QueueBindings
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.sow import SowTopic, key_text
-from conveyor.engine.sow_query import OrderBy, check_batch_size, select
+from conveyor.engine.sow_query import (QUERY_MESSAGE_OVERHEAD, OrderBy, Production, Queries, Snapshot, Tally,
+                                       check_batch_size, frozen_keyed_positions, frozen_references, query_failed,
+                                       record_messages, selection)
 from conveyor.engine.views import QueueWatch, View, member_of_record, view_key
 from conveyor.expr.projection import NON_DETERMINISTIC, Projection
 from conveyor.protocol import messages as m
@@ -103,6 +114,17 @@ class _PendingDelete:
         self.topic = topic
         self.victims = victims
         self.replicated = replicated  # a delete by identity (rule 7): victims are found when it applies
+
+
+class _Held:
+    """Rule 10: the updates of a subscription waiting for its query's group_end."""
+
+    __slots__ = ("changes", "bytes", "over")
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[RecordChange, float]] = []
+        self.bytes = 0
+        self.over = False  # past the bound: the connection is being closed
 
 
 class AggregatedSubscription:
@@ -134,10 +156,15 @@ class AggregatedSubscription:
 
 class StateOfTheWorld:
     def __init__(self, config: Config, journal: JournalPort, cache: MessageCache, outbox: Outbox, publishes: PublishLog,
-                 bindings: QueueBindings, budget: FilterBudget | None = None) -> None:
+                 bindings: QueueBindings, budget: FilterBudget | None = None, queries: Queries | None = None) -> None:
         self._journal = journal
         self._cache = cache
         self._outbox = outbox
+        self._queries = queries if queries is not None else Queries(outbox, budget)  # rule 10
+        # Rule 10: the updates of a sow_and_subscribe whose query is on its way, held
+        # until its group_end, and what they weigh (bounded by Limits/OutputBudget).
+        self._held: dict[RecordSubscription, _Held] = {}
+        self._held_bytes_max = config.limits.output_budget_bytes
         self._publishes = publishes
         self._bindings = bindings
         self._publisher = publisher_id(VIEWS_CLIENT_NAME, instance=config.name)
@@ -365,11 +392,38 @@ class StateOfTheWorld:
 
     def _send(self, sub: RecordSubscription, change: RecordChange, now: float) -> None:
         """Deliver now if the turn can pay the subscription's filter and nothing waits
-        before it; else after what waits, in a later turn."""
+        before it; else after what waits, in a later turn. Held while the subscription's
+        query is on its way (rule 10)."""
+        if self._held:
+            held = self._held.get(sub)
+            if held is not None:
+                self._hold(sub, held, change, now)
+                return
         if self._waiting or not self._afford(sub):
             self._waiting.append((sub, change, now))
             return
         deliver(sub, change, now, self._outbox)
+
+    def _hold(self, sub: RecordSubscription, held: _Held, change: RecordChange, now: float) -> None:
+        """Rule 10: keep ``change`` for after the query's group_end, within the bound."""
+        if held.over:
+            return
+        held.changes.append((change, now))
+        new = change.new
+        held.bytes += (len(new.data) if new is not None else 0) + QUERY_MESSAGE_OVERHEAD
+        if held.bytes > self._held_bytes_max:
+            held.over = True
+            held.changes = []
+            self._outbox.close(sub.conn_id, f"slow consumer: the updates of subscription {sub.sub_id!r} waiting for "
+                                            f"the end of its query passed Limits/OutputBudget "
+                                            f"({self._held_bytes_max} bytes)")
+
+    def _release(self, sub: RecordSubscription) -> None:
+        """Rule 10: the query's group_end is out: the held updates go, in order."""
+        held = self._held.pop(sub, None)
+        if held is not None and not held.over:
+            for change, now in held.changes:
+                self._send(sub, change, now)
 
     def _afford(self, sub: RecordSubscription) -> bool:
         if self._budget is None or sub.filter is None:
@@ -543,7 +597,8 @@ class StateOfTheWorld:
 
     def query(self, conn_id: int, cmd: SowQuery, now: float, *, sub: RecordSubscription | None = None,
               opts: Options | None = None) -> None:
-        """A ``sow`` (or the query part of a ``sow_and_subscribe``) on a SOW topic or view."""
+        """A ``sow`` (or the query part of a ``sow_and_subscribe``) on a SOW topic or view:
+        the records of this step, produced as the connection drains them (rule 10)."""
         if opts is None:
             opts = parse_options("sow", cmd.options)
         check_batch_size(cmd.batch_size)
@@ -554,29 +609,45 @@ class StateOfTheWorld:
         flt = _filter(cmd.filter, errors.BadFilter)
         orderby = OrderBy(cmd.orderby) if cmd.orderby else None
         topic = cmd.topic
-        rows = self._rows(topic, cmd.sow_keys, now)
+        self._render(topic, now)
+        source, load = _query_rows(self.topics.get(topic), self.views.get(topic), self._cache, cmd.sow_keys)
+        matches: Callable[[Any], bool] | None = None
+        if flt is not None:
+            where = f"a sow query of connection {conn_id}"
 
-        def matches(row: tuple[Any, Entry]) -> bool:
-            return flt is None or poison.matches(flt, row[1], None, now, f"a sow query of connection {conn_id}")
+            def matches(ref: Any) -> bool:
+                return poison.matches(flt, load(ref), None, now, where)
 
-        chosen, hits, examined = select(
-            rows, matches, orderby=orderby, top_n=top_n, skip_n=skip_n,
-            data_of=lambda row: row[1].decoded(), key_of=lambda row: key_text(row[0]),
-        )
+        tally = Tally()
+        source, rows = selection(source, matches, orderby=orderby, top_n=top_n, skip_n=skip_n,
+                                 data_of=lambda ref: load(ref).decoded(), key_text=key_text,
+                                 copy=frozen_keyed_positions if topic in self.topics else frozen_references,
+                                 tally=tally)
+        cost = _filter_ticks(flt) if flt is not None and orderby is None and not skip_n else 0  # paid as it goes
         qid = cmd.query_id or cmd.cid
+        messages = record_messages(rows, load, topic=topic, query_id=qid,
+                                   key_text=None if sub is not None and sub.no_sowkey else key_text,
+                                   seen=sub.seen if sub is not None and sub.oof else None)
+        self._produce(conn_id, cmd, qid, source, messages, cost, tally, sub)
+
+    def _produce(self, conn_id: int, cmd: SowQuery, qid: str | None, source: Snapshot[Any],
+                 messages: Iterator[m.Message | None], cost: int, tally: Tally, sub: RecordSubscription | None) -> None:
+        """Rule 10: group_begin, the result as the connection drains it, group_end and the
+        acks; a subscription's updates are held until then."""
         outbox = self._outbox
-        outbox.send(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid))
-        for key, entry in chosen:
-            text = key_text(key)
-            outbox.send(conn_id, m.Message(
-                topic=topic, data=entry.data, timestamp=entry.timestamp, query_id=qid,
-                correlation_id=entry.correlation_id,
-                sow_key=None if sub is not None and sub.no_sowkey else text,
-            ))
-            if sub is not None and sub.oof:
-                sub.seen.add(key)
-        outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
-        self._query_acks(conn_id, cmd, qid, len(chosen), hits, examined)
+        if sub is not None:
+            self._held[sub] = _Held()
+
+        def finish(error: errors.JournalError | None) -> None:
+            outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
+            if error is None:
+                self._query_acks(conn_id, cmd, qid, tally.returned, tally.matches, tally.examined)
+            else:
+                outbox.send(conn_id, query_failed(cmd.cid, qid, error))
+            if sub is not None:
+                self._release(sub)
+
+        self._queries.start(Production(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid), messages, finish, source, cost))
 
     def _query_acks(self, conn_id: int, cmd: SowQuery, qid: str | None, returned: int, hits: int, examined: int) -> None:
         subscribing = not isinstance(cmd, m.Sow)
@@ -774,7 +845,9 @@ class StateOfTheWorld:
         rows = [(view_key(agg_sub.domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None))
                 for g, r in aggregation.records()]
         agg_sub.sent = dict(rows)
-        self._send_rows(session.conn_id, cmd, rows, opts, sub)
+        # The list is the query's snapshot (rule 10): references to the records the
+        # subscription remembers in ``sent`` anyway.
+        self._send_rows(session.conn_id, cmd, Snapshot(rows), opts, sub)
         self._aggregated.append(agg_sub)
 
     def _aggregation(self, topic: str, projection: tuple[str, ...] | None, grouping: tuple[str, ...] | None,
@@ -790,37 +863,36 @@ class StateOfTheWorld:
 
     def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float) -> None:
         """An aggregated ``sow`` (reference G.4): the groups of the source's current
-        contents (a queue's available messages), computed once."""
+        contents (a queue's available messages), computed once. The aggregation, which
+        nothing feeds once detached, is the snapshot: each group's record is rendered
+        as it is sent (rule 10)."""
         check_batch_size(cmd.batch_size)
         aggregation = self._aggregation(cmd.topic, opts.list("projection"), opts.list("grouping"),
                                          _filter(cmd.filter, errors.BadFilter))
         self._attach(cmd.topic, aggregation, now)
         self._detach(cmd.topic, aggregation)
         domain = f"{cmd.topic}/query"
-        rows = [(view_key(domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None)) for g, r in aggregation.records()]
-        self._send_rows(conn_id, cmd, rows, opts, None)
+        rows = ((view_key(domain, g), Entry(cmd.topic, _encode(r), now, 0, 0, None)) for g, r in aggregation.records())
+        self._send_rows(conn_id, cmd, Snapshot(rows), opts, None)
 
-    def _send_rows(self, conn_id: int, cmd: SowQuery, rows: list[tuple[int, Entry]], opts: Options,
+    def _send_rows(self, conn_id: int, cmd: SowQuery, source: Snapshot[tuple[int, Entry]], opts: Options,
                    sub: RecordSubscription | None) -> None:
         top_n = cmd.top_n if cmd.top_n is not None else opts.get("top_n")
         skip_n = opts.get("skip_n") or 0
         orderby = OrderBy(cmd.orderby) if cmd.orderby else None
-        chosen, hits, examined = select(rows, lambda row: True, orderby=orderby, top_n=top_n, skip_n=skip_n,
-                                        data_of=lambda row: row[1].decoded(), key_of=lambda row: str(row[0]))
+        tally = Tally()
+        source, rows = selection(source, None, orderby=orderby, top_n=top_n, skip_n=skip_n,
+                                 data_of=lambda entry: entry.decoded(), key_text=str, copy=frozen_references,
+                                 tally=tally)
         qid = cmd.query_id or cmd.cid
-        outbox = self._outbox
-        outbox.send(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid))
-        for key, entry in chosen:
-            outbox.send(conn_id, m.Message(topic=cmd.topic, data=entry.data, timestamp=entry.timestamp, query_id=qid,
-                                           sow_key=str(key)))
-            if sub is not None and sub.oof:
-                sub.seen.add(key)
-        outbox.send(conn_id, m.GroupEnd(query_id=qid, cid=cmd.cid))
-        self._query_acks(conn_id, cmd, qid, len(chosen), hits, examined)
+        messages = record_messages(rows, _same, topic=cmd.topic, query_id=qid, key_text=str,
+                                   seen=sub.seen if sub is not None and sub.oof else None)
+        self._produce(conn_id, cmd, qid, source, messages, 0, tally, sub)
 
     def remove(self, sub: SessionSubscription) -> None:
         """Unsubscribe or the end of a session."""
         rs: RecordSubscription = sub.consumer
+        self._held.pop(rs, None)  # rule 10: nothing more for it
         subs = self._record_subs.get(rs.topic)
         if subs is not None and rs in subs:
             subs.remove(rs)
@@ -870,3 +942,47 @@ def _deterministic(flt: expr.Expression) -> None:
 
 
 _filter_ticks = lru_cache(maxsize=4096)(filter_cost_ticks)  # a filter's cost, once (rule 9)
+
+
+def _query_rows(st: SowTopic | None, view: View | None, cache: MessageCache, sow_keys: str | None
+                ) -> tuple[Snapshot[tuple[Any, Any]], Callable[[Any], Entry]]:
+    """The rows of a query of SOW topic ``st`` or ``view`` (rule 10) and how to read a
+    row's record: a SOW topic's (key, position), read through the message cache; a
+    view's (key, record)."""
+    if st is not None:
+        load = _reader(cache)
+        if sow_keys:
+            keys = [st.parse_key(t.strip()) for t in sow_keys.split(",") if t.strip()]
+            chosen = [(k, st.records[k]) for k in dict.fromkeys(keys) if k is not None and k in st.records]
+            return Snapshot(chosen, frozen_keyed_positions), load
+        return Snapshot(st.items(), frozen_keyed_positions), load
+    assert view is not None  # the caller checked the name
+    if sow_keys:
+        wanted = []
+        for t in sow_keys.split(","):
+            try:
+                wanted.append(int(t.strip()))
+            except ValueError:
+                continue
+        return Snapshot([(k, view.records[k]) for k in dict.fromkeys(wanted) if k in view.records]), _same
+    return Snapshot(iter(view.records.items()), frozen_references), _same
+
+
+def _reader(cache: MessageCache) -> Callable[[int], Entry]:
+    """How a query reads a record (rule 10): through the cache without filling it
+    (``peek``), remembering the last one read (its filter, then its message)."""
+    peek = cache.peek
+    last: list[Any] = [None, None]
+
+    def load(position: int) -> Entry:
+        if position != last[0]:
+            last[0], last[1] = position, peek(position)
+        entry: Entry = last[1]
+        return entry
+
+    return load
+
+
+def _same(entry: Entry) -> Entry:
+    """A view's row is its record already (rule 10)."""
+    return entry

@@ -256,6 +256,10 @@ class Topics:
                   reason=f"the replay cannot go on: {exc}"),
         )
 
+    def replay_connections(self) -> set[int]:
+        """The connections with a replay running (the shell shares its output budget)."""
+        return {s.conn_id for s in self._replaying}
+
     def replay_floor(self) -> int | None:
         """The lowest journal position a running replay still has to read."""
         return min((s.cursor for s in self._replaying), default=None)

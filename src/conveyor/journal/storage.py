@@ -17,13 +17,12 @@ Durability rules a :class:`FileStorage` keeps:
 - a removal fsyncs the directory before the next removal, so a crash leaves a suffix
   of the segments, never a gap;
 - one process at a time: the directory is locked with ``flock`` for as long as a
-  journal (or ``repair``) has it open.
+  journal (or ``repair``) has it open, and the holder names itself in it (lock.py).
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 from collections import OrderedDict
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from conveyor.errors import JournalError
 
+from . import lock as lock_directory
 from . import verified
 from .format import encode_header
 
@@ -85,16 +85,14 @@ class FileStorage:
             self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise JournalError(f"cannot open journal directory {self.directory}: {exc.strerror}") from exc
+        self._locked = lock
         if lock:
             try:
-                fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
+                lock_directory.acquire(self._dir_fd, self.directory)  # JournalError names the holder
+            except BaseException:
                 os.close(self._dir_fd)
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise JournalError(
-                        f"journal directory {self.directory} is in use by another process"
-                    ) from exc
-                raise JournalError(f"cannot lock journal directory {self.directory}: {exc.strerror}") from exc
+                self._dir_fd = -1
+                raise
 
     # --- catalogue ---------------------------------------------------------------------
 
@@ -197,6 +195,8 @@ class FileStorage:
             os.close(fd)
         self._read_fds.clear()
         if self._dir_fd >= 0:
+            if self._locked:
+                lock_directory.release(self.directory)  # forget the holder while still holding it
             os.close(self._dir_fd)  # also releases the flock
             self._dir_fd = -1
 

@@ -246,6 +246,16 @@ def read_snapshots(directory: Path) -> dict:
     return found
 
 
+#: ``QueueSnapshot.returned``: a position ('q', 8 bytes) and a time ('d', 8 bytes) each.
+RETURNED_BYTES_EACH = 16
+
+
+def snapshot_messages(snap) -> int:
+    """The messages a queue snapshot holds: its chunks' and its leased ones (which a
+    restart makes available again); for the start's log line."""
+    return sum(chunk[2] for chunk in snap.chunks) + len(snap.returned) // RETURNED_BYTES_EACH
+
+
 def with_snapshots(checkpoint: Checkpoint | None, directory: Path) -> Checkpoint | None:
     """The checkpoint with the queue snapshots on disk (none without a checkpoint)."""
     if checkpoint is None:

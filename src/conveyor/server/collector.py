@@ -13,7 +13,7 @@ Rules:
    reference cycles among frozen objects would stay until exit. Recovery leaves none (a
    full collection right after it finds 0 unreachable objects with 100,000 or 200,000
    messages recovered), so there is no collection first: it would cost 50-200 ms before
-   the first delivery and find nothing. The log line says how many objects were frozen.
+   the first delivery and find nothing. A debug line says how many objects were frozen.
 2. Thresholds (``GC_THRESHOLDS``): the young generation is collected every
    ``GC_THRESHOLDS[0]`` net allocations instead of 700. Most per-message objects die by
    reference counting before a collection sees them; a collection costs in proportion to
@@ -41,4 +41,5 @@ def settle_after_recovery() -> None:
     """Rules 1 and 2, once, after the server has recovered and before it serves much."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    log.info("collector: %d objects frozen after recovery; thresholds %s", gc.get_freeze_count(), GC_THRESHOLDS)
+    # Debug: an internal, not something an operator acts on (a plain start logs what they need).
+    log.debug("collector: %d objects frozen after recovery; thresholds %s", gc.get_freeze_count(), GC_THRESHOLDS)

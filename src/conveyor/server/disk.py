@@ -100,7 +100,9 @@ class Disk:
             finally:
                 self._close_on_io(scrubber)
             self.scrub_passes += 1
-            log.info(
+            # A clean pass is debug (each problem was an error above); one that found some, a warning.
+            log.log(
+                logging.WARNING if scrubber.problems else logging.DEBUG,
                 "journal scrub: pass %d checked %d records (%d bytes) in %.1f s, %d problem(s)",
                 self.scrub_passes, scrubber.records_checked, scrubber.bytes_checked, loop.time() - started,
                 len(scrubber.problems),

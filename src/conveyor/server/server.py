@@ -41,9 +41,12 @@ Protection (memory is bounded whatever clients do):
 - a connection whose unsent output passes ``SlowClientDisconnectThreshold`` is closed
   with a logged reason, and when the unsent output of all connections together passes
   ``Limits/OutputBudget``, the connection holding the most is closed the same way;
-- a bookmark replay pumps only while its connection's socket takes more (flow
-  control: ``pause_writing`` holds it back), so a replay that is not read is throttled,
-  never buffered;
+- a bookmark replay and the result of a query (``sow``, ``sow_and_subscribe``) are
+  produced only while their connection's socket takes more (flow control:
+  ``pause_writing`` holds them back) and within the connection's share of the output
+  budget (:meth:`Server._replay_room`), so a large result is paced to its reader, never
+  buffered whole; a replay that is not read is throttled, and a query whose socket
+  takes nothing for ``QUERY_STALL_S`` is cut as a slow consumer (it holds a snapshot);
 - reading pauses while the journal has more than ``JOURNAL_BACKLOG_BYTES_MAX``
   unwritten, so a fast publisher cannot grow memory without bound;
 - heartbeats and idle timeouts close dead connections: a connection that holds no
@@ -58,29 +61,35 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import errno
 import logging
 import os
+import shutil
+import socket
 import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from conveyor import errors
-from conveyor.config.model import Config, Transport
+from conveyor.config.model import Config, TransactionLog, Transport
 from conveyor.config.unsupported import refuse_unsupported
 from conveyor.engine import poison
-from conveyor.engine.core import Engine
+from conveyor.engine.core import Checkpoint, Engine
 from conveyor.journal import Journal, MemoryJournal
 from conveyor.journal import verified
 from conveyor.journal.index import SealSummarizer
+from conveyor.journal.lock import check_unlocked
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import Rejected, encode_frame, encode_frames
 from conveyor.protocol.options import parse_options
 from conveyor.records.facts import describe_record
 from conveyor.protocol import replication as p_repl
 from conveyor.journal.files import remove_temporaries
-from conveyor.server.checkpoints import PAGES_DIRECTORY, journal_id, page_files, read_checkpoint, with_snapshots, write_checkpoint
+from conveyor.server.checkpoints import (PAGES_DIRECTORY, journal_id, page_files, read_checkpoint, snapshot_messages,
+                                        with_snapshots, write_checkpoint)
 from conveyor.engine.entitlements import Entitlements, Permission
 from conveyor.security.authenticator import Authenticator, basic_credentials
 from conveyor.security.tls import ServerTls, peer_user
@@ -102,11 +111,17 @@ INPUT_BYTES_PER_TURN = 256 * 1024
 TIMER_PERIOD_S_MAX = 1.0  # housekeeping (heartbeats, idle) runs at least this often
 HEARTBEAT_GRACE_FACTOR = 2.0  # a client silent for 2 heartbeat intervals is dead
 CHECKPOINT_INTERVAL_S = 5.0  # queues.ack refresh: bounds how much recovery replays
+#: A connection whose query result waits for a socket that has taken nothing for this
+#: long is a slow consumer that stopped reading: it is closed (the result's snapshot and
+#: the journal it names are not held for ever). A reader that takes anything is paced.
+QUERY_STALL_S = 60.0
 STOP_GROUPS_MAX = 16  # groups written and applied at shutdown before the rest is only written
 STOP_TASKS_S_MAX = 10.0  # how long stop() waits for its cancelled tasks to end
 SECURITY_CHECK_S = 2.0  # how often the users file, certificates and entitlements are checked for changes
 TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a TLS client that does not finish its handshake is dropped
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+ADMIN_LISTEN_PATH = "AMPSConfig/Admin/InetAddr"  # the element of the admin interface's address
+RECOVERED_QUEUES_NAMED = 5  # the deepest queues the recovery line names
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,206 @@ def _address(peer) -> str:
     return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
 
 
+# --- start-up ----------------------------------------------------------------------------
+
+
+def listen_path(tc: Transport) -> str:
+    """The configuration element a transport's address comes from (errors name it)."""
+    return f"{tc.path or 'Transports/Transport'}/InetAddr"
+
+
+def _listen_error(tc: Transport, exc: OSError) -> errors.ConfigError:
+    return errors.ConfigError(
+        f"cannot listen on {tc.host}:{tc.port}: {bind_problem(exc)}",
+        path=listen_path(tc),
+        hint="choose a free port and an address of this machine",
+    )
+
+
+def _listen_problem(host: str, port: int) -> OSError | None:
+    """Why listening on ``host:port`` would fail for certain (taken, not allowed, a host
+    that does not resolve), tried the way the event loop binds (every address the host
+    resolves to, ``SO_REUSEADDR``, IPv6 only on IPv6) and let go at once; None otherwise."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return exc
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+                sock.listen(1)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return exc
+    return None
+
+
+@dataclass
+class _NewJournal:
+    """A journal directory as it was before this server created its journal there: what
+    a start that fails removes (the new entries, then the directories it created)."""
+
+    directory: Path
+    entries: frozenset[str]
+    created: list[Path]  # the directory and its parents that did not exist, deepest first
+
+    @classmethod
+    def before(cls, directory: Path) -> _NewJournal:
+        created = [p for p in (directory, *directory.parents) if not p.exists()]
+        entries = frozenset(os.listdir(directory)) if directory.is_dir() else frozenset()
+        return cls(directory, entries, created)
+
+    def remove(self) -> None:
+        try:
+            check_unlocked(self.directory)  # nobody took the directory since: it is still ours
+            names = set(os.listdir(self.directory)) - self.entries
+        except (errors.JournalError, OSError):
+            return
+        for name in names:
+            path = self.directory / name
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            except OSError as exc:
+                log.warning("could not remove %s after the failed start: %s", path, exc)
+        for path in self.created:
+            try:
+                path.rmdir()
+            except OSError:
+                break  # not empty: something else is there now
+        log.info("journal %s: removed what the failed start created", self.directory)
+
+
+def _check_listeners(config: Config, tls: dict[str, ServerTls]) -> None:
+    """Before the journal is opened (created): ConfigError, as ``Server._bind`` would
+    raise it, for an address that is already in use, not allowed or does not resolve
+    (only those: anything this cannot tell for sure is left to ``_bind``), and for a
+    transport's TLS files that cannot be used (loaded into ``tls``, kept for ``_bind``)."""
+    for tc in config.transports or (Transport(name="default"),):
+        exc = _listen_problem(tc.host, tc.port)
+        if exc is not None:
+            raise _listen_error(tc, exc)
+        if tc.tls is not None:
+            tls[tc.name] = ServerTls(tc.tls)  # ConfigError with the element's path
+    admin = config.admin
+    if admin is not None:
+        exc = _listen_problem(admin.host, admin.port)
+        if exc is not None:  # the wording of AdminInterface.bind
+            raise errors.ConfigError(
+                f"cannot listen on {admin.host}:{admin.port} for the admin interface: {bind_problem(exc)}",
+                path=ADMIN_LISTEN_PATH,
+                hint="choose a free port (conveyor serve --admin-port N), or remove <Admin>",
+            )
+
+
+def _open_journal(tlog: TransactionLog, io: concurrent.futures.Executor, tls: dict[str, ServerTls],
+                  config: Config) -> tuple[Journal, _NewJournal | None]:
+    """The server's journal, opened (created) only once nothing else refuses the start:
+    not while another process holds the directory (the refusal names it), nor while a
+    listening address is taken (the listeners are bound in ``start()``). With a new
+    journal, what a failed start removes again."""
+    directory = tlog.journal_directory.resolve()
+    check_unlocked(directory)
+    _check_listeners(config, tls)
+    fresh = not directory.is_dir() or not any(directory.glob("*.log"))
+    new = _NewJournal.before(directory) if fresh else None
+    try:
+        journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
+    except BaseException:
+        if new is not None:
+            new.remove()  # the directories it may have created
+        raise
+    # With the directory locked and before any writer starts: the temporaries of
+    # checkpoint, snapshot and sidecar writes that a crash cut short.
+    for folder in (directory, directory / PAGES_DIRECTORY):
+        removed = remove_temporaries(folder)
+        if removed:
+            log.warning("journal %s: removed %d temporary file(s) left by an interrupted write: %s",
+                        folder, len(removed), ", ".join(removed[:5]) + (" ..." if len(removed) > 5 else ""))
+    if fresh:
+        log.info("journal %s: created a new, empty journal", directory)
+    else:
+        log.info("journal %s: opened, positions %d to %d", directory, journal.first_position, journal.end)
+    # Sidecars for the Spark journal reader, written behind the write that seals a segment.
+    journal.on_seal = SealSummarizer(describe_record, run=io.submit)
+    return journal, new
+
+
+def recovery_line(engine: Engine, count: int, seconds: float, checkpoint: Checkpoint | None, durable: bool,
+                  now: float) -> str:
+    """The start's account of recovery: what the checkpoint restored (its position, the
+    messages of the queues' snapshots), the journal records replayed, and what the
+    queues hold now. "recovered N journal records" leads (scripts read it)."""
+    line = f"recovered {count} journal records in {seconds:.3f} s"
+    if checkpoint is not None:
+        # The snapshots the engine used (one it refused, its queue replayed from the journal).
+        restored = [snapshot_messages(snap) for name, snap in checkpoint.snapshots.items()
+                    if (b := engine.bindings.get(name)) is not None and b.snapshot_events_from is not None]
+        line += f" on top of the checkpoint at position {checkpoint.position}"
+        if restored:
+            line += f", which restored {sum(restored)} queued message(s) from {len(restored)} queue snapshot(s)"
+        else:
+            line += " (no queue snapshot: each queue replayed from its recovery point)"
+    elif durable:
+        line += " (no checkpoint: the whole journal)"
+    if engine.queues:
+        held = ((q.statistics(now).queue_depth, name) for name, q in engine.queues.items())
+        depths = sorted(((depth, name) for depth, name in held if depth), key=lambda item: (-item[0], item[1]))
+        line += f"; queues hold {sum(d for d, _ in depths)} message(s)"
+        if depths:
+            more = len(depths) - RECOVERED_QUEUES_NAMED
+            line += (": " + ", ".join(f"{name} {depth}" for depth, name in depths[:RECOVERED_QUEUES_NAMED])
+                     + (f" and {more} more queue(s)" if more > 0 else ""))
+    return line
+
+
+# --- output: the share of a paced result, and results that stall ---------------------------------
+
+
+def output_share(threshold: int, budget: int, paced: int) -> int:
+    """What a connection may hold unsent of a replay or query result: half its
+    SlowClientDisconnectThreshold, and at most an equal part of half of Limits/OutputBudget
+    among the ``paced`` connections with such output on its way (the other half is left
+    to live traffic)."""
+    return min(threshold, budget // max(1, paced)) // 2
+
+
+class QueryStalls:
+    """The connections whose query result waits for a full socket, and since when their
+    socket has taken nothing: past ``QUERY_STALL_S`` they are slow consumers (server
+    header). Only a full socket is watched: one that is not full takes the next rows."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[int, float]] = {}  # conn_id -> (bytes the socket had taken, since when)
+
+    def close_stalled(self, paused: set[int], connections: dict[int, Connection], querying: Callable[[int], bool],
+                      now: float) -> None:
+        """Close, as slow consumers, the connections in ``paused`` whose query result has
+        waited QUERY_STALL_S for a socket that took nothing."""
+        seen = {conn_id: v for conn_id, v in self._seen.items() if conn_id in paused}
+        self._seen = seen
+        for conn_id in list(paused):
+            conn = connections.get(conn_id)
+            if conn is None or conn.closed or conn.transport is None or not querying(conn_id):
+                seen.pop(conn_id, None)
+                continue
+            unsent = conn.transport.get_write_buffer_size()
+            taken = conn.bytes_out - unsent  # what the socket has accepted so far
+            last = seen.get(conn_id)
+            if last is None or last[0] != taken:
+                seen[conn_id] = (taken, now)
+            elif now - last[1] >= QUERY_STALL_S:
+                del seen[conn_id]
+                conn.close(f"slow consumer: {unsent} bytes unsent, and its query waits for a socket that has taken "
+                           f"nothing for {now - last[1]:.0f} s", abort=True)
+
+
 class Server:
     def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
         refuse_unsupported(config)  # nothing configured is silently ignored
@@ -149,30 +364,24 @@ class Server:
         # The one I/O thread: journal writes, checkpoint files and summaries, in order.
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
         self.journal: Journal
+        self.tls: dict[str, ServerTls] = {}  # each TLS listener's reloadable context (docs/security.md)
+        # What a start that fails removes again (start()): a journal this server created.
+        self._new_journal: _NewJournal | None = None
         if tlog is not None:
-            directory = tlog.journal_directory.resolve()
-            fresh = not directory.is_dir() or not any(directory.glob("*.log"))
-            self.journal = Journal.open(tlog.journal_directory, segment_bytes=tlog.segment_bytes, logger=log)
-            # With the directory locked and before any writer starts: the temporaries of
-            # checkpoint, snapshot and sidecar writes that a crash cut short.
-            for folder in (directory, directory / PAGES_DIRECTORY):
-                removed = remove_temporaries(folder)
-                if removed:
-                    log.warning("journal %s: removed %d temporary file(s) left by an interrupted write: %s",
-                                folder, len(removed), ", ".join(removed[:5]) + (" ..." if len(removed) > 5 else ""))
-            if fresh:
-                log.info("journal %s: created a new, empty journal", directory)
-            else:
-                log.info("journal %s: opened, positions %d to %d", directory, self.journal.first_position,
-                         self.journal.end)
-            # Sidecars for the Spark journal reader, written behind the write that seals a segment.
-            self.journal.on_seal = SealSummarizer(describe_record, run=self._io.submit)
+            # Nothing on disk before what would refuse the start anyway (_open_journal).
+            self.journal, self._new_journal = _open_journal(tlog, self._io, self.tls, config)
         else:
             self.journal = MemoryJournal()
         self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
-        self.engine = Engine(config, self.journal,
-                             journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory",
-                             describe_connection=self._describe)  # log lines name the peer's address
+        try:
+            self.engine = Engine(config, self.journal,
+                                 journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory",
+                                 describe_connection=self._describe)  # log lines name the peer's address
+        except BaseException:  # a configuration the engine refuses (a queue's Filter...): no trace either
+            self.journal.close(commit=False)
+            if self._new_journal is not None:
+                self._new_journal.remove()
+            raise
         self.connections: dict[int, Connection] = {}
         self._next_conn_id = 1
         self._servers: list[asyncio.base_events.Server] = []
@@ -191,6 +400,8 @@ class Server:
         self._pump_scheduled = False
         self._replays_blocked = False  # every pending replay waits for a full socket to drain
         self._writing_paused: set[int] = set()  # connections whose socket is full
+        self._paced = 1  # connections with a replay or query result on its way, as of the last pump
+        self._stalls = QueryStalls()  # results waiting for sockets that take nothing
         self._output_bytes = 0  # unsent output of all connections, as last seen
         self._timer_at = 0.0
         self._last_checkpoint = 0.0
@@ -212,7 +423,6 @@ class Server:
         # Security (docs/security.md): the authenticator, each TLS listener's reloadable
         # context, and what the limits count.
         self.auth = Authenticator(config)
-        self.tls: dict[str, ServerTls] = {}
         self._pending_logons = 0
         self._user_connections: dict[str, int] = {}
         self._verifying: set[asyncio.Task] = set()
@@ -226,7 +436,9 @@ class Server:
 
         Binding comes first, so an address that cannot be used is refused (ConfigError,
         naming the transport's element) before a long recovery; connections are
-        accepted only once recovery is done."""
+        accepted only once recovery is done. (A taken address was refused already by
+        the constructor, before the journal was created: ``_open_journal``.) A start
+        that fails removes the journal it created, if it created one."""
         try:
             await self._bind()
             self._recover()
@@ -237,6 +449,8 @@ class Server:
                 self.admin.close()
             self.journal.close(commit=False)
             self._io.shutdown(wait=True)
+            if self._new_journal is not None:
+                self._new_journal.remove()  # a failed start leaves no trace
             raise
         for server in self._servers:
             await server.start_serving()
@@ -260,7 +474,8 @@ class Server:
             protocol = IncomingReplica if tc.type == "replication" else Connection
             ssl_context = None
             if tc.tls is not None:
-                self.tls[tc.name] = ServerTls(tc.tls)  # ConfigError with the element's path
+                if tc.name not in self.tls:  # loaded already when the addresses were checked
+                    self.tls[tc.name] = ServerTls(tc.tls)  # ConfigError with the element's path
                 ssl_context = self.tls[tc.name].context
             try:
                 server = await loop.create_server(
@@ -268,11 +483,7 @@ class Server:
                     ssl=ssl_context, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if ssl_context else None,
                 )
             except OSError as exc:  # socket.gaierror too: a host name that does not resolve
-                raise errors.ConfigError(
-                    f"cannot listen on {tc.host}:{tc.port}: {bind_problem(exc)}",
-                    path=f"{tc.path or 'Transports/Transport'}/InetAddr",
-                    hint="choose a free port and an address of this machine",
-                ) from None
+                raise _listen_error(tc, exc) from None
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.ports.append(port)
@@ -302,7 +513,8 @@ class Server:
             checkpoint = with_snapshots(checkpoint, tlog.journal_directory)  # FileBackedMetadata
             pages = page_files(tlog.journal_directory)
         count = self.engine.recover(self.clock(), checkpoint=checkpoint, pages=pages)
-        log.info("recovered %d journal records in %.3f s", count, time.monotonic() - started)
+        log.info("%s", recovery_line(self.engine, count, time.monotonic() - started, checkpoint, tlog is not None,
+                                     self.clock()))
         self._recovered = True
         if tlog is not None:
             # Make what recovery resolved durable before serving: a configured
@@ -516,13 +728,13 @@ class Server:
             self._schedule_pump()
 
     def _replay_room(self, conn_id: int) -> int:
-        """The bytes a replay may add to a connection's output in one turn: half of what
-        its SlowClientDisconnectThreshold leaves, so flow control (not the threshold)
-        is what holds a replay back, however full the socket already is."""
+        """The bytes a replay or query result may add to a connection's output in a turn: its
+        share (:func:`output_share`) less what it has unsent, so flow control holds it back."""
         conn = self.connections.get(conn_id)
         if conn is None or conn.transport is None:
             return 0
-        return conn.config.output_bytes_max // 2 - conn.transport.get_write_buffer_size()
+        share = output_share(conn.config.output_bytes_max, self.config.limits.output_budget_bytes, self._paced)
+        return share - conn.transport.get_write_buffer_size()
 
     def _output_changed(self, conn: Connection, buffered: int) -> None:
         """Keep the count of unsent output; over the budget, close the largest holders.
@@ -775,6 +987,7 @@ class Server:
         self._pump_scheduled = False
         if self._failure is not None:
             return
+        self._paced = max(1, self.engine.paced_connections())  # _replay_room shares the budget among them
         more = self.engine.pump_replays(self.clock(), paused=self._writing_paused, room=self._replay_room)
         # Nothing to do until a socket drains (resume_writing) or a command arrives.
         self._replays_blocked = not more
@@ -940,6 +1153,7 @@ class Server:
 
     def _housekeeping(self, now: float) -> None:
         self.disk.check_free_space(now)
+        self._stalls.close_stalled(self._writing_paused, self.connections, self.engine.querying, now)
         beats = []
         for conn in list(self.connections.values()):
             if conn.heartbeat_s:
