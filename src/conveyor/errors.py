@@ -285,6 +285,15 @@ class ConnectionLost(ConveyorError):
     code = "connection_lost"
 
 
+class DisconnectedByAdmin(ConnectionLost):
+    """An administrator closed this connection on purpose (the admin interface's
+    ``clients/ID/disconnect``, ``conveyor disconnect``). The server says so before it
+    closes (docs/protocol.md, "Connection notices"); a client told so does not reconnect:
+    waiting calls raise this, subscriptions end with it."""
+
+    code = "disconnected_by_admin"
+
+
 class TimedOut(ConveyorError):
     code = "timed_out"
 

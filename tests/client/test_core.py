@@ -340,3 +340,44 @@ def test_a_bookmark_subscription_moved_to_another_journal_resumes_by_time_and_sk
                 for pub, seq, pos in ((8, 1, 5), (7, 1, 6), (8, 2, 7), (7, 2, 8), (7, 3, 9))]
     assert verdicts == [False, False, True, False, True]
     assert sub.last_bookmark == "7|3|9"
+
+
+def test_a_connection_notice_makes_the_loss_that_follows_final():
+    """Rule 6: an ack without a command id whose code is a final one (an administrator's
+    disconnect, a name taken over) keeps its error; a new connection forgets it. A notice
+    with a code the client does not know is not final (codes are only added)."""
+    core = ClientCore(client_name="c")
+    core.set_servers("tcp://127.0.0.1:9007")
+    core.connection_opened(0)
+    logged_on(core)
+    answer(core, m.Ack(ack_type="processed", status="failure", code="some_future_notice", reason="?"))
+    assert core.final is None
+    answer(core, m.Ack(ack_type="processed", status="failure", code=errors.DisconnectedByAdmin.code,
+                       reason="disconnected by an administrator"))
+    assert isinstance(core.final, errors.DisconnectedByAdmin) and isinstance(core.final, errors.ConnectionLost)
+    assert str(core.final) == "disconnected by an administrator"
+    core.connection_lost(core.final)
+    core.connection_opened(0)
+    assert core.final is None
+
+
+def test_an_http_answer_fails_the_connection_at_once_even_split_across_reads():
+    """Rule 7: an HTTP port given as the server answers the logon in HTTP; the core says
+    so from the first bytes instead of waiting for a frame of a gigabyte."""
+    core = ClientCore(client_name="c")
+    core.set_servers(["tcp://user:secret@127.0.0.1:8085"])
+    core.connection_opened(0)
+    core.logon()
+    sent(core)
+    assert core.receive_data(b"HT") == []  # a beginning of "HTTP/": wait for more
+    with pytest.raises(errors.ConnectionLost) as raised:
+        core.receive_data(b"TP/1.1 400 Bad Request\r\n\r\n")
+    assert str(raised.value) == ("tcp://user@127.0.0.1:8085 answered in HTTP: that is an HTTP port (the admin "
+                                 "interface?), not conveyor's client port")  # the URI as shown: no password
+    # A conveyor server's first bytes go straight to the decoder (a frame starts with 0).
+    core.connection_opened(0)
+    pending = core.logon()
+    logon = sent(core)[0]
+    frame = encode_frame([m.Ack(ack_type="processed", cid=logon.cid)])
+    assert core.receive_data(frame[:1]) == []
+    assert core.receive_data(frame[1:]) == [pending]

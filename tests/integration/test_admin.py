@@ -7,6 +7,7 @@ interface on a free loopback port; clients are real :class:`conveyor.Client`s.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -19,10 +20,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor import Client
+from conveyor.cli import ops
 from tests.serverproc import ServerProcess, write_config
 
 QUEUES = """
-<Queue><Name>Q</Name><MessageType>json</MessageType><UnderlyingTopic>work</UnderlyingTopic></Queue>
+<Queue><Name>Q</Name><MessageType>json</MessageType><UnderlyingTopic>work</UnderlyingTopic>
+  <LeasePeriod>60s</LeasePeriod></Queue>
 <Queue><Name>F</Name><MessageType>json</MessageType><UnderlyingTopic>fwork</UnderlyingTopic></Queue>
 <Queue><Name>T</Name><MessageType>json</MessageType><UnderlyingTopic>twork</UnderlyingTopic>
   <TargetQueueDepth>2</TargetQueueDepth></Queue>
@@ -30,7 +33,21 @@ QUEUES = """
   <BarrierExpression>/barrier = 1</BarrierExpression></Queue>
 <Queue><Name>M</Name><MessageType>json</MessageType><UnderlyingTopic>mwork</UnderlyingTopic>
   <MaxBacklog>1</MaxBacklog></Queue>
+<Queue><Name>S</Name><MessageType>json</MessageType><UnderlyingTopic>^s(work|direct)$</UnderlyingTopic>
+  <DefaultPublishTarget>sdirect</DefaultPublishTarget><Semantics>at-least-once</Semantics>
+  <FairnessModel>round-robin</FairnessModel><Leasing>strict</Leasing><LeasePeriod>30s</LeasePeriod>
+  <Expiration>1h</Expiration><MaxBacklog>10</MaxBacklog><MaxPerSubscriptionBacklog>5</MaxPerSubscriptionBacklog>
+  <MaxCancels>3</MaxCancels><MaxDeliveries>4</MaxDeliveries><Priority>/p</Priority>
+  <Filter>/keep = 1</Filter><DeferredAckExpiration>2h</DeferredAckExpiration></Queue>
 """
+#: What the admin JSON's ``settings`` of queue S must be (its configured values).
+S_SETTINGS = {
+    "Semantics": "at-least-once", "FairnessModel": "round-robin", "Leasing": "strict", "LeasePeriod": 30.0,
+    "Expiration": 3600.0, "MaxBacklog": 10, "MaxPerSubscriptionBacklog": 5, "MaxCancels": 3, "MaxDeliveries": 4,
+    "TargetQueueDepth": None, "Priority": "/p", "BarrierExpression": None, "Filter": "/keep = 1",
+    "UnderlyingTopic": "^s(work|direct)$", "DefaultPublishTarget": "sdirect", "RecoveryPoint": None,
+    "DeferredAckExpiration": 7200.0, "FileBackedMetadata": False,
+}
 
 
 def get(url: str, *, headers: dict | None = None) -> tuple[int, dict | str, dict]:
@@ -91,6 +108,7 @@ def env(tmp_path_factory):
     yield {
         "server": server, "url": server.admin_url, "held": held, "publisher": publisher,
         "bheld": bheld, "mheld": mheld, "clients": [publisher, worker, picky, barrier_worker, m_worker],
+        "config": directory / "config.xml",
     }
     for c in (publisher, worker, picky, barrier_worker, m_worker):
         try:
@@ -112,7 +130,7 @@ def test_instance_tree_and_aliases(env):
     assert status == 200
     assert tree["name"] == "test-instance" and tree["ready"] and tree["uptime"] >= 0
     assert tree["client_count"] >= 5
-    assert set(tree["queues"]) == {"Q", "F", "T", "B", "M"}
+    assert set(tree["queues"]) == {"Q", "F", "T", "B", "M", "S"}
     j = tree["journal"]
     assert j["directory"].endswith("journal") and os.path.isabs(j["directory"])
     assert j["durable_end"] > 0 and j["commits"] > 0 and j["commit_seconds_max"] > 0 and j["segments"] >= 1
@@ -140,6 +158,43 @@ def test_queue_metrics_of_the_reference(env):
     assert q["age_of_oldest_lease"] >= 0 and q["seconds_behind"] >= 0
     t = get(env["url"] + "/amps/instance/queues/T")[1]
     assert t["target_queue_depth"] == 2 and t["inactive_message_count"] == 3 and t["queue_depth"] == 2
+
+
+def expected_settings(env, name: str) -> dict:
+    """The settings the server's configuration gives queue ``name``, read by the
+    configuration loader (so the defaults are whatever this version's are)."""
+    from conveyor.config.loader import load_file
+
+    (cfg,) = [q for q in load_file(env["config"]).queues if q.name == name]
+
+    def seconds(v):
+        return None if v is None or math.isinf(v) else v
+
+    return {
+        "Semantics": cfg.semantics.value, "FairnessModel": cfg.fairness.value, "Leasing": cfg.leasing.value,
+        "LeasePeriod": seconds(cfg.lease_period_s), "Expiration": seconds(cfg.expiration_s),
+        "MaxBacklog": cfg.max_backlog, "MaxPerSubscriptionBacklog": cfg.max_per_subscription_backlog,
+        "MaxCancels": cfg.max_cancels, "MaxDeliveries": cfg.max_deliveries, "TargetQueueDepth": cfg.target_queue_depth,
+        "Priority": cfg.priority, "BarrierExpression": cfg.barrier_expression, "Filter": cfg.filter,
+        "UnderlyingTopic": cfg.underlying, "DefaultPublishTarget": cfg.default_publish_target,
+        "RecoveryPoint": cfg.recovery_point, "DeferredAckExpiration": seconds(cfg.deferred_ack_expiration_s),
+        "FileBackedMetadata": cfg.file_backed_metadata,
+    }
+
+
+def test_queue_settings_show_defaults_and_configured_values(env):
+    # F sets nothing but its topic: every setting is there, with this version's default
+    f = get(env["url"] + "/amps/instance/queues/F/settings")[1]
+    assert f == expected_settings(env, "F")
+    assert f["Semantics"] == "at-least-once" and f["UnderlyingTopic"] == "fwork" and f["DefaultPublishTarget"] == "fwork"
+    assert f["MaxBacklog"] is None and f["Expiration"] is None and f["Priority"] is None  # null: none / unlimited
+    # S sets (almost) everything: the configured values, durations in seconds
+    s = get(env["url"] + "/amps/instance/queues/S")[1]["settings"]
+    assert s == S_SETTINGS == expected_settings(env, "S")
+    # in the whole tree too, and one value by its path
+    tree = get(env["url"] + "/amps/instance/queues")[1]
+    assert tree["T"]["settings"]["TargetQueueDepth"] == 2 and tree["B"]["settings"]["BarrierExpression"] == "/barrier = 1"
+    assert get(env["url"] + "/api/queues/S/settings/LeasePeriod")[1] == 30.0
 
 
 def test_queue_details_lists_holder_deadline_and_count(env):
@@ -294,7 +349,7 @@ def test_actions(env):
     assert status == 200 and body["client"] == "picky"
     server.wait_log("disconnected by an administrator")
     old_id = body["disconnected"]
-    # the connection is gone (the client reconnects by itself, as a new connection)
+    # the connection is gone (told why, the client does not reconnect)
     wait_for(lambda: str(old_id) not in get(env["url"] + "/api/clients")[1])
 
 
@@ -356,6 +411,29 @@ def test_cli_stats_queues_clients_replication(env):
     proc = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--json", "--admin", env["url"]],
                           capture_output=True, text=True, timeout=60)
     assert json.loads(proc.stdout)["name"] == "test-instance"
+
+
+def test_cli_queue_shows_its_settings(env):
+    proc = cli(env, "queues", "S")
+    assert proc.returncode == 0, proc.stderr
+    block = proc.stdout.split("settings:\n", 1)[1].split("\n\n", 1)[0]
+    assert block.splitlines() == [
+        "  Semantics at-least-once, FairnessModel round-robin, Leasing strict",
+        "  LeasePeriod 30s, Expiration 1h, DeferredAckExpiration 2h",
+        "  MaxBacklog 10, MaxPerSubscriptionBacklog 5, TargetQueueDepth none",
+        "  MaxCancels 3, MaxDeliveries 4",
+        '  Priority "/p", BarrierExpression none, Filter "/keep = 1"',
+        "  UnderlyingTopic ^s(work|direct)$, DefaultPublishTarget sdirect, RecoveryPoint epoch, FileBackedMetadata disabled",
+    ]
+    # a queue with no options: its defaults, whatever this version's are (null: infinite, unlimited)
+    proc = cli(env, "queues", "F")
+    defaults = expected_settings(env, "F")
+    lease = "infinite" if defaults["LeasePeriod"] is None else ops._duration(defaults["LeasePeriod"])
+    per_sub = defaults["MaxPerSubscriptionBacklog"]
+    assert f"LeasePeriod {lease}, Expiration never" in proc.stdout
+    assert f"MaxBacklog unlimited, MaxPerSubscriptionBacklog {'unlimited' if per_sub is None else per_sub}" in proc.stdout
+    assert "Leasing sublet" in proc.stdout and "Priority none" in proc.stdout
+    assert ops._duration(0.5) == "0.5s" and ops._duration(90) == "90s" and ops._duration(5400) == "90m"
 
 
 def test_cli_explain(env):

@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 a runtime failure (connection, server error; for ``serve``: the
 server stopped itself after a failure of its background work, such as a failed journal
 write or fsync), 2 bad usage or bad configuration, 3 a damaged journal (verify found
-problems / open refused), 130 interrupted (Ctrl-C).
+problems / open refused), 4 a client command's connection was closed by an administrator
+(``conveyor disconnect``: the client does not reconnect), 130 interrupted (Ctrl-C).
 
 No traceback reaches the user: every failure is one line on stderr.
 """
@@ -26,6 +27,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_JOURNAL = 3
+EXIT_DISCONNECTED = 4  # an administrator closed the connection (conveyor disconnect): not reconnected
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 DEFAULT_URI = "tcp://127.0.0.1:9007"
 SERVER_ENV = "CONVEYOR_SERVER"  # the client commands' --server when not given
@@ -96,10 +98,44 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from conveyor.server.log_targets import install
 
     install(config.logging, verbose=args.verbose)  # <Logging>: replaces the stderr default
-    return _run_server(config)
+    return _run_server(config, _port_origins(args, config))
 
 
-def _run_server(config) -> int:
+def _port_origins(args: argparse.Namespace, config) -> dict[str, tuple[str, str]]:
+    """The listening addresses whose port the configuration file did not give: element
+    path -> (the option that sets it, where it came from), so that a port that cannot be
+    used is told in the words the user chose it in (``--port 9007``, the default)."""
+    from conveyor.config.model import Transport
+    from conveyor.server.server import ADMIN_LISTEN_PATH, listen_path
+
+    origins = {}
+    first = (config.transports or (Transport(name="default"),))[0]
+    if args.port is not None:
+        origins[listen_path(first)] = ("--port", f"--port {args.port}")
+    elif not args.config or not config.transports:
+        origins[listen_path(first)] = ("--port", "the default client port")
+    if args.admin_port is not None:
+        origins[ADMIN_LISTEN_PATH] = ("--admin-port", f"--admin-port {args.admin_port}")
+    elif not args.config and config.admin is not None:
+        origins[ADMIN_LISTEN_PATH] = ("--admin-port", "the default admin port")
+    return origins
+
+
+def _name_the_option(exc: errors.ConfigError, origins: dict[str, tuple[str, str]]) -> errors.ConfigError:
+    """A listening address that cannot be used, said with the option that sets its port
+    (see _port_origins) instead of an element of a configuration the user did not write."""
+    origin = origins.get(exc.path)
+    if origin is None:
+        return exc
+    option, source = origin
+    text = exc.message.removeprefix(f"{exc.path}: ").removesuffix(f" (hint: {exc.hint})")
+    hint = f"choose another with {option} N, or {option} 0 for any free port"
+    if option == "--admin-port":
+        hint += "; --no-admin runs without the admin interface"
+    return errors.ConfigError(text, path=source, hint=hint)
+
+
+def _run_server(config, port_origins: dict[str, tuple[str, str]] | None = None) -> int:
     import uvloop
 
     from conveyor.server.collector import settle_after_recovery
@@ -112,7 +148,10 @@ def _run_server(config) -> int:
         # during recovery) asks for a graceful stop instead of killing the process.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        server = Server(config)
+        try:
+            server = Server(config)  # binds nothing yet, but checks the ports before creating the journal
+        except errors.ConfigError as exc:
+            raise _name_the_option(exc, port_origins or {}) from None
 
         def shut_down() -> None:
             log.info("shutting down")
@@ -125,7 +164,10 @@ def _run_server(config) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, shut_down)
         loop.add_signal_handler(signal.SIGHUP, reload)
-        await server.start()
+        try:
+            await server.start()
+        except errors.ConfigError as exc:
+            raise _name_the_option(exc, port_origins or {}) from None
         settle_after_recovery()  # process-wide: this command owns the process
         if server.admin is not None:
             # Before the listening lines: tests and scripts read up to those.
@@ -268,6 +310,8 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             while args.count is None or count < args.count:
                 msg = sub.get(timeout=args.timeout)
                 if msg is None:
+                    if sub.error is not None:
+                        raise sub.error  # the subscription ended: an administrator's disconnect, a failure
                     break
                 count += 1
                 line = msg.data.decode(errors="replace")
@@ -628,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
     except errors.JournalCorrupt as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return EXIT_JOURNAL
+    except errors.DisconnectedByAdmin as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return EXIT_DISCONNECTED
     except errors.BadFilter as exc:
         print(f"conveyor: {_filter_error(getattr(args, 'filter', None), exc)}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,7 +9,10 @@ Rules:
 2. ``--json`` prints the admin interface's JSON unchanged (for scripts); otherwise a
    table or a few lines meant for a person.
 3. A server that cannot be reached, or answers with an error, is one line on stderr
-   and exit code 1 (2 for a request the server calls bad); never a traceback.
+   and exit code 1 (2 for a request the server calls bad); never a traceback. The line
+   has the error's message: from a JSON body its ``message``, from a plain-text one its
+   first line (a conveyor client port answers HTTP with a 400 saying what it is and
+   where the admin interface is).
 4. **Credentials** (a server with ``Authentication``): in the address
    (``http://USER:PASSWORD@HOST:PORT``), else ``--user`` (or ``CONVEYOR_USER``) with the
    password from ``CONVEYOR_PASSWORD``, sent as HTTP Basic. They are never printed: the
@@ -81,11 +84,12 @@ def fetch(args: argparse.Namespace, path: str) -> Any:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S, context=context) as resp:  # noqa: S310
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
+        raw = exc.read()
         try:
-            body = json.loads(exc.read())
+            body = json.loads(raw)
             message = body.get("message") or body.get("error")
         except (ValueError, AttributeError):
-            message = exc.reason
+            message = _first_line(raw) or exc.reason
         if exc.code == 401:
             message = (f"{message}: give credentials in the address (http://USER:PASSWORD@HOST:PORT), or --user "
                        f"(or ${USER_ENV}) with ${PASSWORD_ENV}")
@@ -97,6 +101,15 @@ def fetch(args: argparse.Namespace, path: str) -> Any:
             f"cannot reach the admin interface at {base}: {reason} (is the server running with <Admin>? "
             f"set {ADMIN_ENV} or --admin to its address)"
         ) from None
+
+
+def _first_line(body: bytes, limit: int = 300) -> str:
+    """The first non-blank line of a plain-text error body (at most ``limit`` characters)."""
+    for line in body.decode("utf-8", errors="replace").splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= limit else line[:limit] + "..."
+    return ""
 
 
 def _fetch_or_print(args: argparse.Namespace, path: str) -> Any:
@@ -200,6 +213,8 @@ def cmd_queues(args: argparse.Namespace) -> int:
     # OLDEST: the age of the oldest unacknowledged message (the admin's seconds_behind)
     _table(rows, ["QUEUE", "DEPTH", "AVAILABLE", "IN-FLIGHT", "CONSUMERS", "INACTIVE", "OLDEST", "ENQUEUED",
                   "DELIVERED", "ACKED", "EXPIRED"])
+    if rows:  # the counters restart with the server, the rest is now (docs/operations.md, "Start-up")
+        print("(ENQUEUED, DELIVERED, ACKED, EXPIRED: counted since the server started)")
     return 0
 
 
@@ -213,6 +228,10 @@ def _queue_details(args: argparse.Namespace) -> int:
     print(f"queue {args.queue}: depth {stats['queue_depth']}, available {stats['available']}, "
           f"in flight {stats['in_flight']}, inactive {stats['inactive_message_count']}, "
           f"{stats['consumers']} consumer(s), oldest unacknowledged {_seconds(stats['seconds_behind'])} old")
+    if stats.get("settings"):
+        print("\nsettings:")
+        for line in _settings_lines(stats["settings"]):
+            print("  " + line)
     if details["cursors"]:
         print("\nsubscribers:")
         _table([[c["subscriber"], c["client"], c["outstanding"], c["max_backlog"]] for c in details["cursors"]],
@@ -221,13 +240,76 @@ def _queue_details(args: argparse.Namespace) -> int:
     print()
     _table(
         [[m["bookmark"] or m["position"], m["state"], m["holder_client"] or m["holder"],
-          _seconds(m["lease_deadline"] - now) if m["lease_deadline"] else None, m["deliveries"],
+          _lease_left(m, now), m["deliveries"],
           _when(m["published_at"])] for m in details["messages"]],
         ["BOOKMARK", "STATE", "HOLDER", "LEASE LEFT", "DELIVERIES", "PUBLISHED"],
     )
     if details["messages_truncated"]:
         print(f"(the first {args.limit} available messages; --limit N for more)")
     return 0
+
+
+#: The settings block of ``conveyor queues QUEUE``: one line per theme, and what each
+#: setting's null (none) means; the values are the server's (the admin JSON's
+#: ``settings``: the queue's effective configuration, defaults included).
+_SETTINGS_LINES = (
+    (("Semantics", None), ("FairnessModel", None), ("Leasing", None)),
+    (("LeasePeriod", "infinite"), ("Expiration", "never"), ("DeferredAckExpiration", "never")),
+    (("MaxBacklog", "unlimited"), ("MaxPerSubscriptionBacklog", "unlimited"), ("TargetQueueDepth", "none")),
+    (("MaxCancels", "unlimited"), ("MaxDeliveries", "unlimited")),
+    (("Priority", "none"), ("BarrierExpression", "none"), ("Filter", "none")),
+    (("UnderlyingTopic", None), ("DefaultPublishTarget", "none"), ("RecoveryPoint", "epoch"),
+     ("FileBackedMetadata", None)),
+)
+_SETTING_DURATIONS = frozenset({"LeasePeriod", "Expiration", "DeferredAckExpiration"})
+_SETTING_EXPRESSIONS = frozenset({"Priority", "BarrierExpression", "Filter"})
+
+
+def _settings_lines(settings: dict) -> list[str]:
+    lines = []
+    shown = set()
+    for group in _SETTINGS_LINES:
+        parts = []
+        for key, none in group:
+            if key not in settings:
+                continue
+            shown.add(key)
+            parts.append(f"{key} {_setting(key, settings[key], none)}")
+        if parts:
+            lines.append(", ".join(parts))
+    rest = [f"{k} {_setting(k, v, 'none')}" for k, v in settings.items() if k not in shown]
+    if rest:  # a setting a newer server reports
+        lines.append(", ".join(rest))
+    return lines
+
+
+def _setting(key: str, value: Any, none: str | None) -> str:
+    if value is None:
+        return none or "none"
+    if isinstance(value, bool):
+        return "enabled" if value else "disabled"
+    if key in _SETTING_DURATIONS and isinstance(value, (int, float)):
+        return _duration(value)
+    if key in _SETTING_EXPRESSIONS:
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _duration(seconds: float) -> str:
+    """A duration as the configuration writes it: the largest unit it is a whole number
+    of (``30s``, ``5m``, ``1h``, ``1d``), else seconds (``1.5s``)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
+
+
+def _lease_left(message: dict, now: float) -> str | None:
+    if message["lease_deadline"]:
+        return _seconds(max(0.0, message["lease_deadline"] - now))
+    if message["state"] == "leased":
+        return "infinite"  # an endless lease (LeasePeriod infinite): no deadline
+    return None
 
 
 def cmd_clients(args: argparse.Namespace) -> int:

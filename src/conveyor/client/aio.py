@@ -397,15 +397,21 @@ class AsyncClient:
         self._writer = None
         self._read_task = None
         writer.close()
+        final = self.core.final  # the server said why it closed: no reconnection (core rule 6)
+        if final is not None:
+            error = final
         for pending in self.core.connection_lost(error):
             self._complete(pending)
         if self._closing or self.core.state is not S.CONNECTED:
             return  # connect() or the reconnect task sees its own command fail
-        if self.core.replaced is not None:
-            error = self.core.replaced  # final: reconnecting would take the name back
-            log.warning("client %s: %s; not reconnecting", self.client_name, error)
+        if isinstance(final, errors.DisconnectedByAdmin):
+            # Deliberate, and the application is told (calls raise it, subscriptions end
+            # with it, on_state has the reason): not a warning of the library's own.
+            log.info("client %s: %s; not reconnecting", self.client_name, error)
+        elif final is not None:
+            log.warning("client %s: %s; not reconnecting", self.client_name, error)  # reconnecting would take the name back
         self._move(S.DISCONNECTED, reason=str(error))
-        if self.core.reconnect.enabled and self.core.replaced is None:
+        if self.core.reconnect.enabled and final is None:
             self._move(S.RECONNECTING, reason=str(error))
             assert self.loop is not None
             self._reconnect_task = self.loop.create_task(self._reconnect(str(error)))

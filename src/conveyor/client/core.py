@@ -27,6 +27,14 @@ the faces feed it bytes, tell it when a connection opens or is lost, and send wh
    apart from new ones.
 5. **Offline, publishes and acks accumulate**; nothing else is queued for sending
    until logon, which the faces only ask for on a fresh connection.
+6. **A close the server explains is final.** An ``ack`` without a command id whose code
+   is in ``FINAL_CODES`` (``client_replaced``, ``disconnected_by_admin``: docs/protocol.md,
+   "Connection notices") says why the server is about to close this connection;
+   ``final`` keeps that error, the faces fail with it and do not reconnect.
+7. **An HTTP answer fails the connection at once.** The first bytes of a connection
+   are checked before they reach the decoder: a server that answers in HTTP (the admin
+   port given as the server) raises :class:`~conveyor.errors.ConnectionLost` saying so,
+   instead of waiting for the gigabyte its first four bytes would announce as a frame.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectP
 from conveyor.client.store import FilePublishStore, PublishStore
 from conveyor.client.subscription import SubState
 from conveyor.protocol import messages as m
-from conveyor.protocol.codec import MessageDecoder, encode_frames
+from conveyor.protocol.codec import MessageDecoder, encode_frames, http_response_start
 
 __all__ = [
     "ACK_BATCH_SECONDS_DEFAULT", "ACK_BATCH_SIZE_DEFAULT", "AckVerb", "ClientCore", "ClientStatistics", "CommandKind",
@@ -56,6 +64,8 @@ log = logging.getLogger("conveyor.client")
 ACK_BATCH_SIZE_DEFAULT = 100  # acknowledgements per sow_delete frame
 ACK_BATCH_SECONDS_DEFAULT = 0.05  # longest an acknowledgement waits to be sent
 PUBLISH_WARNINGS_LOGGED_MAX = 100  # distinct publish warnings logged per client (each counted)
+#: Codes of the connection notices after which the client does not reconnect (rule 6).
+FINAL_CODES = frozenset({errors.ClientReplaced.code, errors.DisconnectedByAdmin.code})
 __all__ += ["URI_SCHEMES"]
 
 
@@ -156,7 +166,8 @@ class ClientCore:
         self.publish_warnings_seen: set[str] = set()
         self.online = False  # logged on over a live connection
         self.publish_errors: list[errors.ConveyorError] = []  # refused publishes, until flush() reports them
-        self.replaced: errors.ClientReplaced | None = None  # the server said another connection took the name
+        self.final: errors.ConveyorError | None = None  # why the server closes this connection (rule 6)
+        self._head: bytes | None = b""  # the connection's first bytes, until told apart from HTTP (rule 7)
         self.epoch = 0  # connections lost so far
         self.servers: list[str] = []  # as shown: the URIs without their passwords
         self.endpoints: list[Endpoint] = []
@@ -194,7 +205,8 @@ class ClientCore:
     def connection_opened(self, index: int) -> None:
         """A fresh transport to ``servers[index]``: a new decoder, nothing stale to send."""
         self.server_index = index
-        self.replaced = None
+        self.final = None
+        self._head = b""
         self.decoder = MessageDecoder()
         self.outgoing = []
 
@@ -365,7 +377,18 @@ class ClientCore:
     # --- receiving -------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> list[PendingCommand]:
-        """Feed bytes; returns the pending commands this completed."""
+        """Feed bytes; returns the pending commands this completed. Raises ConnectionLost
+        when the server answers in HTTP (rule 7)."""
+        if self._head is not None:
+            head = self._head + data if self._head else data
+            verdict = http_response_start(head)
+            if verdict is None:
+                self._head = head
+                return []
+            self._head = None
+            if verdict:
+                raise errors.ConnectionLost(self._answered_in_http())
+            data = head
         self.decoder.receive_data(data)
         done: list[PendingCommand] = []
         for item in self.decoder.next_items():
@@ -387,6 +410,11 @@ class ClientCore:
                 case _:
                     pass
         return done
+
+    def _answered_in_http(self) -> str:
+        server = self.servers[self.server_index] if self.servers else "the server"
+        return (f"{server} answered in HTTP: that is an HTTP port (the admin interface?), not conveyor's "
+                "client port")
 
     def _deliver(self, item: m.Message) -> None:
         sub_id = item.sub_id
@@ -411,10 +439,11 @@ class ClientCore:
 
     def _on_ack(self, ack: m.Ack, done: list[PendingCommand]) -> None:
         cid = ack.cid
-        if cid is None and ack.code == errors.ClientReplaced.code:
-            # The server handed this client's name to a newer connection of the same user
-            # (spec 002): the loss that follows is final, never a reason to reconnect.
-            self.replaced = errors.ClientReplaced(ack.reason or "replaced by a newer connection")
+        if cid is None and ack.code in FINAL_CODES:
+            # Rule 6: the server says why it closes this connection (its client name went
+            # to a newer connection of the same user, spec 002; an administrator's
+            # disconnect): the loss that follows is final, never a reason to reconnect.
+            self.final = errors.error_for_code(ack.code, ack.reason or ack.code)
             return
         if cid is None and ack.status == "failure" and ack.seq is not None:
             # A publish the server refused (not entitled, a limit, not JSON on a json

@@ -33,6 +33,8 @@ from processes Spark creates and kills at will, and objects that are pickled. Ru
    ``user:password@`` in the URI, the ``user_id``/``password`` arguments or the
    environment (:mod:`conveyor.client.endpoints`); a password never appears in a
    message, a log line or a ``repr``.
+8. **An HTTP answer** to the logon (an HTTP port given as the server) raises
+   :class:`~conveyor.errors.ConnectionLost` saying so at once, as the client does.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from conveyor import errors
 from conveyor.client.endpoints import Endpoint, parse_endpoint
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies as r
-from conveyor.protocol.codec import MessageDecoder, encode_frame
+from conveyor.protocol.codec import MessageDecoder, encode_frame, http_response_start
 
 FRAME_BYTES_TARGET = 4 * 1024 * 1024  # well under the server's 16 MiB default limit
 ROWS_PER_FRAME_MAX = 5000
@@ -99,6 +101,7 @@ class RpcClient:
         self._sock: socket.socket | None = None
         self._decoder = MessageDecoder()
         self._items: list = []
+        self._head: bytes | None = b""  # a connection's first bytes, until told apart from HTTP (rule 8)
         self._cids = itertools.count(1)
 
     # --- connection --------------------------------------------------------------------
@@ -144,7 +147,7 @@ class RpcClient:
             break
         else:
             raise errors.ConnectionLost(f"cannot connect to {'; '.join(failures)}")
-        self._sock, self._decoder, self._items = sock, MessageDecoder(), []
+        self._sock, self._decoder, self._items, self._head = sock, MessageDecoder(), [], b""
         user, password = endpoint.credentials(self.user_id, self._password)
         logon = m.Logon(client_name=self.client_name, cid=self._cid(), ack_type="processed", user_id=user,
                         password=password)
@@ -193,6 +196,16 @@ class RpcClient:
             if not data:
                 self.close()
                 raise errors.ConnectionLost(f"{self.server} closed the connection")
+            if self._head is not None:
+                data = self._head + data
+                verdict = http_response_start(data)
+                self._head = data if verdict is None else None
+                if verdict is None:
+                    continue
+                if verdict:
+                    self.close()
+                    raise errors.ConnectionLost(f"{self.server} answered in HTTP: that is an HTTP port (the admin "
+                                                "interface?), not conveyor's client port")
             self._decoder.receive_data(data)
             self._items = self._decoder.next_items()
             self._items.reverse()  # pop() from the end = in order

@@ -14,6 +14,12 @@ frame. Rules:
   far beyond any command): msgspec raises ``RecursionError`` there, which is reported
   as a malformed frame, never raised to the caller.
 - ``receive_data`` only buffers; ``next_items`` decodes. Nothing here touches a socket.
+- **HTTP on the wrong port** is told apart by a connection's first bytes, on both sides
+  (:func:`http_request_start`, :func:`http_response_start`): a frame starts with its
+  length, whose first byte is 0 for any frame under 16 MiB, while HTTP starts with an
+  upper-case method or ``HTTP/``. The server answers an HTTP request on its client port
+  with a 400 at once, and the client fails at once on an HTTP answer to its logon,
+  instead of each waiting for a frame of a gigabyte that never comes.
 """
 
 from __future__ import annotations
@@ -47,6 +53,31 @@ class Rejected:
 
     error: ClientError
     cid: str | None = None
+
+
+#: The request methods an HTTP client starts a connection with (RFC 9110 and PATCH).
+HTTP_METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"TRACE ")
+HTTP_RESPONSE_START = b"HTTP/"
+
+
+def _starts_with_one_of(head: bytes, starts: tuple[bytes, ...]) -> bool | None:
+    if any(head.startswith(start) for start in starts):
+        return True
+    if any(start.startswith(head) for start in starts):
+        return None  # too few bytes yet to tell
+    return False
+
+
+def http_request_start(head: bytes) -> bool | None:
+    """Do the first bytes of a connection to the server begin an HTTP request (a method
+    and a space)? None while they are a proper beginning of one (wait for more)."""
+    return _starts_with_one_of(head, HTTP_METHODS)
+
+
+def http_response_start(head: bytes) -> bool | None:
+    """Do the first bytes the client received begin an HTTP response (``HTTP/``)? None
+    while they are a proper beginning of it (wait for more)."""
+    return _starts_with_one_of(head, (HTTP_RESPONSE_START,))
 
 
 def encode_frame(messages: Iterable[msgspec.Struct]) -> bytes:

@@ -321,7 +321,7 @@ class AdminInterface:
                 name = server.engine.sessions[conn_id].client_name
                 log.info("admin: disconnecting client %s (%s) at the request of %s", conn_id, name,
                          request.identity or _peer(request))
-                conn.close("disconnected by an administrator")
+                conn.close_telling(errors.DisconnectedByAdmin("disconnected by an administrator"))  # no reconnect
                 return _json_response({"disconnected": conn_id, "client": name})
             case ["diagnostics", ("dump" | "queues")]:
                 return _json_response(self._dump(request))

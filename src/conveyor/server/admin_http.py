@@ -48,6 +48,8 @@ KEEPALIVE_IDLE_S = 15.0
 WRITE_TIMEOUT_S = 30.0
 CONNECTIONS_MAX = 256
 _METHODS = frozenset({"GET", "HEAD", "POST"})
+_NOT_HTTP = ("not an HTTP request: this is conveyor's admin interface (HTTP); conveyor clients connect to a "
+             "client port (tcp://HOST:PORT)")
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,9 @@ class HttpServer:
             except TimeoutError:
                 return
             if not start:
+                return
+            if not start.isalpha():  # no request line starts so (conveyor's protocol does): say so now
+                await self._send(writer, _text(HTTPStatus.BAD_REQUEST, _NOT_HTTP), head=False, keep_alive=False)
                 return
             first = False
             try:

@@ -17,10 +17,17 @@ requests, and nothing here runs on the publish or delivery paths. Rules:
    ``transferred_out``, ``proxied_transfer``) are the queue's own statistics; a
    replicated queue adds its transfer figures (requests, grants, claims, conflicts) from
    the engine's ownership part (:func:`replicated_queue_metrics`).
+4. Each queue's ``settings`` are its effective configuration, read from the
+   ``QueueConfig`` the engine runs with (defaults included: nothing here knows a
+   default), under the configuration's element names (:func:`queue_settings`).
+   Durations are seconds; ``null`` is the setting's "none": no limit, no expiry, an
+   endless lease, no expression (an infinite duration is ``null`` too, as JSON has no
+   infinity).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from typing import TYPE_CHECKING, Any
@@ -34,6 +41,7 @@ from conveyor.engine.explain import consumer_label
 from conveyor.engine.sessions import SubKind
 
 if TYPE_CHECKING:
+    from conveyor.config.model import QueueConfig
     from conveyor.server.server import Server
 
 #: Messages listed by a queue's ``details`` unless the request asks for another limit.
@@ -134,6 +142,35 @@ def replicated_queue_metrics(server: Server, name: str) -> dict:
             "ownership_conflicts": stats.conflicts, "transfer_wait": stats.typical_ack_s}
 
 
+def _seconds(value: float | None) -> float | None:
+    """A duration setting: None (and an infinite one, which JSON cannot hold) is null."""
+    return None if value is None or math.isinf(value) else value
+
+
+def queue_settings(cfg: QueueConfig) -> dict:
+    """Rule 4: the queue's effective settings, keyed by their configuration elements."""
+    return {
+        "Semantics": cfg.semantics.value,
+        "FairnessModel": cfg.fairness.value,
+        "Leasing": cfg.leasing.value,
+        "LeasePeriod": _seconds(cfg.lease_period_s),  # null: a lease never ends on its own
+        "Expiration": _seconds(cfg.expiration_s),  # null: messages never expire
+        "MaxBacklog": cfg.max_backlog,  # null: no limit
+        "MaxPerSubscriptionBacklog": cfg.max_per_subscription_backlog,  # null: the subscription's own
+        "MaxCancels": cfg.max_cancels,  # null: no maximum
+        "MaxDeliveries": cfg.max_deliveries,  # null: no maximum
+        "TargetQueueDepth": cfg.target_queue_depth,  # null: every message is active
+        "Priority": cfg.priority,
+        "BarrierExpression": cfg.barrier_expression,
+        "Filter": cfg.filter,
+        "UnderlyingTopic": cfg.underlying,
+        "DefaultPublishTarget": cfg.default_publish_target,  # null: none (a regex UnderlyingTopic)
+        "RecoveryPoint": cfg.recovery_point,  # null: epoch, the whole log
+        "DeferredAckExpiration": _seconds(cfg.deferred_ack_expiration_s),
+        "FileBackedMetadata": cfg.file_backed_metadata,
+    }
+
+
 def queue(server: Server, name: str, now: float) -> dict:
     q = server.engine.queues[name]
     cfg = q.config
@@ -145,11 +182,12 @@ def queue(server: Server, name: str, now: float) -> dict:
         underlying_topic=cfg.underlying,
         fairness=cfg.fairness.value,
         leasing=cfg.leasing.value,
-        lease_period=cfg.lease_period_s,
-        expiration=cfg.expiration_s,
+        lease_period=_seconds(cfg.lease_period_s),
+        expiration=_seconds(cfg.expiration_s),
         in_flight=out["backlog"] + out["awaiting_ack"],
         paged_chunks=q.paged_chunks,
         **replicated_queue_metrics(server, name),
+        settings=queue_settings(cfg),
     )
     return out
 

@@ -8,8 +8,24 @@ server writes the engine's output with :meth:`write_frames`. Rules it keeps:
   not keep up would only grow memory. The server also keeps the output of all
   connections together under ``Limits/OutputBudget`` (server.py).
 - When the socket is full (``pause_writing``) the server is told, so that output it
-  can hold back (bookmark replays) waits until the socket drains (``resume_writing``).
+  can hold back (bookmark replays, query results) waits until the socket drains
+  (``resume_writing``).
 - Every close names its reason in the log, once.
+- **A close the client is told about** (:meth:`Connection.close_telling`: an
+  administrator's disconnect) writes one ``ack`` without a command id carrying the
+  error's code and reason (docs/protocol.md, "Connection notices"), then closes
+  *lingering*: the sending side is shut, so the client reads the notice and then the
+  end of the stream, what it still sends is read and dropped, and the socket closes
+  when the client closes its end (at most ``LINGER_S`` later). Closing a socket with
+  input unread makes the system send a reset, which can make the client's system drop
+  the notice before the client reads it.
+- **HTTP on a client port**: the first bytes of a connection are checked before they
+  reach the decoder (:func:`~conveyor.protocol.codec.http_request_start`). An HTTP
+  request (a browser, curl, ``conveyor stats --admin`` given this port) is answered
+  ``400 Bad Request`` with a plain-text body naming this port and the admin
+  interface's address, and closed lingering, at once: left to the decoder, its first
+  four bytes would announce a frame of a gigabyte and the client would wait for an
+  answer until its own timeout.
 """
 
 from __future__ import annotations
@@ -18,13 +34,18 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from conveyor import errors
 from conveyor.config.model import Transport
-from conveyor.protocol.codec import CommandDecoder
+from conveyor.protocol import messages as m
+from conveyor.protocol.codec import CommandDecoder, encode_frames, http_request_start
 
 if TYPE_CHECKING:
     from conveyor.server.server import Server
 
 log = logging.getLogger("conveyor.server")
+
+LINGER_S = 2.0  # a lingering close waits this long for the client to close its end
+HTTP_REQUEST_LINE_LOGGED_MAX = 120  # characters of an HTTP request line quoted in the log
 
 
 class Connection(asyncio.Protocol):
@@ -55,6 +76,8 @@ class Connection(asyncio.Protocol):
         self.user: str | None = None
         self.held: list | None = None
         self.counted = ""  # "pending" or "user" once the server counts it against a limit
+        self._head: bytes | None = b""  # the first bytes, until told apart from HTTP (then None)
+        self._linger: asyncio.TimerHandle | None = None  # a lingering close's time limit
 
     # asyncio.Protocol ------------------------------------------------------------------
 
@@ -65,8 +88,14 @@ class Connection(asyncio.Protocol):
         self.server._register(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # a lingering close reads what the client still sends, and drops it
         self.last_heard = self.server.clock()
         self.bytes_in += len(data)
+        if self._head is not None:
+            data = self._first_bytes(data)
+            if not data:
+                return
         self.decoder.receive_data(data)
         items = self.decoder.next_items()
         if items:
@@ -76,6 +105,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.server._unregister(self)
 
     def pause_writing(self) -> None:  # the socket is full; output accumulates in the transport
@@ -116,8 +148,13 @@ class Connection(asyncio.Protocol):
 
     def close(self, reason: str, *, abort: bool = False) -> None:
         """Close with a logged ``reason``. ``abort`` drops unsent output and closes now;
-        otherwise the output already written is sent first."""
+        otherwise the output already written is sent first. Closing a connection in a
+        lingering close (a shutdown) ends the lingering at once."""
         if self.closed:
+            if self._linger is not None and self.transport is not None:
+                self._linger.cancel()
+                self._linger = None
+                self.transport.abort()
             return
         log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, reason)
         self.closed = True
@@ -127,3 +164,90 @@ class Connection(asyncio.Protocol):
                 self.transport.abort()
             else:
                 self.transport.close()
+
+    def close_telling(self, error: errors.ConveyorError) -> None:
+        """Tell the client why, then close (module rules): one ``ack`` without a command
+        id, ``status`` failure, ``code`` and ``reason`` from ``error``; a client that
+        knows the code does not reconnect (``disconnected_by_admin``)."""
+        if self.closed or self.transport is None:
+            return
+        notice = m.Ack(ack_type="processed", status="failure", code=error.code, reason=str(error))
+        self.write_frames(encode_frames([notice]))
+        self._close_lingering(str(error))
+
+    def _close_lingering(self, reason: str) -> None:
+        """Close once what was written is sent, without a reset (module rules)."""
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        if not transport.can_write_eof():  # TLS: close_notify, then the close
+            self.close(reason)
+            return
+        log.warning("closing connection %s from %s: %s", self.conn_id, self.peer, reason)
+        self.closed = True
+        self.close_reason = reason
+        transport.write_eof()
+        transport.resume_reading()  # paused, it would never see the client's end
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        if self.transport is not None:
+            self.transport.abort()  # the client did not close its end in time
+
+    # --- the first bytes: HTTP on a client port (module rules) -------------------------------
+
+    def _first_bytes(self, data: bytes) -> bytes:
+        """``data`` with the bytes held back before it, once they are told apart from an
+        HTTP request; empty while they cannot be yet, or when they were one (answered)."""
+        head = self._head + data if self._head else data
+        verdict = http_request_start(head)
+        if verdict is None:
+            self._head = head  # a few bytes of a method so far: at most 7 are held
+            return b""
+        self._head = None
+        if verdict:
+            self._answer_http(head)
+            return b""
+        return head
+
+    def _answer_http(self, head: bytes) -> None:
+        line = head.split(b"\n", 1)[0].rstrip(b"\r").decode("latin-1")
+        if len(line) > HTTP_REQUEST_LINE_LOGGED_MAX:
+            line = line[:HTTP_REQUEST_LINE_LOGGED_MAX] + "..."
+        port = self._local_port()
+        admin = self._admin_url()
+        where = f"the admin interface is at {admin}" if admin else "this server has no admin interface"
+        body = (f"this is conveyor's client port{f' ({port})' if port else ''}, which speaks conveyor's binary "
+                f"protocol, not HTTP: {where}\n"
+                "(conveyor clients connect here with tcp://HOST:PORT; docs/client.md, docs/operations.md)\n").encode()
+        response = (f"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        if not head.startswith(b"HEAD "):
+            response += body
+        if self.transport is not None:
+            self.transport.write(response)
+            self.bytes_out += len(response)
+        self._close_lingering(f"an HTTP request on the client port ({line!r}): answered 400 Bad Request"
+                              + (f"; {where}" if admin else ""))
+
+    def _local_port(self) -> int | None:
+        sockname = self.transport.get_extra_info("sockname") if self.transport is not None else None
+        return sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+
+    def _admin_url(self) -> str | None:
+        """The admin interface's address as this client can reach it: its own host when it
+        listens on every address (0.0.0.0, ::). None without an admin interface."""
+        admin = getattr(self.server, "admin", None)
+        url = getattr(admin, "url", None)
+        if not isinstance(url, str):
+            return None
+        scheme, _, rest = url.partition("://")
+        host = rest.rsplit(":", 1)[0].strip("[]")
+        if host in ("0.0.0.0", "::", ""):
+            sockname = self.transport.get_extra_info("sockname") if self.transport is not None else None
+            if isinstance(sockname, tuple) and sockname:
+                local = str(sockname[0])
+                local = f"[{local}]" if ":" in local else local
+                url = f"{scheme}://{local}:{rest.rsplit(':', 1)[1]}"
+        return url

@@ -46,19 +46,60 @@ const fmt = {
     if (v < 7200) return (v / 60).toFixed(1) + " min";
     return (v / 3600).toFixed(1) + " h";
   },
+  // Bytes, rounded: "120 B", "1.5 KiB", "512 KiB" (a mean is a float: never its 16 digits).
   b(v) {
     if (v === null || v === undefined) return "–";
     const units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let i = 0;
     while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-    return (i ? v.toFixed(1) : v) + " " + units[i];
+    return (i === 0 || Math.abs(v) >= 100 ? Math.round(v).toString() : v.toFixed(1)) + " " + units[i];
+  },
+  // A configured duration, exact: the largest unit it is a whole number of ("30 s", "5 min", "1 h", "1 d").
+  dur(v) {
+    if (v === null || v === undefined) return "–";
+    for (const [unit, size] of [["d", 86400], ["h", 3600], ["min", 60]]) {
+      if (v >= size && v % size === 0) return `${v / size} ${unit}`;
+    }
+    return Number(v).toLocaleString("en-US", { maximumFractionDigits: 3 }) + " s";
   },
   t: (v) => (v ? new Date(v * 1000).toLocaleTimeString() : "–"),
   ms: (v) => (v === null || v === undefined ? "–" : (v * 1000).toFixed(2) + " ms"),
 };
 
-function card(k, v, small) {
-  return h("div", { class: "card" }, h("div", { class: "k" }, k), h("div", { class: small ? "v small" : "v" }, v));
+function card(k, v, small, cls) {
+  return h("div", { class: "card" }, h("div", { class: "k" }, k), h("div", { class: (small ? "v small" : "v") + (cls ? " " + cls : "") }, v));
+}
+
+// A path that wraps only after a slash, never inside a name (not even at a hyphen):
+// each "name/" is one unbreakable span, with a <wbr> between them.
+function pathText(p) {
+  const out = [];
+  for (const part of p.split(/(?<=\/)/)) out.push(h("span", { class: "seg" }, part), h("wbr"));
+  out.pop();
+  return out;
+}
+
+// A queue's effective settings (the admin JSON's `settings`, defaults included), and what
+// each one's null means.
+const SETTINGS = [
+  ["Semantics"], ["FairnessModel"], ["Leasing"],
+  ["LeasePeriod", "infinite", "dur"], ["Expiration", "never", "dur"], ["DeferredAckExpiration", "never", "dur"],
+  ["MaxBacklog", "unlimited"], ["MaxPerSubscriptionBacklog", "unlimited"], ["TargetQueueDepth", "none"],
+  ["MaxCancels", "unlimited"], ["MaxDeliveries", "unlimited"],
+  ["Priority", "none"], ["BarrierExpression", "none"], ["Filter", "none"],
+  ["UnderlyingTopic"], ["DefaultPublishTarget", "none"], ["RecoveryPoint", "epoch"], ["FileBackedMetadata"],
+];
+
+function settingsList(settings) {
+  const known = new Set(SETTINGS.map(([k]) => k));
+  const rows = SETTINGS.filter(([k]) => k in settings).concat(Object.keys(settings).filter((k) => !known.has(k)).map((k) => [k]));
+  return h("dl", { class: "settings" }, rows.map(([k, none, kind]) => {
+    const v = settings[k];
+    const text = v === null || v === undefined ? (none || "none")
+      : typeof v === "boolean" ? (v ? "enabled" : "disabled")
+      : kind === "dur" ? fmt.dur(v) : typeof v === "number" ? fmt.n(v) : String(v);
+    return h("div", { "data-setting": k }, h("dt", {}, k), h("dd", { class: v === null ? "muted" : "" }, text));
+  }));
 }
 
 function table(headers, rows, numeric) {
@@ -130,7 +171,7 @@ async function overview(app) {
       card("durable position", fmt.n(j.durable_end)),
       card("commit latency (mean / max)", `${fmt.ms(j.commit_seconds_mean)} / ${fmt.ms(j.commit_seconds_max)}`, true),
       card("group commit (mean)", j.commit_records_mean === null ? "–" : `${fmt.n(j.commit_records_mean)} rec · ${fmt.b(j.commit_bytes_mean)}`, true),
-      card("journal directory", j.directory || "–", true)),
+      card("journal directory", j.directory ? pathText(j.directory) : "–", true, "path")),
     h("div", { class: "grid2" },
       chart("Queue depth (deepest queues)", hist.t, names.map((n) => ({ name: n, values: hist.queues[n].queue_depth }))),
       chart("In flight (leased or awaiting ack)", hist.t, names.map((n) => ({ name: n, values: hist.queues[n].in_flight }))),
@@ -174,9 +215,8 @@ async function queuePage(app, name) {
     h("div", { class: "cards", id: "queue-cards" },
       card("depth", fmt.n(stats.queue_depth)), card("available", fmt.n(stats.available)), card("in flight", fmt.n(stats.in_flight)),
       card("consumers", fmt.n(stats.consumers)), card("inactive", fmt.n(stats.inactive_message_count)),
-      card("oldest unacked", fmt.s(stats.seconds_behind)), card("oldest lease", fmt.s(stats.age_of_oldest_lease)),
-      card("semantics", `${stats.semantics} · ${stats.fairness}`, true), card("underlying topic", stats.underlying_topic, true),
-      card("limits", `MaxBacklog ${stats.max_backlog ?? "∞"} · TargetQueueDepth ${stats.target_queue_depth ?? "∞"}`, true)),
+      card("oldest unacked", fmt.s(stats.seconds_behind)), card("oldest lease", fmt.s(stats.age_of_oldest_lease))),
+    stats.settings ? h("div", { class: "panel", id: "settings" }, h("h2", {}, "Settings"), settingsList(stats.settings)) : null,
     h("div", { class: "grid2" },
       chart("Depth and in flight", hist.t, [{ name: "depth", values: hq.queue_depth }, { name: "in flight", values: hq.in_flight }]),
       chart("Rates, messages/s", hist.t, [{ name: "enqueued", values: rate(hist.t, hq.enqueued) },
@@ -189,14 +229,15 @@ async function queuePage(app, name) {
         input, h("button", { type: "submit" }, "Explain")),
       table(["bookmark", "state", "holder", "lease left", "deliveries", "published", ""],
         details.messages.map((m) => [m.bookmark ?? m.position, m.state, m.holder_client ? `${m.holder_client} (${m.holder})` : m.holder,
-          m.lease_deadline ? fmt.s(Math.max(0, m.lease_deadline - now)) : "", m.deliveries, fmt.t(m.published_at),
+          m.lease_deadline ? fmt.s(Math.max(0, m.lease_deadline - now)) : m.state === "leased" ? "infinite" : "", m.deliveries, fmt.t(m.published_at),
           h("a", { href: `#/explain/${q}/${encodeURIComponent(m.bookmark ?? m.position)}` }, "explain")]), [4]),
       details.messages_truncated ? h("p", { class: "muted" }, "The first 200 available messages are listed.") : null));
 }
 
 async function explainPage(app, name, bookmark) {
   const q = encodeURIComponent(name);
-  const e = await api(`/api/queues/${q}/explain?bookmark=${encodeURIComponent(bookmark)}`);
+  const [tree, e] = await Promise.all([api("/api/summary"), api(`/api/queues/${q}/explain?bookmark=${encodeURIComponent(bookmark)}`)]);
+  setState(tree);
   app.replaceChildren(
     h("h1", {}, "Message ", bookmark, " in ", queueLink(name)),
     h("div", { class: "panel", id: "explanation" },
@@ -204,7 +245,7 @@ async function explainPage(app, name, bookmark) {
       h("p", {}, e.summary),
       e.reasons.length ? h("ul", {}, e.reasons.map((r) => h("li", {}, r))) : null,
       h("div", { class: "cards" }, card("state", e.state), card("deliveries", e.deliveries), card("cancels", e.cancels),
-        card("published", fmt.t(e.published_at)), card("lease deadline", e.lease_deadline ? fmt.t(e.lease_deadline) : "–"),
+        card("published", fmt.t(e.published_at)), card("lease deadline", e.lease_deadline ? fmt.t(e.lease_deadline) : e.state === "leased" ? "none (endless lease)" : "–"),
         card("older messages ahead", fmt.n(e.ahead)))),
     h("div", { class: "panel" }, h("h2", {}, "Subscribers of the queue"),
       table(["subscriber", "client", "filter", "backlog", "verdict", "why"],
