@@ -16,8 +16,8 @@ This module sees nothing of the queue but that state. Rules:
 2. **As replay would leave it.** No lease survives a restart, so a leased message is
    stored as available with its delivery count (``returned``), as a replayed ``Leased``
    would make it; at-most-once deliveries are gone. ``Queue.end_replay`` then applies
-   the limits as after any replay. Counters (statistics) restart at zero, as after a
-   replay.
+   the limits as after any replay. Counters (statistics) count from the start: what
+   the snapshot holds is not counted again, what recovery replays after it is.
 3. **Pages by reference.** A paged-out chunk is stored as ``(offset, count, crc)`` in
    the page file generation ``page_file``; pages are immutable
    (:mod:`conveyor.engine.queue_paging`, rule 2), so the reference stays valid. The
