@@ -238,10 +238,10 @@ class Connection(asyncio.Protocol):
     def _admin_url(self) -> str | None:
         """The admin interface's address as this client can reach it: its own host when it
         listens on every address (0.0.0.0, ::). None without an admin interface."""
-        admin = getattr(self.server, "admin", None)
-        url = getattr(admin, "url", None)
-        if not isinstance(url, str):
+        admin = self.server.admin
+        if admin is None:
             return None
+        url: str = admin.url
         scheme, _, rest = url.partition("://")
         host = rest.rsplit(":", 1)[0].strip("[]")
         if host in ("0.0.0.0", "::", ""):
