@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 from conveyor import errors
@@ -298,48 +298,53 @@ def _persisted_after_interrupt(client, sent: int) -> int:
     return sent - stats.unpersisted - stats.publishes_refused
 
 
+#: How often ``subscribe`` looks at its Ctrl-C flag while no message comes.
+INTERRUPT_POLL_S = 0.2
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
     """Ctrl-C stops at once, sends the acknowledgements made so far, exit code 130."""
     count = 0
-    interrupted = False
     ack_ignored = False
     guard = _InterruptGuard()
     with guard, _client(args) as client:
         sub = client.subscribe(args.topic, filter=args.filter, bookmark=args.bookmark, max_backlog=args.max_backlog)
-        try:
-            while args.count is None or count < args.count:
-                msg = sub.get(timeout=args.timeout)
-                if msg is None:
-                    if sub.error is not None:
-                        raise sub.error  # the subscription ended: an administrator's disconnect, a failure
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while (args.count is None or count < args.count) and not guard.interrupted:
+            wait = INTERRUPT_POLL_S if deadline is None else min(INTERRUPT_POLL_S, max(0.0, deadline - time.monotonic()))
+            msg = sub.get(timeout=wait)
+            if msg is None:
+                if sub.error is not None:
+                    raise sub.error  # the subscription ended: an administrator's disconnect, a failure
+                if sub.ended or (deadline is not None and time.monotonic() >= deadline):
                     break
-                count += 1
-                line = msg.data.decode(errors="replace")
-                with guard.holding():  # a message printed is a message acknowledged
-                    print(f"{msg.bookmark}\t{line}" if args.show_bookmarks else line, flush=True)
-                    if args.ack and msg.is_queue_message:
-                        msg.ack()
-                    elif args.ack and not ack_ignored:
-                        ack_ignored = True
-                        why = "a replay (--bookmark) has no queue semantics" if args.bookmark is not None \
-                            else f"{args.topic!r} is a topic, not a queue"
-                        print(f"conveyor subscribe: --ack has no effect: {why}, so its messages take no "
-                              "acknowledgement", file=sys.stderr, flush=True)
-        except KeyboardInterrupt:
-            interrupted = True
+                continue
+            count += 1
+            line = msg.data.decode(errors="replace")
+            # a message printed is a message acknowledged: Ctrl-C is only looked at between messages
+            print(f"{msg.bookmark}\t{line}" if args.show_bookmarks else line, flush=True)
+            if args.ack and msg.is_queue_message:
+                msg.ack()
+            elif args.ack and not ack_ignored:
+                ack_ignored = True
+                why = "a replay (--bookmark) has no queue semantics" if args.bookmark is not None \
+                    else f"{args.topic!r} is a topic, not a queue"
+                print(f"conveyor subscribe: --ack has no effect: {why}, so its messages take no "
+                      "acknowledgement", file=sys.stderr, flush=True)
         client.flush()
-    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+    return EXIT_INTERRUPTED if guard.interrupted else EXIT_OK
 
 
 class _InterruptGuard:
-    """While installed (``with guard:``), a Ctrl-C that comes inside ``holding()`` is
-    held back until the block ends, then raised: ``subscribe`` never prints a message
-    without acknowledging it, nor the reverse. Where SIGINT is not Python's default
-    (ignored, as under nohup), nothing changes."""
+    """While installed (``with guard:``), a Ctrl-C sets :attr:`interrupted`, which
+    ``subscribe`` reads between messages, instead of raising KeyboardInterrupt wherever
+    the main thread happens to be: raised inside the client library (a lock, a command
+    waiting for its reply) it could leave the client unable to flush its
+    acknowledgements. A second Ctrl-C raises at once (the user insists). Where SIGINT
+    is not Python's default (ignored, as under nohup), nothing changes."""
 
     def __init__(self) -> None:
-        self._held = False
-        self._pending = False
+        self.interrupted = False
         self._previous = None
 
     def __enter__(self) -> "_InterruptGuard":
@@ -353,21 +358,9 @@ class _InterruptGuard:
             self._previous = None
 
     def _on_sigint(self, signum, frame) -> None:
-        if self._held:
-            self._pending = True
-            return
-        raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def holding(self):
-        self._held = True
-        try:
-            yield
-        finally:
-            self._held = False
-        if self._pending:
-            self._pending = False
+        if self.interrupted:
             raise KeyboardInterrupt
+        self.interrupted = True
 
 
 def cmd_sow(args: argparse.Namespace) -> int:

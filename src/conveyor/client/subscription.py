@@ -282,6 +282,11 @@ class SubscriptionBase:
         """Why the subscription ended, if the server refused to resume it."""
         return self.state.error
 
+    @property
+    def ended(self) -> bool:
+        """The subscription has ended and its buffer is read: ``get`` returns None at once."""
+        return self._ended
+
     def put(self, item: Any) -> None:
         """Buffer a message (or :data:`END`) for the application. Called by the client,
         on its loop; the face implements it."""
