@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -198,3 +200,20 @@ def wait_checkpoint(journal: Path, since: tuple[int, int] | None, timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"no checkpoint in {journal} within {timeout} s")
         time.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def in_process_server(config, *, stop_seconds: float = 30.0):
+    """A :class:`~conveyor.server.server.Server` serving ``config`` in this event loop
+    (for a test that patches the server module or reads its state), stopped on exit."""
+    from conveyor.server.server import Server
+
+    srv = Server(config)
+    await srv.start()
+    stop = asyncio.Event()
+    serving = asyncio.create_task(srv.run_until(stop))
+    try:
+        yield srv
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, stop_seconds)

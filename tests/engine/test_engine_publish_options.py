@@ -47,12 +47,16 @@ def test_publish_expiration_of_a_leased_message_waits_for_the_lease():
     assert h.messages(w) == [] and h.stats("Q").queue_depth == 0 and h.stats("Q").expired == 1
 
 
-def test_publish_expiration_travels_in_the_journal_across_a_restart():
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_publish_expiration_travels_in_the_journal_across_a_restart(snapshot):
+    """Replayed from the journal, or restored from a queue snapshot (which keeps it)."""
     h = one_queue()
     pub = h.connect("pub")
     h.publish(pub, "Work", {"i": 0}, expiration=60.0)
     h.publish(pub, "Work", {"i": 1})
     h.commit()
+    if snapshot:
+        h.checkpoint()
     h.crash()
     h.advance(61.0)
     w = worker(h, "w", options="max_backlog=5")
@@ -111,19 +115,6 @@ def test_expirations_survive_a_restart_from_a_checkpoint(snapshots):
     h.crash()
     h.advance(50.0)
     assert h.stats("Q").queue_depth == 0
-
-
-def test_publish_expiration_of_a_message_without_queue_expiration_survives_a_snapshot():
-    h = one_queue()
-    pub = h.connect("pub")
-    h.publish(pub, "Work", {"i": 0}, expiration=30.0)
-    h.publish(pub, "Work", {"i": 1})
-    h.commit()
-    h.checkpoint()
-    h.crash()
-    h.advance(30.0)
-    w = worker(h, "w", options="max_backlog=5")
-    assert items(h.messages(w)) == [1]
 
 
 def test_publish_expiration_zero_means_never():

@@ -147,7 +147,7 @@ def test_a_message_the_server_cannot_encode_is_left_out_and_the_rest_go_out(tmp_
     from conveyor.engine import poison
     from conveyor.protocol import MessageDecoder
     from conveyor.server import server as server_module
-    from tests.serverproc import write_config
+    from tests.serverproc import in_process_server, write_config
 
     real_frames, real_frame = server_module.encode_frames, server_module.encode_frame
 
@@ -164,11 +164,7 @@ def test_a_message_the_server_cannot_encode_is_left_out_and_the_rest_go_out(tmp_
     config = load_file(write_config(tmp_path, recorded="t"))
 
     async def scenario() -> list:
-        srv = server_module.Server(config)
-        await srv.start()
-        stop = asyncio.Event()
-        serving = asyncio.create_task(srv.run_until(stop))
-        try:
+        async with in_process_server(config, stop_seconds=READ_SECONDS_MAX) as srv:
             reader, writer = await asyncio.open_connection("127.0.0.1", srv.ports[0])
             writer.write(encode_frame([m.Logon(client_name="sub", cid="logon", ack_type="processed"),
                                        m.Subscribe(topic="t", sub_id="s", cid="s", ack_type="processed")]))
@@ -192,9 +188,6 @@ def test_a_message_the_server_cannot_encode_is_left_out_and_the_rest_go_out(tmp_
             writer.close()
             pub.close()
             return got
-        finally:
-            stop.set()
-            await asyncio.wait_for(serving, READ_SECONDS_MAX)
 
     with caplog.at_level(logging.WARNING, "conveyor.engine"):
         got = asyncio.run(scenario())

@@ -26,7 +26,7 @@ import pytest
 
 from conveyor.protocol import MessageDecoder, encode_frame
 from conveyor.protocol import messages as m
-from tests.serverproc import write_config
+from tests.serverproc import in_process_server, write_config
 
 QUEUES = """
 <Queue><Name>q</Name><MessageType>json</MessageType><UnderlyingTopic>t</UnderlyingTopic></Queue>
@@ -198,11 +198,7 @@ def test_a_client_that_stops_reading_its_query_is_cut_after_the_stall_limit(tmp_
     config = load_file(write_config(tmp_path, queues=QUEUES, limits=BUDGET))
 
     async def scenario() -> None:
-        srv = server_module.Server(config)
-        await srv.start()
-        stop = asyncio.Event()
-        serving = asyncio.create_task(srv.run_until(stop))
-        try:
+        async with in_process_server(config) as srv:
             await asyncio.to_thread(publish, srv.ports[0], "t", 50_000)
             sleeper = socket.create_connection(("127.0.0.1", srv.ports[0]))
             sleeper.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -226,9 +222,6 @@ def test_a_client_that_stops_reading_its_query_is_cut_after_the_stall_limit(tmp_
             assert not any(srv.engine.querying(c) for c in srv.connections)
             sleeper.close()
             slow.close()
-        finally:
-            stop.set()
-            await asyncio.wait_for(serving, 30)
 
     with caplog.at_level(logging.WARNING, "conveyor.server"):
         asyncio.run(scenario())

@@ -106,7 +106,7 @@ def _port_origins(args: argparse.Namespace, config) -> dict[str, tuple[str, str]
     path -> (the option that sets it, where it came from), so that a port that cannot be
     used is told in the words the user chose it in (``--port 9007``, the default)."""
     from conveyor.config.model import Transport
-    from conveyor.server.server import ADMIN_LISTEN_PATH, listen_path
+    from conveyor.server.startup import ADMIN_LISTEN_PATH, listen_path
 
     origins = {}
     first = (config.transports or (Transport(name="default"),))[0]

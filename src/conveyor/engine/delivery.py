@@ -85,10 +85,10 @@ class QueueDelivery:
     def __init__(
         self, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,
         publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
-        entitled: Callable[[int, str], bool] | None = None, queries: Queries | None = None,
+        entitled: Callable[[int, str], bool] | None = None, *, queries: Queries,
     ) -> None:
         self._bindings = bindings
-        self._queries = queries if queries is not None else Queries(outbox)  # rule 7
+        self._queries = queries  # rule 7: results on their way, pumped by the engine
         self._journal = journal
         self._cache = cache
         self._outbox = outbox

@@ -156,11 +156,11 @@ class AggregatedSubscription:
 
 class StateOfTheWorld:
     def __init__(self, config: Config, journal: JournalPort, cache: MessageCache, outbox: Outbox, publishes: PublishLog,
-                 bindings: QueueBindings, budget: FilterBudget | None = None, queries: Queries | None = None) -> None:
+                 bindings: QueueBindings, budget: FilterBudget | None = None, *, queries: Queries) -> None:
         self._journal = journal
         self._cache = cache
         self._outbox = outbox
-        self._queries = queries if queries is not None else Queries(outbox, budget)  # rule 10
+        self._queries = queries  # rule 10: results on their way, pumped by the engine
         # Rule 10: the updates of a sow_and_subscribe whose query is on its way, held
         # until its group_end, and what they weigh (bounded by Limits/OutputBudget).
         self._held: dict[RecordSubscription, _Held] = {}
@@ -657,27 +657,13 @@ class StateOfTheWorld:
             self._outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, query_id=qid, records_returned=returned,
                                              matches=hits, topic_matches=examined))
 
-    def _rows(self, topic: str, sow_keys: str | None, now: float) -> list[tuple[Any, Entry]]:
-        """(key, record) of every current record of a SOW topic or view (``sow_keys``:
-        only those)."""
+    def _rows(self, topic: str, now: float) -> list[tuple[Any, Entry]]:
+        """(key, record) of every current record of a SOW topic or view."""
         self._render(topic, now)
         if topic in self.topics:
-            st = self.topics[topic]
             load = self._cache.get
-            if sow_keys:
-                keys = [st.parse_key(t.strip()) for t in sow_keys.split(",") if t.strip()]
-                return [(k, load(st.records[k])) for k in dict.fromkeys(keys) if k is not None and k in st.records]
-            return [(k, load(p)) for k, p in st.items()]
-        view = self.views[topic]
-        if sow_keys:
-            wanted = []
-            for t in sow_keys.split(","):
-                try:
-                    wanted.append(int(t.strip()))
-                except ValueError:
-                    continue
-            return [(k, view.records[k]) for k in dict.fromkeys(wanted) if k in view.records]
-        return list(view.records.items())
+            return [(k, load(p)) for k, p in self.topics[topic].items()]
+        return list(self.views[topic].records.items())
 
     # --- sow_delete (rule 3) -------------------------------------------------------------------------
 
@@ -708,7 +694,7 @@ class StateOfTheWorld:
                     victims.append((key, position))
         else:
             if cmd.sow_keys:
-                keys = [st.parse_key(t.strip()) for t in cmd.sow_keys.split(",") if t.strip()]
+                keys = _topic_keys(st, cmd.sow_keys)
             else:
                 assert cmd.data is not None  # the one form given (checked above)
                 try:
@@ -817,7 +803,7 @@ class StateOfTheWorld:
         held.filter = flt
         if not query:
             return
-        for key, entry in self._rows(sub.topic, None, now):
+        for key, entry in self._rows(sub.topic, now):
             now_in = sub.matches(entry, None, now)
             was_in = key in sub.seen if sub.oof else (old_flt is None or poison.matches(old_flt, entry, None, now))
             if now_in and not was_in:
@@ -952,8 +938,7 @@ def _query_rows(st: SowTopic | None, view: View | None, cache: MessageCache, sow
     if st is not None:
         load = _reader(cache)
         if sow_keys:
-            keys = [st.parse_key(t.strip()) for t in sow_keys.split(",") if t.strip()]
-            chosen = [(k, st.records[k]) for k in dict.fromkeys(keys) if k is not None and k in st.records]
+            chosen = [(k, st.records[k]) for k in dict.fromkeys(_topic_keys(st, sow_keys)) if k is not None and k in st.records]
             return Snapshot(chosen, frozen_keyed_positions), load
         return Snapshot(st.items(), frozen_keyed_positions), load
     assert view is not None  # the caller checked the name
@@ -963,9 +948,14 @@ def _query_rows(st: SowTopic | None, view: View | None, cache: MessageCache, sow
             try:
                 wanted.append(int(t.strip()))
             except ValueError:
-                continue
+                continue  # a view's keys are numbers: a word names no record
         return Snapshot([(k, view.records[k]) for k in dict.fromkeys(wanted) if k in view.records]), _same
     return Snapshot(iter(view.records.items()), frozen_references), _same
+
+
+def _topic_keys(st: SowTopic, sow_keys: str) -> list[Any]:
+    """The keys a ``sow_keys`` option names on SOW topic ``st`` (None where one does not parse)."""
+    return [st.parse_key(t.strip()) for t in sow_keys.split(",") if t.strip()]
 
 
 def _reader(cache: MessageCache) -> Callable[[int], Entry]:
