@@ -98,6 +98,10 @@ MUTANTS = (
            "queue.py",
            "if position in leases.leased:\n            return _LEASED\n        if position in leases.consumed:",
            "if False:\n            return _LEASED\n        if position in leases.consumed:"),
+    Mutant("M22", "Replica", "an identity not forgotten on ack (the replica part misses acknowledgements)",
+           "queue_state.py",
+           "GONE = frozenset({S.ACKNOWLEDGED, S.EXPIRED, S.CONSUMED})",
+           "GONE = frozenset({S.EXPIRED, S.CONSUMED})"),
 )
 
 #: Runs one simulation in the mutated copy, seed by seed from 0: the first failing seed

@@ -311,14 +311,14 @@ class Sim:
 def queue_image(h: Harness) -> dict:
     """WorkQ on node ``h``, as a restart must leave it whether or not it had a snapshot."""
     q = h.engine.queues["WorkQ"]
-    own = h.engine.replicated_queues.by_queue["WorkQ"]
+    replica = q.replica
     rows = q.details().messages
     return {
         "available": list(q.available()),
-        "owners": {r.position: q.owner_of(r.position) for r in rows},
+        "owners": {r.position: replica.owner_of(r.position) for r in rows},
         "deliveries": {r.position: r.deliveries for r in rows if r.deliveries},
         "cancels": {r.position: r.cancels for r in rows if r.cancels},
-        "identities": {p: own.ident(p) for p in sorted(r.position for r in rows)},
+        "identities": {p: replica.ident(p) for p in sorted(r.position for r in rows)},
         # not the last position: a message whose removal came first (a tombstone) never
         # entered the queue live, nor after a snapshot; a full replay that starts after
         # that removal lets it in, then removes it again

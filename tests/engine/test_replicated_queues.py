@@ -422,7 +422,7 @@ def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch,
     c.restart("B")
     assert b.recovered < 20  # the two publishes after the snapshot, and little else
     q = c.nodes["B"].engine.queues["WorkQ"]
-    assert q.statistics().elsewhere == 22 and {q.owner_of(r.position) for r in q.details().messages} == {"A"}
+    assert q.statistics().elsewhere == 22 and {q.replica.owner_of(r.position) for r in q.details().messages} == {"A"}
     c.connect_all()
     conn = worker(c, "B", backlog=50)
     c.advance(WAIT_DEFAULT_S + 0.1)

@@ -541,10 +541,10 @@ class NamedConsumers:
                               "up to %d: not recorded (a failover here cannot continue them)",
                               rec.consumer, rec.queue, rec.n, rec.origin, c.d if c is not None else 0)
                 return None
-            own = binding.ownership
+            replica = binding.queue.replica
             positions: list[int] = []
             for ident in zip(rec.publishers, rec.seqs):
-                p = own.position_recorded(ident)
+                p = replica.position_recorded(ident)
                 if p is None and pending is not None:
                     p = pending(*ident)
                 if p is None:

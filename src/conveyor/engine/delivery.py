@@ -231,8 +231,6 @@ class QueueDelivery:
     def _deliver(self, binding: QueueBinding, deliveries: list[Delivery], now: float) -> None:
         if self.on_dispatch is not None:
             self.on_dispatch(binding, deliveries, now)
-        if binding.ownership is not None:
-            binding.ownership.gone([d.event for d in deliveries])
         if any(d.barrier for d in deliveries):
             self._deliver_with_barriers(binding, deliveries)
             return
@@ -327,8 +325,6 @@ class QueueDelivery:
         """Journal the queue's events: one record per kind, each expiry with its dead letters."""
         if not events:
             return
-        if binding.ownership is not None:
-            binding.ownership.gone(events)
         groups, expired = queue_journal.batch(events)
         for ev in expired:
             self._journal_expiry(binding, ev, now)

@@ -64,7 +64,7 @@ from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine import queue_snapshot
 from conveyor.engine.queue import Event, Queue
-from conveyor.engine.queue_events import Acknowledged, BarrierDelivered, DeliveredAtMostOnce, Expired
+from conveyor.engine.queue_replica import Ident
 from conveyor.engine.ports import JournalPort
 
 if TYPE_CHECKING:
@@ -72,8 +72,6 @@ if TYPE_CHECKING:
     from conveyor.engine.cache import MessageCache
     from conveyor.engine.delivery import QueueDelivery
     from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
-
-_GONE = (Acknowledged, Expired, DeliveredAtMostOnce, BarrierDelivered)
 
 log = logging.getLogger("conveyor.replication")
 
@@ -84,12 +82,6 @@ REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over
 REQUESTS_PER_ROOM = 16  # messages asked for or granted and waiting here, per backlog slot
 REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many: a grant takes a round trip
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
-#: Messages that left the queue whose position is still found by identity, per queue:
-#: a named consumer's replicated lease may name one acknowledged here first (a query
-#: that failed over after an acknowledgement had not reached the other instance).
-LEFT_MAX = 10_000
-
-Ident = tuple[int, int]  # (publisher, seq)
 #: The records of a replicated queue's ownership that replication carries (rules 3-5).
 QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
 #: One queue's tombstones and transfers as a checkpoint and a snapshot keep them: JSON
@@ -109,25 +101,23 @@ class OwnershipStats(msgspec.Struct, frozen=True):
 
 
 class QueueOwnership:
-    """Rules 1-8 for one replicated queue on this instance."""
+    """Rules 1-8 for one replicated queue on this instance: the policy. The state of
+    each message in the queue here (identity, owner, epoch, this instance's request) is
+    the queue's replica part (``engine/queue_replica.py``), which the queue's own
+    transitions keep; this part holds only what is not about a message here: tombstones,
+    the arrival-to-ack samples, the counters."""
 
     def __init__(self, instance: str, queue: Queue, *, kind: QueueKind, initial_owner: str | None,
                  deferred_ack_expiration_s: float = DEFERRED_ACK_EXPIRATION_S_DEFAULT) -> None:
         self.instance = instance
         self._tombstone_s = deferred_ack_expiration_s
         self.queue = queue
+        self._replica = queue.replica
         self.name = queue.name
         self._group_local = kind is QueueKind.GROUP_LOCAL
         self._initial_owner = initial_owner
         self.proxied = False
-        self._positions: dict[Ident, int] = {}  # messages in the queue here, by identity
-        self._idents: dict[int, Ident] = {}
-        self._epochs: dict[Ident, tuple[int, str, str]] = {}  # (epoch, owner, granter) after a transfer
         self._tombstones: OrderedDict[Ident, tuple[str, float]] = OrderedDict()  # (kind, when), oldest first
-        self._left: OrderedDict[Ident, int] = OrderedDict()  # LEFT_MAX recent leavers' positions, oldest first
-        # (when, attempt) of our last request, in the order asked. An OrderedDict: the
-        # oldest leave first, and a dict would step over their empty slots to the first.
-        self._requested: OrderedDict[Ident, tuple[float, int]] = OrderedDict()
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
         self._freed_seen = 0  # queue.slots_freed when requests() last looked
@@ -144,19 +134,16 @@ class QueueOwnership:
         owner = (self._initial_owner or self.instance) if self._group_local else (origin or self.instance)
         return None if owner == self.instance else owner
 
-    def entering(self, ident: Ident, position: int, origin: str, barrier: bool,
-                 now: float) -> tuple[bool, str | None]:
+    def entering(self, ident: Ident, origin: str, barrier: bool, now: float) -> tuple[bool, str | None]:
         """Whether a message enters (False: removed elsewhere already, rule 3) and its
         owner (None: this instance). ``now``: when it arrived here."""
         self._trim_tombstones(now)
         if self._tombstones.pop(ident, None) is not None:
             return False, None
         owner = self.owner_for(origin, barrier)
-        transferred = self._epochs.get(ident)
+        transferred = self._replica.epoch(ident)
         if transferred is not None and not barrier:
             owner = None if transferred[1] == self.instance else transferred[1]
-        self._positions[ident] = position
-        self._idents[position] = ident
         return True, owner
 
     def _trim_tombstones(self, now: float) -> None:
@@ -170,53 +157,22 @@ class QueueOwnership:
             del tombstones[ident]
 
     @property
-    def size(self) -> int:
-        """Messages in the queue here whose identity this part keeps."""
-        return len(self._idents)
-
-    @property
     def tombstone_count(self) -> int:
         return len(self._tombstones)
-
-    def position(self, ident: Ident) -> int | None:
-        return self._positions.get(ident)
-
-    def position_recorded(self, ident: Ident) -> int | None:
-        """Where the message is in the journal here: in the queue, or among the recent
-        :data:`LEFT_MAX` that left it (None: unknown)."""
-        position = self._positions.get(ident)
-        return position if position is not None else self._left.get(ident)
 
     def owned_here(self) -> list[Ident]:
         """The messages in the queue here that this instance owns (not ELSEWHERE): for
         checks that at most one instance owns a message."""
-        queue = self.queue
-        return [ident for ident, position in self._positions.items()
-                if queue.owner_of(position) is None and queue.state_of(position).value != "absent"]
-
-    def ident(self, position: int) -> Ident | None:
-        return self._idents.get(position)
-
-    def gone(self, events: list[Event]) -> None:
-        """The queue's events: forget the identity of every message that left."""
-        for ev in events:
-            if isinstance(ev, _GONE):
-                ident = self._idents.pop(ev.position, None)
-                if ident is not None:
-                    self._positions.pop(ident, None)
-                    left = self._left
-                    left[ident] = ev.position
-                    if len(left) > LEFT_MAX:
-                        left.popitem(last=False)
-                    self._requested.pop(ident, None)
-                    self._epochs.pop(ident, None)
+        queue, replica = self.queue, self._replica
+        return [ident for ident, position in replica.identities()
+                if replica.owner_of(position) is None and queue.state_of(position).value != "absent"]
 
     # --- rule 3 ----------------------------------------------------------------------------------
 
     def removed(self, ident: Ident, kind: str, now: float) -> list[Event] | None:
         """A replicated removal: the queue's events (None: unknown here, tombstoned; []:
         nothing to do)."""
-        position = self._positions.get(ident)
+        position = self._replica.position(ident)
         if position is None:
             self._trim_tombstones(now)
             self._tombstones[ident] = (kind, now)
@@ -224,12 +180,11 @@ class QueueOwnership:
             if len(self._tombstones) > TOMBSTONES_MAX:
                 self._tombstones.popitem(last=False)
             return None
-        arrived = self.queue.arrival_of(position)
+        arrived = self._replica.arrival_of(position)
         events = self.queue.remove_replicated(position, kind, now)
         if arrived is not None and events and kind == "ack":
             self._latency.append(max(0.0, now - arrived))
             self._wait = None
-        self.gone(events)
         return events
 
     # --- rules 4-6 -----------------------------------------------------------------------------------
@@ -255,8 +210,8 @@ class QueueOwnership:
         :data:`REQUESTS_IN_FLIGHT_MIN`) counting the requests in flight and the granted
         messages still waiting here: the next grants are under way before those run
         out, so the round trip of a grant does not leave subscribers idle."""
-        queue = self.queue
-        if not queue.elsewhere_count():
+        queue, replica = self.queue, self._replica
+        if not replica:
             self.next_scan = None
             return None, None
         if now - self._scanned < REQUEST_SCAN_S:
@@ -273,17 +228,16 @@ class QueueOwnership:
         wait = self.typical_wait()
         retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
         target = max(queue.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
-        room = target - len(self._requested) - queue.available_here()
+        room = target - replica.requests_in_flight() - queue.available_here()
         if room <= 0:
-            if free and self._requested:  # all asked: look again when the oldest unanswered is due again
-                self.next_scan = next(iter(self._requested.values()))[0] + retry
+            oldest = replica.oldest_request()
+            if free and oldest is not None:  # all asked: look again when the oldest unanswered is due again
+                self.next_scan = oldest + retry
             return None, None
         asks: list[Ident] = []
         attempts: list[int] = []
         asked: list[int] = []  # positions asked for the first time
         claims: list[tuple[Ident, int]] = []
-        due: float | None = None  # the earliest moment a message skipped now becomes askable
-        idents, positions, requested = self._idents, self._positions, self._requested
         reach: dict[str, bool] = {}  # reachable() per owner, once a look
 
         def askable(position: int, owner: str) -> bool:
@@ -295,36 +249,33 @@ class QueueOwnership:
             if up is None:
                 up = reach[owner] = reachable(owner)
             if not up and self.proxied:
-                claims.append((idents[position], position))
+                ident = replica.ident(position)
+                assert ident is not None  # in the queue here
+                claims.append((ident, position))
             return up
 
         # Requests in flight, oldest first: those unanswered for ``retry`` are asked again.
-        again: list[tuple[Ident, int]] = []
+        # ``due``: the earliest moment a message skipped now becomes askable.
+        again, due = replica.requests_due(now, retry)
         ident: Ident | None
-        for ident, (when, attempt) in requested.items():
-            if now - when < retry:
-                due = when + retry
-                break
-            again.append((ident, attempt))
         for ident, attempt in again:
             if len(asks) + len(claims) >= room:
                 due = now + REQUEST_SCAN_S
                 break
-            position = positions.get(ident)
-            owner = queue.owner_of(position) if position is not None else None
-            if owner is None:  # it left, or came here: nothing more to ask
-                del requested[ident]
+            position = replica.position(ident)
+            owner = replica.owner_of(position) if position is not None else None
+            if owner is None:  # it came here: nothing more to ask
+                replica.answered(ident)
                 continue
             assert position is not None  # it has an owner
             if askable(position, owner):
-                requested[ident] = (now, attempt + 1)
-                requested.move_to_end(ident)  # the order of when each was asked
+                replica.requested(ident, now, attempt + 1)  # the order of when each was asked
                 asks.append(ident)
                 attempts.append(attempt + 1)
         # Then the messages never asked for, in the order they came: the first too recent
         # to ask for ends the look (those after it came later).
         if len(asks) + len(claims) < room:
-            for position, away in queue.elsewhere_unasked():
+            for position, away in replica.unasked():
                 if len(asks) + len(claims) >= room:
                     due = now + REQUEST_SCAN_S
                     break
@@ -332,14 +283,14 @@ class QueueOwnership:
                 if now - arrived < wait:
                     due = arrived + wait if due is None else min(due, arrived + wait)
                     break
-                ident = idents.get(position)
+                ident = replica.ident(position)
                 if ident is None or not askable(position, away.owner):
                     continue
-                requested[ident] = (now, 1)
+                replica.requested(ident, now, 1)
                 asks.append(ident)
                 attempts.append(1)
                 asked.append(position)
-            queue.asked(asked)
+            replica.asked(asked)
         self.requests_sent += len(asks)
         self.proxied_claims += len(claims)
         self.next_scan = due
@@ -357,16 +308,17 @@ class QueueOwnership:
         none. ``held()``: positions to leave alone (deliveries of a named consumer not yet
         acknowledged: the owner leased them, and their query reads them again), asked
         only when there may be something to claim."""
-        if not self.proxied or not self.queue.elsewhere_count():
+        replica = self._replica
+        if not self.proxied or not replica:
             return None
         held_positions = held()
         claims: list[tuple[Ident, int]] = []
-        for position, away in self.queue.elsewhere():
+        for position, away in replica.in_arrival_order():
             if n is not None and len(claims) >= n:
                 break
             if position >= upto or position in held_positions or reachable(away.owner):
                 continue
-            ident = self._idents.get(position)
+            ident = replica.ident(position)
             if ident is not None:
                 claims.append((ident, position))
         return self._transfer(claims, self.instance, proxied=True) if claims else None
@@ -379,16 +331,16 @@ class QueueOwnership:
         request travels on for them)."""
         if rec.requester == self.instance:
             return [], []
-        queue = self.queue
+        queue, replica = self.queue, self._replica
         ours: list[tuple[Ident, int]] = []
         proxied: list[tuple[Ident, int]] = []
         onward: list[int] = []
         for i, ident in enumerate(zip(rec.publishers, rec.seqs)):
-            position = self._positions.get(ident)
+            position = replica.position(ident)
             if position is None:
                 onward.append(i)  # not here (yet, or any more): another instance may own it
                 continue
-            owner = queue.owner_of(position)
+            owner = replica.owner_of(position)
             if owner is None:
                 if queue.state_of(position).value != "available" or queue.can_deliver_locally(position, now):
                     continue  # leased here, or a subscriber here takes it: no grant
@@ -404,7 +356,7 @@ class QueueOwnership:
     def _transfer(self, messages: list[tuple[Ident, int]], to: str, *, proxied: bool) -> records.TransferRec:
         epochs, deliveries, cancels = [], [], []
         for ident, position in messages:
-            epochs.append(self._epochs.get(ident, (0, "", ""))[0] + 1)
+            epochs.append((self._replica.epoch(ident) or (0, "", ""))[0] + 1)
             d, c = self.queue.counts_of(position)
             deliveries.append(d)
             cancels.append(c)
@@ -416,18 +368,18 @@ class QueueOwnership:
         False when an earlier or equal one already won for every one of them."""
         applied = False
         owner, granter, mine = rec.owner, rec.granter, rec.owner == self.instance
-        queue = self.queue
+        queue, replica = self.queue, self._replica
         for ident, epoch, deliveries, cancels in zip(zip(rec.publishers, rec.seqs), rec.epochs, rec.deliveries,
                                                      rec.cancels):
-            current = self._epochs.get(ident)
+            current = replica.epoch(ident)
             if current is not None and not (epoch > current[0] or (epoch == current[0] and granter < current[2])):
                 continue
             applied = True
-            self._epochs[ident] = (epoch, owner, granter)
-            position = self._positions.get(ident)
+            replica.set_epoch(ident, (epoch, owner, granter))
+            position = replica.position(ident)
             if position is None:
                 continue  # the message has not arrived here yet: it enters owned by ``owner``
-            self._requested.pop(ident, None)
+            replica.answered(ident)
             if mine:
                 queue.transfer_in(position, now, deliveries=deliveries, cancels=cancels)
             else:
@@ -436,10 +388,10 @@ class QueueOwnership:
 
     def conflict(self, ident: Ident, other_origin: str, now: float) -> records.TransferRec | None:
         """Rule 7: a copy of a message this instance recorded arrived from another origin."""
-        position = self._positions.get(ident)
-        if position is None or self._group_local or ident in self._epochs:
+        position = self._replica.position(ident)
+        if position is None or self._group_local or self._replica.epoch(ident) is not None:
             return None
-        mine = self.queue.owner_of(position) or self.instance
+        mine = self._replica.owner_of(position) or self.instance
         winner = min(mine, other_origin)
         if winner == mine:
             return None
@@ -450,18 +402,12 @@ class QueueOwnership:
         return records.TransferRec(self.name, [ident[0]], [ident[1]], winner, self.instance, [1], [deliveries],
                                    [cancels])
 
-    def settle_after_recovery(self) -> None:
-        """Recovery replayed removals without events: forget identities that left."""
-        gone = [p for p in self._idents if self.queue.state_of(p).value == "absent"]
-        for p in gone:
-            self._positions.pop(self._idents.pop(p), None)
-
     # --- checkpoints and statistics -------------------------------------------------------------
 
     def export_state(self) -> OwnershipState:
         return {
             "tombstones": [[p, s, k, t] for (p, s), (k, t) in self._tombstones.items()],
-            "epochs": [[p, s, e, o, g] for (p, s), (e, o, g) in self._epochs.items()],
+            "epochs": [[p, s, e, o, g] for (p, s), (e, o, g) in self._replica.epochs()],
         }
 
     def snapshot_fields(self) -> dict[str, object]:
@@ -470,8 +416,8 @@ class QueueOwnership:
         the recent leavers."""
         return {
             "replicated": True,
-            "idents": queue_snapshot.columns(self._idents.keys(), self._idents.values()),
-            "left": queue_snapshot.columns(self._left.values(), self._left.keys()),
+            "idents": queue_snapshot.columns(*self._replica.idents_by_position()),
+            "left": queue_snapshot.columns(*self._replica.leavers()),
             # the checkpoint file has these too, but may be older than the snapshot file
             "ownership": self.export_state(),
         }
@@ -480,10 +426,8 @@ class QueueOwnership:
         """Take the state :meth:`snapshot_fields` gave, after the queue restored its own
         and the checkpoint's ownership state was restored (:meth:`restore`)."""
         positions, idents = queue_snapshot.triples(snap.idents)
-        self._idents.update(zip(positions, idents))
-        self._positions.update(zip(idents, positions))
-        positions, idents = queue_snapshot.triples(snap.left)
-        self._left.update(zip(idents, positions))
+        left_positions, left_idents = queue_snapshot.triples(snap.left)
+        self._replica.restore_identities(positions, idents, left_positions, left_idents)
         self.restore(snap.ownership, now)
 
     def restore(self, state: OwnershipState, now: float) -> None:
@@ -499,10 +443,11 @@ class QueueOwnership:
                 tombstones[(p, s)] = (k, t)
         if tombstones:  # oldest first again (rule 3's trim reads them in that order)
             self._tombstones = OrderedDict(sorted(tombstones.items(), key=lambda item: item[1][1]))
+        replica = self._replica
         for p, s, e, o, g in state.get("epochs", ()):
-            current = self._epochs.get((p, s))
+            current = replica.epoch((p, s))
             if current is None or e > current[0] or (e == current[0] and g < current[2]):
-                self._epochs[(p, s)] = (e, o, g)
+                replica.set_epoch((p, s), (e, o, g))
 
     def statistics(self) -> OwnershipStats:
         return OwnershipStats(self.name, self.proxied, self.requests_sent, self.grants, self.proxied_claims,

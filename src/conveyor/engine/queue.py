@@ -92,8 +92,10 @@ state is derived from the part that holds the message, and checked under
 - :class:`~conveyor.engine.queue_seats.Seats`: the consumers, fairness and the filtered
   consumers' cursors;
 - :class:`~conveyor.engine.queue_window.ActiveWindow`: TargetQueueDepth;
-- :class:`~conveyor.engine.queue_elsewhere.Elsewhere`: in a replicated queue, the
-  messages another instance owns (rule 11);
+- :class:`~conveyor.engine.queue_replica.Replica`: in a replicated queue, each
+  message's identity, the messages another instance owns, transfer epochs and this
+  instance's requests (rule 11); fed by the transition table (every move out of the
+  queue for good), so the engine keeps no second map in step;
 - :class:`~conveyor.engine.queue_recovery.QueueReplayer`: the replay verbs.
 
 A snapshot (FileBackedMetadata) goes through :meth:`export_state` and
@@ -125,7 +127,7 @@ from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine import queue_snapshot
 from conveyor.engine.explain import AHEAD_COUNT_MAX, MessageFacts, SeatFacts
 from conveyor.engine.queue_consumer import Consumer, effective_backlog
-from conveyor.engine.queue_elsewhere import Away, Elsewhere
+from conveyor.engine.queue_replica import Ident, Replica
 from conveyor.engine.queue_expiry import MessageExpiry
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue_events import (
@@ -326,10 +328,13 @@ class Queue:
         start: int = 0,
         chunk_slots: int | None = None,
         budget: FilterBudget | None = None,
+        replicated: bool = False,
     ) -> None:
         """``start``: the recovery point replay begins at (every message below it is done).
         ``chunk_slots``: messages per chunk of the store (``queue_store.CHUNK_SLOTS``).
-        ``budget``: the turn's filter budget (rule 12); None: unbounded."""
+        ``budget``: the turn's filter budget (rule 12); None: unbounded. ``replicated``:
+        a replicated queue (rule 11): its replica part learns of every message that
+        leaves."""
         check_config(config)
         self.config = config
         self._load = load
@@ -361,7 +366,9 @@ class Queue:
             max_deliveries=config.max_deliveries,
         )
         self._window = ActiveWindow(self._target, start)
-        self._elsewhere = Elsewhere()
+        self._replica = Replica()
+        if replicated:
+            self._transitions.on_leave(self._replica.left)
         self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
         self._replay = QueueReplayer(
             config.name, at_least_once=self._at_least_once, state_of=self.state_of,
@@ -402,6 +409,7 @@ class Queue:
         *,
         owner: str | None = None,
         arrived: float | None = None,
+        ident: Ident | None = None,
     ) -> bool:
         """A message recorded on an underlying topic (queue filter already applied).
 
@@ -419,7 +427,8 @@ class Queue:
         ``expires_at``: the absolute time the message itself expires (0: never), stamped
         by a SOW topic with Expiration (:mod:`conveyor.engine.queue_expiry`).
         ``owner``: in a replicated queue, the instance that owns the message when it is
-        not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here.
+        not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here;
+        ``ident``: its (publisher, seq), the name replication gives it.
         """
         if position <= self._last_position:
             raise PositionOutOfOrder(
@@ -432,18 +441,12 @@ class Queue:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
         key = self._order_key(position, priority, barrier)
         self._counters.enqueued += 1
+        if ident is not None:
+            self._replica.entered(position, ident)
         if owner is not None:
-            self._note_expiry(position, published_at, expires_at)  # it expires here if it is transferred here
-        step = self._transitions.step  # ABSENT, derived: nothing is held above the last position
-        if owner is not None:
-            if barrier:
-                raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
-            step(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)
-            published_at = max(published_at, self._last_time)
-            self._last_position = position
-            self._last_time = published_at
-            self._elsewhere.add(position, owner, published_at, key, published_at if arrived is None else arrived)
+            self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived)
             return True
+        step = self._transitions.step  # ABSENT, derived: nothing is held above the last position
         if self._target is not None and self._window.holds_back(self._active()):
             step(position, Verb.HOLD, _ABSENT)
             self._window.hold(position)
@@ -462,6 +465,18 @@ class Queue:
             self._seats.came_back(key, self._order.store.__contains__, published_at)
         return True
 
+    def _enqueue_elsewhere(self, position: int, published_at: float, key: int, barrier: bool, expires_at: float,
+                           owner: str, arrived: float | None) -> None:
+        """Rule 11: a message another instance owns is recorded ELSEWHERE."""
+        self._note_expiry(position, published_at, expires_at)  # it expires here if it is transferred here
+        if barrier:
+            raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
+        self._transitions.step(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)  # ABSENT: above the last position
+        published_at = max(published_at, self._last_time)
+        self._last_position = position
+        self._last_time = published_at
+        self._replica.add(position, owner, published_at, key, published_at if arrived is None else arrived)
+
     def _note_expiry(self, position: int, published_at: float, expires_at: float) -> None:
         """A message entering the queue: its own expiry overrides the queue's Expiration,
         which is then kept per message (queue_expiry rule 4)."""
@@ -473,7 +488,7 @@ class Queue:
         assert self._expiration is not None
         self._stamped.keep_expiration(self._expiration, itertools.chain(
             self._order.store.items(), ((p, lease.published_at) for p, lease in self._leases.leased.items()),
-            ((p, away.published_at) for p, away in self._elsewhere.items())))
+            ((p, away.published_at) for p, away in self._replica.items())))
         self._expiration = None  # no head-of-queue check: every message has its entry
         self._leases.expire_by_stamps()
 
@@ -676,7 +691,7 @@ class Queue:
         matches = self._matches
         hits = [p for p, _ in self._order.store.items() if matches(predicate, p, now)]
         hits += [p for p in self._leases.leased if matches(predicate, p, now)]
-        hits += [p for p, _ in self._elsewhere.items() if matches(predicate, p, now)]
+        hits += [p for p, _ in self._replica.items() if matches(predicate, p, now)]
         hits.sort()
         return self.acknowledge(hits, by=by, option=option, now=now)
 
@@ -695,7 +710,7 @@ class Queue:
             if option is AckOption.NONE:
                 self._move(p, Verb.ACKNOWLEDGE, _LEASED)
                 leases.acknowledge(p)
-                self._elsewhere.forget(p)
+                self._replica.forget(p)
                 tally.events.append(Acknowledged(p))
                 tally.acknowledged += 1
                 self._counters.acknowledged += 1
@@ -724,7 +739,7 @@ class Queue:
         if p in self._order.store:
             self._ack_available(p, option, tally)
             return
-        if p in self._elsewhere and option is not AckOption.CANCEL:
+        if p in self._replica and option is not AckOption.CANCEL:
             # An acknowledgement on any instance removes the message everywhere (rule 11);
             # expiring one is its owner's business (exactly one dead letter).
             if option is AckOption.EXPIRE:
@@ -825,7 +840,7 @@ class Queue:
                 key = order_key(priority, position)
             self._lease_to(seat, key, deadline, delivery=False)
             return TakeBack.TAKEN
-        if position in leases.consumed or position in self._elsewhere or self.state_of(position) is _INACTIVE:
+        if position in leases.consumed or position in self._replica or self.state_of(position) is _INACTIVE:
             return TakeBack.ELSEWHERE  # ELSEWHERE: another instance owns it (engine/consumers.py rule 7)
         return TakeBack.DONE
 
@@ -839,46 +854,23 @@ class Queue:
     # --- replicated queues (rule 11; the engine decides, engine/ownership.py) --------------------
 
     def _elsewhere_before(self, b: int) -> bool:
-        first = self._elsewhere.first() if self._elsewhere else None
+        first = self._replica.first() if self._replica else None
         return first is not None and first < b
 
-    def owner_of(self, position: int) -> str | None:
-        """The instance that owns a message ELSEWHERE (None: this one, or not here)."""
-        away = self._elsewhere.get(position)
-        return away.owner if away is not None else None
-
-    def elsewhere_count(self) -> int:
-        return len(self._elsewhere)
-
-    def arrival_of(self, position: int) -> float | None:
-        """When a message ELSEWHERE arrived here (None: it is not ELSEWHERE)."""
-        away = self._elsewhere.get(position)
-        return away.arrived if away is not None else None
-
-    def elsewhere(self) -> Iterator[tuple[int, Away]]:
-        """(position, its owner and arrival) of every message ELSEWHERE, roughly oldest
-        first. Straight from the part (no per-message step in Python)."""
-        return self._elsewhere.in_arrival_order()
-
-    def elsewhere_unasked(self) -> Iterator[tuple[int, Away]]:
-        """The same, less the messages marked :meth:`asked`; do not change the queue
-        while iterating."""
-        return self._elsewhere.unasked()
-
-    def asked(self, positions: list[int]) -> None:
-        """A transfer request went out for these messages ELSEWHERE."""
-        asked = self._elsewhere.asked
-        for position in positions:
-            asked(position)
+    @property
+    def replica(self) -> Replica:
+        """The replica part, read and marked by the engine's ownership rules (identities,
+        owners, epochs, requests); the queue's own transitions change its messages."""
+        return self._replica
 
     def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
         """Its ownership was transferred here: ELSEWHERE --TRANSFER_IN--> AVAILABLE, with the
         delivery and cancel counts it had on its previous owner. False when it is not
         ELSEWHERE (already here, or done)."""
-        if position not in self._elsewhere:
+        if position not in self._replica:
             return False
         self._move(position, Verb.TRANSFER_IN, _ELSEWHERE)
-        away = self._elsewhere.take(position)
+        away = self._replica.take(position)
         leases = self._leases
         if deliveries > leases.deliveries_of(position):
             leases.set_deliveries(position, deliveries)
@@ -894,13 +886,13 @@ class Queue:
     def transfer_out(self, position: int, owner: str, now: float) -> bool:
         """Its ownership was transferred to instance ``owner``. AVAILABLE: it goes
         ELSEWHERE; ELSEWHERE: only its owner changes; LEASED here: it goes when the lease
-        ends (queue_elsewhere rule 3). False when it is not in the queue."""
+        ends (queue_replica rule 3). False when it is not in the queue."""
         state = self.state_of(position)
         if state is _ELSEWHERE:
-            self._elsewhere.set_owner(position, owner)
+            self._replica.set_owner(position, owner)
             return True
         if state is _LEASED:
-            self._elsewhere.owned_away_while_leased(position, owner)
+            self._replica.owned_away_while_leased(position, owner)
             return True
         if state is not _AVAILABLE or self._order.is_barrier(position):
             return False
@@ -909,7 +901,7 @@ class Queue:
         # Exact removal, as a delivery's: a lazy one would leave its key in a priority
         # index, and a transfer back here would add it a second time.
         t = self._order.take(key)
-        self._elsewhere.add(position, owner, t, key, now)
+        self._replica.add(position, owner, t, key, now)
         self._counters.transferred_out += 1
         return True
 
@@ -930,7 +922,7 @@ class Queue:
             return events
         self._transitions.step(position, verb, state)  # state_of has just said where it is
         if state is _ELSEWHERE:
-            self._elsewhere.take(position)
+            self._replica.take(position)
         elif state is _AVAILABLE:
             self._order.remove(position)
         else:
@@ -938,7 +930,7 @@ class Queue:
             # its lease here ends with it.
             self._leases.end(position)
         self._leases.forget(position)
-        self._elsewhere.forget(position)
+        self._replica.forget(position)
         if expire:
             events.append(Expired(position, _REPLICATED_REMOVAL))
             self._counters.expired += 1
@@ -1004,7 +996,7 @@ class Queue:
         if stamped:
             leased = self._leases.leased
             for p in list(stamped.pop_due(now)):
-                if p in leased or p in self._elsewhere:
+                if p in leased or p in self._replica:
                     # due: it expires when its lease ends, or when it is transferred here
                     # (its owner expires it; queue_expiry rule 2)
                     stamped.hold(p)
@@ -1012,8 +1004,8 @@ class Queue:
                     self._move(p, Verb.EXPIRE, _AVAILABLE)
                     self._order.remove(p)
                     self._expire_gone(p, _TIME_LIMIT, events)
-            stamped.sweep(lambda p: p in leased or p in self._order.store or p in self._elsewhere,
-                          self._active() + len(self._elsewhere))
+            stamped.sweep(lambda p: p in leased or p in self._order.store or p in self._replica,
+                          self._active() + len(self._replica))
         return events
 
     def next_deadline(self) -> float | None:
@@ -1043,9 +1035,9 @@ class Queue:
         after the messages before it), leased and inactive ones excluded. Read-only; do
         not change the queue while iterating (RuntimeError). A replicated queue lists the
         messages other instances own after its own (rule 11)."""
-        if not self._elsewhere:
+        if not self._replica:
             return iter(self._order)
-        return itertools.chain(iter(self._order), [p for p, _ in self._elsewhere.items()])
+        return itertools.chain(iter(self._order), [p for p, _ in self._replica.items()])
 
     def state_of(self, position: int) -> MessageState:
         """Where the message is. ABSENT for messages never enqueued, before the recovery
@@ -1060,7 +1052,7 @@ class Queue:
             return MessageState.CONSUMED
         # A message is in one place only; ELSEWHERE (a dict) is asked before the store (a
         # search), as most messages a non-owner is asked about are owned elsewhere.
-        if position in self._elsewhere:
+        if position in self._replica:
             return _ELSEWHERE
         if position in self._order.store:
             return _AVAILABLE
@@ -1088,8 +1080,8 @@ class Queue:
             refill_from = self._window.refill_from()
             assert refill_from is not None  # messages are inactive
             low.append(refill_from)
-        if self._elsewhere:
-            first = self._elsewhere.first()
+        if self._replica:
+            first = self._replica.first()
             assert first is not None  # messages are elsewhere
             low.append(first)
         if low:
@@ -1134,7 +1126,7 @@ class Queue:
             deferred_ack_count=self._window.deferred_ack_count,
             barriers_pending=len(self._order.barriers),
             owned=len(store) + len(leased),
-            elsewhere=len(self._elsewhere),
+            elsewhere=len(self._replica),
             **{name: getattr(counters, name) for name in QueueCounters.__slots__},
         )
 
@@ -1162,7 +1154,7 @@ class Queue:
                     priority_of_key(lease.key) if self._priority else None,
                 )
             )
-        for p, away in self._elsewhere.items():
+        for p, away in self._replica.items():
             rows.append(
                 MessageDetail(
                     p, "elsewhere", away.published_at, leases.deliveries_of(p), leases.cancels_of(p),
@@ -1213,7 +1205,7 @@ class Queue:
             max_backlog=self.config.max_backlog,
             expires_at=own_expiry if own_expiry is not None else
             None if expiration is None or published_at is None else published_at + expiration,
-            seats=tuple(seats), owner=self.owner_of(position),
+            seats=tuple(seats), owner=self._replica.owner_of(position),
         )
 
     @property
@@ -1275,7 +1267,7 @@ class Queue:
         self._replay.delivered(position, now, count=count)
 
     def replay_acknowledged(self, position: int) -> None:
-        if position in self._elsewhere:
+        if position in self._replica:
             self._acknowledge_elsewhere(position)  # acknowledged here while another instance owned it
             return
         self._replay.acknowledged(position)
@@ -1283,7 +1275,7 @@ class Queue:
     def _acknowledge_elsewhere(self, position: int) -> None:
         """A message another instance owns, acknowledged here: it leaves (rule 11)."""
         self._move(position, Verb.ACKNOWLEDGE, _ELSEWHERE)
-        self._elsewhere.take(position)
+        self._replica.take(position)
         self._leases.forget(position)
 
     def replay_expired(self, position: int) -> None:
@@ -1330,11 +1322,11 @@ class Queue:
         chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
-        leaving = self._elsewhere.leaving_owners()
+        leaving = self._replica.leaving_owners()
         leased = sorted(self._leases.leased.items())
         # A lease ends with the restart; one whose message was transferred away while it
-        # was leased leaves for its new owner then (queue_elsewhere rule 3).
-        away = [(p, a.owner, a.published_at, a.key, a.arrived) for p, a in self._elsewhere.items()]
+        # was leased leaves for its new owner then (queue_replica rule 3).
+        away = [(p, a.owner, a.published_at, a.key, a.arrived) for p, a in self._replica.items()]
         if leaving:
             away += [(p, leaving[p], lease.published_at, lease.key, lease.published_at)
                      for p, lease in leased if p in leaving]
@@ -1358,7 +1350,7 @@ class Queue:
             refill_from=refill_from,
             deferred_acks=acks,
             expiries=self._stamped.export(
-                lambda p: p in self._order.store or p in self._leases.leased or p in self._elsewhere),
+                lambda p: p in self._order.store or p in self._leases.leased or p in self._replica),
         )
 
     def restore_state(self, state: QueueState) -> None:
@@ -1378,7 +1370,7 @@ class Queue:
         for (p, t), key in zip(state.leased, keys):
             self._order.put_back(p, t, key)
         for p, owner, t, key, arrived in state.elsewhere:
-            self._elsewhere.add(p, owner, t, key, arrived)
+            self._replica.add(p, owner, t, key, arrived)
         self._start = state.start
         self._last_position = state.last_position
         self._last_time = state.last_time
@@ -1422,11 +1414,11 @@ class Queue:
             self._transitions.step(p, Verb.EXPIRE, state)
             self._expire_gone(p, reasons, events)
             return True
-        owner = self._elsewhere.leaving(p)
+        owner = self._replica.leaving(p)
         if owner is not None:
-            # Its ownership moved away while it was leased here (queue_elsewhere rule 3).
+            # Its ownership moved away while it was leased here (queue_replica rule 3).
             self._transitions.step(p, Verb.TRANSFER_OUT, state)
-            self._elsewhere.add(p, owner, lease.published_at, lease.key, now)
+            self._replica.add(p, owner, lease.published_at, lease.key, now)
             self._counters.transferred_out += 1
             return False
         self._order.put_back(p, lease.published_at, lease.key)
@@ -1436,7 +1428,7 @@ class Queue:
     def _expire_gone(self, p: int, reasons: tuple[str, ...], events: list[Event]) -> None:
         """Bookkeeping for a message that has just moved to EXPIRED."""
         self._leases.forget(p)
-        self._elsewhere.forget(p)
+        self._replica.forget(p)
         events.append(Expired(p, reasons))
         self._counters.expired += 1
 

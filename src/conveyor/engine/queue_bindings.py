@@ -96,7 +96,7 @@ class QueueBinding:
         def load(position: int) -> View:
             return cache.get(position), position
 
-        self.queue = Queue(config, load=load, budget=budget)
+        self.queue = Queue(config, load=load, budget=budget, replicated=replicated_at is not None)
         #: A replicated queue's QueueOwnership (engine/ownership.py); None: not replicated.
         self.ownership: QueueOwnership | None = None if replicated_at is None else QueueOwnership(
             replicated_at, self.queue, kind=config.kind, initial_owner=config.initial_owner,
@@ -143,10 +143,11 @@ class QueueBinding:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration)
             return True
         arrived = entry.timestamp if now is None else now
-        enters, owner = self.ownership.entering((entry.publisher, entry.seq), position, origin, barrier, arrived)
+        ident = (entry.publisher, entry.seq)
+        enters, owner = self.ownership.entering(ident, origin, barrier, arrived)
         if enters:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration, owner=owner,
-                               arrived=arrived)
+                               arrived=arrived, ident=ident)
         return enters
 
     def priority_of(self, entry: Entry) -> int | None:

@@ -273,7 +273,7 @@ class QueueState:
     leased_keys: tuple[int, ...] = ()  # a priority queue: the order key of each of ``leased``
     # a replicated queue: the messages another instance owns, (position, owner, publish
     # time, order key, when it arrived here), those leased here whose ownership moved
-    # away included (their lease ends with the restart: queue_elsewhere rule 3)
+    # away included (their lease ends with the restart: queue_replica rule 3)
     elsewhere: tuple[tuple[int, str, float, int, float], ...] = ()
     # (position, expiry) of each message with an expiry of its own (queue_expiry rule 5)
     expiries: tuple[tuple[int, float], ...] = ()

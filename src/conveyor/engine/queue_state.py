@@ -115,6 +115,9 @@ class Verb(enum.Enum):
 
 S, V = MessageState, Verb
 
+#: The states of a message that has left the queue for good.
+GONE = frozenset({S.ACKNOWLEDGED, S.EXPIRED, S.CONSUMED})
+
 _COMMON: dict[tuple[MessageState, Verb], MessageState] = {
     (S.ABSENT, V.ENQUEUE): S.AVAILABLE,
     (S.AVAILABLE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
@@ -210,7 +213,8 @@ class Transitions:
     caller's parts confirm themselves as the move happens, which ``move`` does not check
     again (the queue: AVAILABLE, see ``Queue._holds``)."""
 
-    __slots__ = ("_table", "_semantics", "_locate", "_holds", "_confirmed", "observer", "_crossing")
+    __slots__ = ("_table", "_semantics", "_locate", "_holds", "_confirmed", "observer", "_crossing", "_leave",
+                 "_leaves")
 
     def __init__(
         self,
@@ -231,6 +235,16 @@ class Transitions:
         #: (docs/sow-and-views.md); it must not call back into the queue.
         self.observer: Callable[[int, MessageState], object] | None = None
         self._crossing: frozenset[tuple[MessageState, Verb]] = frozenset()
+        self._leave: Callable[[int], object] | None = None
+        self._leaves: frozenset[tuple[MessageState, Verb]] = frozenset()
+
+    def on_leave(self, observer: Callable[[int], object]) -> None:
+        """Call ``observer(position)`` for every move out of the queue for good (to
+        ACKNOWLEDGED, EXPIRED or CONSUMED), live and in a replay alike: a replicated
+        queue's replica part forgets the message's identity there, so nobody outside
+        the queue has to tell it."""
+        self._leave = observer
+        self._leaves = frozenset(k for k, to in self._table.items() if to in GONE)
 
     def watch(self, observer: Callable[[int, MessageState], object] | None, states: frozenset[MessageState]) -> None:
         """Call ``observer(position, new_state)`` for every move that enters or leaves
@@ -254,6 +268,8 @@ class Transitions:
             raise IllegalTransition(position, state, verb, self._semantics) from None
         if self.observer is not None and (state, verb) in self._crossing:
             self.observer(position, to)
+        if self._leave is not None and (state, verb) in self._leaves:
+            self._leave(position)
         return to
 
     def step(self, position: int, verb: Verb, state: MessageState) -> MessageState:
@@ -265,4 +281,6 @@ class Transitions:
             raise IllegalTransition(position, state, verb, self._semantics) from None
         if self.observer is not None and (state, verb) in self._crossing:
             self.observer(position, to)
+        if self._leave is not None and (state, verb) in self._leaves:
+            self._leave(position)
         return to

@@ -186,13 +186,12 @@ class Recovery:
     def _snapshots_taken(self, b: QueueBinding) -> bool:
         """False for a replicated queue above REPLICATED_SNAPSHOT_MESSAGES_MAX (said once
         each way in the log: the restart then replays more)."""
-        over = b.ownership is not None and b.ownership.size > REPLICATED_SNAPSHOT_MESSAGES_MAX
+        over = b.ownership is not None and b.queue.replica.size > REPLICATED_SNAPSHOT_MESSAGES_MAX
         if over != (b.name in self._deep):
             if over:
-                assert b.ownership is not None  # over: a replicated queue
                 self._deep.add(b.name)
                 log.info("queue %s holds %d messages, over %d: its last snapshot is kept, not retaken, until it "
-                         "holds fewer", b.name, b.ownership.size, REPLICATED_SNAPSHOT_MESSAGES_MAX)
+                         "holds fewer", b.name, b.queue.replica.size, REPLICATED_SNAPSHOT_MESSAGES_MAX)
             else:
                 self._deep.discard(b.name)
                 log.info("queue %s: snapshots are taken again", b.name)
@@ -273,9 +272,6 @@ class Recovery:
             b.refill(journal)
             self._delivery.mark(b)
         self._named.lease_after_restart(now)
-        if self._queues is not None:
-            for own in self._queues.by_queue.values():
-                own.settle_after_recovery()
         if sow is not None:
             sow.end_recovery(now)
         return count

@@ -1,0 +1,239 @@
+"""The replica state of a replicated queue's messages (docs/replication.md, "Replicated
+queues"): one part of :class:`conveyor.engine.queue.Queue`, the only place it is kept.
+
+The queue moves messages through the transition table (ELSEWHERE, TRANSFER_IN/OUT) and
+tells this part what happened; every move out of the queue for good reaches
+:meth:`Replica.left` through the transition table itself (``Transitions.on_leave``), live
+and in a replay alike, so no caller keeps a second map in step and a restart needs no
+repair pass. :class:`conveyor.engine.ownership.QueueOwnership` decides (requests, grants,
+transfers, tombstones) over what this part holds. Rules:
+
+1. **Identity.** Each message in the queue here is known by ``(publisher, seq)``, the
+   name replication uses on every instance; the :data:`LEFT_MAX` most recent leavers
+   keep theirs (a named consumer's replicated lease may name a message acknowledged
+   here first).
+2. **Elsewhere.** A message another instance owns is recorded and in the view, never
+   delivered: only its owner delivers it. It keeps its publish time, its order key (a
+   priority queue needs it when the message comes back) and when it arrived here (the
+   transfer heuristic asks for messages that have waited longer than acknowledgements
+   usually take). Its owner may change while it stays here (a transfer between two
+   other instances).
+3. **Leased here, owned away.** A message leased here whose ownership moves away (two
+   instances claimed it during a disaster recovery) keeps its lease; it goes away when
+   the lease ends (:meth:`leaving`), never back to the available messages.
+4. **Not asked yet.** Messages not yet asked for are kept apart, in the order they came
+   (:meth:`unasked`): requests look only at those and at the requests due again
+   (:meth:`requests_due`), instead of walking past every message in flight on every look.
+5. **Epochs and requests** are per message too: the highest transfer seen for it
+   (``(epoch, owner, granter)``; kept also for a message that has not arrived yet, so it
+   enters owned by the winner) and this instance's unanswered request. Both go when the
+   message leaves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Iterator, NamedTuple
+
+Ident = tuple[int, int]  # (publisher, seq)
+Epoch = tuple[int, str, str]  # (epoch, owner, granter) of the transfer that won
+
+#: Messages that left the queue whose position is still found by identity (rule 1).
+LEFT_MAX = 10_000
+
+
+class Away(NamedTuple):
+    owner: str
+    published_at: float
+    key: int
+    arrived: float
+
+
+class Replica:
+    __slots__ = ("_away", "_unasked", "_leaving", "_idents", "_positions", "_left", "_epochs", "_requested")
+
+    def __init__(self) -> None:
+        self._away: dict[int, Away] = {}
+        # Rule 4: the same entries, less those asked for. An OrderedDict, as entries leave
+        # from the front: a dict's iterator would step over every slot they left behind.
+        self._unasked: OrderedDict[int, Away] = OrderedDict()
+        self._leaving: dict[int, str] = {}  # leased here, owned elsewhere now (rule 3)
+        self._idents: dict[int, Ident] = {}  # rule 1
+        self._positions: dict[Ident, int] = {}
+        self._left: OrderedDict[Ident, int] = OrderedDict()  # oldest first
+        self._epochs: dict[Ident, Epoch] = {}  # rule 5
+        # (when, attempt) of our last request, in the order asked (oldest leave first).
+        self._requested: OrderedDict[Ident, tuple[float, int]] = OrderedDict()
+
+    def __contains__(self, position: int) -> bool:
+        """Whether the message is ELSEWHERE (owned by another instance)."""
+        return position in self._away
+
+    def __len__(self) -> int:
+        return len(self._away)
+
+    def __bool__(self) -> bool:
+        return bool(self._away)
+
+    # --- rule 1 -------------------------------------------------------------------------------
+
+    def entered(self, position: int, ident: Ident) -> None:
+        self._idents[position] = ident
+        self._positions[ident] = position
+
+    def left(self, position: int) -> None:
+        """The message left the queue for good (called by the transition table)."""
+        ident = self._idents.pop(position, None)
+        if ident is None:
+            return
+        del self._positions[ident]
+        left = self._left
+        left[ident] = position
+        if len(left) > LEFT_MAX:
+            left.popitem(last=False)
+        self._requested.pop(ident, None)
+        self._epochs.pop(ident, None)
+
+    @property
+    def size(self) -> int:
+        """Messages in the queue here whose identity this part keeps."""
+        return len(self._idents)
+
+    def position(self, ident: Ident) -> int | None:
+        return self._positions.get(ident)
+
+    def position_recorded(self, ident: Ident) -> int | None:
+        """Where the message is in the journal here: in the queue, or among the recent
+        leavers (None: unknown)."""
+        position = self._positions.get(ident)
+        return position if position is not None else self._left.get(ident)
+
+    def ident(self, position: int) -> Ident | None:
+        return self._idents.get(position)
+
+    def identities(self) -> Iterator[tuple[Ident, int]]:
+        return iter(self._positions.items())
+
+    # --- rule 2 -------------------------------------------------------------------------------
+
+    def add(self, position: int, owner: str, published_at: float, key: int, arrived: float) -> None:
+        self._away[position] = self._unasked[position] = Away(owner, published_at, key, arrived)
+
+    def take(self, position: int) -> Away:
+        self._unasked.pop(position, None)
+        return self._away.pop(position)
+
+    def get(self, position: int) -> Away | None:
+        return self._away.get(position)
+
+    def owner_of(self, position: int) -> str | None:
+        """The instance that owns a message ELSEWHERE (None: this one, or not here)."""
+        away = self._away.get(position)
+        return away.owner if away is not None else None
+
+    def arrival_of(self, position: int) -> float | None:
+        """When a message ELSEWHERE arrived here (None: it is not ELSEWHERE)."""
+        away = self._away.get(position)
+        return away.arrived if away is not None else None
+
+    def set_owner(self, position: int, owner: str) -> None:
+        away = self._away[position] = self._away[position]._replace(owner=owner)
+        if position in self._unasked:
+            self._unasked[position] = away
+
+    def first(self) -> int | None:
+        """The lowest position held here (O(n): barriers and recovery points only)."""
+        return min(self._away) if self._away else None
+
+    def items(self) -> Iterator[tuple[int, Away]]:
+        """In position order."""
+        for p in sorted(self._away):
+            yield p, self._away[p]
+
+    def in_arrival_order(self) -> Iterator[tuple[int, Away]]:
+        """Roughly oldest first (the order they came here; no sort, no copy): for
+        proxied claims, which stop early. The caller must not change this part while it
+        iterates."""
+        return iter(self._away.items())
+
+    # --- rule 3 -------------------------------------------------------------------------------
+
+    def owned_away_while_leased(self, position: int, owner: str) -> None:
+        self._leaving[position] = owner
+
+    def leaving(self, position: int) -> str | None:
+        """The new owner of a message whose lease here just ended, if it moved away."""
+        return self._leaving.pop(position, None)
+
+    def leaving_owners(self) -> dict[int, str]:
+        """Rule 3's messages: position -> the owner they go to when their lease ends."""
+        return dict(self._leaving)
+
+    def forget(self, position: int) -> None:
+        self._leaving.pop(position, None)
+
+    # --- rule 4 -------------------------------------------------------------------------------
+
+    def unasked(self) -> Iterator[tuple[int, Away]]:
+        """Those not asked for, in the order they came (the order of ``arrived`` while
+        the clock runs forward). The caller must not change this part while it iterates:
+        it marks what it asked for (:meth:`asked`) afterwards."""
+        return iter(self._unasked.items())
+
+    def asked(self, positions: Iterable[int]) -> None:
+        """A request went out for these messages ELSEWHERE."""
+        unasked = self._unasked
+        for position in positions:
+            unasked.pop(position, None)
+
+    # --- rule 5 -------------------------------------------------------------------------------
+
+    def epoch(self, ident: Ident) -> Epoch | None:
+        return self._epochs.get(ident)
+
+    def set_epoch(self, ident: Ident, epoch: Epoch) -> None:
+        self._epochs[ident] = epoch
+
+    def epochs(self) -> Iterator[tuple[Ident, Epoch]]:
+        return iter(self._epochs.items())
+
+    def requests_in_flight(self) -> int:
+        return len(self._requested)
+
+    def oldest_request(self) -> float | None:
+        """When the oldest unanswered request went out (None: none)."""
+        return next(iter(self._requested.values()))[0] if self._requested else None
+
+    def requests_due(self, now: float, retry: float) -> tuple[list[tuple[Ident, int]], float | None]:
+        """The unanswered requests ``retry`` old or older (identity, attempt), oldest
+        first, and when the next one becomes due (None: none left)."""
+        due: list[tuple[Ident, int]] = []
+        for ident, (when, attempt) in self._requested.items():
+            if now - when < retry:
+                return due, when + retry
+            due.append((ident, attempt))
+        return due, None
+
+    def requested(self, ident: Ident, now: float, attempt: int) -> None:
+        """A request for the message went out now (the newest: last in order)."""
+        requested = self._requested
+        requested[ident] = (now, attempt)
+        requested.move_to_end(ident)
+
+    def answered(self, ident: Ident) -> None:
+        """Nothing more to ask for it (it came here, or its owner changed)."""
+        self._requested.pop(ident, None)
+
+    # --- snapshots ----------------------------------------------------------------------------
+
+    def idents_by_position(self) -> tuple[Iterable[int], Iterable[Ident]]:
+        return self._idents.keys(), self._idents.values()
+
+    def leavers(self) -> tuple[Iterable[int], Iterable[Ident]]:
+        return self._left.values(), self._left.keys()
+
+    def restore_identities(self, positions: Iterable[int], idents: Iterable[Ident],
+                           left_positions: Iterable[int], left_idents: Iterable[Ident]) -> None:
+        for position, ident in zip(positions, idents):
+            self.entered(position, ident)
+        self._left.update(zip(left_idents, left_positions))

@@ -1,0 +1,96 @@
+"""engine/queue_replica.py: the replica state of a replicated queue's messages.
+
+Rule 4: the messages not yet asked for are kept apart, in the order they came, so a
+transfer look reads only those (and the requests due again). Rules 1 and 5: a message
+that leaves the queue for good (acknowledged, expired, delivered at most once), live or
+replayed, loses its identity, epoch and request through the queue's own transition
+table, with nobody outside the queue telling the replica part."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.config.model import Fairness, QueueConfig, Semantics
+from conveyor.engine.queue import AckOption, Consumer, Queue
+from conveyor.engine.queue_replica import LEFT_MAX, Replica
+
+
+def test_asked_messages_leave_the_unasked_view_and_nothing_else():
+    e = Replica()
+    for p, arrived in ((30, 1.0), (10, 2.0), (20, 3.0)):
+        e.add(p, "A", published_at=0.5, key=p, arrived=arrived)
+    assert [p for p, _ in e.unasked()] == [30, 10, 20]  # the order they came, not by position
+    e.asked([30])
+    assert [p for p, _ in e.unasked()] == [10, 20]
+    assert 30 in e and len(e) == 3 and [p for p, _ in e.in_arrival_order()] == [30, 10, 20]
+
+
+def test_a_new_owner_shows_in_both_views_and_a_taken_message_in_neither():
+    e = Replica()
+    e.add(1, "A", 0.0, 1, 1.0)
+    e.add(2, "A", 0.0, 2, 2.0)
+    e.asked([1])
+    e.set_owner(1, "C")
+    e.set_owner(2, "C")
+    assert e.get(1).owner == "C" and dict(e.unasked())[2].owner == "C"
+    assert e.take(2).owner == "C" and e.take(1).owner == "C"
+    assert not e and list(e.unasked()) == []
+    e.asked([1])  # a message that left: nothing to do
+
+
+def test_requests_come_due_oldest_first_and_a_repeat_moves_to_the_end():
+    e = Replica()
+    e.requested((1, 1), 0.0, 1)
+    e.requested((1, 2), 1.0, 1)
+    assert e.requests_due(2.5, 2.0) == ([((1, 1), 1)], 3.0)
+    e.requested((1, 1), 2.5, 2)
+    assert e.requests_due(10.0, 2.0) == ([((1, 2), 1), ((1, 1), 2)], None)
+    assert e.oldest_request() == 1.0 and e.requests_in_flight() == 2
+
+
+def _queue(semantics: Semantics = Semantics.AT_LEAST_ONCE, replicated: bool = True) -> Queue:
+    config = QueueConfig(name="Q", message_type="json", semantics=semantics, fairness=Fairness.ROUND_ROBIN,
+                         expiration_s=5.0)
+    return Queue(config, load=lambda p: {}, replicated=replicated)
+
+
+@pytest.mark.parametrize("how", ["ack", "expire", "at_most_once", "replayed_ack", "replicated_removal"])
+def test_a_message_that_leaves_loses_its_identity_epoch_and_request(how):
+    semantics = Semantics.AT_MOST_ONCE if how == "at_most_once" else Semantics.AT_LEAST_ONCE
+    q = _queue(semantics)
+    replica = q.replica
+    q.enqueue(1, 0.0, ident=(7, 1))
+    q.enqueue(2, 3.0, ident=(7, 2))
+    replica.set_epoch((7, 1), (1, "A", "B"))
+    replica.requested((7, 1), 0.0, 1)
+    if how == "ack":
+        q.acknowledge([1], by=None, option=AckOption.NONE, now=1.0)
+    elif how == "expire":
+        q.expire(5.5)  # Expiration 5 s: 1 is due, 2 is not
+    elif how == "at_most_once":
+        q.add_consumer(Consumer("c", "c", max_backlog=1), 1.0)
+        q.dispatch(1.0)
+    elif how == "replayed_ack":
+        q.replay_acknowledged(1)
+    else:
+        q.remove_replicated(1, "ack", 1.0)
+    assert replica.ident(1) is None and replica.position((7, 1)) is None
+    assert replica.epoch((7, 1)) is None and replica.requests_in_flight() == 0
+    assert replica.position_recorded((7, 1)) == 1  # a recent leaver
+    assert replica.ident(2) == (7, 2) and replica.size == 1
+
+
+def test_a_queue_that_is_not_replicated_keeps_no_identities():
+    q = _queue(replicated=False)
+    q.enqueue(1, 0.0)
+    q.acknowledge([1], by=None, option=AckOption.NONE, now=1.0)
+    assert q.replica.size == 0 and q.replica.position_recorded((7, 1)) is None
+
+
+def test_recent_leavers_are_bounded():
+    e = Replica()
+    for p in range(LEFT_MAX + 5):
+        e.entered(p, (1, p))
+        e.left(p)
+    assert e.position_recorded((1, 0)) is None and e.position_recorded((1, LEFT_MAX + 4)) == LEFT_MAX + 4
+    assert e.size == 0
