@@ -300,7 +300,7 @@ def test_a_delivery_acked_by_another_path_keeps_its_consumer_state_past_the_queu
     assert h.engine.queues["Q"].recovery_point() > max(h.engine.named.get("Q", "c").positions)
     cp = h.checkpoint()
     h.commit()
-    assert cp.consumers["Q"]["c"]["d"] == 3
+    assert cp.consumers["Q"]["c"].d == 3
     assert h.engine.retention_floor(cp) <= min(h.engine.named.get("Q", "c").positions)
     h.crash()
     drv = h.connect("driver")

@@ -185,7 +185,11 @@ def test_group_local_queue_is_owned_by_its_initial_owner(instances):
     for the queue owns a message when the message first enters the queue, regardless of
     where the message was originally published." """
     glq = ("<GroupLocalQueue><Name>WorkQ</Name><MessageType>json</MessageType><UnderlyingTopic>Work"
-           "</UnderlyingTopic><InitialOwner>B</InitialOwner></GroupLocalQueue>")
+           "</UnderlyingTopic><InitialOwner>B</InitialOwner><MaxPerSubscriptionBacklog>100</MaxPerSubscriptionBacklog>"
+           "</GroupLocalQueue>")
+    # A backlog that takes every message at once: with one in flight, a slow moment lets
+    # B's backlog fill, A asks for the waiting messages and B grants them (a transfer, as
+    # the rules allow), and the check below would see a message processed on A.
     a, b = pair(instances, queues=glq)
     processed: list = []
     workers = [Worker(a.uri, "on-a", processed), Worker(b.uri, "on-b", processed)]

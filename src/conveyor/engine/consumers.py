@@ -74,7 +74,7 @@ import logging
 import math
 from array import array
 from collections.abc import Callable
-from typing import Iterable, NotRequired, TypedDict
+from typing import Iterable
 
 import msgspec
 
@@ -106,15 +106,15 @@ ConsumerRecord = (records.ConsumerLeasedRec | records.ConsumerAckedRec | records
                   | records.ConsumerReplicatedRec)
 
 
-class NamedConsumerState(TypedDict):
-    """One named consumer in the checkpoint (rule 6); older checkpoints lack the last two."""
+class NamedConsumerState(msgspec.Struct, frozen=True):
+    """One named consumer in the checkpoint (rule 6), as the consumers file keeps it."""
 
     d: int
     acked: int
     epoch: int
+    token: str
     positions: list[int]
-    claim_d: NotRequired[int]
-    token: NotRequired[str]
+    claim_d: int = -1  # D when the epoch was claimed (-1: a file written before it was kept)
 
 
 class NamedConsumer:
@@ -143,16 +143,14 @@ class NamedConsumer:
 
     def export_state(self) -> NamedConsumerState:
         """What the checkpoint keeps (rule 6)."""
-        return {"d": self.d, "acked": self.acked, "epoch": self.epoch, "claim_d": self.claim_d, "token": self.token,
-                "positions": list(self.positions)}
+        return NamedConsumerState(self.d, self.acked, self.epoch, self.token, list(self.positions), self.claim_d)
 
     @classmethod
     def from_state(cls, queue: str, name: str, state: NamedConsumerState) -> NamedConsumer:
         c = cls(queue, name)
-        c.d, c.acked, c.epoch, c.token = state["d"], state["acked"], state["epoch"], state.get("token", "")
-        c.positions = array("q", state["positions"])
-        claim_d = state.get("claim_d", -1)
-        c.claim_d = c.d if claim_d < 0 else claim_d  # older checkpoints: everything known was the claimer's
+        c.d, c.acked, c.epoch, c.token = state.d, state.acked, state.epoch, state.token
+        c.positions = array("q", state.positions)
+        c.claim_d = c.d if state.claim_d < 0 else state.claim_d  # older checkpoints: everything known was the claimer's
         return c
 
     def statistics(self) -> NamedConsumerStats:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, Callable, Collection
+from typing import TYPE_CHECKING, Callable, Collection
 
 import msgspec
 
@@ -64,7 +64,7 @@ from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine import queue_snapshot
 from conveyor.engine.queue import Event, Queue
-from conveyor.engine.queue_replica import Ident
+from conveyor.engine.queue_replica import Ident, OwnershipState, Tombstone, TransferEpoch
 from conveyor.engine.ports import JournalPort
 
 if TYPE_CHECKING:
@@ -84,10 +84,6 @@ REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many: a grant takes a roun
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 #: The records of a replicated queue's ownership that replication carries (rules 3-5).
 QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
-#: One queue's tombstones and transfers as a checkpoint and a snapshot keep them: JSON
-#: rows of mixed types, ``tombstones`` [publisher, seq, kind, when] (an older version
-#: has no ``when``) and ``epochs`` [publisher, seq, epoch, owner, granter].
-OwnershipState = dict[str, list[list[Any]]]
 
 
 class OwnershipStats(msgspec.Struct, frozen=True):
@@ -405,10 +401,10 @@ class QueueOwnership:
     # --- checkpoints and statistics -------------------------------------------------------------
 
     def export_state(self) -> OwnershipState:
-        return {
-            "tombstones": [[p, s, k, t] for (p, s), (k, t) in self._tombstones.items()],
-            "epochs": [[p, s, e, o, g] for (p, s), (e, o, g) in self._replica.epochs()],
-        }
+        return OwnershipState(
+            tombstones=[Tombstone(p, s, k, t) for (p, s), (k, t) in self._tombstones.items()],
+            epochs=[TransferEpoch(p, s, e, o, g) for (p, s), (e, o, g) in self._replica.epochs()],
+        )
 
     def snapshot_fields(self) -> dict[str, object]:
         """What the queue's snapshot adds for this part (queue_snapshot rule 6): the
@@ -434,20 +430,21 @@ class QueueOwnership:
         """Tombstones and transfers from a checkpoint or a snapshot (both may hold the
         same: the later removal and the higher epoch win)."""
         tombstones = self._tombstones
-        current: tuple[str, float] | tuple[int, str, str] | None
-        for p, s, k, *when in state.get("tombstones", ()):
+        for stone in state.tombstones:
             # A checkpoint of an older version has no time: it counts from the restart.
-            t = when[0] if when else now
-            current = tombstones.get((p, s))
-            if current is None or current[1] < t:
-                tombstones[(p, s)] = (k, t)
+            t = now if stone.when is None else stone.when
+            ident = (stone.publisher, stone.seq)
+            kept = tombstones.get(ident)
+            if kept is None or kept[1] < t:
+                tombstones[ident] = (stone.kind, t)
         if tombstones:  # oldest first again (rule 3's trim reads them in that order)
             self._tombstones = OrderedDict(sorted(tombstones.items(), key=lambda item: item[1][1]))
         replica = self._replica
-        for p, s, e, o, g in state.get("epochs", ()):
-            current = replica.epoch((p, s))
-            if current is None or e > current[0] or (e == current[0] and g < current[2]):
-                replica.set_epoch((p, s), (e, o, g))
+        for row in state.epochs:
+            ident = (row.publisher, row.seq)
+            current = replica.epoch(ident)
+            if current is None or row.epoch > current[0] or (row.epoch == current[0] and row.granter < current[2]):
+                replica.set_epoch(ident, (row.epoch, row.owner, row.granter))
 
     def statistics(self) -> OwnershipStats:
         return OwnershipStats(self.name, self.proxied, self.requests_sent, self.grants, self.proxied_claims,

@@ -57,6 +57,7 @@ import msgspec
 from conveyor.engine.queue_events import QueueState
 from conveyor.engine.queue_paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
 from conveyor.engine.queue_priority import EpochImage, order_key, priority_of_key
+from conveyor.engine.queue_replica import OwnershipState
 from conveyor.engine.queue_store import ChunkImage
 
 if TYPE_CHECKING:
@@ -106,8 +107,7 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     elsewhere_priorities: list[int] = []
     idents: bytes = b""  # every message in the queue: positions 'q', publishers 'Q', seqs 'q'
     left: bytes = b""  # recent leavers, oldest first, the same columns
-    # msgspec decodes by this annotation: any map, as a bare ``dict`` always accepted
-    ownership: dict[Any, Any] = {}  # tombstones and transfers (engine/ownership.py export_state)
+    ownership: OwnershipState = OwnershipState()  # tombstones and transfers (engine/ownership.py)
     expiries: bytes = b""  # messages with an expiry of their own: positions 'q' + expiry times 'd'
 
 

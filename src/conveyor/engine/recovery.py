@@ -55,7 +55,8 @@ from conveyor.engine.replication import Replication
 from conveyor.engine.topics import Topics
 
 if TYPE_CHECKING:
-    from conveyor.engine.ownership import OwnershipState, ReplicatedQueues
+    from conveyor.engine.ownership import ReplicatedQueues
+    from conveyor.engine.queue_replica import OwnershipState
     from conveyor.engine.state_of_world import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
@@ -108,7 +109,7 @@ class Checkpoint:
     publishers: dict[int, int]
     # Sequences skipped below each publisher's highest (publish_log rule 2).
     holes: dict[int, list[list[int]]] = field(default_factory=dict)
-    # Named consumers: queue -> name -> {d, acked, epoch, token, positions}, so a restart
+    # Named consumers: queue -> name -> its state (d, acked, epoch, token...), so a restart
     # does not need their records below the queues' recovery points.
     consumers: dict[str, dict[str, NamedConsumerState]] = field(default_factory=dict)
     # FileBackedMetadata: queue -> QueueSnapshot, each valid at its own positions;

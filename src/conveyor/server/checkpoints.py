@@ -27,7 +27,9 @@ from pathlib import Path
 
 import msgspec
 
+from conveyor.engine.consumers import NamedConsumerState
 from conveyor.engine.core import Checkpoint
+from conveyor.engine.queue_replica import OwnershipState
 from conveyor.journal.files import write_atomic
 
 log = logging.getLogger("conveyor.server")
@@ -58,29 +60,18 @@ class _PublishersFile(msgspec.Struct):
     holes: dict[int, list[list[int]]] = {}  # sequences skipped below each highest
 
 
-class _ConsumerState(msgspec.Struct):
-    d: int
-    acked: int
-    epoch: int
-    token: str
-    positions: list[int]
-    claim_d: int = -1  # D when the epoch was claimed (-1: a file written before it was kept)
-
-
 class _ConsumersFile(msgspec.Struct):
     version: int
     position: int
-    consumers: dict[str, dict[str, _ConsumerState]]
+    consumers: dict[str, dict[str, NamedConsumerState]]
 
 
-def write_consumers(directory: Path, position: int, consumers: dict) -> None:
-    data = _ConsumersFile(FORMAT_VERSION, position, {
-        queue: {name: _ConsumerState(**state) for name, state in named.items()} for queue, named in consumers.items()
-    })
+def write_consumers(directory: Path, position: int, consumers: dict[str, dict[str, NamedConsumerState]]) -> None:
+    data = _ConsumersFile(FORMAT_VERSION, position, consumers)
     _write_atomic(Path(directory) / CONSUMERS_FILE, msgspec.json.encode(data))
 
 
-def read_consumers(directory: Path, *, durable_end: int) -> dict | None:
+def read_consumers(directory: Path, *, durable_end: int) -> dict[str, dict[str, NamedConsumerState]] | None:
     """The named consumers' snapshot; {} when there is no file; None when unusable."""
     try:
         data = msgspec.json.decode((Path(directory) / CONSUMERS_FILE).read_bytes(), type=_ConsumersFile)
@@ -93,8 +84,7 @@ def read_consumers(directory: Path, *, durable_end: int) -> dict | None:
         log.warning("ignoring %s of another version or beyond the journal's end: recovering from the whole journal",
                     CONSUMERS_FILE)
         return None
-    return {queue: {name: msgspec.structs.asdict(state) for name, state in named.items()}
-            for queue, named in data.consumers.items()}
+    return data.consumers
 
 
 class _ReplicationFile(msgspec.Struct):
@@ -102,7 +92,7 @@ class _ReplicationFile(msgspec.Struct):
     position: int
     received: dict[str, tuple[str, int]]  # source instance -> (its journal id, through)
     links: dict[str, int] = {}  # destination -> position it had acknowledged everything below
-    ownership: dict[str, dict] = {}  # replicated queue -> tombstones and transfers
+    ownership: dict[str, OwnershipState] = {}  # replicated queue -> tombstones and transfers
 
 
 def read_replication(directory: Path, *, durable_end: int) -> _ReplicationFile:
