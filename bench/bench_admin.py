@@ -172,13 +172,13 @@ async def _populate(server) -> None:
     publisher = Connection(server, server.config.transports[0])
     publisher.connection_made(_Transport())
     batch = [m.Publish(topic=f"t{i}", data=PAYLOAD) for i in range(QUEUES) for _ in range(5)]
-    server._handle(publisher, [m.Logon(client_name="bench-publisher")] + batch)
+    server.handle(publisher, [m.Logon(client_name="bench-publisher")] + batch)
     await server.wait_durable(server.journal.end)
     for c in range(CLIENTS):
         conn = Connection(server, server.config.transports[0])
         conn.connection_made(_Transport())
-        server._handle(conn, [m.Logon(client_name=f"client-{c}", user_id="bench"),
-                              m.Subscribe(topic=f"Q{c % QUEUES}", sub_id="s1", cid="1")])
+        server.handle(conn, [m.Logon(client_name=f"client-{c}", user_id="bench"),
+                             m.Subscribe(topic=f"Q{c % QUEUES}", sub_id="s1", cid="1")])
     await server.wait_durable(server.journal.end)
     assert len(engine.sessions) == CLIENTS + 1
 

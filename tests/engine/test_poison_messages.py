@@ -253,16 +253,16 @@ def test_a_failing_projection_leaves_one_message_out_of_a_view(monkeypatch):
 
 
 def test_a_failing_view_encoding_skips_one_record_and_later_ones_go_out(monkeypatch):
-    from conveyor.engine import views
+    from conveyor.engine.sow import view
 
-    real = views._encode
+    real = view._encode
 
     def encode(record):
         if record.get("t") == 1:
             raise OverflowError("injected: the record cannot be encoded")
         return real(record)
 
-    monkeypatch.setattr(views, "_encode", encode)
+    monkeypatch.setattr(view, "_encode", encode)
     h = Harness(config_xml(VIEWS, topics=("Orders",)))
     sub, pub = h.connect("sub"), h.connect("pub")
     h.handle(sub, m.Subscribe(topic="ByRegion", sub_id="v"))
@@ -274,7 +274,7 @@ def test_a_failing_view_encoding_skips_one_record_and_later_ones_go_out(monkeypa
 
 
 def test_a_failing_delta_skips_one_change_for_that_subscription(monkeypatch):
-    from conveyor.engine import delta
+    from conveyor.engine.sow import delta
 
     real = delta.changes
 
@@ -317,7 +317,7 @@ JOIN = ("<Topic><Name>orders</Name><MessageType>json</MessageType><Key>/id</Key>
 
 
 def test_a_failing_join_value_joins_that_record_with_nothing(monkeypatch):
-    from conveyor.engine import joins
+    from conveyor.engine.sow import joins
 
     real = joins.scalar
 

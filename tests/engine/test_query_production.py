@@ -1,5 +1,5 @@
 """Query results produced as their connection drains them (issue 32, defect 5;
-engine/sow_query.py rules 4 to 8): a ``sow`` of a queue, a SOW topic or a view, and the
+engine/sow/production.py rules 4 to 8): a ``sow`` of a queue, a SOW topic or a view, and the
 query part of ``sow_and_subscribe``, answer at most QUERY_FIRST_BYTES in the step of the
 command and the rest a turn of ``pump_replays`` at a time, within the room the shell
 gives, from a snapshot of positions (or references) taken in that step: what is
@@ -15,8 +15,9 @@ import json
 import logging
 from collections import deque
 
-from conveyor.engine.sow_query import (QUERY_FIRST_BYTES, QUERY_MESSAGE_OVERHEAD, OrderBy, Production, Queries,
-                                       Snapshot, Tally, frozen_keyed_positions, frozen_positions, in_order, sorted_rows)
+from conveyor.engine.sow.production import (QUERY_FIRST_BYTES, QUERY_MESSAGE_OVERHEAD, OrderBy, Production,
+                                            Queries, Snapshot, Tally, frozen_keyed_positions, frozen_positions,
+                                            in_order, sorted_rows)
 from conveyor.journal import FILE_HEADER_LEN, FRAME_HEADER_LEN
 from conveyor.journal import journal as journal_module
 from conveyor.protocol import messages as m

@@ -1,5 +1,5 @@
 """SOW topics and views across replicated instances (engine/replication.py rule 8,
-engine/state_of_world.py rule 7; docs/sow-and-views.md, "Replication").
+engine/sow/state.py rule 7; docs/sow-and-views.md, "Replication").
 
 The invariant every test checks: a SOW topic replicated to another instance holds the
 same records there (same keys, same messages), live and after a crash and restart of

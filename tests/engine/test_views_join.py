@@ -1,4 +1,4 @@
-"""Views over joins (engine/joins.py; docs/sow-and-views.md, "Joins").
+"""Views over joins (engine/sow/joins.py; docs/sow-and-views.md, "Joins").
 
 Seeded property tests drive the join of two sources, and of four in a chain and a star, with random record changes and
 compares the view after every step with a join and grouping recomputed in plain Python;
@@ -15,8 +15,8 @@ import pytest
 
 from conveyor import errors
 from conveyor.config.model import JoinConfig
-from conveyor.engine.aggregation import Aggregation
-from conveyor.engine.joins import Join, rewrite_identifiers
+from conveyor.engine.sow.aggregation import Aggregation
+from conveyor.engine.sow.joins import Join, rewrite_identifiers
 from conveyor.expr.projection import Projection
 from conveyor.expr.values import scalar, to_text
 from conveyor.protocol import messages as m

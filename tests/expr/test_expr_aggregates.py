@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import expr
-from conveyor.engine.aggregation import Aggregation
+from conveyor.engine.sow.aggregation import Aggregation
 from conveyor.expr import ExpressionError
 from conveyor.expr.aggregates import accumulator
 from conveyor.expr.projection import Projection

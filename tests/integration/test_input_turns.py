@@ -1,4 +1,4 @@
-"""Client input yields to the rest of the loop (server.py, INPUT_BYTES_PER_TURN).
+"""Client input yields to the rest of the loop (server/pacing.py, INPUT_BYTES_PER_TURN).
 
 The event loop reads a busy socket many times in one turn; a publisher's flood was all
 handled before a finished group commit could release its persisted acks, so the
@@ -14,7 +14,8 @@ import asyncio
 from conveyor.config import load_file
 from conveyor.protocol import MessageDecoder, encode_frame
 from conveyor.protocol import messages as m
-from conveyor.server.server import INPUT_BYTES_PER_TURN, Server
+from conveyor.server.pacing import INPUT_BYTES_PER_TURN
+from conveyor.server.server import Server
 from tests.integration.test_supervision import STOP_S_MAX, persisted_acks, publishes
 from tests.serverproc import write_config
 
@@ -42,18 +43,18 @@ def test_a_connection_that_took_a_turn_s_input_yields_once_then_reads_again(tmp_
             conn = next(iter(server.connections.values()))
             assert conn.transport.is_reading()
 
-            server._took_input(conn, INPUT_BYTES_PER_TURN)
+            server.took_input(conn, INPUT_BYTES_PER_TURN)
             assert not conn.transport.is_reading()  # it yields ...
             for _ in range(3):
                 await asyncio.sleep(0)
             assert conn.transport.is_reading()  # ... for one turn of the loop
 
-            server._pause_reading(True)  # the journal's backlog holds every connection
-            server._took_input(conn, INPUT_BYTES_PER_TURN)
+            server.pacing.pause(True)  # the journal's backlog holds every connection
+            server.took_input(conn, INPUT_BYTES_PER_TURN)
             for _ in range(3):
                 await asyncio.sleep(0)
             assert not conn.transport.is_reading()  # the end of a yield does not override it
-            server._pause_reading(False)
+            server.pacing.pause(False)
             assert conn.transport.is_reading()
 
             # A flood in one write: every publish persisted and acknowledged, in order.

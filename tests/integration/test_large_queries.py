@@ -3,10 +3,10 @@
 A ``sow`` of a queue holding a million messages of about 100 bytes was produced whole
 into the connection's output (~184 MB) and the server closed the connection as a slow
 consumer ("over Limits/OutputBudget") although the client read as fast as loopback
-allows. Now a result is produced as the connection drains it (engine/sow_query.py
-rules 4 to 8, server.py ``_replay_room``): with a 4 MiB OutputBudget the reader gets
-every message between one group_begin and group_end, and the server's memory grows by
-its message cache and a snapshot of positions, not by the result.
+allows. Now a result is produced as the connection drains it (engine/sow/production.py
+rules 4 to 8, server/output.py ``OutputBudget.room``): with a 4 MiB OutputBudget the
+reader gets every message between one group_begin and group_end, and the server's
+memory grows by its message cache and a snapshot of positions, not by the result.
 
 A client that does not read is still cut as a slow consumer: when the updates held for
 its sow_and_subscribe pass the budget, or when its socket takes nothing for
@@ -192,9 +192,9 @@ def test_a_client_that_stops_reading_its_query_is_cut_after_the_stall_limit(tmp_
     released). A client that reads slowly (about 1 MB/s) is not: the kernel takes what
     it reads in bursts of its socket buffers, well within the limit."""
     from conveyor.config import load_file
-    from conveyor.server import server as server_module
+    from conveyor.server import output
 
-    monkeypatch.setattr(server_module, "QUERY_STALL_S", 3.0)
+    monkeypatch.setattr(output, "QUERY_STALL_S", 3.0)
     config = load_file(write_config(tmp_path, queues=QUEUES, limits=BUDGET))
 
     async def scenario() -> None:

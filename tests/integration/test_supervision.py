@@ -157,7 +157,7 @@ def test_a_link_whose_handshake_answer_lands_with_the_shutdown_lets_the_server_s
         def welcome_then_shutdown(link, items):
             received(link, items)  # resolves the handshake
             if any(isinstance(i, p_repl.Welcome) for i in items):
-                task = next(t for t in server._tasks if t.get_name() == "replication link to b")
+                task = next(t for t in server.supervisor.tasks if t.get_name() == "replication link to b")
                 task.cancel()  # as stop() does, in the same iteration as the answer
                 stop.set()
                 seen.append(task)

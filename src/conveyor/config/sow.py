@@ -160,7 +160,7 @@ def _join_of(view: ViewConfig, topic: str) -> int:
 def _join_tree(doc: Document, joins: tuple[JoinConfig, ...]) -> tuple[str, ...]:
     """The joined topics, the driving one (the first ``Join``'s left) first: each
     ``Join`` after the first joins a topic joined before it, on its left, to a new one,
-    so that the joins form a tree under the driving topic (engine/joins.py)."""
+    so that the joins form a tree under the driving topic (engine/sow/joins.py)."""
     topics = [joins[0].left_topic]
     for jc in joins:
         if jc.left_topic not in topics:

@@ -94,7 +94,7 @@ class MessageCache:
     def peek(self, position: int) -> Entry:
         """The message at ``position`` as :meth:`get` gives it, but one read from the
         journal is not kept: a query reading a million old messages must not push out
-        the recent ones that deliveries read (engine/sow_query.py)."""
+        the recent ones that deliveries read (engine/sow/production.py)."""
         entry = self._entries.get(position)
         return entry if entry is not None else self._load(position)
 

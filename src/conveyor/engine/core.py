@@ -20,7 +20,7 @@ part                          owns
 :class:`StateOfTheWorld`      SOW topics, views, their queries and subscriptions,
                               aggregated subscriptions, views over queues
 :class:`Queries`              query results on their way, paced to their
-                              connections like replays (sow_query.py)
+                              connections like replays (sow/production.py)
 ============================  =========================================================
 
 Rules the engine itself keeps:
@@ -79,9 +79,10 @@ from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
 from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication import PeerLinks, Replication
 from conveyor.engine.sessions import Session, SubKind
-from conveyor.engine.sow import key_text
-from conveyor.engine.sow_query import Queries
-from conveyor.engine.state_of_world import RecordsSubscribe, StateOfTheWorld
+from conveyor.engine.sow.production import Queries
+from conveyor.engine.sow.state import StateOfTheWorld
+from conveyor.engine.sow.subscriptions import RecordsSubscribe
+from conveyor.engine.sow.topic import key_text
 from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.ports import JournalPort
@@ -157,7 +158,7 @@ class Engine:
         # nothing is assigned into a part afterwards (docs/architecture.md, "Assembly").
         self.bindings = QueueBindings(config, self.cache, budget)
         self.topics = Topics(journal, self.outbox, budget)
-        # Query results on their way to their connections, paced like replays (sow_query.py).
+        # Query results on their way to their connections, paced like replays (sow/production.py).
         self.queries = Queries(self.outbox, budget)
         self.delivery = QueueDelivery(
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
@@ -205,7 +206,7 @@ class Engine:
 
     def retention_floor(self, checkpoint: Checkpoint) -> int:
         """The lowest position anything needs (recovery.py), query results on their way
-        included (sow_query.py rule 8)."""
+        included (sow/production.py rule 8)."""
         floor = self.recovery.retention_floor(checkpoint)
         queries = self.queries.floor()
         return floor if queries is None else min(floor, queries)
@@ -399,9 +400,9 @@ class Engine:
         self.delivery.dispatch(now)
         if self.replicated_queues:
             self.replicated_queues.tick(now)  # subscribers with room may want messages owned elsewhere
-        self.sow.flush(now)  # views see this step's queue moves (engine/views.py rule 3)
+        self.sow.flush(now)  # views see this step's queue moves (engine/sow/view.py rule 3)
 
-    # --- State of the World commands (engine/state_of_world.py) ---------------------------------
+    # --- State of the World commands (engine/sow/state.py) --------------------------------------
 
     def _sow(self, conn: int, cmd: m.Sow, now: float) -> None:
         opts = parse_options("sow", cmd.options)
@@ -615,7 +616,7 @@ class Engine:
         return now + expiration
 
     def _publish_sow(self, session: Session, cmd: m.Publish | m.DeltaPublish, topic: str, now: float) -> None:
-        """A publish or delta publish to a SOW topic (engine/state_of_world.py rule 1): the
+        """A publish or delta publish to a SOW topic (engine/sow/state.py rule 1): the
         final message, its SowKey and expiry are decided before it is journaled. A delta
         publish to a topic without SOW is a plain publish of its payload."""
         if topic in self.sow.views:
@@ -677,9 +678,9 @@ class Engine:
             entry = None
             sow_key = p.sow_key
             if p.origin and p.topic in sow_topics:
-                # replicated: the key as this instance's Key defines it (state_of_world rule 7)
+                # replicated: the key as this instance's Key defines it (sow/state.py rule 7)
                 sow_key = sow.local_key(p.position, p.topic, p.data, sow_key) or ""
-            if sow_key:  # a SOW record changes (engine/state_of_world.py rule 1)
+            if sow_key:  # a SOW record changes (engine/sow/state.py rule 1)
                 def entry_of(p: PendingPublish = p) -> Entry:
                     nonlocal entry
                     entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
@@ -756,7 +757,7 @@ class Engine:
         return len(self.topics.replay_connections() | set(self.queries.connections()))
 
     def querying(self, conn_id: int) -> bool:
-        """Whether a query result of ``conn_id`` is on its way (sow_query.py rule 4)."""
+        """Whether a query result of ``conn_id`` is on its way (sow/production.py rule 4)."""
         return self.queries.querying(conn_id)
 
     @property
@@ -772,7 +773,7 @@ class Engine:
         """One turn of background delivery: the fan-outs a filter budget cut short, then
         bookmark replays by up to ``budget`` records and query results by up to ``budget``
         rows, except those of the connections in ``paused`` (their output is full: flow
-        control, topics.py rule 2, sow_query.py rule 4) and within the bytes ``room``
+        control, topics.py rule 2, sow/production.py rule 4) and within the bytes ``room``
         gives a connection. True while any has work for the next turn."""
         topics = self.topics
         topics.new_turn()

@@ -61,7 +61,7 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue import AckOption, Consumer, Delivery, Event
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings, consumer_predicate
 from conveyor.engine.queue_events import Expired
-from conveyor.engine.sow_query import Production, Queries, Snapshot, frozen_positions, query_failed
+from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen_positions, query_failed
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types

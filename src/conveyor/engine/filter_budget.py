@@ -2,7 +2,7 @@
 evaluates subscribers' filters on the way out: topic fan-out and replays
 (:mod:`conveyor.engine.topics` rule 1), queue dispatch (:mod:`conveyor.engine.queue`
 rule 12) and SOW record, delta and aggregated subscriptions
-(:mod:`conveyor.engine.state_of_world` rule 9).
+(:mod:`conveyor.engine.sow.state` rule 9).
 
 Filters are charged their worst-case cost in ticks (:func:`conveyor.engine.filters.filter_cost_ticks`)
 before they run. When the turn cannot afford the next one, the part stops where it is

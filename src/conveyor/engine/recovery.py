@@ -28,7 +28,7 @@ live engine applies, each queue from its recovery point. Rules:
 5. After the scan every queue's ``end_replay`` runs (messages already at a limit
    expire, journaled), TargetQueueDepth windows refill, and named consumers get their
    unacked deliveries back for one LeasePeriod.
-6. **State of the World** (:mod:`conveyor.engine.state_of_world`): SOW topics are a fold
+6. **State of the World** (:mod:`conveyor.engine.sow.state`): SOW topics are a fold
    over their publishes and deletes, replayed from each topic's floor in the checkpoint
    (the whole journal for a topic without one); views are rebuilt from their sources.
 """
@@ -57,7 +57,7 @@ from conveyor.engine.topics import Topics
 if TYPE_CHECKING:
     from conveyor.engine.ownership import ReplicatedQueues
     from conveyor.engine.queue_replica import OwnershipState
-    from conveyor.engine.state_of_world import StateOfTheWorld
+    from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
 

@@ -71,7 +71,7 @@ from conveyor.protocol import replication as p
 if TYPE_CHECKING:
     from conveyor.engine.consumers import NamedConsumers
     from conveyor.engine.ownership import QueueRecord, ReplicatedQueues
-    from conveyor.engine.state_of_world import StateOfTheWorld
+    from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.replication")
 

@@ -9,7 +9,7 @@ three kinds, fixed when it is made:
 - ``REPLAY``: a bookmark subscription: replays the journal, then continues live with no
   gap and no duplicate at the seam (:mod:`conveyor.engine.topics`);
 - ``RECORDS``: the records of a SOW topic or a view, or an aggregated subscription: full
-  records, deltas, out-of-focus notices (:mod:`conveyor.engine.state_of_world`).
+  records, deltas, out-of-focus notices (:mod:`conveyor.engine.sow.state`).
 
 Which queues a queue subscription takes from is the delivery's business
 (:class:`conveyor.engine.delivery.QueueDelivery`), not the session's.
@@ -31,7 +31,7 @@ class SubKind(enum.Enum):
     PUBSUB = "pubsub"
     QUEUE = "queue"
     REPLAY = "replay"
-    RECORDS = "records"  # a SOW topic's or view's records (engine/state_of_world.py)
+    RECORDS = "records"  # a SOW topic's or view's records (engine/sow/state.py)
 
 
 @dataclass(slots=True, eq=False)

@@ -54,7 +54,7 @@ from conveyor.expr import Expression
 from conveyor.protocol.options import Options, parse_options
 
 if TYPE_CHECKING:
-    from conveyor.engine.state_of_world import StateOfTheWorld
+    from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
 

@@ -1,12 +1,14 @@
 """One client connection: bytes in through the codec, frames out, and why it closed.
 
-The connection decides nothing: decoded commands go to :meth:`Server._handle`, and the
-server writes the engine's output with :meth:`write_frames`. Rules it keeps:
+The connection decides nothing: decoded commands go to its host's ``handle`` (the
+server), and the server writes the engine's output with :meth:`write_frames`. It knows
+the server only as a :class:`ConnectionHost`: the few calls it makes, nothing else.
+Rules it keeps:
 
 - Output beyond the transport's ``output_bytes_max`` (``SlowClientDisconnectThreshold``)
   closes the connection *at once* (``abort``): buffering more for a reader that does
   not keep up would only grow memory. The server also keeps the output of all
-  connections together under ``Limits/OutputBudget`` (server.py).
+  connections together under ``Limits/OutputBudget`` (server/output.py).
 - When the socket is full (``pause_writing``) the server is told, so that output it
   can hold back (bookmark replays, query results) waits until the socket drains
   (``resume_writing``).
@@ -32,15 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from conveyor import errors
 from conveyor.config.model import Transport
 from conveyor.protocol import messages as m
 from conveyor.protocol.codec import CommandDecoder, encode_frames, http_request_start
-
-if TYPE_CHECKING:
-    from conveyor.server.server import Server
 
 log = logging.getLogger("conveyor.server")
 
@@ -48,8 +48,35 @@ LINGER_S = 2.0  # a lingering close waits this long for the client to close its 
 HTTP_REQUEST_LINE_LOGGED_MAX = 120  # characters of an HTTP request line quoted in the log
 
 
+class ConnectionHost(Protocol):
+    """What a connection calls on the server that accepted it (server/server.py), all of it."""
+
+    clock: Callable[[], float]
+
+    def register(self, conn: Connection) -> None:
+        """The connection is made: number it, count it, tell the engine (or close it)."""
+
+    def handle(self, conn: Connection, items: list) -> None:
+        """Decoded commands (and ``Rejected`` frames), in order."""
+
+    def took_input(self, conn: Connection, size: int) -> None:
+        """``size`` bytes were read (server/pacing.py: a turn's input)."""
+
+    def unregister(self, conn: Connection) -> None:
+        """The connection is lost."""
+
+    def writing(self, conn: Connection, *, paused: bool) -> None:
+        """The socket filled up or drained (server/output.py: flow control)."""
+
+    def output_changed(self, conn: Connection, buffered: int) -> None:
+        """After a write, ``buffered`` bytes are unsent (server/output.py: the budget)."""
+
+    def admin_url(self) -> str | None:
+        """The admin interface's address as it listens, or None without one."""
+
+
 class Connection(asyncio.Protocol):
-    def __init__(self, server: Server, transport_config: Transport) -> None:
+    def __init__(self, server: ConnectionHost, transport_config: Transport) -> None:
         self.server = server
         self.config = transport_config
         self.decoder = CommandDecoder(transport_config.frame_bytes_max)
@@ -60,22 +87,20 @@ class Connection(asyncio.Protocol):
         self.heartbeat_s: float | None = None
         self.last_beat_sent = 0.0
         self.closed = False
-        self.buffered = 0  # unsent output bytes after the last write (the budget's count)
         # A client connection: the output budget, the default idle timeout and replay
-        # flow control apply. The server clears it for replication links, which bound
-        # their own output and are quiet when nothing is published.
+        # flow control apply. Not for replication links (numbered with ``link``), which
+        # bound their own output and are quiet when nothing is published.
         self.client = True
         self.close_reason: str | None = None
         # For the admin interface: counters only (one addition per read or write).
         self.connected_at = 0.0
         self.bytes_in = self.bytes_out = 0
         self.messages_in = self.messages_out = 0
-        # Authentication (server.py, docs/security.md): who this is once proved, and the
-        # commands that arrived while its logon was being verified.
+        # Authentication (server/gate.py, docs/security.md): who this is once proved, and
+        # the commands that arrived while its logon was being verified.
         self.authenticated = False
         self.user: str | None = None
         self.held: list | None = None
-        self.counted = ""  # "pending" or "user" once the server counts it against a limit
         self._head: bytes | None = b""  # the first bytes, until told apart from HTTP (then None)
         self._linger: asyncio.TimerHandle | None = None  # a lingering close's time limit
 
@@ -85,7 +110,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         self.peer = transport.get_extra_info("peername")
         self.last_heard = self.connected_at = self.server.clock()
-        self.server._register(self)
+        self.server.register(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -100,32 +125,66 @@ class Connection(asyncio.Protocol):
         items = self.decoder.next_items()
         if items:
             self.messages_in += len(items)
-            self.server._handle(self, items)
-        self.server._took_input(self, len(data))
+            self.server.handle(self, items)
+        self.server.took_input(self, len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        self.server._unregister(self)
+        self.server.unregister(self)
 
     def pause_writing(self) -> None:  # the socket is full; output accumulates in the transport
-        self.server._writing(self, paused=True)
+        self.server.writing(self, paused=True)
 
     def resume_writing(self) -> None:
-        self.server._writing(self, paused=False)
+        self.server.writing(self, paused=False)
+
+    # --- what the server tells it ------------------------------------------------------
+
+    def numbered(self, conn_id: int, *, link: bool = False) -> None:
+        """The server's number for this connection; a replication ``link`` is not a client."""
+        self.conn_id = conn_id
+        if link:
+            self.client = False
+
+    def authenticated_as(self, user: str) -> None:
+        self.user, self.authenticated = user, True
+
+    def hold(self, items: list) -> None:
+        """Keep ``items`` (commands behind a logon being verified) until :meth:`release_held`."""
+        self.held = list(items)
+
+    def release_held(self) -> list:
+        """The commands held (see :meth:`hold`), in order; nothing is held any more."""
+        held, self.held = self.held or [], None
+        return held
+
+    def set_heartbeat(self, interval_s: float | None) -> None:
+        """The client asked for server heartbeats every ``interval_s`` (None: no more)."""
+        self.heartbeat_s = interval_s
+
+    def beat_due(self, now: float) -> bool:
+        """A server heartbeat is due (then it counts as sent ``now``)."""
+        if self.heartbeat_s is None or now - self.last_beat_sent < self.heartbeat_s:
+            return False
+        self.last_beat_sent = now
+        return True
 
     # ----------------------------------------------------------------------------------
 
-    def write_frames(self, frames: list[bytes]) -> None:
+    def write_frames(self, frames: list[bytes], *, messages: int = 0) -> None:
+        """Write ``frames`` (holding ``messages`` of the engine's output: counted for the
+        admin interface whether or not they are still sent)."""
+        self.messages_out += messages
         if self.closed or self.transport is None:
             return
         self.transport.writelines(frames)
         for frame in frames:
             self.bytes_out += len(frame)
         buffered = self.transport.get_write_buffer_size()
-        self.server._output_changed(self, buffered)
+        self.server.output_changed(self, buffered)
         if buffered > self.config.output_bytes_max:
             self.close(
                 f"slow consumer: {buffered} bytes unsent, over the limit of {self.config.output_bytes_max}",
@@ -238,10 +297,9 @@ class Connection(asyncio.Protocol):
     def _admin_url(self) -> str | None:
         """The admin interface's address as this client can reach it: its own host when it
         listens on every address (0.0.0.0, ::). None without an admin interface."""
-        admin = self.server.admin
-        if admin is None:
+        url = self.server.admin_url()
+        if url is None:
             return None
-        url: str = admin.url
         scheme, _, rest = url.partition("://")
         host = rest.rsplit(":", 1)[0].strip("[]")
         if host in ("0.0.0.0", "::", ""):

@@ -23,7 +23,7 @@ Rules:
    transport's ``User``/``Password`` go in the ``Hello`` for a destination with
    ``Authentication``. A destination that refuses them answers ``Refused`` (rule 3).
    The incoming side authenticates in the server shell before the engine sees the
-   handshake (``Server.replica_frames``).
+   handshake (``Server.replica_frames``, server/gate.py).
 """
 
 from __future__ import annotations
@@ -61,24 +61,25 @@ class IncomingReplica(Connection):
 
     def __init__(self, server: Server, transport_config: Transport) -> None:
         super().__init__(server, transport_config)
+        self._server = server  # the whole server: the replication calls are beyond a ConnectionHost
         self.decoder = p.LinkDecoder(transport_config.frame_bytes_max)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.peer = transport.get_extra_info("peername")
         self.last_heard = self.server.clock()
-        self.server.register_replica(self)
+        self._server.register_replica(self)
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = self.server.clock()
         self.decoder.receive_data(data)
         items = self.decoder.next_items()
         if items:
-            self.server.replica_frames(self, items)
+            self._server.replica_frames(self, items)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.unregister_replica(self)
+        self._server.unregister_replica(self)
 
 
 class _LinkProtocol(Connection):

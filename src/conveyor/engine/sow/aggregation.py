@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 class MemberSink(Protocol):
     """What a source feeds its member changes to: an :class:`Aggregation`, or one side
-    of a join (engine/joins.py) that feeds one in turn. ``order``: the member's journal
+    of a join (engine/sow/joins.py) that feeds one in turn. ``order``: the member's journal
     position, or a view record's sequence number (rule 5)."""
 
     def add(self, member: Hashable, order: int, data: Any, meta: Any = None) -> bool: ...

@@ -10,7 +10,7 @@ value equals its parent record's, compared as text (``12345`` and ``12345.00``
 differ); a parent without a match is joined with nothing there (that topic's fields,
 and those of every topic below it, are NULL); a record that no root record reaches
 yields nothing. The joined rows are the members of the view's
-:class:`~conveyor.engine.aggregation.Aggregation`, so grouping and aggregates work as for
+:class:`~conveyor.engine.sow.aggregation.Aggregation`, so grouping and aggregates work as for
 one underlying topic. Rules:
 
 1. **Incremental.** A change of a record recomputes the rows of the root records it
@@ -42,7 +42,7 @@ from typing import Any, Callable, Hashable, Iterable, cast
 from conveyor import expr
 from conveyor.config.model import JoinConfig
 from conveyor.engine import poison
-from conveyor.engine.aggregation import Aggregation
+from conveyor.engine.sow.aggregation import Aggregation
 from conveyor.expr.nodes import Field, walk
 from conveyor.expr.parser import parse
 from conveyor.expr.projection import split_as

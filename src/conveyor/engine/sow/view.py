@@ -1,7 +1,8 @@
-"""Views and what feeds them: SOW topics, other views, and queues (reference G.2;
-docs/sow-and-views.md).
+"""A view, and a queue as a view's source (reference G.2; docs/sow-and-views.md). How
+views are built and fed from SOW topics, other views and queues, and rendered:
+:mod:`conveyor.engine.sow.views`.
 
-A :class:`View` is an :class:`~conveyor.engine.aggregation.Aggregation` with an output:
+A :class:`View` is an :class:`~conveyor.engine.sow.aggregation.Aggregation` with an output:
 its records (one per group) are a topic that answers queries and subscriptions like a
 SOW topic. A :class:`QueueWatch` makes a queue's *available* messages a source.
 Rules:
@@ -39,14 +40,14 @@ import msgspec
 
 from conveyor import errors
 from conveyor.config.model import ViewConfig
-from conveyor.engine.aggregation import Aggregation, MemberSink
 from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
-from conveyor.engine.focus import RecordChange
 from conveyor.engine.queue import Queue
 from conveyor.engine.queue_state import MessageState
-from conveyor.engine.sow import generated_key
+from conveyor.engine.sow.aggregation import Aggregation, MemberSink
+from conveyor.engine.sow.focus import RecordChange
+from conveyor.engine.sow.topic import generated_key
 from conveyor.expr.projection import key_value
 from conveyor.expr.values import to_text
 
@@ -66,13 +67,13 @@ class View:
 
     __slots__ = ("config", "name", "aggregation", "records", "feeds_queue", "_seq", "listeners", "key_paths", "_keys")
 
-    def __init__(self, config: ViewConfig, aggregation: Aggregation) -> None:
+    def __init__(self, config: ViewConfig, aggregation: Aggregation, *, feeds_queue: bool = False) -> None:
         self.config = config
         self.name = config.name
         self.aggregation = aggregation
         self.records: dict[int, Entry] = {}  # view key -> the record
         self._keys: dict[tuple[Hashable, ...], tuple[int, str]] = {}  # group -> its view key and its text (a checksum: kept)
-        self.feeds_queue = False
+        self.feeds_queue = feeds_queue  # rule 4: a queue takes the view as its underlying topic
         self._seq = 0
         #: Called with the RecordChanges of each flush: subscriptions, downstream views.
         self.listeners: list[Callable[[list[RecordChange], float], None]] = []

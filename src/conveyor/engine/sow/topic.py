@@ -39,7 +39,7 @@ import msgspec
 
 from conveyor import errors, expr
 from conveyor.config.model import SowTopicConfig
-from conveyor.engine import delta
+from conveyor.engine.sow import delta
 from conveyor.engine.queue_expiry import MessageExpiry
 from conveyor.expr.values import scalar, to_text
 from conveyor.protocol.payload import BodyRefused, decode_json
@@ -119,6 +119,10 @@ class SowTopic:
             return int(text)
         except ValueError:
             return None
+
+    def parse_keys(self, sow_keys: str) -> list[Any]:
+        """The keys a ``sow_keys`` option names (None where one does not parse)."""
+        return [self.parse_key(t.strip()) for t in sow_keys.split(",") if t.strip()]
 
     # --- publishing (rules 2 and 3) ------------------------------------------------------------
 

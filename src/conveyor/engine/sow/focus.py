@@ -7,7 +7,7 @@ A :class:`RecordChange` says one record changed (inserted, replaced, deleted, ex
 1. A record that passes the subscription's filter after the change is sent: whole, or
    for a delta subscription that had the record before, its key fields (``send_keys``,
    on by default; for a view, its grouping fields) and the fields that changed
-   (:mod:`conveyor.engine.delta`). ``no_empties`` skips a delta with no change. A record
+   (:mod:`conveyor.engine.sow.delta`). ``no_empties`` skips a delta with no change. A record
    the subscription did not have (new, or back in focus) is sent whole.
 2. ``oof``: the subscription remembers the keys it was sent; when such a record stops
    qualifying it gets an :class:`~conveyor.protocol.messages.OutOfFocus` with reason
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Callable, Hashable, cast
 
 import msgspec
 
-from conveyor.engine import delta, poison
+from conveyor.engine import poison
+from conveyor.engine.sow import delta
 from conveyor.engine.cache import Entry
 from conveyor.engine.outbox import Outbox
 from conveyor.protocol import messages as m
