@@ -1,5 +1,5 @@
 """Named consumers of a replicated queue follow it to the other instances
-(engine/consumers.py rule 7, engine/replication.py rule 7; docs/spark.md, "Failover
+(engine/consumers.py rule 7, engine/replication/__init__.py rule 7; docs/spark.md, "Failover
 between instances").
 
 The Spark source's named consumer is the query's position in a queue: its deliveries

@@ -1,4 +1,4 @@
-"""Deterministic simulation of a replicated queue across instances (engine/ownership.py).
+"""Deterministic simulation of a replicated queue across instances (engine/replication/ownership.py).
 
 One seed drives the topology (a third of the seeds with a priority queue), the
 publishers, the workers (attached to random instances: they take messages, acknowledge,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conveyor.protocol.bookmarks import bookmark_position
-from conveyor.engine.ownership import WAIT_DEFAULT_S
+from conveyor.engine.replication.ownership import WAIT_DEFAULT_S
 from conveyor.journal import MemoryJournal
 
 from .cluster import Cluster, destination, instance_xml

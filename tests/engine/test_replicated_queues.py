@@ -1,4 +1,4 @@
-"""Replicated queues: ownership, transfer, proxied transfer (engine/ownership.py).
+"""Replicated queues: ownership, transfer, proxied transfer (engine/replication/ownership.py).
 
 Each test quotes the sentence of the replicated-queue rules it checks
 (docs/replication.md, "Replicated queues"). Engines are joined by the simulated network
@@ -11,7 +11,7 @@ import logging
 
 from conveyor import records
 from conveyor.engine import recovery
-from conveyor.engine.ownership import REQUESTS_IN_FLIGHT_MIN, REQUESTS_PER_ROOM, WAIT_DEFAULT_S
+from conveyor.engine.replication.ownership import REQUESTS_IN_FLIGHT_MIN, REQUESTS_PER_ROOM, WAIT_DEFAULT_S
 from conveyor.protocol import messages as m
 
 from .cluster import Cluster, destination, instance_xml

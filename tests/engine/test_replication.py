@@ -1,4 +1,4 @@
-"""Replication between engines over a simulated network (engine/replication.py).
+"""Replication between engines over a simulated network (engine/replication/).
 
 Each test names the rule of docs/replication.md it checks. The network, the crashes
 and the clock are the cluster harness's (tests/engine/cluster.py): no sockets, no
@@ -11,7 +11,7 @@ import pytest
 
 from conveyor import errors
 from conveyor.config import load_text
-from conveyor.engine.replication import BATCH_BYTES_MAX
+from conveyor.engine.replication.source import BATCH_BYTES_MAX
 from conveyor.protocol.bookmarks import publisher_id
 from conveyor.protocol import messages as m
 
@@ -351,7 +351,7 @@ def test_a_destination_that_does_not_read_costs_the_source_its_window_only():
     c = pair()
     a = c.nodes["A"]
     window = 256 * 1024
-    a.engine.replication._window = window
+    a.engine.replication.source._window = window
     pub = a.connect("app")
     body = "x" * 4000
     for seq in range(1, 1001):  # about 4 MB of journal, 16 windows
@@ -381,12 +381,12 @@ def test_retention_keeps_what_a_destination_has_not_acknowledged():
     for seq in range(2, 6):
         publish(c, "A", pub, seq)
     a.commit()
-    behind = a.engine.replication.acknowledged()["B"]
+    behind = a.engine.replication.source.acknowledged()["B"]
     assert behind < a.journal.durable_end
     assert a.engine.retention_floor(a.engine.checkpoint()) <= behind
     c.connect("A", "B")
     c.settle()
-    assert a.engine.replication.acknowledged()["B"] > behind
+    assert a.engine.replication.source.acknowledged()["B"] > behind
     assert a.engine.retention_floor(a.engine.checkpoint()) > behind
 
 

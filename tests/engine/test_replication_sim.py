@@ -154,7 +154,7 @@ class Sim:
             self.fail(f"{pub.name} seq {seq} acknowledged as persisted by {node}, not durable there")
         repl = self.c.nodes[node].engine.replication
         # A sync destination covers what this node sends it (its topics, PassThrough).
-        holders = [link.name for link in repl.links.values() if link.holds_persisted and link.wants(mine[0], link.name)]
+        holders = [link.name for link in repl.source.links.values() if link.holds_persisted and link.wants(mine[0], link.name)]
         for n in holders:
             have = {(r.publisher, r.seq) for r in self.c.publishes(n)}  # durable: survives a crash of n
             if ident not in have:
@@ -288,14 +288,14 @@ def test_replication_simulation(seeds):
 
 def test_the_simulation_catches_a_lost_record():
     """The checker is not vacuous: dropping every batch's records on arrival is caught."""
-    import conveyor.engine.replication as repl
+    from conveyor.engine.replication import sink
 
-    original = repl.Replication._record_publish, repl.Replication._record_run
-    repl.Replication._record_publish = lambda self, rec, payload, link, now: 0
-    repl.Replication._record_run = lambda self, run, link, now: 0
+    original = sink.ReplicationSink._record_publish, sink.ReplicationSink._record_run
+    sink.ReplicationSink._record_publish = lambda self, rec, payload, link, now: 0
+    sink.ReplicationSink._record_run = lambda self, run, link, now: 0
     try:
         with pytest.raises(SimFailure):
             for seed in range(50):
                 Sim(seed).run()
     finally:
-        repl.Replication._record_publish, repl.Replication._record_run = original
+        sink.ReplicationSink._record_publish, sink.ReplicationSink._record_run = original

@@ -1,4 +1,4 @@
-"""SOW topics and views across replicated instances (engine/replication.py rule 8,
+"""SOW topics and views across replicated instances (engine/replication/__init__.py rule 8,
 engine/sow/state.py rule 7; docs/sow-and-views.md, "Replication").
 
 The invariant every test checks: a SOW topic replicated to another instance holds the

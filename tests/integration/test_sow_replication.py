@@ -1,5 +1,5 @@
 """A SOW topic replicated between real server processes (docs/sow-and-views.md,
-"Replication"; engine/replication.py rule 8): the destination rebuilds the same records
+"Replication"; engine/replication/__init__.py rule 8): the destination rebuilds the same records
 and views from what replication brings, live and after a SIGKILL and restart.
 """
 

@@ -40,7 +40,7 @@ A named consumer ``(queue, name)`` is durable and independent of connections. Ru
    claim...) waits until the sync destinations hold its record
    (``send_when_persisted``): a delivery the query was told of is never unknown on a
    sync destination. A lease there takes the messages this instance owns and, with
-   proxied transfer on (engine/ownership.py rule 6), those of an owner it cannot
+   proxied transfer on (engine/replication/ownership.py rule 6), those of an owner it cannot
    reach, by one proxied transfer per lease; a re-offer of a message another instance
    owns reports it held elsewhere (the query reads it, and its ack removes it
    everywhere). Such a lease never takes, by proxied transfer, a message that is an
@@ -84,7 +84,7 @@ from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.ownership import ReplicatedQueues
+from conveyor.engine.replication.ownership import ReplicatedQueues
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import AckOption, Consumer, Event, TakeBack
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings

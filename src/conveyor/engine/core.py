@@ -58,7 +58,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
-from typing import Any, Callable, Container, Iterable, Mapping
+from typing import Callable, Container, Iterable, Mapping
 
 import msgspec
 
@@ -76,8 +76,9 @@ from conveyor.engine.publish_log import PendingPublish, PublishLog
 from conveyor.engine.queue import Queue, QueueStats
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
-from conveyor.engine.ownership import OwnershipStats, ReplicatedQueues
-from conveyor.engine.replication import PeerLinks, Replication
+from conveyor.engine.replication.ownership import OwnershipStats, ReplicatedQueues
+from conveyor.engine.replication.links import PeerLinks
+from conveyor.engine.replication.replication import Replication
 from conveyor.engine.sessions import Session, SubKind
 from conveyor.engine.sow.production import Queries
 from conveyor.engine.sow.state import StateOfTheWorld
@@ -705,14 +706,14 @@ class Engine:
         replication = self.replication
         replication.durable(now)
         if replication.enabled:
-            replication.pump(now)
+            replication.source.pump(now)
         self._release()
         self._dispatch(now)
 
     def _release(self) -> None:
         """Send what waited for durability, and what waited for persistence: durable
         here and on every sync replication destination."""
-        floor = self.replication.persisted_floor()
+        floor = self.replication.source.persisted_floor()
         self.outbox.release(floor)
         if floor is not None:
             self.publishes.persisted(floor)
@@ -728,7 +729,7 @@ class Engine:
         self.transactions.staging.expire(now)
         self.sow.tick(now)
         if self.replication.enabled:
-            self.replication.tick(now)
+            self.replication.source.tick(now)
             self._release()  # a downgraded destination no longer holds persisted acks
         if self.replicated_queues:
             self.replicated_queues.tick(now)
@@ -799,28 +800,28 @@ class Engine:
 
     def link_hello(self, destination: str) -> p_repl.Hello:
         """What to send first on a new outgoing link to ``destination``."""
-        return self.replication.hello(destination)
+        return self.replication.source.hello(destination)
 
     def link_up(self, destination: str, conn_id: int, welcome: p_repl.Welcome, now: float) -> None:
         """The destination answered; raises ReplicationRefused when a rule is broken."""
         self.outbox.open(conn_id)
         try:
-            self.replication.link_up(destination, conn_id, welcome, now)
+            self.replication.source.link_up(destination, conn_id, welcome, now)
         except errors.ReplicationRefused:
             self.outbox.forget(conn_id)
             raise
-        self.replication.pump(now)
+        self.replication.source.pump(now)
 
     def link_down(self, destination: str, conn_id: int | None, reason: str | None, now: float) -> None:
-        self.replication.link_down(destination, reason, now)
+        self.replication.source.link_down(destination, reason, now)
         if conn_id is not None:
             self.outbox.forget(conn_id)
 
     def link_acked(self, conn_id: int, acked: p_repl.Acked, now: float) -> None:
         """An outgoing link's destination holds everything below ``acked.through``."""
-        self.replication.acked(conn_id, acked.through, now)
+        self.replication.source.acked(conn_id, acked.through, now)
         self._release()
-        self.replication.pump(now)
+        self.replication.source.pump(now)
 
     def replica_connected(self, conn_id: int) -> None:
         """A source connected to the incoming replication transport."""
@@ -832,14 +833,14 @@ class Engine:
             match item:
                 case p_repl.Hello():
                     try:
-                        self.outbox.send(conn_id, self.replication.accept(conn_id, item, now))
+                        self.outbox.send(conn_id, self.replication.sink.accept(conn_id, item, now))
                     except errors.ReplicationRefused as exc:
                         log.error("replication from %s refused: %s", item.profile.instance, exc)
                         self.outbox.send(conn_id, p_repl.Refused(reason=str(exc)))
                         self.outbox.close(conn_id, f"replication refused: {exc}")
                         return
                 case p_repl.Batch():
-                    self.replication.receive(conn_id, item, now)
+                    self.replication.sink.receive(conn_id, item, now)
                 case _:
                     reason = getattr(item, "error", None) or f"unexpected {type(item).__name__} from a source"
                     self.outbox.close(conn_id, f"replication protocol error: {reason}")
@@ -847,7 +848,7 @@ class Engine:
         self._dispatch(now)  # replicated removals and transfers may free or bring work
 
     def replica_disconnected(self, conn_id: int) -> None:
-        self.replication.closed(conn_id)
+        self.replication.sink.closed(conn_id)
         self.outbox.forget(conn_id)
 
     def _run_publish_actions(self, entry: Entry, replicated: bool) -> None:

@@ -851,7 +851,7 @@ class Queue:
         t = self._order.take(key)
         return p, self._leases.lease(p, seat, deadline, t, key, delivery=delivery)
 
-    # --- replicated queues (rule 11; the engine decides, engine/ownership.py) --------------------
+    # --- replicated queues (rule 11; the engine decides, engine/replication/ownership.py) --------------------
 
     def _elsewhere_before(self, b: int) -> bool:
         first = self._replica.first() if self._replica else None

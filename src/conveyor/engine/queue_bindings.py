@@ -35,7 +35,7 @@ from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import compile_filter, filter_cost_ticks
-from conveyor.engine.ownership import QueueOwnership
+from conveyor.engine.replication.ownership import QueueOwnership
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue import Queue
 from conveyor.engine.routes import RouteCache
@@ -81,7 +81,7 @@ class QueueBinding:
     def __init__(self, config: QueueConfig, cache: MessageCache, budget: FilterBudget | None = None, *,
                  replicated_at: str | None = None) -> None:
         """``replicated_at``: this instance's name when the queue is replicated (its
-        messages then follow ownership, engine/ownership.py)."""
+        messages then follow ownership, engine/replication/ownership.py)."""
         self.config = config
         self.name = config.name
         self.filter = _compiled(config, "Filter", config.filter)
@@ -97,7 +97,7 @@ class QueueBinding:
             return cache.get(position), position
 
         self.queue = Queue(config, load=load, budget=budget, replicated=replicated_at is not None)
-        #: A replicated queue's QueueOwnership (engine/ownership.py); None: not replicated.
+        #: A replicated queue's QueueOwnership (engine/replication/ownership.py); None: not replicated.
         self.ownership: QueueOwnership | None = None if replicated_at is None else QueueOwnership(
             replicated_at, self.queue, kind=config.kind, initial_owner=config.initial_owner,
             deferred_ack_expiration_s=config.deferred_ack_expiration_s)

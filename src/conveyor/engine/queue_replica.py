@@ -5,7 +5,7 @@ The queue moves messages through the transition table (ELSEWHERE, TRANSFER_IN/OU
 tells this part what happened; every move out of the queue for good reaches
 :meth:`Replica.left` through the transition table itself (``Transitions.on_leave``), live
 and in a replay alike, so no caller keeps a second map in step and a restart needs no
-repair pass. :class:`conveyor.engine.ownership.QueueOwnership` decides (requests, grants,
+repair pass. :class:`conveyor.engine.replication.ownership.QueueOwnership` decides (requests, grants,
 transfers, tombstones) over what this part holds. Rules:
 
 1. **Identity.** Each message in the queue here is known by ``(publisher, seq)``, the
@@ -45,7 +45,7 @@ LEFT_MAX = 10_000
 
 
 class Tombstone(msgspec.Struct, array_like=True, frozen=True):
-    """A removal of a message that was not here (engine/ownership.py rule 3), as a
+    """A removal of a message that was not here (engine/replication/ownership.py rule 3), as a
     checkpoint and a snapshot keep it: a row ``[publisher, seq, kind, when]``."""
 
     publisher: int

@@ -38,7 +38,7 @@ This module sees nothing of the queue but that state. Rules:
 6. **Replicated queues** add the messages another instance owns (position, owner,
    publish and arrival times; those leased here whose ownership moved away are among
    them, as their lease ends with the restart) and the engine's ownership state for the
-   messages in the queue (``engine/ownership.py``: each one's identity, the transfers
+   messages in the queue (``engine/replication/ownership.py``: each one's identity, the transfers
    that decided its owner, and the recent leavers a named consumer may still name),
    filled in by the engine. A snapshot is used only by a queue that is replicated as
    it was when the snapshot was taken (``replicated``).
@@ -107,7 +107,7 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     elsewhere_priorities: list[int] = []
     idents: bytes = b""  # every message in the queue: positions 'q', publishers 'Q', seqs 'q'
     left: bytes = b""  # recent leavers, oldest first, the same columns
-    ownership: OwnershipState = OwnershipState()  # tombstones and transfers (engine/ownership.py)
+    ownership: OwnershipState = OwnershipState()  # tombstones and transfers (engine/replication/ownership.py)
     expiries: bytes = b""  # messages with an expiry of their own: positions 'q' + expiry times 'd'
 
 

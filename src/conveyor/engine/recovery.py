@@ -51,11 +51,11 @@ from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue_paging import PageFile
 from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
-from conveyor.engine.replication import Replication
+from conveyor.engine.replication.replication import Replication
 from conveyor.engine.topics import Topics
 
 if TYPE_CHECKING:
-    from conveyor.engine.ownership import ReplicatedQueues
+    from conveyor.engine.replication.ownership import ReplicatedQueues
     from conveyor.engine.queue_replica import OwnershipState
     from conveyor.engine.sow.state import StateOfTheWorld
 
@@ -122,7 +122,7 @@ class Checkpoint:
     # so publishes it may lack stay unpersisted after a restart.
     links: dict[str, int] = field(default_factory=dict)
     # Replicated queues: queue -> ownership state (tombstones, transfers) the journal
-    # above the queue's recovery point may not hold (engine/ownership.py).
+    # above the queue's recovery point may not hold (engine/replication/ownership.py).
     ownership: dict[str, OwnershipState] = field(default_factory=dict)
     # State of the World: SOW topic (or "view:<name>", a view's journaled records) -> the
     # position its rebuild starts at (every record below it was replaced or deleted).
@@ -168,7 +168,7 @@ class Recovery:
         return Checkpoint(position=end, queues=queues, publishers=self._publishes.sequences(),
                           holes=self._publishes.holes(),
                           consumers=self._named.export_state(), snapshots=taken,
-                          replication=self._replication.received(), links=self._replication.acknowledged(),
+                          replication=self._replication.sink.received(), links=self._replication.source.acknowledged(),
                           ownership=self._queues.export_state() if self._queues else {},
                           sow=self._sow.floors(first_unapplied) if self._sow is not None else {},
                           created={b.name: self._created.get(b.name, end) for b in self._bindings})
@@ -216,8 +216,8 @@ class Recovery:
             self._publishes.restore(checkpoint.publishers, checkpoint.holes)
             self._named.restore(checkpoint.consumers, checkpoint.position)
             for source, (journal_id, through) in checkpoint.replication.items():
-                self._replication.recovered(records.ReceivedRec(source, journal_id, through))
-            self._replication.restore_acknowledged(checkpoint.links)
+                self._replication.sink.recovered(records.ReceivedRec(source, journal_id, through))
+            self._replication.source.restore_acknowledged(checkpoint.links)
             if self._queues is not None:
                 self._queues.restore(checkpoint.ownership, now)
         created = checkpoint.created if checkpoint is not None else {}
@@ -240,7 +240,7 @@ class Recovery:
         persisted_end = None
         if self._publishes.track_persisted:
             # Publishes a sync destination may lack must stay unpersisted (publish_log rule 4).
-            persisted_end = self._replication.persisted_floor() or 0
+            persisted_end = self._replication.source.persisted_floor() or 0
             scan_from = min(scan_from, persisted_end)
         scan_from = max(scan_from, first)
         self._persisted_end = persisted_end
@@ -315,7 +315,7 @@ class Recovery:
         self._publish(pos, rec, scan.points, scan.times, now)
 
     def _received_record(self, pos: int, rec: records.ReceivedRec, scan: _Scan, now: float) -> None:
-        self._replication.recovered(rec)
+        self._replication.sink.recovered(rec)
 
     def _ownership_record(self, pos: int, rec: OwnershipRecord, scan: _Scan, now: float) -> None:
         queues = self._queues

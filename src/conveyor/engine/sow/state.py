@@ -46,7 +46,7 @@ Rules:
 6. **Restart**: recovery replays publishes and deletes (:meth:`recovered`); then
    :meth:`end_recovery` drops expired records, fills the views over queues, and
    catches up rule 5. The checkpoint keeps each topic's floor (:meth:`floors`).
-7. **Replication** (engine/replication.py rule 8): a replicated publish changes the
+7. **Replication** (engine/replication/__init__.py rule 8): a replicated publish changes the
    record of the key *this* instance's ``Key`` computes from the message (live and
    after a restart alike), and keeps the expiry stamped where it was first published.
    A ``sow_delete`` travels by identity: here it removes a key only if its current

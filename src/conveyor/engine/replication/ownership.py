@@ -68,10 +68,9 @@ from conveyor.engine.queue_replica import Ident, OwnershipState, Tombstone, Tran
 from conveyor.engine.ports import JournalPort
 
 if TYPE_CHECKING:
-    from conveyor.config.model import QueueConfig
     from conveyor.engine.cache import MessageCache
     from conveyor.engine.delivery import QueueDelivery
-    from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+    from conveyor.engine.queue_bindings import QueueBindings
 
 log = logging.getLogger("conveyor.replication")
 

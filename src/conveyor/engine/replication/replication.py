@@ -1,0 +1,72 @@
+"""The replication part of the engine: this instance's profile (what a handshake shows
+and checks) and the two sides, which share nothing but the journal and the profile, as
+a replica and a primary keep separate state machines: :class:`ReplicationSource` (what
+each destination needs, package rules 1, 3, 4) and :class:`ReplicationSink` (what each
+source sends, rules 2, 3, 5). The engine calls each side directly; this part answers
+only what needs both."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conveyor.config.model import Config
+from conveyor.engine.outbox import Outbox
+from conveyor.engine.ports import JournalPort
+from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.replication.links import PeerLinks
+from conveyor.engine.replication.sink import InLinkStats, ReplicationSink
+from conveyor.engine.replication.source import WINDOW_BYTES_MAX_DEFAULT, LinkStats, ReplicationSource
+from conveyor.protocol import replication as p
+
+if TYPE_CHECKING:
+    from conveyor.engine.consumers import NamedConsumers
+    from conveyor.engine.replication.ownership import ReplicatedQueues
+    from conveyor.engine.sow.state import StateOfTheWorld
+
+
+class Replication:
+    def __init__(
+        self, config: Config, journal: JournalPort, publishes: PublishLog, outbox: Outbox, peers: PeerLinks, *,
+        journal_id: str, queues: ReplicatedQueues | None = None, sow: StateOfTheWorld | None = None,
+        consumers: NamedConsumers | None = None, window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
+    ) -> None:
+        """``queues``: the replicated queues (None: none here, rule 6); ``sow``: the State
+        of the World (rule 8); ``consumers``: the named consumers (rule 7)."""
+        self.instance = config.name
+        self.group = config.group or config.name  # an instance without a Group is its own group
+        self.journal_id = journal_id
+        self.profile = p.Profile(
+            instance=self.instance,
+            group=self.group,
+            journal_id=journal_id,
+            queues=[
+                p.QueueProfile(q.name, q.kind.value, q.underlying, q.filter, q.initial_owner) for q in config.queues
+            ],
+            destinations=[
+                p.DestinationProfile(link.name, [t.name for t in link.dest.topics], link.dest.pass_through, link.sync)
+                for link in peers.out.values()
+            ],
+        )
+        self.source = ReplicationSource(config, journal, outbox, peers, self.profile, queues=queues, sow=sow,
+                                        window_bytes_max=window_bytes_max)
+        self.sink = ReplicationSink(config, journal, publishes, outbox, peers, self.profile, queues=queues, sow=sow,
+                                    consumers=consumers)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.source.links)
+
+    @property
+    def routed(self) -> tuple[frozenset[type], frozenset[type]]:
+        """The record types (other than a publish) with a row in the send table and in
+        the receive table."""
+        return self.source.routed, self.sink.routed
+
+    def durable(self, now: float) -> None:
+        """The durable end moved: the sink acknowledges its sources (rule 3), the source
+        samples the end (to age what each destination lacks)."""
+        self.sink.durable()
+        self.source.sample(now)
+
+    def statistics(self, now: float) -> tuple[tuple[LinkStats, ...], tuple[InLinkStats, ...]]:
+        return self.source.statistics(now), self.sink.statistics()
