@@ -200,7 +200,9 @@ class BadExpiration(ClientError):
 class BadTopic(ClientError):
     """A topic written as a regular expression that is not one (``orders.(eu``): refused
     with the pattern and the position where it stops being one (``details``:
-    ``topic``, ``position``)."""
+    ``topic``, ``position``). Also a client's pattern that only a backtracking engine
+    runs (a backreference, a lookaround): client patterns run on RE2, and the reason
+    names the feature (``position`` None)."""
 
     code = "bad_topic"
 

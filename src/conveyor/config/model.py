@@ -13,9 +13,13 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from re import _constants as _sre  # the stdlib parser's opcodes (3.11+): what RE2 lacks
+from re import _parser as _sre_parse
+
+import re2
 
 from conveyor import errors
-from typing import Iterable
+from typing import Callable, Iterable
 
 # Characters that make a topic name a regular expression (AMPS treats such topics as
 # patterns). A plain name like "orders.eu" stays literal: '.' alone is not enough.
@@ -60,10 +64,11 @@ def quoted(pattern: str) -> str:
 
 
 def topic_matcher(pattern: str):
-    """A predicate over topic names: exact match, or a regex search for patterns. A
-    pattern that is not a valid regex raises BadTopic, one line naming the pattern and
-    the position (configured patterns are checked when the configuration loads, so
-    only a client's can fail here)."""
+    """A predicate over topic names: exact match, or a regex search for patterns, on
+    Python's re: for the configuration's patterns, which are trusted (a client's go
+    through :func:`client_topic_matcher`, RE2). A pattern that is not a valid regex
+    raises BadTopic, one line naming the pattern and the position (configured patterns
+    are checked when the configuration loads, so only a client's can fail here)."""
     if is_regex_topic(pattern):
         try:
             rx = _compile(pattern)
@@ -75,6 +80,91 @@ def topic_matcher(pattern: str):
                                   topic=pattern[:PATTERN_QUOTED_CHARS_MAX], position=position) from None
         return lambda name: rx.search(name) is not None
     return lambda name: name == pattern
+
+
+class _ClientRE2Options(re2.Options):
+    """How clients' patterns run on RE2: errors are returned (not logged on stderr), and
+    no capture groups: whether a topic matches is all that is asked, which RE2's DFA
+    answers."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_errors = False
+        self.never_capture = True
+
+
+_RE2_OPTIONS = _ClientRE2Options()
+
+# Features of Python's re that RE2 does not have (they need backtracking), as named to
+# the client whose pattern uses them.
+_RE2_LACKS = (
+    (_sre.GROUPREF, "backreferences"),
+    (_sre.GROUPREF_EXISTS, "conditional groups"),
+    (_sre.ASSERT, "lookaround"),
+    (_sre.ASSERT_NOT, "lookaround"),
+    (_sre.POSSESSIVE_REPEAT, "possessive quantifiers"),
+    (_sre.ATOMIC_GROUP, "atomic groups"),
+)
+
+
+def _features_re2_lacks(pattern: str) -> list[str]:
+    """The features of ``pattern`` (one that re compiles) that RE2 does not have, in
+    the order they first appear; empty when none is known (RE2 then says why)."""
+    try:
+        parsed = _sre_parse.parse(pattern)
+    except Exception:  # noqa: BLE001 - re compiled it; a private parser that moved names nothing
+        return []
+    found: dict[str, None] = {}
+    stack: list[object] = [parsed]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (list, tuple, _sre_parse.SubPattern)):
+            items = list(node)
+            if len(items) == 2:  # (opcode, argument); opcodes by identity: they are ints, like a range's (1, 5)
+                found.update((name, None) for op, name in _RE2_LACKS if items[0] is op)
+            stack.extend(reversed(items))
+    return list(found)
+
+
+def client_topic_matcher(pattern: str) -> Callable[[str], bool]:
+    """:func:`topic_matcher` for a pattern a client sent (subscribe, sow, queue
+    subscriptions...): the regex runs on RE2, in time linear in the topic's length, so no
+    pattern can stall the event loop by backtracking (``(a+)+$``). Configuration
+    patterns are trusted and keep :func:`topic_matcher` (Python's re).
+
+    The pattern must be valid for re (else today's BadTopic: the reason and position)
+    and for RE2: one that only re runs (backreferences, lookaround, possessive
+    quantifiers, atomic groups, conditional groups, or what RE2 refuses by its own
+    message, e.g. a repeat count over 1000) raises BadTopic naming why. Matching is an
+    unanchored search, as for configuration patterns."""
+    if not is_regex_topic(pattern):
+        return lambda name: name == pattern
+    topic_matcher(pattern)  # invalid for re: today's message, with the position
+    try:
+        rx = re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        features = _features_re2_lacks(pattern)
+        why = ", ".join(features) if features else "RE2: " + _re2_message(exc)
+        raise errors.BadTopic(f"topic {quoted(pattern)} uses a regular expression feature conveyor does not run "
+                              f"for clients ({why}): client patterns run in linear time (RE2)",
+                              topic=pattern[:PATTERN_QUOTED_CHARS_MAX], position=None) from None
+
+    def matches(name: str, _search: Callable[[str], object] = rx.search) -> bool:
+        try:
+            return _search(name) is not None
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 topic, so no match (never raised to the loop)
+            return False
+    return matches
+
+
+def _re2_message(exc: Exception) -> str:
+    """RE2's reason, as text on one line and not too long (it quotes the pattern)."""
+    raw = exc.args[0] if exc.args else exc
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    text = " ".join(text.split())
+    return text if len(text) <= PATTERN_QUOTED_CHARS_MAX else text[:PATTERN_QUOTED_CHARS_MAX] + "..."
 
 
 class QueueKind(enum.Enum):

@@ -29,7 +29,7 @@ import logging
 from typing import Callable, Iterator, cast
 
 from conveyor import errors, records
-from conveyor.config.model import Config, QueueConfig, topic_matcher
+from conveyor.config.model import Config, QueueConfig, client_topic_matcher
 from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
@@ -222,6 +222,7 @@ class QueueBindings:
         return hit
 
     def matching(self, pattern: str) -> list[str]:
-        """Names of the queues a subscription to ``pattern`` (a name or regex) covers."""
-        match = topic_matcher(pattern)
+        """Names of the queues a subscription to ``pattern`` (a name or regex) covers.
+        ``pattern`` is a client's: a regex runs on RE2 (BadTopic when it cannot)."""
+        match = client_topic_matcher(pattern)
         return [name for name in self.by_name if match(name)]

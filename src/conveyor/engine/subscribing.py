@@ -37,7 +37,7 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 from conveyor import errors
-from conveyor.config.model import is_regex_topic, topic_matcher
+from conveyor.config.model import client_topic_matcher, is_regex_topic, topic_matcher
 from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.entitlements import Permission, not_entitled
@@ -141,7 +141,7 @@ class Subscriptions:
     def _topic_matcher(session: Session, topic: str, permission: Permission) -> Callable[[str], bool]:
         """Rule 7 for topics: a literal topic is checked now; a regex one per topic, by
         the session's grants of the moment (a reload takes effect at once)."""
-        base: Callable[[str], bool] = topic_matcher(topic)
+        base: Callable[[str], bool] = client_topic_matcher(topic)  # a client's pattern: RE2
         if not session.restricted:
             return base
         if not is_regex_topic(topic):
@@ -163,7 +163,8 @@ class Subscriptions:
             max_backlog=effective_backlog(requested, configs),
         )
         session.subs[sub_id] = SessionSubscription(
-            sub_id, session.conn_id, cmd.topic, topic_matcher(cmd.topic), SubKind.QUEUE, flt, cmd.cid, consumer=consumer,
+            sub_id, session.conn_id, cmd.topic, client_topic_matcher(cmd.topic), SubKind.QUEUE, flt, cmd.cid,
+            consumer=consumer,
         )
         self._delivery.attach(consumer, names, now)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 import msgspec
 
 from conveyor import errors, expr
-from conveyor.config.model import topic_matcher
+from conveyor.config.model import client_topic_matcher
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import check_connection_filters, compile_filter
@@ -130,7 +130,8 @@ class SowSubscriptions:
                 self._queries.query(session.conn_id, cmd, now, sub=sub, opts=opts)
             self._followers.subscribe(cmd.topic, sub)
         session.subs[sub_id] = SessionSubscription(
-            sub_id, session.conn_id, cmd.topic, topic_matcher(cmd.topic), SubKind.RECORDS, flt, cmd.cid, consumer=sub,
+            sub_id, session.conn_id, cmd.topic, client_topic_matcher(cmd.topic), SubKind.RECORDS, flt, cmd.cid,
+            consumer=sub,
         )
         self._ack_subscribe(session, cmd, sub_id)
 
