@@ -24,7 +24,7 @@ import time
 from bench.bench_queue_memory import _config, drain_queue
 from bench.bench_queue_priority import _priorities, fill_queue
 from conveyor.config.model import Fairness, Semantics
-from conveyor.engine.queue import Consumer, Queue
+from conveyor.engine.queue.queue import Consumer, Queue
 
 KINDS = ("plain", "prio", "filtered", "amo")
 

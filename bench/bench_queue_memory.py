@@ -21,7 +21,7 @@ import tracemalloc
 from typing import Callable
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
-from conveyor.engine.queue import AckOption, Consumer, Queue
+from conveyor.engine.queue.queue import AckOption, Consumer, Queue
 
 MEMORY_TARGET_BYTES = 64
 

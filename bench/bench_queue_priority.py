@@ -28,7 +28,7 @@ from typing import Callable
 from bench.bench_queue_memory import drain_queue
 from bench.report import machine, median, write_section
 from conveyor.config.model import QueueConfig
-from conveyor.engine.queue import Consumer, Queue
+from conveyor.engine.queue.queue import Consumer, Queue
 
 TARGET_RATIO = 2.0  # priority throughput within 2x of the plain queue's
 MEMORY_TARGET_BYTES = 64

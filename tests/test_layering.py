@@ -304,10 +304,10 @@ ASSIGNMENTS_KNOWN = {
     "config/tree.py": 5,
     "engine/core.py": 11,
     "engine/delivery.py": 3,
-    "engine/queue.py": 2,
-    "engine/queue_journal.py": 1,
-    "engine/queue_leases.py": 3,
-    "engine/queue_paging.py": 10,
+    "engine/queue/queue.py": 2,
+    "engine/queue/journal.py": 1,
+    "engine/queue/leases.py": 3,
+    "engine/queue/paging.py": 10,
     "engine/recovery.py": 2,
     "engine/sow/subscriptions.py": 2,  # replace: a subscription's new filter
     "engine/subscribing.py": 10,
@@ -339,7 +339,7 @@ CLASS_LINES_MAX = 800
 LONG_KNOWN = {
     "cli/main.py:build_parser": 105,
     "engine/replication/ownership.py:requests": 100,
-    "engine/queue.py:Queue": 1155,
+    "engine/queue/queue.py:Queue": 1155,
 }
 
 

@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Callable, Hashable
 
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
-from conveyor.engine.queue_events import (
+from conveyor.engine.queue.events import (
     Acknowledged,
     AckOption,
     BarrierDelivered,
@@ -448,7 +448,7 @@ class ModelQueue:
 
 def replay(queue, event, now: float) -> None:
     """Apply one journaled event to a real :class:`Queue` through the replay verb the
-    engine's recovery maps its journal record to (queue_recovery rule 1)."""
+    engine's recovery maps its journal record to (queue/recovery.py rule 1)."""
     match event:
         case Leased(position=p, count=count):
             queue.replay_delivered(p, now, count=count)

@@ -27,7 +27,9 @@ import msgspec
 import pytest
 
 from conveyor import records
-from conveyor.engine import queue_paging, queue_priority, queue_store
+from conveyor.engine.queue import paging as queue_paging
+from conveyor.engine.queue import priority as queue_priority
+from conveyor.engine.queue import store as queue_store
 from conveyor.protocol import messages as m
 from conveyor.server.page_files import PageFiles
 

@@ -7,7 +7,7 @@ import pytest
 
 from conveyor import expr
 from conveyor.config.model import Fairness, QueueConfig, Semantics
-from conveyor.engine.queue import (
+from conveyor.engine.queue.queue import (
     Acknowledged,
     AckOption,
     BarrierDelivered,

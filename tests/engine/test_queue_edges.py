@@ -8,7 +8,7 @@ import math
 import pytest
 
 from conveyor.config.model import QueueConfig
-from conveyor.engine.queue import AckOption, Consumer, Queue, QueueStateError
+from conveyor.engine.queue.queue import AckOption, Consumer, Queue, QueueStateError
 from conveyor.errors import InvalidOption
 
 
@@ -46,7 +46,7 @@ def test_detached_consumer_is_attached_again_by_replace():
 
 
 def test_next_deadline_is_the_earliest_live_lease_after_many_acks():
-    """Acked leases leave stale deadlines behind (queue_leases rule 3; the bound on the
+    """Acked leases leave stale deadlines behind (queue/leases.py rule 3; the bound on the
     heap is tested in test_queue_parts); next_deadline skips them."""
     q, data = make(lease_period_s=100.0)
     c = Consumer("A", "A", max_backlog=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
 from conveyor.engine.explain import explain
-from conveyor.engine.queue import AckOption, Consumer, Queue
+from conveyor.engine.queue.queue import AckOption, Consumer, Queue
 
 
 def make(**kw):

@@ -11,9 +11,11 @@ import msgspec
 import pytest
 
 from conveyor.config.model import QueueConfig
-from conveyor.engine import queue_paging, queue_snapshot, queue_store
-from conveyor.engine.queue import AckOption, Consumer, Queue
-from conveyor.engine.queue_paging import PagedMessageStore, PageCorrupt
+from conveyor.engine.queue import paging as queue_paging
+from conveyor.engine.queue import snapshot as queue_snapshot
+from conveyor.engine.queue import store as queue_store
+from conveyor.engine.queue.queue import AckOption, Consumer, Queue
+from conveyor.engine.queue.paging import PagedMessageStore, PageCorrupt
 from conveyor.server.page_files import PageFiles
 
 

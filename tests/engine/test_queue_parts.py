@@ -8,16 +8,16 @@ import random
 import pytest
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
-from conveyor.engine import queue_priority
-from conveyor.engine.queue import AckOption, Queue
-from conveyor.engine.queue_consumer import Consumer
-from conveyor.engine.queue_events import ExpiryReason
-from conveyor.engine.queue_leases import HEAP_SLACK, HEAP_SLACK_MIN, LeaseTable
-from conveyor.engine.queue_order import DeliveryOrder
-from conveyor.engine.queue_priority import order_key
-from conveyor.engine.queue_seats import CANDIDATES_SLACK_MIN, Seats
-from conveyor.engine.queue_state import IllegalTransition, MessageState, Transitions, Verb
-from conveyor.engine.queue_window import ActiveWindow
+from conveyor.engine.queue import priority as queue_priority
+from conveyor.engine.queue.queue import AckOption, Queue
+from conveyor.engine.queue.consumer import Consumer
+from conveyor.engine.queue.events import ExpiryReason
+from conveyor.engine.queue.leases import HEAP_SLACK, HEAP_SLACK_MIN, LeaseTable
+from conveyor.engine.queue.order import DeliveryOrder
+from conveyor.engine.queue.priority import order_key
+from conveyor.engine.queue.seats import CANDIDATES_SLACK_MIN, Seats
+from conveyor.engine.queue.state import IllegalTransition, MessageState, Transitions, Verb
+from conveyor.engine.queue.window import ActiveWindow
 
 S = MessageState
 
@@ -270,7 +270,7 @@ def test_fifo_order_stops_at_the_first_barrier():
 
 def test_priority_epochs_join_when_a_barrier_leaves(monkeypatch):
     """Rules 2 and 4: a barrier that leaves joins its epochs; the first one grew, so the
-    filtered cursors are rebuilt. queue_priority rule 4: lazily removed entries are
+    filtered cursors are rebuilt. queue/priority.py rule 4: lazily removed entries are
     swept once they outnumber the live ones."""
     monkeypatch.setattr(queue_priority, "_STALE_SLACK", 8)
     grew = []
@@ -295,7 +295,7 @@ def test_priority_epochs_join_when_a_barrier_leaves(monkeypatch):
 
 
 def test_a_move_checks_where_the_message_is():
-    """queue_state rule 1: under __debug__, a move from a state the message is not in
+    """queue/state.py rule 1: under __debug__, a move from a state the message is not in
     fails before anything changes; step() trusts its caller; the table refuses a pair
     it does not have."""
     where = {7: S.AVAILABLE}

@@ -1,5 +1,5 @@
 """Priority queues (spec 000, "Priority Queues"; "Message Flow for Queues", step 3), and
-the compact priority index behind them (conveyor.engine.queue_priority)."""
+the compact priority index behind them (conveyor.engine.queue.priority)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from conveyor import expr
 from conveyor.config.model import Fairness, QueueConfig, Semantics
-from conveyor.engine import queue_priority
-from conveyor.engine.queue import (
+from conveyor.engine.queue import priority as queue_priority
+from conveyor.engine.queue.queue import (
     Acknowledged,
     AckOption,
     Consumer,
@@ -24,7 +24,7 @@ from conveyor.engine.queue import (
     Queue,
     QueueStateError,
 )
-from conveyor.engine.queue_priority import (
+from conveyor.engine.queue.priority import (
     KEY_END,
     POSITION_MASK,
     PRIORITY_MAX,
@@ -216,7 +216,7 @@ def test_acknowledged_and_expired_available_messages_are_not_delivered():
 
 
 def test_many_removals_by_bookmark_keep_the_order_right(monkeypatch):
-    """queue_priority rule 4: lazily removed entries are swept once they outnumber the
+    """queue/priority.py rule 4: lazily removed entries are swept once they outnumber the
     live ones (the index's size is checked in test_queue_parts); the order stays right."""
     monkeypatch.setattr(queue_priority, "_STALE_SLACK", 8)
     b = PBench()

@@ -1,4 +1,4 @@
-"""engine/queue_replica.py: the replica state of a replicated queue's messages.
+"""engine/queue/replica.py: the replica state of a replicated queue's messages.
 
 Rule 4: the messages not yet asked for are kept apart, in the order they came, so a
 transfer look reads only those (and the requests due again). Rules 1 and 5: a message
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
-from conveyor.engine.queue import AckOption, Consumer, Queue
-from conveyor.engine.queue_replica import LEFT_MAX, Replica
+from conveyor.engine.queue.queue import AckOption, Consumer, Queue
+from conveyor.engine.queue.replica import LEFT_MAX, Replica
 
 
 def test_asked_messages_leave_the_unasked_view_and_nothing_else():

@@ -37,8 +37,8 @@ import pytest
 
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
 from conveyor.engine.filter_budget import FilterBudget
-from conveyor.engine.queue import AckOption, Consumer, Queue, effective_backlog
-from conveyor.engine.queue_events import (
+from conveyor.engine.queue.queue import AckOption, Consumer, Queue, effective_backlog
+from conveyor.engine.queue.events import (
     Acknowledged,
     BarrierDelivered,
     Cancelled,
@@ -46,7 +46,7 @@ from conveyor.engine.queue_events import (
     Expired,
     Leased,
 )
-from conveyor.engine.queue_state import MessageState
+from conveyor.engine.queue.state import MessageState
 
 from .queue_model import MConsumer, ModelQueue, replay
 from tests.engine.seeds import seed_batches
@@ -167,7 +167,7 @@ class World:
 
     def refill_queue(self, qid: int, q: Queue) -> None:
         """Read the journal from refill_from() and offer each message of the queue to
-        activate() while the queue wants more (queue_window rule 3)."""
+        activate() while the queue wants more (queue/window.py rule 3)."""
         i = q.refill_from()
         while q.wants():
             self.expect(i is not None and i < len(self.journal), f"q{qid}: refill ran dry")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
-from conveyor.engine.queue import (
+from conveyor.engine.queue.queue import (
     Acknowledged,
     AckOption,
     Cancelled,

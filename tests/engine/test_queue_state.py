@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from conveyor.config.model import Semantics
-from conveyor.engine.queue_events import (
+from conveyor.engine.queue.events import (
     Acknowledged,
     BarrierDelivered,
     Cancelled,
@@ -17,7 +17,7 @@ from conveyor.engine.queue_events import (
     LeaseExpired,
     Returned,
 )
-from conveyor.engine.queue_state import (
+from conveyor.engine.queue.state import (
     TRANSITIONS,
     IllegalTransition,
     MessageState,
@@ -69,11 +69,11 @@ def test_every_pair_outside_the_table_is_illegal(semantics):
 
 def test_each_event_is_one_verb_and_has_a_record_and_a_replay():
     """Rule 2 of queue_state: every queue event is journaled by the engine's table
-    (engine/queue_journal.py), and every record it journals has a replay verb."""
+    (engine/queue/journal.py), and every record it journals has a replay verb."""
     from typing import get_args
 
-    from conveyor.engine import queue_journal
-    from conveyor.engine.queue_events import Event
+    from conveyor.engine.queue import journal as queue_journal
+    from conveyor.engine.queue.events import Event
 
     assert set(queue_journal.EVENT_RECORDS) == set(get_args(Event))
     assert set(queue_journal.EVENT_RECORDS.values()) <= set(queue_journal.RECORD_REPLAY)

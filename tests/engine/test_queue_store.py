@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.engine.queue_store import ChunkImage, MessageStore
+from conveyor.engine.queue.store import ChunkImage, MessageStore
 
 TINY = 4
 

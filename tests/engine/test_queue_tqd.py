@@ -1,6 +1,6 @@
 """TargetQueueDepth (spec 000, "Limiting Currently Deliverable Messages"; reference.md
 A.2 and D.1): the active window, deferred acknowledgements, and the engine's refill
-(conveyor.engine.queue_window)."""
+(conveyor.engine.queue.window)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
-from conveyor.engine.queue import (
+from conveyor.engine.queue.queue import (
     Acknowledged,
     AckOption,
     Consumer,
@@ -92,7 +92,7 @@ class TBench:
 
     def restart(self, now: float = 0.0, start: int = 0) -> Queue:
         """Replay as the engine does: publishes and events in journal order, refilling
-        after each event (queue_window rule 6), then end_replay and a last refill."""
+        after each event (queue/window.py rule 6), then end_replay and a last refill."""
         q = Queue(self.config, load=self.data.__getitem__, start=start)
         for p in sorted(self.journal):
             if p < start:

@@ -39,7 +39,7 @@ from fractions import Fraction
 import pytest
 
 from conveyor import records
-from conveyor.engine.queue_state import MessageState
+from conveyor.engine.queue.state import MessageState
 from conveyor.protocol import messages as m
 
 from .engine_harness import Harness, recorded

@@ -15,7 +15,7 @@ from importlib import resources
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     from conveyor.config import load_file
-    from conveyor.engine.queue import check_config
+    from conveyor.engine.queue.queue import check_config
 
     from conveyor.config.unsupported import refuse_unsupported
 

@@ -86,9 +86,9 @@ from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.replication.ownership import ReplicatedQueues
 from conveyor.engine.ports import JournalPort
-from conveyor.engine.queue import AckOption, Consumer, Event, TakeBack
-from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
-from conveyor.engine.queue_events import Acknowledged, LeaseExpired
+from conveyor.engine.queue.queue import AckOption, Consumer, Event, TakeBack
+from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
+from conveyor.engine.queue.events import Acknowledged, LeaseExpired
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
 

@@ -73,8 +73,8 @@ from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PendingPublish, PublishLog
-from conveyor.engine.queue import Queue, QueueStats
-from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+from conveyor.engine.queue.queue import Queue, QueueStats
+from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
 from conveyor.engine.replication.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication.links import PeerLinks

@@ -15,7 +15,7 @@ Rules:
    its backlog is shared, so a slot freed in one queue marks all of the consumer's queues
    dirty. The delivery owns which queues each consumer is attached to (and which a
    ``replace`` detached, still holding its leases).
-4. **Events become records through one table** (:mod:`conveyor.engine.queue_journal`);
+4. **Events become records through one table** (:mod:`conveyor.engine.queue.journal`);
    an expiry is journaled with the dead letters its actions publish, in one record.
 5. **A damaged record fails its own delivery only.** A message whose journal record no
    longer checks out (bit rot found when its body is read back) is journaled like the
@@ -50,7 +50,8 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterator, cast
 
 from conveyor import errors, records
 from conveyor.config.model import Semantics
-from conveyor.engine import poison, queue_journal
+from conveyor.engine import poison
+from conveyor.engine.queue import journal as queue_journal
 from conveyor.engine.actions import ExpiryActions
 from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
@@ -58,9 +59,9 @@ from conveyor.engine.filters import compile_filter, filter_cost_ticks
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue import AckOption, Consumer, Delivery, Event
-from conveyor.engine.queue_bindings import QueueBinding, QueueBindings, consumer_predicate
-from conveyor.engine.queue_events import Expired
+from conveyor.engine.queue.queue import AckOption, Consumer, Delivery, Event
+from conveyor.engine.queue.bindings import QueueBinding, QueueBindings, consumer_predicate
+from conveyor.engine.queue.events import Expired
 from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen_positions, query_failed
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m

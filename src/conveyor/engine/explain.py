@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
-from conveyor.engine.queue_state import MessageState
+from conveyor.engine.queue.state import MessageState
 from conveyor.protocol.bookmarks import format_bookmark
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The filter work one turn of the shell's loop may do, shared by every part that
 evaluates subscribers' filters on the way out: topic fan-out and replays
-(:mod:`conveyor.engine.topics` rule 1), queue dispatch (:mod:`conveyor.engine.queue`
+(:mod:`conveyor.engine.topics` rule 1), queue dispatch (:mod:`conveyor.engine.queue.queue`
 rule 12) and SOW record, delta and aggregated subscriptions
 (:mod:`conveyor.engine.sow.state` rule 9).
 

@@ -14,12 +14,12 @@ live engine applies, each queue from its recovery point. Rules:
    A FileBackedMetadata queue with a valid snapshot starts from the snapshot instead
    (rule 4). The scan starts at the oldest point needed.
 2. **Publishes** are offered to queues exactly as live (the queue filter evaluated at the
-   message's publish time, :mod:`conveyor.engine.queue_bindings` rule 1); queue records
-   replay through :mod:`conveyor.engine.queue_journal`; named-consumer records through
+   message's publish time, :mod:`conveyor.engine.queue.bindings` rule 1); queue records
+   replay through :mod:`conveyor.engine.queue.journal`; named-consumer records through
    :class:`~conveyor.engine.consumers.NamedConsumers`.
 3. **Transactions are whole or absent**: a run of transaction records is applied only
    once its last record is seen; a run a crash cut short at the tail is truncated.
-4. **FileBackedMetadata** (:mod:`conveyor.engine.queue_snapshot`): a snapshot is used only
+4. **FileBackedMetadata** (:mod:`conveyor.engine.queue.snapshot`): a snapshot is used only
    if it lies inside the durable journal, names a page file that exists, matches the
    queue's configuration and checks; otherwise the queue replays from its recovery
    point, which is always correct. Paging needs page files (``pages``: the server's
@@ -42,21 +42,22 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol
 import msgspec
 
 from conveyor import errors, records
-from conveyor.engine import queue_journal, queue_snapshot
+from conveyor.engine.queue import journal as queue_journal
+from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
 from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers, NamedConsumerState
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue_paging import PageFile
-from conveyor.engine.queue_bindings import QueueBinding, QueueBindings
+from conveyor.engine.queue.paging import PageFile
+from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
 from conveyor.engine.replication.replication import Replication
 from conveyor.engine.topics import Topics
 
 if TYPE_CHECKING:
     from conveyor.engine.replication.ownership import ReplicatedQueues
-    from conveyor.engine.queue_replica import OwnershipState
+    from conveyor.engine.queue.replica import OwnershipState
     from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
@@ -201,7 +202,7 @@ class Recovery:
     @staticmethod
     def _snapshot(b: QueueBinding, end: int, first_unapplied: int) -> queue_snapshot.QueueSnapshot:
         snap = b.queue.snapshot(events_from=end, publishes_from=first_unapplied)
-        if b.ownership is not None:  # queue_snapshot rule 6
+        if b.ownership is not None:  # queue/snapshot.py rule 6
             snap = msgspec.structs.replace(snap, **b.ownership.snapshot_fields())
         return snap
 

@@ -44,8 +44,8 @@ from conveyor.engine.entitlements import Permission, not_entitled
 from conveyor.engine.filters import check_connection_filters, compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
-from conveyor.engine.queue import Consumer, effective_backlog
-from conveyor.engine.queue_bindings import QueueBindings, consumer_predicate
+from conveyor.engine.queue.queue import Consumer, effective_backlog
+from conveyor.engine.queue.bindings import QueueBindings, consumer_predicate
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.topics import Topics
 from conveyor.protocol import messages as m

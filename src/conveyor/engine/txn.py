@@ -49,7 +49,7 @@ from conveyor import errors, records
 from conveyor.protocol.bookmarks import txn_publisher_id
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue_bindings import QueueBindings
+from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
 

@@ -29,7 +29,7 @@ import msgspec
 
 from conveyor.engine.consumers import NamedConsumerState
 from conveyor.engine.core import Checkpoint
-from conveyor.engine.queue_replica import OwnershipState
+from conveyor.engine.queue.replica import OwnershipState
 from conveyor.journal.files import write_atomic
 
 log = logging.getLogger("conveyor.server")
@@ -205,7 +205,7 @@ def page_files(directory: Path):
 
 
 def write_snapshots(directory: Path, snapshots: dict) -> None:
-    from conveyor.engine import queue_snapshot
+    from conveyor.engine.queue import snapshot as queue_snapshot
     from conveyor.server.page_files import PageFiles, file_stem
 
     files = PageFiles(pages_directory(directory))
@@ -220,7 +220,7 @@ def write_snapshots(directory: Path, snapshots: dict) -> None:
 
 def read_snapshots(directory: Path) -> dict:
     """Queue -> QueueSnapshot for every readable snapshot file (others: a warning)."""
-    from conveyor.engine import queue_snapshot
+    from conveyor.engine.queue import snapshot as queue_snapshot
 
     found = {}
     pages = pages_directory(directory)

@@ -1,4 +1,4 @@
-"""FileBackedMetadata page files: the I/O half of :mod:`conveyor.engine.queue_paging`.
+"""FileBackedMetadata page files: the I/O half of :mod:`conveyor.engine.queue.paging`.
 
 ``<JournalDirectory>/queues/<queue>.<generation>.fbm``: append-only, read at offsets
 (the rules are queue_paging's). :class:`PageFiles` is what the server hands to
@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from conveyor.engine.queue_paging import PageCorrupt
+from conveyor.engine.queue.paging import PageCorrupt
 
 SUFFIX = ".fbm"
 

@@ -281,7 +281,7 @@ class Server:
                 if self.journal.end == self.journal.durable_end:
                     break  # on_durable may append (expiries): commit those too
             # Without the queues' snapshots: those recovery just loaded stay valid on their
-            # own (queue_snapshot rule 1), and writing a deep queue's again would delay
+            # own (queue/snapshot.py rule 1), and writing a deep queue's again would delay
             # the first delivery; the next periodic checkpoint writes them.
             write_checkpoint(tlog.journal_directory, self.engine.checkpoint(snapshots=False))
             self.journal.save_prefix()  # the next open re-reads what recovery checked in one CRC pass

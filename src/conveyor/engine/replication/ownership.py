@@ -62,15 +62,15 @@ import msgspec
 
 from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
-from conveyor.engine import queue_snapshot
-from conveyor.engine.queue import Event, Queue
-from conveyor.engine.queue_replica import Ident, OwnershipState, Tombstone, TransferEpoch
+from conveyor.engine.queue import snapshot as queue_snapshot
+from conveyor.engine.queue.queue import Event, Queue
+from conveyor.engine.queue.replica import Ident, OwnershipState, Tombstone, TransferEpoch
 from conveyor.engine.ports import JournalPort
 
 if TYPE_CHECKING:
     from conveyor.engine.cache import MessageCache
     from conveyor.engine.delivery import QueueDelivery
-    from conveyor.engine.queue_bindings import QueueBindings
+    from conveyor.engine.queue.bindings import QueueBindings
 
 log = logging.getLogger("conveyor.replication")
 
@@ -98,7 +98,7 @@ class OwnershipStats(msgspec.Struct, frozen=True):
 class QueueOwnership:
     """Rules 1-8 for one replicated queue on this instance: the policy. The state of
     each message in the queue here (identity, owner, epoch, this instance's request) is
-    the queue's replica part (``engine/queue_replica.py``), which the queue's own
+    the queue's replica part (``engine/queue/replica.py``), which the queue's own
     transitions keep; this part holds only what is not about a message here: tombstones,
     the arrival-to-ack samples, the counters."""
 
@@ -406,7 +406,7 @@ class QueueOwnership:
         )
 
     def snapshot_fields(self) -> dict[str, object]:
-        """What the queue's snapshot adds for this part (queue_snapshot rule 6): the
+        """What the queue's snapshot adds for this part (queue/snapshot.py rule 6): the
         identity of every message in the queue, the transfers that decided their owners,
         the recent leavers."""
         return {

@@ -85,7 +85,7 @@ from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue_bindings import QueueBindings
+from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.engine.sessions import Session, SessionSubscription
 from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.production import Queries

@@ -40,7 +40,7 @@ import msgspec
 from conveyor import errors, expr
 from conveyor.config.model import SowTopicConfig
 from conveyor.engine.sow import delta
-from conveyor.engine.queue_expiry import MessageExpiry
+from conveyor.engine.queue.expiry import MessageExpiry
 from conveyor.expr.values import scalar, to_text
 from conveyor.protocol.payload import BodyRefused, decode_json
 

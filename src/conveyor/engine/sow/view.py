@@ -43,8 +43,8 @@ from conveyor.config.model import ViewConfig
 from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
-from conveyor.engine.queue import Queue
-from conveyor.engine.queue_state import MessageState
+from conveyor.engine.queue.queue import Queue
+from conveyor.engine.queue.state import MessageState
 from conveyor.engine.sow.aggregation import Aggregation, MemberSink
 from conveyor.engine.sow.focus import RecordChange
 from conveyor.engine.sow.topic import generated_key

@@ -20,7 +20,7 @@ from conveyor.config.model import Config, SowTopicConfig, ViewConfig, topic_matc
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue_bindings import QueueBindings
+from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.engine.sow.aggregation import Aggregation, MemberSink
 from conveyor.engine.sow.focus import RecordChange
 from conveyor.engine.sow.followers import Followers

@@ -3,7 +3,7 @@ the journal (spec 000, "Startup and Recovery for Queues"; reference.md A.2
 ``FileBackedMetadata``).
 
 A :class:`QueueSnapshot` is what replaying the journal would rebuild, at a point of the
-journal: the queue's exported :class:`~conveyor.engine.queue_events.QueueState`
+journal: the queue's exported :class:`~conveyor.engine.queue.events.QueueState`
 (``Queue.export_state`` / ``Queue.restore_state``) in a versioned, checksummed format.
 This module sees nothing of the queue but that state. Rules:
 
@@ -20,7 +20,7 @@ This module sees nothing of the queue but that state. Rules:
    the snapshot holds is not counted again, what recovery replays after it is.
 3. **Pages by reference.** A paged-out chunk is stored as ``(offset, count, crc)`` in
    the page file generation ``page_file``; pages are immutable
-   (:mod:`conveyor.engine.queue_paging`, rule 2), so the reference stays valid. The
+   (:mod:`conveyor.engine.queue.paging`, rule 2), so the reference stays valid. The
    resident chunks (head, tail, a few more) are inline. A page file must be fsynced
    before the snapshot naming it is written.
 4. **Valid or ignored.** A snapshot is used only for the same queue configuration
@@ -54,11 +54,11 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import msgspec
 
-from conveyor.engine.queue_events import QueueState
-from conveyor.engine.queue_paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
-from conveyor.engine.queue_priority import EpochImage, order_key, priority_of_key
-from conveyor.engine.queue_replica import OwnershipState
-from conveyor.engine.queue_store import ChunkImage
+from conveyor.engine.queue.events import QueueState
+from conveyor.engine.queue.paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
+from conveyor.engine.queue.priority import EpochImage, order_key, priority_of_key
+from conveyor.engine.queue.replica import OwnershipState
+from conveyor.engine.queue.store import ChunkImage
 
 if TYPE_CHECKING:
     from conveyor.config.model import QueueConfig

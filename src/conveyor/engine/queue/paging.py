@@ -1,7 +1,7 @@
 """FileBackedMetadata: a queue's message store paged out to a file (spec 000, reference.md
 A.2 ``FileBackedMetadata``: "queue state can be paged out to a file").
 
-:class:`PagedMessageStore` is the :class:`~conveyor.engine.queue_store.MessageStore`
+:class:`PagedMessageStore` is the :class:`~conveyor.engine.queue.store.MessageStore`
 with at most ``resident_max`` chunks in memory; the others live in a :class:`PageFile`.
 Rules:
 
@@ -15,7 +15,7 @@ Rules:
    only the chunk's live slots (positions then times, 16 B a message) and known by
    ``(offset, count, crc32)``. A chunk changed while resident gets a new page when it
    is paged out again; a clean one is simply dropped. So a snapshot that names pages
-   (:mod:`conveyor.engine.queue_snapshot`) stays valid while the file grows.
+   (:mod:`conveyor.engine.queue.snapshot`) stays valid while the file grows.
 3. **Space comes back by generations.** Pages of consumed chunks are garbage. Once the
    garbage passes both ``COMPACT_MIN_BYTES`` and the live pages, the live pages are
    copied to a new file, ``<queue>.<generation + 1>.fbm``. Old generations are deleted
@@ -36,7 +36,7 @@ import zlib
 from array import array
 from typing import TYPE_CHECKING, Protocol
 
-from conveyor.engine.queue_store import _NO_HINT, MessageStore, _Chunk
+from conveyor.engine.queue.store import _NO_HINT, MessageStore, _Chunk
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -7,7 +7,7 @@ depends on time takes ``now`` (float seconds). It returns what must happen (deli
 events to journal) and does nothing else.
 
 Rules kept here (each cites spec 000; the message transitions themselves are the table
-in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
+in :mod:`conveyor.engine.queue.state`, the only place a message changes state):
 
 1. Delivery (Message Flow for Queues, step 3): a message goes to a consumer when the
    consumer's filter matches it, it is the oldest available message that consumer
@@ -42,7 +42,7 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
    gets "the highest priority value for messages in the queue and ... the oldest message
    at that priority" it matches. The engine computes the value once, at enqueue
    (``enqueue(..., priority=)``); the order is kept by
-   :class:`conveyor.engine.queue_priority.PriorityIndex` over order keys that compare
+   :class:`conveyor.engine.queue.priority.PriorityIndex` over order keys that compare
    as plain ints, so the dispatch loop is the FIFO one.
 8. Barrier messages ("Synchronizing Work with Barrier Messages"; Message Flow, step 4):
    a message the engine marks ``barrier=True`` is held "until all previous messages in
@@ -57,14 +57,14 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
    leaves that way, the messages after it are released. With Priority, the barriers cut
    the queue into epochs: only the first epoch is deliverable, in priority order.
 9. TargetQueueDepth: the active window, deferred acks and the engine's refill:
-   :mod:`conveyor.engine.queue_window`.
+   :mod:`conveyor.engine.queue.window`.
 10. Recovery (Startup and Recovery): the engine replays the journaled events, in order
    and interleaved with the enqueues, through the ``replay_*`` verbs. No lease survives
    a restart, so a replayed lease has already ended (LEASE then RETURN): the message is
    available again with its delivery and cancel counts, and :meth:`end_replay` expires
    those at MaxCancels / MaxDeliveries by rule 2. Acknowledged, expired and
    at-most-once-delivered messages never come back (the replay verbs and their rules
-   are in :mod:`conveyor.engine.queue_recovery`).
+   are in :mod:`conveyor.engine.queue.recovery`).
 11. Replicated queues (docs/replication.md, "Replicated queues"): a message another
    instance owns is ELSEWHERE: in the view, never delivered here. The engine decides
    ownership and moves a message in (:meth:`transfer_in`, with its delivery and cancel
@@ -81,25 +81,25 @@ in :mod:`conveyor.engine.queue_state`, the only place a message changes state):
    the consumers of one message).
 
 The queue is an orchestrator of parts that own their state; it moves each message
-through the transition table (:class:`~conveyor.engine.queue_state.Transitions`: the
+through the transition table (:class:`~conveyor.engine.queue.state.Transitions`: the
 state is derived from the part that holds the message, and checked under
 ``__debug__``) and tells the parts what happened:
 
-- :class:`~conveyor.engine.queue_order.DeliveryOrder`: the available messages (the
+- :class:`~conveyor.engine.queue.order.DeliveryOrder`: the available messages (the
   store), the priority epochs and the pending barriers;
-- :class:`~conveyor.engine.queue_leases.LeaseTable`: leases, deadlines, delivery and
+- :class:`~conveyor.engine.queue.leases.LeaseTable`: leases, deadlines, delivery and
   cancel counts, at-most-once deliveries awaiting their ack, the backlogs;
-- :class:`~conveyor.engine.queue_seats.Seats`: the consumers, fairness and the filtered
+- :class:`~conveyor.engine.queue.seats.Seats`: the consumers, fairness and the filtered
   consumers' cursors;
-- :class:`~conveyor.engine.queue_window.ActiveWindow`: TargetQueueDepth;
-- :class:`~conveyor.engine.queue_replica.Replica`: in a replicated queue, each
+- :class:`~conveyor.engine.queue.window.ActiveWindow`: TargetQueueDepth;
+- :class:`~conveyor.engine.queue.replica.Replica`: in a replicated queue, each
   message's identity, the messages another instance owns, transfer epochs and this
   instance's requests (rule 11); fed by the transition table (every move out of the
   queue for good), so the engine keeps no second map in step;
-- :class:`~conveyor.engine.queue_recovery.QueueReplayer`: the replay verbs.
+- :class:`~conveyor.engine.queue.recovery.QueueReplayer`: the replay verbs.
 
 A snapshot (FileBackedMetadata) goes through :meth:`export_state` and
-:meth:`restore_state` (:class:`~conveyor.engine.queue_events.QueueState`), never through
+:meth:`restore_state` (:class:`~conveyor.engine.queue.events.QueueState`), never through
 the parts' fields.
 
 Complexity (n available messages, C consumers of this queue, L leased messages):
@@ -110,8 +110,8 @@ was evaluated) and a small heap of matches behind the cursor, so each message is
 evaluated at most once per consumer and filter, plus once per consumer each time it
 returns to the queue (in a priority queue, also when it is enqueued before the cursor in
 priority order). :meth:`expire` O(k log L) for k expiries. Memory: 16 bytes per
-available message (:mod:`conveyor.engine.queue_store`), 16 more in a priority queue
-(:mod:`conveyor.engine.queue_priority`), none for an inactive one; per-message Python
+available message (:mod:`conveyor.engine.queue.store`), 16 more in a priority queue
+(:mod:`conveyor.engine.queue.priority`), none for an inactive one; per-message Python
 objects only for leased, returned or awaiting-ack messages, which the backlogs bound.
 """
 
@@ -124,13 +124,13 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple
 
 from conveyor import expr
 from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
-from conveyor.engine import queue_snapshot
+from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.explain import AHEAD_COUNT_MAX, MessageFacts, SeatFacts
-from conveyor.engine.queue_consumer import Consumer, effective_backlog
-from conveyor.engine.queue_replica import Ident, Replica
-from conveyor.engine.queue_expiry import MessageExpiry
+from conveyor.engine.queue.consumer import Consumer, effective_backlog
+from conveyor.engine.queue.replica import Ident, Replica
+from conveyor.engine.queue.expiry import MessageExpiry
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
-from conveyor.engine.queue_events import (
+from conveyor.engine.queue.events import (
     Acknowledged,
     AckOption,
     AckResult,
@@ -150,14 +150,14 @@ from conveyor.engine.queue_events import (
     Returned,
     TakeBack,
 )
-from conveyor.engine.queue_leases import LeaseTable
-from conveyor.engine.queue_order import DeliveryOrder
-from conveyor.engine.queue_paging import PageFile, PagedMessageStore
-from conveyor.engine.queue_priority import KEY_END, POSITION_MASK, order_key, priority_of_key
-from conveyor.engine.queue_recovery import QueueReplayer
-from conveyor.engine.queue_seats import Seat, Seats
-from conveyor.engine.queue_store import MessageStore
-from conveyor.engine.queue_state import (
+from conveyor.engine.queue.leases import LeaseTable
+from conveyor.engine.queue.order import DeliveryOrder
+from conveyor.engine.queue.paging import PageFile, PagedMessageStore
+from conveyor.engine.queue.priority import KEY_END, POSITION_MASK, order_key, priority_of_key
+from conveyor.engine.queue.recovery import QueueReplayer
+from conveyor.engine.queue.seats import Seat, Seats
+from conveyor.engine.queue.store import MessageStore
+from conveyor.engine.queue.state import (
     IllegalTransition,
     MessageState,
     PositionOutOfOrder,
@@ -165,7 +165,7 @@ from conveyor.engine.queue_state import (
     Transitions,
     Verb,
 )
-from conveyor.engine.queue_window import ActiveWindow
+from conveyor.engine.queue.window import ActiveWindow
 from conveyor.errors import ConfigError, InvalidOption
 
 __all__ = [
@@ -425,7 +425,7 @@ class Queue:
         message is always the first one (a clock that steps back cannot reorder expiry).
 
         ``expires_at``: the absolute time the message itself expires (0: never), stamped
-        by a SOW topic with Expiration (:mod:`conveyor.engine.queue_expiry`).
+        by a SOW topic with Expiration (:mod:`conveyor.engine.queue.expiry`).
         ``owner``: in a replicated queue, the instance that owns the message when it is
         not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here;
         ``ident``: its (publisher, seq), the name replication gives it.
@@ -479,7 +479,7 @@ class Queue:
 
     def _note_expiry(self, position: int, published_at: float, expires_at: float) -> None:
         """A message entering the queue: its own expiry overrides the queue's Expiration,
-        which is then kept per message (queue_expiry rule 4)."""
+        which is then kept per message (queue/expiry.py rule 4)."""
         if expires_at and self._expiration is not None:
             self._keep_expiration_per_message()
         self._stamped.enter(position, published_at, expires_at)
@@ -886,7 +886,7 @@ class Queue:
     def transfer_out(self, position: int, owner: str, now: float) -> bool:
         """Its ownership was transferred to instance ``owner``. AVAILABLE: it goes
         ELSEWHERE; ELSEWHERE: only its owner changes; LEASED here: it goes when the lease
-        ends (queue_replica rule 3). False when it is not in the queue."""
+        ends (queue/replica.py rule 3). False when it is not in the queue."""
         state = self.state_of(position)
         if state is _ELSEWHERE:
             self._replica.set_owner(position, owner)
@@ -998,7 +998,7 @@ class Queue:
             for p in list(stamped.pop_due(now)):
                 if p in leased or p in self._replica:
                     # due: it expires when its lease ends, or when it is transferred here
-                    # (its owner expires it; queue_expiry rule 2)
+                    # (its owner expires it; queue/expiry.py rule 2)
                     stamped.hold(p)
                 elif p in self._order.store:
                     self._move(p, Verb.EXPIRE, _AVAILABLE)
@@ -1220,7 +1220,7 @@ class Queue:
 
     def wants(self) -> int:
         """How many inactive messages the queue would activate now (0 without
-        TargetQueueDepth): the engine refills while this is above 0 (queue_window rule 3)."""
+        TargetQueueDepth): the engine refills while this is above 0 (queue/window.py rule 3)."""
         return self._window.wants(self._active()) if self._target is not None else 0
 
     def refill_from(self) -> int | None:
@@ -1229,7 +1229,7 @@ class Queue:
         return self._window.refill_from()
 
     def activate(self, position: int, published_at: float, expires_at: float = 0.0) -> bool:
-        """Offer the message at ``position``, read back from the log (queue_window rule 3).
+        """Offer the message at ``position``, read back from the log (queue/window.py rule 3).
         True if it became active; False if it was offered before (ignored) or an
         acknowledgement was waiting for it (consumed: it never becomes active)."""
         window = self._window
@@ -1309,7 +1309,7 @@ class Queue:
 
     def page_to(self, file: PageFile, *, resident_max: int | None = None) -> None:
         """Keep the available messages in a paged store over ``file`` (a
-        :class:`~conveyor.engine.queue_paging.PageFile`), at most ``resident_max`` chunks
+        :class:`~conveyor.engine.queue.paging.PageFile`), at most ``resident_max`` chunks
         in memory (``queue_paging.RESIDENT_MAX``): memory bounded whatever the depth. Only
         before the first message, and not for a priority queue (whose delivery index is
         not paged)."""
@@ -1318,14 +1318,14 @@ class Queue:
         self._order.page_to(file, resident_max)
 
     def export_state(self) -> QueueState:
-        """The state a snapshot keeps (queue_snapshot rule 5)."""
+        """The state a snapshot keeps (queue/snapshot.py rule 5)."""
         chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
         leaving = self._replica.leaving_owners()
         leased = sorted(self._leases.leased.items())
         # A lease ends with the restart; one whose message was transferred away while it
-        # was leased leaves for its new owner then (queue_replica rule 3).
+        # was leased leaves for its new owner then (queue/replica.py rule 3).
         away = [(p, a.owner, a.published_at, a.key, a.arrived) for p, a in self._replica.items()]
         if leaving:
             away += [(p, leaving[p], lease.published_at, lease.key, lease.published_at)
@@ -1386,7 +1386,7 @@ class Queue:
         self._replay.restored()
 
     def snapshot(self, *, events_from: int, publishes_from: int) -> queue_snapshot.QueueSnapshot:
-        """The state as replaying the journal would rebuild it (queue_snapshot rule 1)."""
+        """The state as replaying the journal would rebuild it (queue/snapshot.py rule 1)."""
         return queue_snapshot.take(
             self.export_state(), self.config, events_from=events_from, publishes_from=publishes_from
         )
@@ -1409,14 +1409,14 @@ class Queue:
         self._counters.add(end.counter)
         reasons = leases.limit_reasons(p, lease.published_at, now)
         if self._stamped and self._stamped.due(p, now) and ExpiryReason.TIME_LIMIT not in reasons:
-            reasons = (ExpiryReason.TIME_LIMIT, *reasons)  # its own expiry (queue_expiry rule 2)
+            reasons = (ExpiryReason.TIME_LIMIT, *reasons)  # its own expiry (queue/expiry.py rule 2)
         if reasons:
             self._transitions.step(p, Verb.EXPIRE, state)
             self._expire_gone(p, reasons, events)
             return True
         owner = self._replica.leaving(p)
         if owner is not None:
-            # Its ownership moved away while it was leased here (queue_replica rule 3).
+            # Its ownership moved away while it was leased here (queue/replica.py rule 3).
             self._transitions.step(p, Verb.TRANSFER_OUT, state)
             self._replica.add(p, owner, lease.published_at, lease.key, now)
             self._counters.transferred_out += 1

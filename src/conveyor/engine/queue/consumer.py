@@ -11,7 +11,7 @@ Rules (spec 000):
   counts its deliveries in the shared ``outstanding``.
 
 The fairness models (which consumer gets a message) are the queue's seats'
-(:mod:`conveyor.engine.queue_seats`), which keep the round-robin cursor.
+(:mod:`conveyor.engine.queue.seats`), which keep the round-robin cursor.
 """
 
 from __future__ import annotations

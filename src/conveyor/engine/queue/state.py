@@ -1,6 +1,6 @@
 """The life of one message in a queue: its states, the verbs that move it, and the table.
 
-Rule 1: every change to the state of a queued message in :mod:`conveyor.engine.queue`
+Rule 1: every change to the state of a queued message in :mod:`conveyor.engine.queue.queue`
 goes through :meth:`Transitions.move` with the state the message is in and the verb
 (named after the spec's words) that moves it. A pair that is not in the table raises
 :class:`IllegalTransition` *before* anything changes, so a refused move leaves the queue
@@ -14,7 +14,7 @@ the same call (:meth:`Transitions.step`: a cancel over a limit, CANCEL then EXPI
 starts from the state the first one left, which no part holds in between; so does a move
 from a state the caller has just derived with ``state_of`` (replay).
 
-Rule 2: each verb is one journal event (:mod:`conveyor.engine.queue_events`), so
+Rule 2: each verb is one journal event (:mod:`conveyor.engine.queue.events`), so
 replaying the journal replays the same transitions through the same table:
 
 ===============  ===================  =======================  ==========================

@@ -1,6 +1,6 @@
 """One table each way between queue events and journal records.
 
-A queue reports every transition as an event (:mod:`conveyor.engine.queue_events`); the
+A queue reports every transition as an event (:mod:`conveyor.engine.queue.events`); the
 engine journals it as a record (:mod:`conveyor.records`), and recovery replays each
 record through the queue verb that re-applies it. Rules:
 
@@ -12,7 +12,7 @@ record through the queue verb that re-applies it. Rules:
    type, in the order the kinds first appear (:func:`batch`), except ``Expired``: each
    expiry is its own record, because it carries its reasons and may carry dead letters
    (the engine journals it with :class:`~conveyor.engine.delivery.QueueDelivery`).
-   The order of kinds within one call does not matter to replay (queue_recovery rule 3).
+   The order of kinds within one call does not matter to replay (queue/recovery.py rule 3).
 3. **Every queue record has a replay verb.** :data:`RECORD_REPLAY` maps each queue record
    type to the queue's ``replay_*`` verb; :func:`replay` applies a record to the part
    of a queue at or above its recovery point.
@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Callable, Iterable, Union, cast
 
 from conveyor import records
-from conveyor.engine.queue import Queue
-from conveyor.engine.queue_events import (
+from conveyor.engine.queue.queue import Queue
+from conveyor.engine.queue.events import (
     Acknowledged,
     BarrierDelivered,
     Cancelled,

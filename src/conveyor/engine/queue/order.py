@@ -6,11 +6,11 @@ A part of :class:`conveyor.engine.queue.Queue`, which moves messages through the
 transition table and tells this part what happened; it knows no message state, no
 consumer and no time. Rules:
 
-1. ``store`` (:mod:`conveyor.engine.queue_store`) holds every available message by
+1. ``store`` (:mod:`conveyor.engine.queue.store`) holds every available message by
    position, with its publish time; others read it, only this part changes it. A FIFO
    queue delivers in store order, and an order key is the position.
 2. A priority queue adds one :class:`PriorityIndex` per **epoch** (the messages between
-   two pending barriers), over order keys (:mod:`conveyor.engine.queue_priority`); only
+   two pending barriers), over order keys (:mod:`conveyor.engine.queue.priority`); only
    the first epoch is deliverable. A barrier is in no epoch.
 3. Pending barriers are available positions, ascending. FIFO: nothing at or after the
    first one is deliverable (:meth:`head` stops there). The first barrier goes when it
@@ -18,7 +18,7 @@ consumer and no time. Rules:
    (the queue's half of the rule).
 4. A message leaves by a delivery (:meth:`take`: exact removal from its epoch) or
    otherwise (:meth:`remove`: acknowledged, expired, barrier released, replayed
-   removal: lazy in the priority index, queue_priority rule 4). A barrier that leaves
+   removal: lazy in the priority index, queue/priority.py rule 4). A barrier that leaves
    joins the epochs on either side; when that gives the first epoch new messages,
    ``on_first_epoch_grew`` is called (the filtered cursors must be rebuilt).
 5. A message that comes back (:meth:`put_back`: a lease ended) returns to its place in
@@ -31,9 +31,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Callable, Iterator
 
-from conveyor.engine.queue_paging import PagedMessageStore, PageFile
-from conveyor.engine.queue_priority import POSITION_MASK, EpochImage, PriorityIndex, priority_of_key
-from conveyor.engine.queue_store import ChunkImage, MessageStore
+from conveyor.engine.queue.paging import PagedMessageStore, PageFile
+from conveyor.engine.queue.priority import POSITION_MASK, EpochImage, PriorityIndex, priority_of_key
+from conveyor.engine.queue.store import ChunkImage, MessageStore
 
 
 class DeliveryOrder:
@@ -179,7 +179,7 @@ class DeliveryOrder:
                 self._drop_barrier(i)
                 return t
         if self._priority:
-            self._epochs[bisect_left(barriers, p)].forget()  # lazily (queue_priority rule 4)
+            self._epochs[bisect_left(barriers, p)].forget()  # lazily (queue/priority.py rule 4)
         return t
 
     def _drop_barrier(self, i: int) -> None:

@@ -22,13 +22,13 @@ methods; the engine maps each journal record to one of them. Rules:
 4. ``end_replay`` applies the lease-end limits to the leases the restart broke (rule 2
    of the queue): a message at MaxCancels / MaxDeliveries expires. If the engine does
    not call it, the first live call does (:meth:`settle`), and ``expire`` hands out the
-   events. A restored snapshot is a replay too (queue_snapshot rule 2).
+   events. A restored snapshot is a replay too (queue/snapshot.py rule 2).
 5. Priority and barriers: the engine enqueues again with the same ``priority`` and
    ``barrier`` (it evaluates the expressions again; they are pure). A replayed
    ``BarrierDelivered`` removes the barrier for good (it is never sent again); a barrier
    without one is held again and goes out when its rule holds after the restart (a
    barrier delivered but not journaled before a crash is delivered again).
-6. TargetQueueDepth (:mod:`conveyor.engine.queue_window`, rule 6): the engine refills
+6. TargetQueueDepth (:mod:`conveyor.engine.queue.window`, rule 6): the engine refills
    during the replay as live; a replayed acknowledgement or expiry of an inactive
    position is a deferred ack again; any other event for an inactive position raises
    :class:`QueueStateError`.
@@ -38,14 +38,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from conveyor.engine.queue_events import Event, ExpiryReason
-from conveyor.engine.queue_state import MessageState, QueueStateError, Transitions, Verb
+from conveyor.engine.queue.events import Event, ExpiryReason
+from conveyor.engine.queue.state import MessageState, QueueStateError, Transitions, Verb
 
 if TYPE_CHECKING:
-    from conveyor.engine.queue_leases import LeaseTable
-    from conveyor.engine.queue_order import DeliveryOrder
-    from conveyor.engine.queue_seats import Seats
-    from conveyor.engine.queue_window import ActiveWindow
+    from conveyor.engine.queue.leases import LeaseTable
+    from conveyor.engine.queue.order import DeliveryOrder
+    from conveyor.engine.queue.seats import Seats
+    from conveyor.engine.queue.window import ActiveWindow
 
 _ABSENT, _AVAILABLE, _INACTIVE = MessageState.ABSENT, MessageState.AVAILABLE, MessageState.INACTIVE
 _ELSEWHERE = MessageState.ELSEWHERE

@@ -3,7 +3,7 @@ often each message was delivered and cancelled (spec 000, "Delivery Semantics",
 "Handling Unprocessed Messages").
 
 A part of :class:`conveyor.engine.queue.Queue`, which moves messages through the
-transition table (:mod:`conveyor.engine.queue_state`) and tells this table what
+transition table (:mod:`conveyor.engine.queue.state`) and tells this table what
 happened; the table itself knows no message state. Rules:
 
 1. It owns the leases (at-least-once: position -> :class:`Lease`), the heap of lease
@@ -29,10 +29,10 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from conveyor.engine.queue_events import REASON_ORDER, ExpiryReason
+from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 
 if TYPE_CHECKING:
-    from conveyor.engine.queue_seats import Seat
+    from conveyor.engine.queue.seats import Seat
 
 #: Stale lease deadlines (acked before they fell due) are swept out of the heap once they
 #: outnumber the live ones by this factor, so the heap stays O(leases).

@@ -37,7 +37,7 @@ from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import compile_filter, filter_cost_ticks
 from conveyor.engine.replication.ownership import QueueOwnership
 from conveyor.engine.ports import JournalPort
-from conveyor.engine.queue import Queue
+from conveyor.engine.queue.queue import Queue
 from conveyor.engine.routes import RouteCache
 from conveyor.expr import Expression
 from conveyor.expr.values import priority_key

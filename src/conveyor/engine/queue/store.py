@@ -21,16 +21,16 @@ Python object. Rules:
 
 A FIFO queue delivers in this order. A priority queue keeps this store for bookmark
 lookups, expiry, the view's membership test and the recovery point, and adds a delivery
-index on top (:mod:`conveyor.engine.queue_priority`).
+index on top (:mod:`conveyor.engine.queue.priority`).
 
-Paging (FileBackedMetadata, :mod:`conveyor.engine.queue_paging`) is a subclass: a chunk
+Paging (FileBackedMetadata, :mod:`conveyor.engine.queue.paging`) is a subclass: a chunk
 may be *paged out* (``positions is None``; ``live`` slots on disk, no tombstones). The
 few places that touch a chunk other than the head or the tail page it in through
 :meth:`_page_in`; the hooks ``_added`` / ``_dropped`` / ``_adopted`` tell the subclass
 about chunks that appear or go. The base store never pages, and those checks cost it
 nothing measurable.
 
-Snapshots (:mod:`conveyor.engine.queue_snapshot`) see the chunks only as
+Snapshots (:mod:`conveyor.engine.queue.snapshot`) see the chunks only as
 :class:`ChunkImage` values (:meth:`export_chunks`, :meth:`adopt`), never as the store's
 own objects.
 """

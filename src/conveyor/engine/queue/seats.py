@@ -29,7 +29,7 @@ A part of :class:`conveyor.engine.queue.Queue`. Rules:
    duplicates, so it stays O(returned messages).
 5. A seat's ``held`` set (what it leased, or was delivered at-most-once and has not
    acknowledged) and its consumer's ``outstanding`` belong to the lease table
-   (:mod:`conveyor.engine.queue_leases`, rule 2), not to this part.
+   (:mod:`conveyor.engine.queue.leases`, rule 2), not to this part.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterable
 
 from conveyor.config.model import Fairness
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
-from conveyor.engine.queue_consumer import Consumer
-from conveyor.engine.queue_priority import POSITION_MASK
+from conveyor.engine.queue.consumer import Consumer
+from conveyor.engine.queue.priority import POSITION_MASK
 from conveyor.errors import DuplicateSubscription, UnknownSubscription
 
 if TYPE_CHECKING:
-    from conveyor.engine.queue_priority import PriorityIndex
-    from conveyor.engine.queue_store import MessageStore
+    from conveyor.engine.queue.priority import PriorityIndex
+    from conveyor.engine.queue.store import MessageStore
 
 #: Rule 4: the smallest candidate heap that is pruned.
 CANDIDATES_SLACK_MIN = 32

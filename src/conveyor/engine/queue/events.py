@@ -2,9 +2,9 @@
 
 Every record is frozen and typed (STYLE item 6). Events are ``msgspec.Struct`` so the
 engine can encode them as journal records without a copy; each event is exactly one
-transition of :mod:`conveyor.engine.queue_state`, and replaying the journaled events in
+transition of :mod:`conveyor.engine.queue.state`, and replaying the journaled events in
 order (interleaved with the enqueues) through the queue's ``replay_*`` verbs
-(:mod:`conveyor.engine.queue_recovery`) rebuilds the queue.
+(:mod:`conveyor.engine.queue.recovery`) rebuilds the queue.
 
 Fields are only ever appended, with defaults (STYLE item 7).
 """
@@ -17,8 +17,8 @@ from typing import Any, Hashable, Union
 
 import msgspec
 
-from conveyor.engine.queue_priority import EpochImage
-from conveyor.engine.queue_store import ChunkImage
+from conveyor.engine.queue.priority import EpochImage
+from conveyor.engine.queue.store import ChunkImage
 from conveyor.errors import NotLeaseHolder
 
 
@@ -273,7 +273,7 @@ class QueueState:
     leased_keys: tuple[int, ...] = ()  # a priority queue: the order key of each of ``leased``
     # a replicated queue: the messages another instance owns, (position, owner, publish
     # time, order key, when it arrived here), those leased here whose ownership moved
-    # away included (their lease ends with the restart: queue_replica rule 3)
+    # away included (their lease ends with the restart: queue/replica.py rule 3)
     elsewhere: tuple[tuple[int, str, float, int, float], ...] = ()
-    # (position, expiry) of each message with an expiry of its own (queue_expiry rule 5)
+    # (position, expiry) of each message with an expiry of its own (queue/expiry.py rule 5)
     expiries: tuple[tuple[int, float], ...] = ()
