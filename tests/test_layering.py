@@ -363,3 +363,15 @@ def test_engine_collaborators_are_typed():
             if isinstance(node, ast.arg) and node.arg in ("journal", "bindings", "cache", "delivery"):
                 assert node.annotation is not None and ast.unparse(node.annotation) not in ("Any", "object"), (
                     f"{path.relative_to(SRC)}:{node.lineno}: {node.arg} is not typed")
+
+
+def test_replication_depends_on_ports_not_on_the_parts_it_feeds():
+    """Rule 8: the replication package's two sides know the replicated queues, the named
+    consumers and the State of the World only through the Protocols of engine/ports.py
+    (QueueIdentity, ReplicaQueues, ReplicaConsumers, ReplicaSow), not even for types."""
+    parts = ("conveyor.engine.consumers", "conveyor.engine.sow", "conveyor.engine.replication.ownership")
+    for name in ("source", "sink", "replication", "links", "route", "checks"):
+        tree = ast.parse((SRC / "engine" / "replication" / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(parts), f"engine/replication/{name}.py imports {node.module}"

@@ -12,7 +12,9 @@ error instead of a silent ``getattr`` default.
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterator, Protocol, runtime_checkable
+
+from conveyor import records
 
 
 @runtime_checkable
@@ -50,4 +52,56 @@ class JournalPort(Protocol):
 
     def truncate(self, position: int) -> None:
         """Cut the log back to ``position`` (a durable record boundary)."""
+        ...
+
+
+# --- what replication calls on the parts it is handed (engine/replication/) -------------------
+#
+# The replication package depends on these, not on the classes that implement them
+# (``ReplicatedQueues``, ``NamedConsumers``, ``StateOfTheWorld``), so it imports none of
+# them, even for types; mypy checks each implementation where the engine hands it over.
+
+#: The records of a replicated queue's ownership that replication carries.
+QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
+
+
+class QueueIdentity(Protocol):
+    """How a replicated queue's message is named to other instances: journal positions
+    are local, ``(publisher, seq)`` is the same everywhere."""
+
+    def identify(self, position: int) -> tuple[int, int]:
+        """(publisher, seq) of the message published at ``position``."""
+        ...
+
+
+class ReplicaQueues(QueueIdentity, Protocol):
+    """The replicated queues, as the replication sink feeds them."""
+
+    def received(self, rec: QueueRecord, now: float) -> QueueRecord | None:
+        """Apply a queue record from another instance; the record to journal here, or None."""
+        ...
+
+    def duplicate(self, rec: records.PublishRec | records.PlainPublish, origin: str, now: float) -> None:
+        """A copy of a message recorded here arrived from ``origin`` (two owners to settle)."""
+        ...
+
+
+class ReplicaConsumers(Protocol):
+    """The named consumers, as the replication sink feeds them."""
+
+    def replicated(self, rec: records.ConsumerReplicatedRec,
+                   pending: Callable[[int, int], int | None] | None = None) -> records.ConsumerReplicatedRec | None:
+        """Apply a consumer's record from another instance; the record to journal here, or None."""
+        ...
+
+
+class ReplicaSow(Protocol):
+    """The State of the World, as both sides of replication use it."""
+
+    def identify(self, position: int) -> tuple[int, int] | None:
+        """(publisher, seq) of the SOW record at ``position`` (None: it cannot be named)."""
+        ...
+
+    def replicated_delete(self, rec: records.SowDeletedRec, now: float) -> bool:
+        """A ``sow_delete`` that arrived by replication; False: not a SOW topic here."""
         ...

@@ -65,7 +65,7 @@ from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.queue import Event, Queue
 from conveyor.engine.queue.replica import Ident, OwnershipState, Tombstone, TransferEpoch
-from conveyor.engine.ports import JournalPort
+from conveyor.engine.ports import JournalPort, QueueRecord
 
 if TYPE_CHECKING:
     from conveyor.engine.cache import MessageCache
@@ -81,8 +81,6 @@ REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over
 REQUESTS_PER_ROOM = 16  # messages asked for or granted and waiting here, per backlog slot
 REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many: a grant takes a round trip
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
-#: The records of a replicated queue's ownership that replication carries (rules 3-5).
-QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
 
 
 class OwnershipStats(msgspec.Struct, frozen=True):

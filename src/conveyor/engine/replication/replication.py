@@ -7,28 +7,21 @@ only what needs both."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from conveyor.config.model import Config
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.ports import JournalPort
+from conveyor.engine.ports import JournalPort, ReplicaConsumers, ReplicaQueues, ReplicaSow
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.replication.links import PeerLinks
 from conveyor.engine.replication.sink import InLinkStats, ReplicationSink
 from conveyor.engine.replication.source import WINDOW_BYTES_MAX_DEFAULT, LinkStats, ReplicationSource
 from conveyor.protocol import replication as p
 
-if TYPE_CHECKING:
-    from conveyor.engine.consumers import NamedConsumers
-    from conveyor.engine.replication.ownership import ReplicatedQueues
-    from conveyor.engine.sow.state import StateOfTheWorld
-
 
 class Replication:
     def __init__(
         self, config: Config, journal: JournalPort, publishes: PublishLog, outbox: Outbox, peers: PeerLinks, *,
-        journal_id: str, queues: ReplicatedQueues | None = None, sow: StateOfTheWorld | None = None,
-        consumers: NamedConsumers | None = None, window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
+        journal_id: str, queues: ReplicaQueues | None = None, sow: ReplicaSow | None = None,
+        consumers: ReplicaConsumers | None = None, window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT,
     ) -> None:
         """``queues``: the replicated queues (None: none here, rule 6); ``sow``: the State
         of the World (rule 8); ``consumers``: the named consumers (rule 7)."""

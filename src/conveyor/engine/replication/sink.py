@@ -16,7 +16,7 @@ import msgspec
 from conveyor import errors, records
 from conveyor.config.model import Config
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.ports import JournalPort
+from conveyor.engine.ports import JournalPort, QueueRecord, ReplicaConsumers, ReplicaQueues, ReplicaSow
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import came_back
@@ -24,10 +24,7 @@ from conveyor.engine.replication.source import OwnershipRecord
 from conveyor.protocol import replication as p
 
 if TYPE_CHECKING:
-    from conveyor.engine.consumers import NamedConsumers
     from conveyor.engine.replication.links import PeerLinks
-    from conveyor.engine.replication.ownership import QueueRecord, ReplicatedQueues
-    from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.replication")
 
@@ -78,8 +75,8 @@ _Travelling = TypeVar("_Travelling", bound=OwnershipRecord | records.SowDeletedR
 
 class ReplicationSink:
     def __init__(self, config: Config, journal: JournalPort, publishes: PublishLog, outbox: Outbox, peers: PeerLinks,
-                 profile: p.Profile, *, queues: ReplicatedQueues | None, sow: StateOfTheWorld | None,
-                 consumers: NamedConsumers | None) -> None:
+                 profile: p.Profile, *, queues: ReplicaQueues | None, sow: ReplicaSow | None,
+                 consumers: ReplicaConsumers | None) -> None:
         """``queues``: the replicated queues (None: none here, rule 6); ``sow``: the State
         of the World (rule 8); ``consumers``: the named consumers (rule 7)."""
         self.instance = config.name

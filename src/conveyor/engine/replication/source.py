@@ -17,15 +17,13 @@ import msgspec
 from conveyor import errors, records
 from conveyor.config.model import Config, ReplicationDestination, topic_matcher
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.ports import JournalPort
+from conveyor.engine.ports import JournalPort, QueueIdentity, ReplicaSow
 from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import TOPIC_VERDICTS_MAX, matches_any, travels_on
 from conveyor.protocol import replication as p
 
 if TYPE_CHECKING:
     from conveyor.engine.replication.links import PeerLinks
-    from conveyor.engine.replication.ownership import ReplicatedQueues
-    from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.replication")
 
@@ -114,7 +112,7 @@ _NO_ROUTE: Any = object()
 
 class ReplicationSource:
     def __init__(self, config: Config, journal: JournalPort, outbox: Outbox, peers: PeerLinks, profile: p.Profile, *,
-                 queues: ReplicatedQueues | None, sow: StateOfTheWorld | None,
+                 queues: QueueIdentity | None, sow: ReplicaSow | None,
                  window_bytes_max: int = WINDOW_BYTES_MAX_DEFAULT) -> None:
         """``queues``: the replicated queues (None: none here, rule 6); ``sow``: the State
         of the World (rule 8)."""
