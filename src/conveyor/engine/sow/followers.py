@@ -63,7 +63,9 @@ class Followers:
         self._held_bytes_max = held_bytes_max
         # Rule 3: the turn's filter budget, and the deliveries waiting for later turns.
         self._budget = budget
-        self._waiting: deque[tuple[RecordSubscription, RecordChange, float]] = deque()
+        #: Deliveries waiting for a later turn's filter budget (read by the State of the
+        #: World for ``delivery_pending``, a property the engine asks every step).
+        self.waiting: deque[tuple[RecordSubscription, RecordChange, float]] = deque()
         self._recovering = False
 
     # --- recovery (rule 2) -----------------------------------------------------------------------
@@ -89,8 +91,8 @@ class Followers:
         subs = self._record_subs.get(sub.topic)
         if subs is not None and sub in subs:
             subs.remove(sub)
-        if self._waiting:  # rule 3
-            self._waiting = deque(w for w in self._waiting if w[0] is not sub)
+        if self.waiting:  # rule 3
+            self.waiting = deque(w for w in self.waiting if w[0] is not sub)
 
     def follow_topic(self, topic: str, aggregation: MemberSink) -> None:
         self._topic_aggs.setdefault(topic, []).append(aggregation)
@@ -147,8 +149,8 @@ class Followers:
             if held is not None:
                 self._hold(sub, held, change, now)
                 return
-        if self._waiting or not self._afford(sub):
-            self._waiting.append((sub, change, now))
+        if self.waiting or not self._afford(sub):
+            self.waiting.append((sub, change, now))
             return
         deliver(sub, change, now, self._outbox)
 
@@ -183,14 +185,9 @@ class Followers:
         # A delta or oof subscription may evaluate its filter on the old record too.
         return self._budget.take(filter_ticks(sub.filter) * (2 if sub.delta or sub.oof else 1))
 
-    @property
-    def delivery_pending(self) -> bool:
-        """Deliveries wait for a later turn's filter budget (:meth:`continue_delivery`)."""
-        return bool(self._waiting)
-
     def continue_delivery(self) -> None:
         """A new turn: deliver what waits, in order, while the budget lasts."""
-        waiting = self._waiting
+        waiting = self.waiting
         while waiting:
             sub, change, now = waiting[0]
             if not self._afford(sub):

@@ -160,13 +160,15 @@ class StateOfTheWorld:
     def flush(self, now: float) -> None:
         """Rule 2: render what changed in this step: queue watches first, then views in
         configuration order, then aggregated subscriptions."""
-        self._graph.flush(now)
-        self._subscriptions.flush(now)
+        if self._graph.renders:
+            self._graph.flush(now)
+        if self._subscriptions.aggregated:
+            self._subscriptions.flush(now)
 
     @property
     def delivery_pending(self) -> bool:
         """Deliveries wait for a later turn's filter budget (:meth:`continue_delivery`)."""
-        return self._followers.delivery_pending
+        return bool(self._followers.waiting)
 
     def continue_delivery(self) -> None:
         """A new turn: deliver what waits, in order, while the budget lasts (rule 9)."""

@@ -81,7 +81,8 @@ class SowSubscriptions:
         self._cache = cache
         self._outbox = outbox
         self._followers = followers
-        self._aggregated: list[AggregatedSubscription] = []
+        #: Read by the State of the World to skip an idle flush (one call less a step).
+        self.aggregated: list[AggregatedSubscription] = []
 
     def subscribe(self, session: Session, cmd: RecordsSubscribe, now: float, *, query: bool, is_delta: bool) -> None:
         """``sow_and_subscribe`` / ``sow_and_delta_subscribe`` (``query``), ``delta_subscribe``
@@ -152,7 +153,7 @@ class SowSubscriptions:
         if held is None or held.kind is not SubKind.RECORDS:
             raise errors.UnknownSubscription(f"no SOW subscription {sub_id!r} to replace")
         sub: RecordSubscription = held.consumer
-        if any(a.sub is sub for a in self._aggregated):
+        if any(a.sub is sub for a in self.aggregated):
             raise errors.InvalidOption("an aggregated subscription cannot be replaced", option="replace")
         if cmd.topic != sub.topic:
             raise errors.InvalidOption("replace cannot change the topic of a SOW subscription", option="replace")
@@ -202,22 +203,22 @@ class SowSubscriptions:
         # The list is the query's snapshot (rule 10): references to the records the
         # subscription remembers in ``sent`` anyway.
         self._queries.send_rows(session.conn_id, cmd, Snapshot(rows), opts, sub)
-        self._aggregated.append(agg_sub)
+        self.aggregated.append(agg_sub)
 
     def remove(self, sub: SessionSubscription) -> None:
         """Unsubscribe or the end of a session."""
         rs: RecordSubscription = sub.consumer
         self._followers.remove(rs)
-        for agg_sub in self._aggregated:
+        for agg_sub in self.aggregated:
             if agg_sub.sub is rs:
-                self._aggregated.remove(agg_sub)
+                self.aggregated.remove(agg_sub)
                 self._graph.detach(agg_sub.source, agg_sub.aggregation)
                 break
 
     def flush(self, now: float) -> None:
         """Rule 2: the aggregated subscriptions render what changed in this step."""
         send = self._followers.send
-        for agg_sub in self._aggregated:
+        for agg_sub in self.aggregated:
             agg_sub.flush(now, send)
 
 

@@ -48,6 +48,9 @@ class ViewGraph:
         self.views: dict[str, View] = {}
         self._outputs: dict[str, SowTopic] = {}  # rule 5: what each view feeding a queue has journaled
         self._watches: dict[str, QueueWatch] = {}
+        #: Whether a step may have something to render: a view or a queue watch exists
+        #: (read by the State of the World to skip an idle flush: one call less a step).
+        self.renders = False
         for vc in config.views:
             self._build_view(vc)
 
@@ -95,6 +98,7 @@ class ViewGraph:
         view = View(vc, aggregation, feeds_queue=feeds_queue)
         view.listeners.append(self._view_changed)
         self.views[vc.name] = view
+        self.renders = True
         if feeds_queue:
             self._outputs[vc.name] = SowTopic(SowTopicConfig(name=vc.name, message_type="json"))
 
@@ -137,6 +141,7 @@ class ViewGraph:
             watch = self._watches.get(source)
             if watch is None:
                 watch = self._watches[source] = QueueWatch(binding.queue, self._cache)
+                self.renders = True
             watch.attach(aggregation)
 
     def detach(self, source: str, aggregation: Aggregation) -> None:
