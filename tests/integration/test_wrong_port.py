@@ -79,6 +79,19 @@ def test_the_cli_given_the_client_port_as_the_admin_address_fails_at_once_with_o
         f"which speaks conveyor's binary protocol, not HTTP: the admin interface is at {server.admin_url} (HTTP 400)"]
 
 
+@pytest.mark.parametrize("which", ["client", "admin"])
+def test_the_cli_given_an_https_address_of_a_port_without_tls_fails_at_once_saying_so(server, which):
+    """https:// to the client port or to a plain-HTTP admin port: one line that says the
+    port does not speak TLS (not the SSL library's "wrong version number")."""
+    port = server.port if which == "client" else int(server.admin_url.rsplit(":", 1)[1])
+    proc = conveyor("stats", "--admin", f"https://127.0.0.1:{port}")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"conveyor: cannot reach the admin interface at https://127.0.0.1:{port}: that port does not speak TLS (an "
+        "admin interface without <Certificate> is http://, and conveyor's client port is not the admin port: set "
+        "CONVEYOR_ADMIN or --admin to the admin interface's address)"]
+
+
 def test_the_cli_given_the_admin_port_as_the_server_fails_at_once_with_one_line(server):
     admin_port = server.admin_url.rsplit(":", 1)[1]
     proc = conveyor("publish", "Work", "x", "--server", f"tcp://127.0.0.1:{admin_port}")

@@ -97,6 +97,13 @@ def fetch(args: argparse.Namespace, path: str) -> Any:
         raise error(f"{base}{path}: {message} (HTTP {exc.code})") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLError) and reason.reason == "WRONG_VERSION_NUMBER":
+            # The peer answered, but not in TLS: a plain-HTTP admin port, or a client port.
+            raise AdminUnreachable(
+                f"cannot reach the admin interface at {base}: that port does not speak TLS (an admin interface "
+                f"without <Certificate> is http://, and conveyor's client port is not the admin port: set "
+                f"{ADMIN_ENV} or --admin to the admin interface's address)"
+            ) from None
         raise AdminUnreachable(
             f"cannot reach the admin interface at {base}: {reason} (is the server running with <Admin>? "
             f"set {ADMIN_ENV} or --admin to its address)"
