@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 from conveyor import errors
@@ -541,14 +542,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-admin", action="store_true", help="do not start the admin interface")
     p.set_defaults(func=cmd_serve)
 
-    def client_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--server", "-s", default=os.environ.get(SERVER_ENV) or DEFAULT_URI,
-                       help=f"server URI (default ${SERVER_ENV}, else {DEFAULT_URI}); tcps://HOST:PORT for TLS")
-        p.add_argument("--name", help="client name (default: generated)")
-        p.add_argument("--user", help="user name to log on with (the password comes from the URI or "
-                                      "the CONVEYOR_PASSWORD environment variable)")
-        p.add_argument("--ca-file", help="CA certificates (PEM) that sign the server's certificate, for tcps://")
+    _client_commands(sub)
+    _users_commands(sub)
+    _journal_commands(sub)
+    from conveyor.cli import config_cmd, ops
 
+    ops.add_parsers(sub)
+    config_cmd.add_parsers(sub)
+    return parser
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", "-s", default=os.environ.get(SERVER_ENV) or DEFAULT_URI,
+                   help=f"server URI (default ${SERVER_ENV}, else {DEFAULT_URI}); tcps://HOST:PORT for TLS")
+    p.add_argument("--name", help="client name (default: generated)")
+    p.add_argument("--user", help="user name to log on with (the password comes from the URI or "
+                                  "the CONVEYOR_PASSWORD environment variable)")
+    p.add_argument("--ca-file", help="CA certificates (PEM) that sign the server's certificate, for tcps://")
+
+
+def _client_commands(sub: Any) -> None:
+    """publish, subscribe, sow, ack: the commands that talk to a server as a client."""
     p = sub.add_parser("publish", help="publish messages (one per line from DATA, --file or stdin)")
     p.add_argument("topic")
     p.add_argument("data", nargs="?", help="message body (default: read lines from stdin)")
@@ -556,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="read the whole input as one JSON document (pretty-printed or not): an array is one "
                         "message per element, anything else one message")
-    client_args(p)
+    _client_args(p)
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("subscribe", help="print messages of a topic or queue")
@@ -568,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, help="stop after this many seconds without a message")
     p.add_argument("--ack", action="store_true", help="acknowledge queue messages once printed")
     p.add_argument("--show-bookmarks", action="store_true", help="print each message's bookmark before it")
-    client_args(p)
+    _client_args(p)
     p.set_defaults(func=cmd_subscribe)
 
     p = sub.add_parser("sow", help="query a queue: the messages currently available")
@@ -576,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter")
     p.add_argument("--top-n", type=int)
     p.add_argument("--show-bookmarks", action="store_true")
-    client_args(p)
+    _client_args(p)
     p.set_defaults(func=cmd_sow)
 
     p = sub.add_parser("ack", help="acknowledge queue messages by bookmark or filter")
@@ -584,9 +598,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bookmark", nargs="*")
     p.add_argument("--filter")
     p.add_argument("--option", choices=["cancel", "expire"])
-    client_args(p)
+    _client_args(p)
     p.set_defaults(func=cmd_ack)
 
+
+def _users_commands(sub: Any) -> None:
     p = sub.add_parser("users", help="manage a users file (Authentication/UsersFile)")
     usub = p.add_subparsers(dest="users_command", required=True)
 
@@ -609,6 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
     users_file(u)
     u.set_defaults(func=cmd_users_list)
 
+
+def _journal_commands(sub: Any) -> None:
     p = sub.add_parser("journal", help="transaction log tools")
     jsub = p.add_subparsers(dest="journal_command", required=True)
     j = jsub.add_parser("verify", help="check every record (read-only, safe beside a running server); exit 3 on damage")
@@ -625,12 +643,6 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("directory")
     j.add_argument("--start", type=int, help="first position")
     j.set_defaults(func=cmd_journal_dump)
-
-    from conveyor.cli import config_cmd, ops
-
-    ops.add_parsers(sub)
-    config_cmd.add_parsers(sub)
-    return parser
 
 
 _FILTER_KEYWORDS = frozenset({"and", "or", "not", "in", "like", "between", "is", "null", "true", "false"})
