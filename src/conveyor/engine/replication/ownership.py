@@ -64,7 +64,7 @@ from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.queue import Event, Queue
-from conveyor.engine.queue.replica import Ident, OwnershipState, Tombstone, TransferEpoch
+from conveyor.engine.queue.replica import Ident, OwnershipState, Replica, Tombstone, TransferEpoch
 from conveyor.engine.ports import JournalPort, QueueRecord
 
 if TYPE_CHECKING:
@@ -227,63 +227,15 @@ class QueueOwnership:
             if free and oldest is not None:  # all asked: look again when the oldest unanswered is due again
                 self.next_scan = oldest + retry
             return None, None
-        asks: list[Ident] = []
-        attempts: list[int] = []
-        asked: list[int] = []  # positions asked for the first time
-        claims: list[tuple[Ident, int]] = []
-        reach: dict[str, bool] = {}  # reachable() per owner, once a look
-
-        def askable(position: int, owner: str) -> bool:
-            """Whether to ask for it (False: a subscriber here would not take it, or its
-            owner is unreachable, when it is claimed instead if proxied transfer is on)."""
-            if not queue.can_deliver_locally(position, now, room=bool(free)):
-                return False
-            up = reach.get(owner)
-            if up is None:
-                up = reach[owner] = reachable(owner)
-            if not up and self.proxied:
-                ident = replica.ident(position)
-                assert ident is not None  # in the queue here
-                claims.append((ident, position))
-            return up
-
-        # Requests in flight, oldest first: those unanswered for ``retry`` are asked again.
-        # ``due``: the earliest moment a message skipped now becomes askable.
+        look = _Look(queue, replica, now, free=bool(free), room=room, reachable=reachable, proxied=self.proxied)
+        # Requests in flight, oldest first: those unanswered for ``retry`` are asked again;
+        # then the messages never asked for. ``due``: the earliest moment a message
+        # skipped now becomes askable.
         again, due = replica.requests_due(now, retry)
-        ident: Ident | None
-        for ident, attempt in again:
-            if len(asks) + len(claims) >= room:
-                due = now + REQUEST_SCAN_S
-                break
-            position = replica.position(ident)
-            owner = replica.owner_of(position) if position is not None else None
-            if owner is None:  # it came here: nothing more to ask
-                replica.answered(ident)
-                continue
-            assert position is not None  # it has an owner
-            if askable(position, owner):
-                replica.requested(ident, now, attempt + 1)  # the order of when each was asked
-                asks.append(ident)
-                attempts.append(attempt + 1)
-        # Then the messages never asked for, in the order they came: the first too recent
-        # to ask for ends the look (those after it came later).
-        if len(asks) + len(claims) < room:
-            for position, away in replica.unasked():
-                if len(asks) + len(claims) >= room:
-                    due = now + REQUEST_SCAN_S
-                    break
-                arrived = away.arrived
-                if now - arrived < wait:
-                    due = arrived + wait if due is None else min(due, arrived + wait)
-                    break
-                ident = replica.ident(position)
-                if ident is None or not askable(position, away.owner):
-                    continue
-                replica.requested(ident, now, 1)
-                asks.append(ident)
-                attempts.append(1)
-                asked.append(position)
-            replica.asked(asked)
+        due = look.ask_again(again, due)
+        if not look.full():
+            due = look.ask_first(wait, due)
+        asks, attempts, claims = look.asks, look.attempts, look.claims
         self.requests_sent += len(asks)
         self.proxied_claims += len(claims)
         self.next_scan = due
@@ -446,6 +398,78 @@ class QueueOwnership:
     def statistics(self) -> OwnershipStats:
         return OwnershipStats(self.name, self.proxied, self.requests_sent, self.grants, self.proxied_claims,
                               self.conflicts, self.typical_wait())
+
+
+class _Look:
+    """One look of :meth:`QueueOwnership.requests` (rules 4 and 6): what it asks for, what
+    it claims, and the reachability of each owner, asked once a look."""
+
+    def __init__(self, queue: Queue, replica: Replica, now: float, *, free: bool, room: int,
+                 reachable: Callable[[str], bool], proxied: bool) -> None:
+        self._queue, self._replica, self._now = queue, replica, now
+        self._free, self._room, self._reachable, self._proxied = free, room, reachable, proxied
+        self._reach: dict[str, bool] = {}
+        self.asks: list[Ident] = []
+        self.attempts: list[int] = []
+        self.claims: list[tuple[Ident, int]] = []
+
+    def full(self) -> bool:
+        return len(self.asks) + len(self.claims) >= self._room
+
+    def askable(self, position: int, owner: str) -> bool:
+        """Whether to ask for it (False: a subscriber here would not take it, or its owner
+        is unreachable, when it is claimed instead if proxied transfer is on)."""
+        if not self._queue.can_deliver_locally(position, self._now, room=self._free):
+            return False
+        up = self._reach.get(owner)
+        if up is None:
+            up = self._reach[owner] = self._reachable(owner)
+        if not up and self._proxied:
+            ident = self._replica.ident(position)
+            assert ident is not None  # in the queue here
+            self.claims.append((ident, position))
+        return up
+
+    def ask_again(self, again: list[tuple[Ident, int]], due: float | None) -> float | None:
+        """The requests due again, oldest first; when to look next."""
+        replica, now = self._replica, self._now
+        for ident, attempt in again:
+            if self.full():
+                return now + REQUEST_SCAN_S
+            position = replica.position(ident)
+            owner = replica.owner_of(position) if position is not None else None
+            if owner is None:  # it came here: nothing more to ask
+                replica.answered(ident)
+                continue
+            assert position is not None  # it has an owner
+            if self.askable(position, owner):
+                replica.requested(ident, now, attempt + 1)  # the order of when each was asked
+                self.asks.append(ident)
+                self.attempts.append(attempt + 1)
+        return due
+
+    def ask_first(self, wait: float, due: float | None) -> float | None:
+        """The messages never asked for, in the order they came: the first too recent to
+        ask for ends the look (those after it came later). When to look next."""
+        replica, now = self._replica, self._now
+        asked: list[int] = []  # positions asked for the first time
+        for position, away in replica.unasked():
+            if self.full():
+                due = now + REQUEST_SCAN_S
+                break
+            arrived = away.arrived
+            if now - arrived < wait:
+                due = arrived + wait if due is None else min(due, arrived + wait)
+                break
+            ident = replica.ident(position)
+            if ident is None or not self.askable(position, away.owner):
+                continue
+            replica.requested(ident, now, 1)
+            self.asks.append(ident)
+            self.attempts.append(1)
+            asked.append(position)
+        replica.asked(asked)
+        return due
 
 
 class ReplicatedQueues:
