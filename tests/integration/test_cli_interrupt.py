@@ -73,3 +73,32 @@ def test_the_readme_worker_stops_cleanly_on_ctrl_c_with_its_acknowledgements_sen
     # Every message is processed: none left, or the last one if the Ctrl-C came between its
     # print and its ack (at-least-once: it is delivered again, never lost).
     assert left in ([], [999]), left
+
+
+WAITING_WORKER = """
+import signal, sys
+from conveyor import Client
+with Client("idle").connect(sys.argv[1]) as client:
+    sub = client.subscribe("Work")
+    # The client's threads exist: SIGINT now reaches one of them, never this one, as it
+    # can when a signal lands just before a thread goes to sleep.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    print("waiting", flush=True)
+    try:
+        for message in sub:
+            pass
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_reaches_a_worker_waiting_for_messages_that_never_come(server_factory):
+    """A SIGINT handled on another thread than the one waiting in ``for message in sub``
+    is still raised there, within a poll slice, not when the next message arrives."""
+    server = server_factory(recorded="Work")
+    proc = subprocess.Popen([sys.executable, "-c", WAITING_WORKER, server.uri], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, preexec_fn=_ctrl_c_possible)
+    assert proc.stdout.readline() == "waiting\n", proc.stderr.read()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert out == "interrupted\n" and proc.returncode == 0, err

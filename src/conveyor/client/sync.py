@@ -23,6 +23,10 @@ the asyncio client uses; this module only carries calls across threads. Rules:
 6. **An interrupt never hangs disconnect().** A KeyboardInterrupt can leave the
    hand-over lock held (between its acquire and the ``with`` block); disconnect()
    finds it so after a second and releases it, then sends what was handed over.
+7. **The application's thread never blocks without a bound.** Waits for a message or for
+   the loop's answer are slices of :data:`SIGNAL_POLL_S`: a SIGINT whose handler ran just
+   before the thread went to sleep (or on another thread) is raised as KeyboardInterrupt
+   within one slice, instead of when the next message arrives, which may be never.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ log = logging.getLogger("conveyor.client")
 
 HANDLER_JOIN_SECONDS = 5.0  # disconnect() waits this long for a handler to finish its message
 HAND_OVER_LOCK_WAIT_S = 1.0  # rule 6: the lock is held for microseconds; this long means it was orphaned
+SIGNAL_POLL_S = 0.5  # rule 7: the longest a Ctrl-C waits to be noticed by a blocked application thread
 
 
 class Subscription(SubscriptionBase):
@@ -111,10 +116,12 @@ class Subscription(SubscriptionBase):
             else:
                 try:
                     if deadline is None:
-                        item = inbox.get()
+                        item = inbox.get(timeout=SIGNAL_POLL_S)
                     else:
-                        item = inbox.get(timeout=max(0.0, deadline - time.monotonic()))
+                        item = inbox.get(timeout=min(SIGNAL_POLL_S, max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
+                    if deadline is None or time.monotonic() < deadline:
+                        continue  # rule 7: back in Python, where a pending signal is raised
                     return None
                 if type(item) is list:
                     ready.extend(item)
@@ -179,11 +186,18 @@ class Client:
 
     def _call(self, coro, timeout: float | None = None) -> Any:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise errors.TimedOut("the client's loop did not answer in time") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = SIGNAL_POLL_S if deadline is None else min(SIGNAL_POLL_S, deadline - time.monotonic())
+            try:
+                return future.result(max(0.0, left))
+            except TimeoutError as exc:
+                if future.done():  # the call itself timed out (asyncio.TimeoutError)
+                    raise errors.TimedOut(str(exc) or "the call timed out") from exc
+                if deadline is None or time.monotonic() < deadline:
+                    continue  # rule 7
+                future.cancel()
+                raise errors.TimedOut("the client's loop did not answer in time") from None
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
