@@ -336,9 +336,7 @@ FUNCTION_LINES_MAX = 80
 CLASS_LINES_MAX = 800
 #: Rule 6's remainder (name: lines when listed); each may only shrink, and leaves the
 #: list once under the limit.
-LONG_KNOWN = {
-    "engine/queue/queue.py:Queue": 1027,
-}
+LONG_KNOWN: dict[str, int] = {}
 
 
 def test_no_function_over_80_lines_and_no_class_over_800():

@@ -451,18 +451,18 @@ def replay(queue, event, now: float) -> None:
     engine's recovery maps its journal record to (queue/recovery.py rule 1)."""
     match event:
         case Leased(position=p, count=count):
-            queue.replay_delivered(p, now, count=count)
+            queue.replay.delivered(p, now, count=count)
         case DeliveredAtMostOnce(position=p):
-            queue.replay_delivered(p, now)
+            queue.replay.delivered(p, now)
         case Acknowledged(position=p):
-            queue.replay_acknowledged(p)
+            queue.replay.acknowledged(p)
         case Cancelled(position=p, cancels=cancels):
-            queue.replay_cancelled(p, cancels=cancels)
+            queue.replay.cancelled(p, cancels=cancels)
         case LeaseExpired(position=p) | Returned(position=p):
-            queue.replay_returned(p)
+            queue.replay.returned(p)
         case Expired(position=p):
-            queue.replay_expired(p)
+            queue.replay.expired(p)
         case BarrierDelivered(position=p):
-            queue.replay_barrier_delivered(p)
+            queue.replay.barrier_delivered(p)
         case _:
             raise TypeError(f"not a queue event: {event!r}")

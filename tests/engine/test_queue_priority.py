@@ -359,9 +359,9 @@ def test_a_message_transferred_away_and_back_is_in_the_order_once():
     q = Queue(QueueConfig(name="Q", message_type="json", priority="/p"), load=lambda p: None)
     for p, prio in ((1, 5), (2, 9), (3, 1)):
         q.enqueue(p, 1.0, priority=prio)
-    assert q.transfer_out(2, "B", 2.0)
+    assert q.transfers.transfer_out(2, "B", 2.0)
     assert list(q._order) == [1, 3]  # the delivery order (the view also shows 2, owned by B)
-    assert q.transfer_in(2, 3.0)
+    assert q.transfers.transfer_in(2, 3.0)
     assert list(q._order) == [2, 1, 3]
     c = Consumer("c", "c", max_backlog=10)
     q.add_consumer(c, 4.0)

@@ -71,9 +71,9 @@ def test_a_message_that_leaves_loses_its_identity_epoch_and_request(how):
         q.add_consumer(Consumer("c", "c", max_backlog=1), 1.0)
         q.dispatch(1.0)
     elif how == "replayed_ack":
-        q.replay_acknowledged(1)
+        q.replay.acknowledged(1)
     else:
-        q.remove_replicated(1, "ack", 1.0)
+        q.transfers.remove_replicated(1, "ack", 1.0)
     assert replica.ident(1) is None and replica.position((7, 1)) is None
     assert replica.epoch((7, 1)) is None and replica.requests_in_flight() == 0
     assert replica.position_recorded((7, 1)) == 1  # a recent leaver

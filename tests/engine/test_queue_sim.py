@@ -526,15 +526,15 @@ def _lossy(records: list[tuple]) -> list[tuple]:
 def _replay_lossy(q: Queue, event, now: float) -> None:
     match event:
         case BarrierDelivered(position=p):
-            q.replay_barrier_delivered(p)
+            q.replay.barrier_delivered(p)
         case Leased(position=p) | DeliveredAtMostOnce(position=p):
-            q.replay_delivered(p, now)
+            q.replay.delivered(p, now)
         case Acknowledged(position=p):
-            q.replay_acknowledged(p)
+            q.replay.acknowledged(p)
         case Cancelled(position=p):
-            q.replay_cancelled(p)
+            q.replay.cancelled(p)
         case Expired(position=p):
-            q.replay_expired(p)
+            q.replay.expired(p)
 
 
 OPS = [

@@ -682,7 +682,7 @@ def test_recovery_without_end_replay_the_next_expire_reports_the_events():
     p = b.pub()
     q = Queue(b.config, load=b.data.__getitem__)
     q.enqueue(p, 0.0)
-    q.replay_delivered(p, 0.0, count=1)
+    q.replay.delivered(p, 0.0, count=1)
     assert q.next_deadline() == -math.inf
     q.add_consumer(Consumer("B", "B"), 1.0)  # the first live call settles the replay
     assert q.dispatch(1.0) == []
@@ -695,7 +695,7 @@ def test_recovery_replay_into_a_queue_with_consumers_is_refused():
     p = b.pub()
     b.consumer("A")
     with pytest.raises(QueueStateError):
-        b.q.replay_delivered(p, 0.0, count=1)
+        b.q.replay.delivered(p, 0.0, count=1)
 
 
 def test_recovery_point_is_the_oldest_unfinished_message():

@@ -363,9 +363,9 @@ def test_replayed_delivery_of_an_inactive_message_means_the_engine_did_not_refil
     q = Queue(b.config, load=b.data.__getitem__)
     q.enqueue(p1, 0.0)
     q.enqueue(p2, 0.0)
-    q.replay_acknowledged(p1)
+    q.replay.acknowledged(p1)
     with pytest.raises(QueueStateError, match="refill"):
-        q.replay_delivered(p2, 0.0, count=1)
+        q.replay.delivered(p2, 0.0, count=1)
 
 
 def test_inactive_messages_cost_no_memory():

@@ -231,7 +231,7 @@ class NamedConsumers:
             case m.Extend():
                 c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
                 _check_ttl(cmd.ttl)
-                renewed = self._bindings.by_name[c.queue].queue.renew(self._seat(c), None, now + cmd.ttl)
+                renewed = self._bindings.by_name[c.queue].queue.named.renew(self._seat(c), None, now + cmd.ttl)
                 result = replies.ExtendReply(renewed=renewed)
             case m.Reclaim():
                 result = self._reclaim(cmd, now)
@@ -254,7 +254,7 @@ class NamedConsumers:
             counts = self._take_back_range(c, cmd.after, hi, now, deadline)
             c.reoffered += hi - cmd.after
             return replies.LeaseReply(d=hi, leased=0, reoffered=hi - cmd.after, D=c.d, **counts)
-        deliveries = queue.lease_next(self._seat(c), cmd.max or None, now, deadline, cmd.upto)
+        deliveries = queue.named.lease_next(self._seat(c), cmd.max or None, now, deadline, cmd.upto)
         if (self.replicated_queues is not None and self._bindings.by_name[c.queue].ownership is not None
                 and (not cmd.max or len(deliveries) < cmd.max)):
             # rule 7: with proxied transfer on, the messages of an unreachable owner too
@@ -263,7 +263,7 @@ class NamedConsumers:
             # before it went away): a new delivery number would give them out twice
             self.replicated_queues.claim_for_lease(c.queue, more, math.inf if cmd.upto is None else cmd.upto, now,
                                                    lambda: self._unacknowledged(c.queue))
-            deliveries += queue.lease_next(self._seat(c), more, now, deadline, cmd.upto)
+            deliveries += queue.named.lease_next(self._seat(c), more, now, deadline, cmd.upto)
         if deliveries:
             positions = [x.position for x in deliveries]
             rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries],
@@ -297,7 +297,7 @@ class NamedConsumers:
             if p == GONE:
                 counts["done"] += 1
                 continue
-            outcome = binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
+            outcome = binding.queue.named.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
             counts[_TAKE_BACK_COUNTERS[outcome]] += 1
         c.taken_back += counts["taken"]
         return counts
@@ -419,7 +419,7 @@ class NamedConsumers:
 
     def _seat(self, c: NamedConsumer) -> Consumer:
         if c.consumer is None:
-            c.consumer = self._bindings.by_name[c.queue].queue.named_consumer(c.name)
+            c.consumer = self._bindings.by_name[c.queue].queue.named.consumer(c.name)
         return c.consumer
 
     def _priority_of(self, binding: QueueBinding, position: int) -> int | None:
@@ -483,11 +483,11 @@ class NamedConsumers:
         if type(rec) is records.ConsumerLeasedRec:
             for p, count in zip(rec.positions, rec.counts):
                 if p >= point:
-                    queue.replay_delivered(p, now, count=count)
+                    queue.replay.delivered(p, now, count=count)
         elif type(rec) is records.ConsumerAckedRec:
             for p in rec.positions:
                 if p >= point:
-                    queue.replay_acknowledged(p)
+                    queue.replay.acknowledged(p)
         if binding.config.target_queue_depth is not None:
             binding.refill(self._journal, upto=pos)
 
@@ -610,7 +610,7 @@ class NamedConsumers:
             deadline = now + binding.config.lease_period_s
             for p in c.positions:
                 if p != GONE:
-                    binding.queue.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
+                    binding.queue.named.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
 
 
 def _check_ttl(ttl: float) -> None:

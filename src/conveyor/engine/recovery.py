@@ -380,7 +380,7 @@ class Recovery:
                 return
             since = dead.snapshot_events_from
             if rec.expired_position >= points[dead.name] if since is None else pos >= since:
-                dead.queue.replay_expired(rec.expired_position)
+                dead.queue.replay.expired(rec.expired_position)
                 if dead.config.target_queue_depth is not None:
                     dead.refill(self._journal, upto=pos)  # as after any queue record: room freed
 

@@ -3,7 +3,7 @@
 Every record is frozen and typed (STYLE item 6). Events are ``msgspec.Struct`` so the
 engine can encode them as journal records without a copy; each event is exactly one
 transition of :mod:`conveyor.engine.queue.state`, and replaying the journaled events in
-order (interleaved with the enqueues) through the queue's ``replay_*`` verbs
+order (interleaved with the enqueues) through the queue's ``replay`` verbs
 (:mod:`conveyor.engine.queue.recovery`) rebuilds the queue.
 
 Fields are only ever appended, with defaults (STYLE item 7).

@@ -14,7 +14,7 @@ record through the queue verb that re-applies it. Rules:
    (the engine journals it with :class:`~conveyor.engine.delivery.QueueDelivery`).
    The order of kinds within one call does not matter to replay (queue/recovery.py rule 3).
 3. **Every queue record has a replay verb.** :data:`RECORD_REPLAY` maps each queue record
-   type to the queue's ``replay_*`` verb; :func:`replay` applies a record to the part
+   type to the queue's ``replay`` verb; :func:`replay` applies a record to the part
    of a queue at or above its recovery point.
 """
 
@@ -78,18 +78,18 @@ def record(queue: str, rec_type: type[QueueRec], events: list[Event]) -> records
 def _leased(q: Queue, rec: records.LeasedRec, now: float, keep: Callable[[int], bool]) -> None:
     for position, count in zip(rec.positions, rec.counts):
         if keep(position):
-            q.replay_delivered(position, now, count=count)
+            q.replay.delivered(position, now, count=count)
 
 
 def _delivered(q: Queue, rec: records.DeliveredRec, now: float, keep: Callable[[int], bool]) -> None:
     for position in rec.positions:
         if keep(position):
-            q.replay_delivered(position, now)
+            q.replay.delivered(position, now)
 
 
 def _each(verb: str) -> Callable[[Queue, PositionsRec, float, Callable[[int], bool]], None]:
     def apply(q: Queue, rec: PositionsRec, now: float, keep: Callable[[int], bool]) -> None:
-        method = getattr(q, verb)
+        method = getattr(q.replay, verb)
         for position in rec.positions:
             if keep(position):
                 method(position)
@@ -100,18 +100,18 @@ def _each(verb: str) -> Callable[[Queue, PositionsRec, float, Callable[[int], bo
 
 def _expired(q: Queue, rec: records.ExpiredRec, now: float, keep: Callable[[int], bool]) -> None:
     if keep(rec.position):
-        q.replay_expired(rec.position)
+        q.replay.expired(rec.position)
 
 
 #: Rule 3: queue record type -> how to replay it (each verb takes its own record type).
 RECORD_REPLAY: dict[type[QueueRec], Callable[..., None]] = {
     records.LeasedRec: _leased,
     records.DeliveredRec: _delivered,
-    records.AckedRec: _each("replay_acknowledged"),
-    records.CancelledRec: _each("replay_cancelled"),
-    records.ReturnedRec: _each("replay_returned"),
+    records.AckedRec: _each("acknowledged"),
+    records.CancelledRec: _each("cancelled"),
+    records.ReturnedRec: _each("returned"),
     records.ExpiredRec: _expired,
-    records.BarrierRec: _each("replay_barrier_delivered"),
+    records.BarrierRec: _each("barrier_delivered"),
 }
 
 QUEUE_RECORDS = tuple(RECORD_REPLAY)

@@ -226,6 +226,13 @@ class DeliveryOrder:
         self._epochs[i].add(key)
         return i == 0
 
+    def paged_chunks(self) -> int:
+        """Chunks of available messages paged out to the page file (FileBackedMetadata)."""
+        store = self.store
+        if isinstance(store, PagedMessageStore) and store.page_generation is not None:
+            return store.paged_chunks  # only a paged store has a page generation
+        return 0
+
     # --- snapshots ----------------------------------------------------------------------------
 
     def export(self) -> tuple[list[ChunkImage], list[int], list[EpochImage]]:

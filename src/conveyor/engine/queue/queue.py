@@ -59,7 +59,7 @@ in :mod:`conveyor.engine.queue.state`, the only place a message changes state):
 9. TargetQueueDepth: the active window, deferred acks and the engine's refill:
    :mod:`conveyor.engine.queue.window`.
 10. Recovery (Startup and Recovery): the engine replays the journaled events, in order
-   and interleaved with the enqueues, through the ``replay_*`` verbs. No lease survives
+   and interleaved with the enqueues, through the ``replay`` verbs. No lease survives
    a restart, so a replayed lease has already ended (LEASE then RETURN): the message is
    available again with its delivery and cancel counts, and :meth:`end_replay` expires
    those at MaxCancels / MaxDeliveries by rule 2. Acknowledged, expired and
@@ -67,9 +67,9 @@ in :mod:`conveyor.engine.queue.state`, the only place a message changes state):
    are in :mod:`conveyor.engine.queue.recovery`).
 11. Replicated queues (docs/replication.md, "Replicated queues"): a message another
    instance owns is ELSEWHERE: in the view, never delivered here. The engine decides
-   ownership and moves a message in (:meth:`transfer_in`, with its delivery and cancel
-   counts) or out (:meth:`transfer_out`); a message that left on another instance goes
-   with :meth:`remove_replicated`. A barrier is delivered on every instance once every
+   ownership and moves a message in (``transfers.transfer_in``, with its delivery and
+   cancel counts) or out (``transfers.transfer_out``); a message that left on another
+   instance goes with ``transfers.remove_replicated`` (:mod:`conveyor.engine.queue.transfers`). A barrier is delivered on every instance once every
    earlier message of this instance is acknowledged, wherever they are owned, so a
    message ELSEWHERE before it holds it too.
 12. Filter work per turn (engine/filter_budget.py): with a ``budget``, each consumer
@@ -96,7 +96,11 @@ state is derived from the part that holds the message, and checked under
   message's identity, the messages another instance owns, transfer epochs and this
   instance's requests (rule 11); fed by the transition table (every move out of the
   queue for good), so the engine keeps no second map in step;
-- :class:`~conveyor.engine.queue.recovery.QueueReplayer`: the replay verbs.
+- :class:`~conveyor.engine.queue.recovery.QueueReplayer`: the replay verbs;
+- :class:`~conveyor.engine.queue.transfers.Transfers` (``queue.transfers``): rule 11's
+  verbs, called by the engine's ownership rules;
+- :class:`~conveyor.engine.queue.named.NamedLeases` (``queue.named``): the named
+  consumers' leases (the Spark connector).
 
 A snapshot (FileBackedMetadata) goes through :meth:`export_state` and
 :meth:`restore_state` (:class:`~conveyor.engine.queue.events.QueueState`), never through
@@ -151,7 +155,7 @@ from conveyor.engine.queue.events import (
 )
 from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
-from conveyor.engine.queue.paging import PageFile, PagedMessageStore
+from conveyor.engine.queue.paging import PageFile
 from conveyor.engine.queue.priority import KEY_END, POSITION_MASK, order_key
 from conveyor.engine.queue.recovery import QueueReplayer
 from conveyor.engine.queue.report import QueueReport
@@ -164,6 +168,8 @@ from conveyor.engine.queue.state import (
     Transitions,
     Verb,
 )
+from conveyor.engine.queue.named import NamedLeases
+from conveyor.engine.queue.transfers import Transfers
 from conveyor.engine.queue.window import ActiveWindow
 from conveyor.errors import ConfigError, InvalidOption
 
@@ -199,7 +205,6 @@ __all__ = [
 _ABSENT, _AVAILABLE = MessageState.ABSENT, MessageState.AVAILABLE
 _LEASED, _INACTIVE = MessageState.LEASED, MessageState.INACTIVE
 _ELSEWHERE = MessageState.ELSEWHERE
-_REPLICATED_REMOVAL = ("replicated",)  # the reason of an expiry reported by the owner
 _TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 _FORCED = (ExpiryReason.FORCED_EXPIRE,)
 #: A move from AVAILABLE takes the message out of the store at once, and the store
@@ -320,6 +325,25 @@ def check_config(config: QueueConfig) -> None:
             raise bad(f"{name} must be >= 1, not {value}")
 
 
+def _order_key(name: str, has_priority: bool, position: int, priority: int | None, barrier: bool) -> int:
+    """The message's key in the delivery order: its position, or (Priority) its order key."""
+    if not has_priority:
+        if priority is not None:
+            raise QueueStateError(f"queue {name!r} has no Priority")
+        return position
+    if barrier:
+        return position  # a barrier is not in the priority order
+    if priority is None:
+        raise QueueStateError(
+            f"queue {name!r} has a Priority: enqueue needs the message's priority",
+            position=position,
+        )
+    try:
+        return order_key(priority, position)
+    except ValueError as exc:
+        raise QueueStateError(f"queue {name!r}: {exc}", position=position) from None
+
+
 class Queue:
     """One queue (spec 000). See the module header for the rules it keeps."""
 
@@ -378,10 +402,20 @@ class Queue:
             replica=self._replica, stamped=self._stamped, counts=self._counters.counts, state_of=self.state_of,
             load=load, expiration=lambda: self._expiration, active=self._active,
         )
-        self._replay = QueueReplayer(
+        self.transfers = Transfers(
+            priority=self._priority, transitions=self._transitions, replica=self._replica, order=self._order,
+            leases=self._leases, seats=self._seats, stamped=self._stamped, count=self._counters.add,
+            state_of=self.state_of, matches=self._matches,
+        )
+        self.named = NamedLeases(
+            config.name, at_least_once=self._at_least_once, priority=self._priority, transitions=self._transitions,
+            seats=self._seats, order=self._order, leases=self._leases, replica=self._replica,
+            count=self._counters.add, state_of=self.state_of, settle=self._settle,
+        )
+        self.replay = QueueReplayer(
             config.name, at_least_once=self._at_least_once, state_of=self.state_of,
             transitions=self._transitions, order=self._order, leases=self._leases,
-            window=self._window, seats=self._seats, expired=self._expire_gone,
+            window=self._window, seats=self._seats, expired=self._expire_gone, transfers=self.transfers,
         )
 
     @property
@@ -447,7 +481,8 @@ class Queue:
             raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
         if barrier and not self._barrier_on:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
-        key = self._order_key(position, priority, barrier)
+        key = (position if not self._priority and priority is None  # FIFO: no call
+               else _order_key(self.name, self._priority, position, priority, barrier))
         self._counters.enqueued += 1
         if ident is not None:
             self._replica.entered(position, ident)
@@ -499,23 +534,6 @@ class Queue:
             ((p, away.published_at) for p, away in self._replica.items())))
         self._expiration = None  # no head-of-queue check: every message has its entry
         self._leases.expire_by_stamps()
-
-    def _order_key(self, position: int, priority: int | None, barrier: bool) -> int:
-        if not self._priority:
-            if priority is not None:
-                raise QueueStateError(f"queue {self.name!r} has no Priority")
-            return position
-        if barrier:
-            return position  # a barrier is not in the priority order
-        if priority is None:
-            raise QueueStateError(
-                f"queue {self.name!r} has a Priority: enqueue needs the message's priority",
-                position=position,
-            )
-        try:
-            return order_key(priority, position)
-        except ValueError as exc:
-            raise QueueStateError(f"queue {self.name!r}: {exc}", position=position) from None
 
     def _active(self) -> int:
         """Messages in the active part: available and leased (TargetQueueDepth)."""
@@ -753,7 +771,7 @@ class Queue:
             if option is AckOption.EXPIRE:
                 tally.ignored += 1
                 return
-            self._acknowledge_elsewhere(p)
+            self.transfers.acknowledged_here(p)
             tally.events.append(Acknowledged(p))
             tally.acknowledged += 1
             self._counters.acknowledged += 1
@@ -786,79 +804,6 @@ class Queue:
             self._expire_gone(p, _FORCED, tally.events)
             tally.expired += 1
 
-    # --- named consumers (the Spark connector; docs/spark-server.md) ---------------------------
-    # A named consumer has a seat that is never active: dispatch offers it nothing, it
-    # takes messages only through these calls, with deadlines of its own. Its leases are
-    # ordinary leases: they expire (LEASE_EXPIRE, journaled as any other), count as
-    # deliveries, and under Leasing=strict refuse acks from anyone else. A barrier is
-    # never leased to it (FIFO: nothing at or after the first pending barrier; priority:
-    # the first epoch only), and at-most-once queues have none.
-
-    def named_consumer(self, name: str) -> Consumer:
-        """The :class:`Consumer` of named consumer ``name``, made on first use (after
-        replay: a replay refuses a queue with consumers)."""
-        if not self._at_least_once:
-            raise QueueStateError(f"queue {self.name!r}: named consumers need at-least-once")
-        key = ("named", name)
-        return self._seats.named(key, lambda: Consumer(key, key, max_backlog=0)).consumer
-
-    def lease_next(
-        self, consumer: Consumer, n: int | None, now: float, deadline: float, upto: int | None = None
-    ) -> list[Delivery]:
-        """Lease up to ``n`` (None: every) available messages to named ``consumer`` until
-        ``deadline``, in delivery order, never one at a position >= ``upto``."""
-        self._settle(now)
-        seat = self._seats.of(consumer)
-        keys = self._order.leasable(n, math.inf if upto is None else upto)
-        out = []
-        for k in keys:
-            p, count = self._lease_to(seat, k, deadline, delivery=True)
-            self._counters.delivered += 1
-            out.append(Delivery(consumer, p, deadline, count))
-        return out
-
-    def renew(self, consumer: Consumer, positions: Iterable[int] | None, deadline: float) -> int:
-        """Move the lease deadline of each of ``positions`` (None: all) still leased to
-        ``consumer`` to ``deadline``; how many were."""
-        return self._leases.renew_held(self._seats.of(consumer), positions, deadline)
-
-    def take_back(
-        self, consumer: Consumer, position: int, now: float, deadline: float, priority: int | None = None
-    ) -> TakeBack:
-        """Lease message ``position`` to ``consumer`` again (a re-offer); what it did
-        (:class:`TakeBack`). ``priority``: the message's priority, needed in a priority
-        queue to find it in the order."""
-        self._settle(now)
-        seat = self._seats.of(consumer)
-        leases = self._leases
-        lease = leases.leased.get(position)
-        if lease is not None:
-            if lease.seat is not seat:
-                return TakeBack.ELSEWHERE
-            if lease.deadline != deadline:
-                leases.renew(position, lease, deadline)
-                leases.trim()
-            return TakeBack.RENEWED
-        order = self._order
-        if position in order.store and not order.is_barrier(position):
-            key = position
-            if self._priority:
-                if priority is None:
-                    raise QueueStateError(f"queue {self.name!r}: take_back needs the priority")
-                key = order_key(priority, position)
-            self._lease_to(seat, key, deadline, delivery=False)
-            return TakeBack.TAKEN
-        if position in leases.consumed or position in self._replica or self.state_of(position) is _INACTIVE:
-            return TakeBack.ELSEWHERE  # ELSEWHERE: another instance owns it (engine/consumers.py rule 7)
-        return TakeBack.DONE
-
-    def _lease_to(self, seat: Seat, key: int, deadline: float, *, delivery: bool) -> tuple[int, int]:
-        """AVAILABLE --LEASE--> LEASED for a named consumer's seat: (position, count)."""
-        p = key & POSITION_MASK if self._priority else key
-        self._move(p, Verb.LEASE, _AVAILABLE)
-        t = self._order.take(key)
-        return p, self._leases.lease(p, seat, deadline, t, key, delivery=delivery)
-
     # --- replicated queues (rule 11; the engine decides, engine/replication/ownership.py) --------------------
 
     def _elsewhere_before(self, b: int) -> bool:
@@ -871,112 +816,6 @@ class Queue:
         owners, epochs, requests); the queue's own transitions change its messages."""
         return self._replica
 
-    def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
-        """Its ownership was transferred here: ELSEWHERE --TRANSFER_IN--> AVAILABLE, with the
-        delivery and cancel counts it had on its previous owner. False when it is not
-        ELSEWHERE (already here, or done)."""
-        if position not in self._replica:
-            return False
-        self._move(position, Verb.TRANSFER_IN, _ELSEWHERE)
-        away = self._replica.take(position)
-        leases = self._leases
-        if deliveries > leases.deliveries_of(position):
-            leases.set_deliveries(position, deliveries)
-        if cancels > leases.cancels_of(position):
-            leases.set_cancels(position, cancels)
-        if self._order.insert(position, away.published_at, away.key) or not self._priority:
-            self._seats.came_back(away.key, self._order.store.__contains__, now)
-        if self._stamped:
-            self._stamped.again(position)  # its own expiry may have passed while it was away
-        self._counters.transferred_in += 1
-        return True
-
-    def transfer_out(self, position: int, owner: str, now: float) -> bool:
-        """Its ownership was transferred to instance ``owner``. AVAILABLE: it goes
-        ELSEWHERE; ELSEWHERE: only its owner changes; LEASED here: it goes when the lease
-        ends (queue/replica.py rule 3). False when it is not in the queue."""
-        state = self.state_of(position)
-        if state is _ELSEWHERE:
-            self._replica.set_owner(position, owner)
-            return True
-        if state is _LEASED:
-            self._replica.owned_away_while_leased(position, owner)
-            return True
-        if state is not _AVAILABLE or self._order.is_barrier(position):
-            return False
-        self._move(position, Verb.TRANSFER_OUT, _AVAILABLE)
-        key = self._order.key_of(position)
-        # Exact removal, as a delivery's: a lazy one would leave its key in a priority
-        # index, and a transfer back here would add it a second time.
-        t = self._order.take(key)
-        self._replica.add(position, owner, t, key, now)
-        self._counters.transferred_out += 1
-        return True
-
-    def counts_of(self, position: int) -> tuple[int, int]:
-        """(deliveries, cancels) of a message, as they travel with a transfer."""
-        return self._leases.deliveries_of(position), self._leases.cancels_of(position)
-
-    def remove_replicated(self, position: int, kind: str, now: float) -> list[Event]:
-        """The message left the queue on another instance (``kind``: ``ack``, ``deliver``
-        or ``expire``): it leaves here too, whatever its state. Returns the events (for
-        the backlog they free and for listeners); the engine does not journal them: the
-        record it received is the journal's. [] when it is not here."""
-        state = self.state_of(position)
-        events: list[Event] = []
-        expire = kind == "expire"
-        verb = Verb.EXPIRE if expire else Verb.ACKNOWLEDGE
-        if state is not _ELSEWHERE and state is not _AVAILABLE and state is not _LEASED:
-            return events
-        self._transitions.step(position, verb, state)  # state_of has just said where it is
-        if state is _ELSEWHERE:
-            self._replica.take(position)
-        elif state is _AVAILABLE:
-            self._order.remove(position)
-        else:
-            # Two instances delivered it (a proxied transfer while its owner was alive):
-            # its lease here ends with it.
-            self._leases.end(position)
-        self._leases.forget(position)
-        self._replica.forget(position)
-        if expire:
-            events.append(Expired(position, _REPLICATED_REMOVAL))
-            self._counters.expired += 1
-        else:
-            events.append(Acknowledged(position))
-            self._counters.acknowledged += 1
-        return events
-
-    def can_deliver_locally(self, position: int, now: float, *, room: bool = True) -> bool:
-        """Whether a consumer of this instance could take the message now: one with room
-        whose filter matches (an owner grants a transfer only when none can). With
-        ``room=False``, whether one would once it has room: its filter matches."""
-        for seat in self._seats.active:
-            c = seat.consumer
-            if room and c.outstanding >= c.max_backlog:
-                continue
-            if c.filter is None or self._matches(c.filter, position, now):
-                return True
-        return False
-
-    def room(self) -> int:
-        """Free backlog slots of the active consumers (how many messages they could take)."""
-        return sum(max(0, c.max_backlog - c.outstanding) for c in self._seats.consumers)
-
-    def backlog_capacity(self) -> int:
-        """The backlog slots of the active consumers, free or not."""
-        return sum(c.max_backlog for c in self._seats.consumers)
-
-    @property
-    def slots_freed(self) -> int:
-        """Backlog slots given back so far (acks, cancels, broken leases): a count that
-        moves whenever a consumer had room, even if a message filled it at once."""
-        return self._leases.slots_freed
-
-    def available_here(self) -> int:
-        """Available messages this instance owns (the ones waiting for a consumer here)."""
-        return len(self._order.store)
-
     # --- time ---------------------------------------------------------------------------------
 
     def expire(self, now: float) -> list[Event]:
@@ -984,7 +823,7 @@ class Queue:
 
         Leases go in (deadline, position) order, expirations in position order.
         """
-        events = self._replay.take_events(now)
+        events = self.replay.take_events(now)
         for p, _ in self._leases.due(now):
             self._end_lease(p, Verb.LEASE_EXPIRE, now, events)
         if self._expiration is not None:
@@ -1019,7 +858,7 @@ class Queue:
     def next_deadline(self) -> float | None:
         """The earliest lease or Expiration deadline: when :meth:`expire` has work
         (``-inf`` after a replay until :meth:`end_replay` or :meth:`expire` ran)."""
-        if self._replay.has_events:
+        if self.replay.has_events:
             return -math.inf
         deadline = self._leases.next_deadline()
         store = self._order.store
@@ -1096,7 +935,6 @@ class Queue:
             return min(low)
         return max(self._start, self._last_position + 1)
 
-
     # --- reports (queue/report.py) -----------------------------------------------------------
 
     def activity(self) -> tuple[int, int, int, int, int]:
@@ -1117,10 +955,7 @@ class Queue:
     @property
     def paged_chunks(self) -> int:
         """Chunks of available messages paged out to the page file (FileBackedMetadata)."""
-        store = self._order.store
-        if isinstance(store, PagedMessageStore) and store.page_generation is not None:
-            return store.paged_chunks  # only a paged store has a page generation
-        return 0
+        return self._order.paged_chunks()
 
     # --- TargetQueueDepth (queue_window) ----------------------------------------------------
 
@@ -1166,36 +1001,7 @@ class Queue:
         self._order.append(position, published_at, position, False)
         return True
 
-    # --- recovery (queue_recovery) -----------------------------------------------------------
-
-    def replay_delivered(self, position: int, now: float, *, count: int | None = None) -> None:
-        """Leased (``count``: its delivery count) or DeliveredAtMostOnce."""
-        self._replay.delivered(position, now, count=count)
-
-    def replay_acknowledged(self, position: int) -> None:
-        if position in self._replica:
-            self._acknowledge_elsewhere(position)  # acknowledged here while another instance owned it
-            return
-        self._replay.acknowledged(position)
-
-    def _acknowledge_elsewhere(self, position: int) -> None:
-        """A message another instance owns, acknowledged here: it leaves (rule 11)."""
-        self._move(position, Verb.ACKNOWLEDGE, _ELSEWHERE)
-        self._replica.take(position)
-        self._leases.forget(position)
-
-    def replay_expired(self, position: int) -> None:
-        self._replay.expired(position)
-
-    def replay_barrier_delivered(self, position: int) -> None:
-        self._replay.barrier_delivered(position)
-
-    def replay_cancelled(self, position: int, *, cancels: int | None = None) -> None:
-        self._replay.cancelled(position, cancels=cancels)
-
-    def replay_returned(self, position: int) -> None:
-        """LeaseExpired / Returned (the engine may skip them)."""
-        self._replay.returned(position)
+    # --- recovery (queue/recovery.py: the replay verbs are ``queue.replay``'s) -----------------
 
     def end_replay(self, now: float) -> list[Event]:
         """Events to journal after a replay: the leases broken by the restart are over, and
@@ -1205,11 +1011,11 @@ class Queue:
         If the engine does not call it, the first live call does the same and
         :meth:`expire` returns the events (:meth:`next_deadline` is then ``-inf``).
         """
-        return self._replay.take_events(now)
+        return self.replay.take_events(now)
 
     def _settle(self, now: float) -> None:
-        if self._replay.due:
-            self._replay.settle(now)
+        if self.replay.due:
+            self.replay.settle(now)
 
     # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
 
@@ -1228,16 +1034,7 @@ class Queue:
         chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
-        leaving = self._replica.leaving_owners()
-        leased = sorted(self._leases.leased.items())
-        # A lease ends with the restart; one whose message was transferred away while it
-        # was leased leaves for its new owner then (queue/replica.py rule 3).
-        away = [(p, a.owner, a.published_at, a.key, a.arrived) for p, a in self._replica.items()]
-        if leaving:
-            away += [(p, leaving[p], lease.published_at, lease.key, lease.published_at)
-                     for p, lease in leased if p in leaving]
-            away.sort()
-            leased = [(p, lease) for p, lease in leased if p not in leaving]
+        away, leased = self._replica.export(sorted(self._leases.leased.items()))
         return QueueState(
             start=self._start,
             last_position=self._last_position,
@@ -1289,7 +1086,7 @@ class Queue:
             offered=state.offered, inactive=state.inactive, refill_from=state.refill_from,
             acks=state.deferred_acks, last=state.last_position,
         )
-        self._replay.restored()
+        self.replay.restored()
 
     def snapshot(self, *, events_from: int, publishes_from: int) -> queue_snapshot.QueueSnapshot:
         """The state as replaying the journal would rebuild it (queue/snapshot.py rule 1)."""

@@ -4,11 +4,11 @@
 because it is a concept of its own: the live calls decide, replay only re-applies what
 was decided. It owns only the replay's own state (whether the end-of-replay limit check
 is due, and the events it produced); it changes messages through the queue's checked
-transitions and the other parts' methods. The queue's ``replay_*`` verbs are these
-methods; the engine maps each journal record to one of them. Rules:
+transitions and the other parts' methods. The engine reaches these verbs as
+``queue.replay`` and maps each journal record to one of them (queue/journal.py). Rules:
 
 1. The engine replays, from the queue's recovery point, the publishes (``enqueue``, queue
-   filter applied) and the events (the ``replay_*`` verbs), in journal order, before any
+   filter applied) and the events (the ``replay`` verbs), in journal order, before any
    consumer is added; then it calls ``end_replay`` and journals the events that
    returns.
 2. No lease survives a restart. A replayed ``Leased`` is a lease that has already ended:
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from conveyor.engine.queue.leases import LeaseTable
     from conveyor.engine.queue.order import DeliveryOrder
     from conveyor.engine.queue.seats import Seats
+    from conveyor.engine.queue.transfers import Transfers
     from conveyor.engine.queue.window import ActiveWindow
 
 _ABSENT, _AVAILABLE, _INACTIVE = MessageState.ABSENT, MessageState.AVAILABLE, MessageState.INACTIVE
@@ -58,7 +59,7 @@ class QueueReplayer:
 
     __slots__ = (
         "due", "_limit_events", "_name", "_at_least_once", "_state_of", "_transitions", "_order",
-        "_leases", "_window", "_seats", "_expired",
+        "_leases", "_window", "_seats", "_expired", "_transfers",
     )
 
     def __init__(
@@ -73,6 +74,7 @@ class QueueReplayer:
         window: ActiveWindow,
         seats: Seats,
         expired: Callable[[int, tuple[str, ...], list[Event]], None],
+        transfers: Transfers,
     ) -> None:
         self.due = False  # a replay happened: the limit check of rule 4 is due
         self._limit_events: list[Event] = []  # events of that check not yet handed out
@@ -85,6 +87,7 @@ class QueueReplayer:
         self._window = window
         self._seats = seats
         self._expired = expired
+        self._transfers = transfers
 
     @property
     def has_events(self) -> bool:
@@ -115,6 +118,8 @@ class QueueReplayer:
             self._leases.forget(position)
 
     def acknowledged(self, position: int) -> None:
+        if self._transfers.acknowledged_here(position):
+            return  # acknowledged here while another instance owned it (queue rule 11)
         self._removal(position, Verb.ACKNOWLEDGE)
 
     def expired(self, position: int) -> None:

@@ -113,7 +113,7 @@ class QueueOwnership:
         self._tombstones: OrderedDict[Ident, tuple[str, float]] = OrderedDict()  # (kind, when), oldest first
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
-        self._freed_seen = 0  # queue.slots_freed when requests() last looked
+        self._freed_seen = 0  # queue.transfers.slots_freed when requests() last looked
         self.next_scan: float | None = None  # when requests() may have something to send (a timer wakes it)
         self._wait: float | None = None  # cached 90th percentile of _latency
         self.requests_sent = self.grants = self.proxied_claims = self.conflicts = 0
@@ -174,7 +174,7 @@ class QueueOwnership:
                 self._tombstones.popitem(last=False)
             return None
         arrived = self._replica.arrival_of(position)
-        events = self.queue.remove_replicated(position, kind, now)
+        events = self.queue.transfers.remove_replicated(position, kind, now)
         if arrived is not None and events and kind == "ack":
             self._latency.append(max(0.0, now - arrived))
             self._wait = None
@@ -212,16 +212,16 @@ class QueueOwnership:
             return None, None
         self._scanned = now
         self.next_scan = None  # nothing to do until a subscriber has room (a dispatch calls again)
-        free = queue.room()
-        freed = queue.slots_freed
+        free = queue.transfers.room()
+        freed = queue.transfers.slots_freed
         had_room = free or freed != self._freed_seen
         self._freed_seen = freed
         if not had_room:
             return None, None
         wait = self.typical_wait()
         retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
-        target = max(queue.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
-        room = target - replica.requests_in_flight() - queue.available_here()
+        target = max(queue.transfers.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
+        room = target - replica.requests_in_flight() - queue.transfers.available_here()
         if room <= 0:
             oldest = replica.oldest_request()
             if free and oldest is not None:  # all asked: look again when the oldest unanswered is due again
@@ -287,7 +287,7 @@ class QueueOwnership:
                 continue
             owner = replica.owner_of(position)
             if owner is None:
-                if queue.state_of(position).value != "available" or queue.can_deliver_locally(position, now):
+                if queue.state_of(position).value != "available" or queue.transfers.can_deliver_locally(position, now):
                     continue  # leased here, or a subscriber here takes it: no grant
                 ours.append((ident, position))
             elif self.proxied and not reachable(owner):
@@ -302,7 +302,7 @@ class QueueOwnership:
         epochs, deliveries, cancels = [], [], []
         for ident, position in messages:
             epochs.append((self._replica.epoch(ident) or (0, "", ""))[0] + 1)
-            d, c = self.queue.counts_of(position)
+            d, c = self.queue.transfers.counts_of(position)
             deliveries.append(d)
             cancels.append(c)
         return records.TransferRec(self.name, [i[0] for i, _ in messages], [i[1] for i, _ in messages], to,
@@ -326,9 +326,9 @@ class QueueOwnership:
                 continue  # the message has not arrived here yet: it enters owned by ``owner``
             replica.answered(ident)
             if mine:
-                queue.transfer_in(position, now, deliveries=deliveries, cancels=cancels)
+                queue.transfers.transfer_in(position, now, deliveries=deliveries, cancels=cancels)
             else:
-                queue.transfer_out(position, owner, now)
+                queue.transfers.transfer_out(position, owner, now)
         return applied
 
     def conflict(self, ident: Ident, other_origin: str, now: float) -> records.TransferRec | None:
@@ -343,7 +343,7 @@ class QueueOwnership:
         self.conflicts += 1
         log.warning("queue %s: message %s was recorded as its own by %s and by %s: %s owns it",
                     self.name, ident, mine, other_origin, winner)
-        deliveries, cancels = self.queue.counts_of(position)
+        deliveries, cancels = self.queue.transfers.counts_of(position)
         return records.TransferRec(self.name, [ident[0]], [ident[1]], winner, self.instance, [1], [deliveries],
                                    [cancels])
 
@@ -419,7 +419,7 @@ class _Look:
     def askable(self, position: int, owner: str) -> bool:
         """Whether to ask for it (False: a subscriber here would not take it, or its owner
         is unreachable, when it is claimed instead if proxied transfer is on)."""
-        if not self._queue.can_deliver_locally(position, self._now, room=self._free):
+        if not self._queue.transfers.can_deliver_locally(position, self._now, room=self._free):
             return False
         up = self._reach.get(owner)
         if up is None:

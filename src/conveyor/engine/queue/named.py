@@ -1,0 +1,115 @@
+"""Named consumers' leases (the Spark connector; docs/spark-server.md): a part of
+:class:`~conveyor.engine.queue.Queue`, reached as ``queue.named`` by the engine's named
+consumers (engine/consumers.py). It owns no state. Rules:
+
+1. A named consumer has a seat that is never active: dispatch offers it nothing, it
+   takes messages only through these calls, with deadlines of its own.
+2. Its leases are ordinary leases: they expire (LEASE_EXPIRE, journaled as any other),
+   count as deliveries, and under Leasing=strict refuse acks from anyone else.
+3. A barrier is never leased to it (FIFO: nothing at or after the first pending
+   barrier; priority: the first epoch only), and at-most-once queues have none.
+4. A re-offer (:meth:`NamedLeases.take_back`) renews a lease the consumer holds, leases
+   again a message that came back (not a new delivery), and otherwise says where the
+   message is (:class:`~conveyor.engine.queue.events.TakeBack`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+from conveyor.engine.queue.consumer import Consumer
+from conveyor.engine.queue.events import Delivery, TakeBack
+from conveyor.engine.queue.leases import LeaseTable
+from conveyor.engine.queue.order import DeliveryOrder
+from conveyor.engine.queue.priority import POSITION_MASK, order_key
+from conveyor.engine.queue.replica import Replica
+from conveyor.engine.queue.seats import Seat, Seats
+from conveyor.engine.queue.state import MessageState, QueueStateError, Transitions, Verb
+
+_AVAILABLE = MessageState.AVAILABLE
+_INACTIVE = MessageState.INACTIVE
+
+
+class NamedLeases:
+    """The named consumers' verbs over the parts of one queue (see the module header)."""
+
+    def __init__(
+        self, name: str, *, at_least_once: bool, priority: bool, transitions: Transitions, seats: Seats,
+        order: DeliveryOrder, leases: LeaseTable, replica: Replica, count: Callable[[str], None],
+        state_of: Callable[[int], MessageState], settle: Callable[[float], None],
+    ) -> None:
+        self._name = name
+        self._at_least_once = at_least_once
+        self._priority = priority
+        self._transitions = transitions
+        self._seats = seats
+        self._order = order
+        self._leases = leases
+        self._replica = replica
+        self._count = count  # adds one to a counter of the queue's statistics
+        self._state_of = state_of
+        self._settle = settle  # the end-of-replay limits, if no live call applied them yet
+
+    def consumer(self, name: str) -> Consumer:
+        """The :class:`Consumer` of named consumer ``name``, made on first use (after
+        replay: a replay refuses a queue with consumers)."""
+        if not self._at_least_once:
+            raise QueueStateError(f"queue {self._name!r}: named consumers need at-least-once")
+        key = ("named", name)
+        return self._seats.named(key, lambda: Consumer(key, key, max_backlog=0)).consumer
+
+    def lease_next(
+        self, consumer: Consumer, n: int | None, now: float, deadline: float, upto: int | None = None
+    ) -> list[Delivery]:
+        """Lease up to ``n`` (None: every) available messages to ``consumer`` until
+        ``deadline``, in delivery order, never one at a position >= ``upto``."""
+        self._settle(now)
+        seat = self._seats.of(consumer)
+        out = []
+        for k in self._order.leasable(n, math.inf if upto is None else upto):
+            p, count = self._lease_to(seat, k, deadline, delivery=True)
+            self._count("delivered")
+            out.append(Delivery(consumer, p, deadline, count))
+        return out
+
+    def renew(self, consumer: Consumer, positions: Iterable[int] | None, deadline: float) -> int:
+        """Move the lease deadline of each of ``positions`` (None: all) still leased to
+        ``consumer`` to ``deadline``; how many were."""
+        return self._leases.renew_held(self._seats.of(consumer), positions, deadline)
+
+    def take_back(
+        self, consumer: Consumer, position: int, now: float, deadline: float, priority: int | None = None
+    ) -> TakeBack:
+        """Rule 4 for message ``position``. ``priority``: the message's priority, needed
+        in a priority queue to find it in the order."""
+        self._settle(now)
+        seat = self._seats.of(consumer)
+        leases = self._leases
+        lease = leases.leased.get(position)
+        if lease is not None:
+            if lease.seat is not seat:
+                return TakeBack.ELSEWHERE
+            if lease.deadline != deadline:
+                leases.renew(position, lease, deadline)
+                leases.trim()
+            return TakeBack.RENEWED
+        order = self._order
+        if position in order.store and not order.is_barrier(position):
+            key = position
+            if self._priority:
+                if priority is None:
+                    raise QueueStateError(f"queue {self._name!r}: take_back needs the priority")
+                key = order_key(priority, position)
+            self._lease_to(seat, key, deadline, delivery=False)
+            return TakeBack.TAKEN
+        if position in leases.consumed or position in self._replica or self._state_of(position) is _INACTIVE:
+            return TakeBack.ELSEWHERE  # ELSEWHERE: another instance owns it (engine/consumers.py rule 7)
+        return TakeBack.DONE
+
+    def _lease_to(self, seat: Seat, key: int, deadline: float, *, delivery: bool) -> tuple[int, int]:
+        """AVAILABLE --LEASE--> LEASED for a named consumer's seat: (position, count)."""
+        p = key & POSITION_MASK if self._priority else key
+        self._transitions.move(p, Verb.LEASE, _AVAILABLE)
+        t = self._order.take(key)
+        return p, self._leases.lease(p, seat, deadline, t, key, delivery=delivery)

@@ -1,0 +1,170 @@
+"""The verbs of a replicated queue (rule 11 of :mod:`conveyor.engine.queue.queue`;
+docs/replication.md, "Replicated queues"): a part of
+:class:`~conveyor.engine.queue.Queue`, reached as ``queue.transfers`` by the engine's
+ownership rules (engine/replication/ownership.py), which decide; this part carries out.
+
+It owns no state: it moves messages through the queue's transition table and tells the
+queue's parts what happened (the replica part, the order, the leases, the seats). Rules:
+
+1. **In.** A message whose ownership comes here goes ELSEWHERE -> AVAILABLE with the
+   delivery and cancel counts it had on its previous owner (never lower than its counts
+   here), and is offered to the filtered consumers it is behind; its own expiry is
+   looked at again (it may have passed while it was away).
+2. **Out.** An available message whose ownership goes away leaves the order exactly (a
+   priority index must not keep its key); one leased here keeps its lease and goes when
+   the lease ends (queue/replica.py rule 3); a barrier never moves.
+3. **Removed.** A message that left the queue on another instance leaves here too,
+   whatever its state, as an acknowledgement or an expiry; the engine does not journal
+   these events (the record it received is the journal's).
+4. **Room.** The ownership rules ask how much the consumers here could take (free
+   backlog, capacity, slots freed so far) and whether one could take a given message:
+   an owner grants a transfer only when none of its own can.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from conveyor.engine.queue.events import Acknowledged, Event, Expired
+from conveyor.engine.queue.expiry import MessageExpiry
+from conveyor.engine.queue.leases import LeaseTable
+from conveyor.engine.queue.order import DeliveryOrder
+from conveyor.engine.queue.replica import Replica
+from conveyor.engine.queue.seats import Seats
+from conveyor.engine.queue.state import MessageState, Transitions, Verb
+
+_AVAILABLE = MessageState.AVAILABLE
+_LEASED = MessageState.LEASED
+_ELSEWHERE = MessageState.ELSEWHERE
+_REPLICATED_REMOVAL = ("replicated",)  # the reason of an expiry reported by the owner
+
+
+class Transfers:
+    """Rule 11's verbs over the parts of one queue (see the module header)."""
+
+    def __init__(
+        self, *, priority: bool, transitions: Transitions, replica: Replica, order: DeliveryOrder,
+        leases: LeaseTable, seats: Seats, stamped: MessageExpiry, count: Callable[[str], None],
+        state_of: Callable[[int], MessageState], matches: Callable[[Callable[[object, float], bool], int, float], bool],
+    ) -> None:
+        self._priority = priority
+        self._transitions = transitions
+        self._replica = replica
+        self._order = order
+        self._leases = leases
+        self._seats = seats
+        self._stamped = stamped
+        self._count = count  # adds one to a counter of the queue's statistics
+        self._state_of = state_of
+        self._matches = matches
+
+    def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
+        """Rule 1: ELSEWHERE --TRANSFER_IN--> AVAILABLE. False when it is not ELSEWHERE
+        (already here, or done)."""
+        if position not in self._replica:
+            return False
+        self._transitions.move(position, Verb.TRANSFER_IN, _ELSEWHERE)
+        away = self._replica.take(position)
+        leases = self._leases
+        if deliveries > leases.deliveries_of(position):
+            leases.set_deliveries(position, deliveries)
+        if cancels > leases.cancels_of(position):
+            leases.set_cancels(position, cancels)
+        if self._order.insert(position, away.published_at, away.key) or not self._priority:
+            self._seats.came_back(away.key, self._order.store.__contains__, now)
+        if self._stamped:
+            self._stamped.again(position)  # its own expiry may have passed while it was away
+        self._count("transferred_in")
+        return True
+
+    def transfer_out(self, position: int, owner: str, now: float) -> bool:
+        """Rule 2: ownership goes to instance ``owner``. AVAILABLE: it goes ELSEWHERE;
+        ELSEWHERE: only its owner changes; LEASED here: it goes when the lease ends.
+        False when it is not in the queue (or is a barrier)."""
+        state = self._state_of(position)
+        if state is _ELSEWHERE:
+            self._replica.set_owner(position, owner)
+            return True
+        if state is _LEASED:
+            self._replica.owned_away_while_leased(position, owner)
+            return True
+        if state is not _AVAILABLE or self._order.is_barrier(position):
+            return False
+        self._transitions.move(position, Verb.TRANSFER_OUT, _AVAILABLE)
+        key = self._order.key_of(position)
+        # Exact removal, as a delivery's: a lazy one would leave its key in a priority
+        # index, and a transfer back here would add it a second time.
+        t = self._order.take(key)
+        self._replica.add(position, owner, t, key, now)
+        self._count("transferred_out")
+        return True
+
+    def acknowledged_here(self, position: int) -> bool:
+        """Rule 3's other half: a message another instance owns, acknowledged here (live
+        or replayed) leaves, everywhere. False when it is not ELSEWHERE."""
+        if position not in self._replica:
+            return False
+        self._transitions.move(position, Verb.ACKNOWLEDGE, _ELSEWHERE)
+        self._replica.take(position)
+        self._leases.forget(position)
+        return True
+
+    def counts_of(self, position: int) -> tuple[int, int]:
+        """(deliveries, cancels) of a message, as they travel with a transfer."""
+        return self._leases.deliveries_of(position), self._leases.cancels_of(position)
+
+    def remove_replicated(self, position: int, kind: str, now: float) -> list[Event]:
+        """Rule 3 (``kind``: ``ack``, ``deliver`` or ``expire``): the events, for the
+        backlog they free and for listeners; [] when it is not here."""
+        state = self._state_of(position)
+        events: list[Event] = []
+        if state is not _ELSEWHERE and state is not _AVAILABLE and state is not _LEASED:
+            return events
+        expire = kind == "expire"
+        self._transitions.step(position, Verb.EXPIRE if expire else Verb.ACKNOWLEDGE, state)
+        if state is _ELSEWHERE:
+            self._replica.take(position)
+        elif state is _AVAILABLE:
+            self._order.remove(position)
+        else:
+            # Two instances delivered it (a proxied transfer while its owner was alive):
+            # its lease here ends with it.
+            self._leases.end(position)
+        self._leases.forget(position)
+        self._replica.forget(position)
+        if expire:
+            events.append(Expired(position, _REPLICATED_REMOVAL))
+            self._count("expired")
+        else:
+            events.append(Acknowledged(position))
+            self._count("acknowledged")
+        return events
+
+    def can_deliver_locally(self, position: int, now: float, *, room: bool = True) -> bool:
+        """Rule 4: whether a consumer here with room takes the message now (its filter
+        matches); with ``room=False``, whether one would once it has room."""
+        for seat in self._seats.active:
+            c = seat.consumer
+            if room and c.outstanding >= c.max_backlog:
+                continue
+            if c.filter is None or self._matches(c.filter, position, now):
+                return True
+        return False
+
+    def room(self) -> int:
+        """Free backlog slots of the active consumers (how many messages they could take)."""
+        return sum(max(0, c.max_backlog - c.outstanding) for c in self._seats.consumers)
+
+    def backlog_capacity(self) -> int:
+        """The backlog slots of the active consumers, free or not."""
+        return sum(c.max_backlog for c in self._seats.consumers)
+
+    @property
+    def slots_freed(self) -> int:
+        """Backlog slots given back so far (acks, cancels, broken leases): a count that
+        moves whenever a consumer had room, even if a message filled it at once."""
+        return self._leases.slots_freed
+
+    def available_here(self) -> int:
+        """Available messages this instance owns (the ones waiting for a consumer here)."""
+        return len(self._order.store)
