@@ -34,11 +34,11 @@ check: $(TEST_STAMP)
 	CONVEYOR_SIM_SCALE=0.05 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup -m "not spark and not proc and not slow"
 
 # The whole suite (CI): mypy, then everything but the tests marked slow, simulations at
-# 25% of their seeds; prints skip reasons and the slowest tests. About 10 minutes.
+# 10% of their seeds; prints skip reasons and the slowest tests.
 # As root it installs Debian's Chromium first, for the dashboard tests (`browser`).
 test: $(TEST_STAMP) browser
 	$(BIN)/mypy
-	CONVEYOR_SIM_SCALE=0.25 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup --durations=10
+	CONVEYOR_SIM_SCALE=0.1 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup --durations=10
 
 # Debian's Chromium for the dashboard tests (tests/integration/test_dashboard.py): installed
 # when missing and we are root; otherwise those tests skip and say why.

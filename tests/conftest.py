@@ -7,12 +7,20 @@ Markers are applied here, by what a test is, so nobody has to remember them:
   ``tests/integration`` and ``tests/faults``, any test using ``server_factory``, and
   any module that starts one (``ServerProcess``, ``subprocess``, ``sys.executable``...);
 - ``sim``: a seeded simulation (it takes its seeds from ``tests/engine/seeds.py``);
-- ``slow``: set by hand on the nightly tests (``make test-slow``).
+- ``slow``: set by hand on the nightly tests (``make test-slow``), each with a line
+  saying why it is not in ``make test``.
 
 ``make check`` runs ``not spark and not proc and not slow`` (the fast lane), ``make
-test`` everything but ``slow``, the longest files first. Under xdist ``--dist loadgroup``, a module with
-module- or session-scoped fixtures (a shared server, a Spark session, a cluster) runs
-on one worker, as a group; every other test is balanced one by one.
+test`` everything but ``slow``, the longest first (:func:`_weight`). Under xdist
+``--dist loadgroup``, tests that share a fixture wider than one test stay on one worker,
+as a group: under ``tests/spark``, the tests of a module that use a module-scoped
+fixture (a Spark cluster, a Connect server, a journal read by several tests), found
+from the fixtures each test uses; elsewhere, every test of a module with a module- or
+session-scoped fixture (a shared server). Every other test is balanced one by one: a
+Spark test in local mode uses its worker's own session, whichever worker runs it.
+xdist would otherwise hand out the groups with the most tests first, whatever their
+length: :func:`pytest_configure` turns that off (``--no-loadscope-reorder``), so that the
+order made here holds.
 """
 
 from __future__ import annotations
@@ -54,20 +62,51 @@ def _kinds(path: Path) -> tuple[bool, bool, bool, bool]:
     spark = top == "spark"
     proc = spark or top in ("integration", "faults") or bool(_STARTS_PROCESSES.search(text))
     sim = bool(_SIMULATION.search(text))
-    shared = spark or bool(_SHARED_FIXTURE.search(text)) or bool(_SHARED_FIXTURE.search(conftest))
+    shared = bool(_SHARED_FIXTURE.search(text)) or bool(_SHARED_FIXTURE.search(conftest))
     if top == "security" and "helpers" in text:  # the security helpers hold module-scoped servers
         shared = True
     return spark, proc, sim, shared
 
 
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses, directly or through another fixture, one of module,
+    package or class scope (set up once for the tests of a module that use it)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope in ("module", "package", "class"):
+            return True
+    return False
+
+
+#: The order xdist hands work out in (:func:`pytest_configure`), longest first, so that
+#: no worker starts a long group when the other has nothing left (the times are those
+#: of docs/testing.md, "Where make test's time goes"): the cluster file (a cluster, and
+#: the demo on it), the local-mode driver-SIGKILL chain (two driver JVMs), the Connect
+#: file (a Connect server), the two journal source files, the replica failover, the
+#: other Spark tests, the fault checker; then everything else, in collection order.
+_LONGEST_FIRST = (
+    "/tests/spark/test_cluster",
+    "/tests/spark/test_crashes",
+    "/tests/spark/test_connect",
+    "/tests/spark/test_journal_source",
+    "/tests/spark/test_journal_queries",
+    "/tests/spark/test_replica_failover",
+    "/tests/spark/",
+    "/tests/faults/",
+)
+
+
 def _weight(item: pytest.Item) -> int:
-    """Longest first (what xdist hands out first runs first): the Spark cluster files,
-    the other Spark files, the fault checker, then the rest, so that no worker starts a
-    five-minute group when the other has nothing left."""
     path = str(item.fspath)
-    if "/tests/spark/" in path:
-        return 0 if "test_cluster" in path else 1
-    return 2 if "/tests/faults/" in path else 3
+    return next((rank for rank, part in enumerate(_LONGEST_FIRST) if part in path), len(_LONGEST_FIRST))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist is there (not -p no:xdist)
+        config.option.loadscopereorder = False  # --no-loadscope-reorder: keep _weight's order
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -83,6 +122,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.proc)
         if sim:
             item.add_marker(pytest.mark.sim)
+        if spark:  # the session is per worker: only a module-scoped fixture holds tests together
+            shared = _uses_module_fixture(item)
         if shared and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(str(path.relative_to(TESTS))))
 

@@ -1,7 +1,7 @@
 """Which seeds a deterministic simulation runs: ``CONVEYOR_SIM_SEED=N`` replays one,
 ``CONVEYOR_SIM_SEEDS=N`` runs the first N, otherwise the simulation's default count
 times ``CONVEYOR_SIM_SCALE`` (a fraction: ``make check`` runs 5% of the seeds, ``make
-test`` 25%, ``make test-slow`` all of them; plain ``pytest`` runs all of them too).
+test`` 10%, ``make test-slow`` all of them; plain ``pytest`` runs all of them too).
 Seeds are grouped into test cases of ``batch`` so a failing case still names its seed."""
 
 from __future__ import annotations

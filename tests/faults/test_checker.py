@@ -1,12 +1,16 @@
-"""The queue checker in CI: 50 server kills of every kind, 0 lost, 0 duplicated, 0
-unexpected, and 10 more with a sync replica, either instance struck. ``make soak`` runs
-the same checker for 1,000 kills (tests/faults/soak.py; ``--replicated`` for the
-replica)."""
+"""The queue checker: 50 server kills of every kind, 0 lost, 0 duplicated, 0 unexpected,
+and 10 more with a sync replica, either instance struck. ``make test`` runs the 10 with
+the replica (every kind of fault, on the source or the replica, about 25 s); the 50 are
+marked slow (``make test-slow``: about two minutes on two cores, the longest test of
+``make test`` when they were in it). ``make soak`` runs the same checker for 1,000 kills
+(tests/faults/soak.py; ``--replicated`` for the replica)."""
 
 from __future__ import annotations
 
 import os
 import random
+
+import pytest
 
 from tests.faults.checker import run_sync
 
@@ -24,6 +28,7 @@ def _check(tmp_path, kills: int, **kw) -> None:
     assert verdict.acknowledged > 0 and verdict.kills >= kills, report
 
 
+@pytest.mark.slow  # make test-slow: see the module's docstring
 def test_fifty_kills_lose_nothing_acknowledged_and_duplicate_nothing(tmp_path):
     _check(tmp_path, KILLS_CI)
 

@@ -2,12 +2,13 @@
 of their own (conveyor.spark.standalone), shared by every test of this module; each
 driver is a subprocess (tests/spark/job.py, the demo), its executors in the workers.
 
-Covered here: the demo pipeline; a worker SIGKILLed in the middle of a batch and the
-short driver-SIGKILL chain (test_crashes.py), both marked slow (``make test-slow``). Two queries
-sharing a queue and speculative execution are in test_cluster_queries.py, so that the
-two xdist workers run them side by side, each file on a cluster of its own. Every test
-checks the output topic, replayed from the log, against the input: each message
-exactly once.
+Covered here: the demo pipeline (``make test``'s one pipeline on a cluster); a worker
+SIGKILLed in the middle of a batch and the short driver-SIGKILL chain (test_crashes.py),
+both marked slow (``make test-slow``: two and four minutes on two cores). Two queries
+sharing a queue and speculative execution are in test_cluster_queries.py (slow too), so
+that ``make test-slow``'s two xdist workers run them side by side, each file on a
+cluster of its own. Every test checks the output topic, replayed from the log, against
+the input: each message exactly once.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def test_demo_pipeline_on_the_cluster(cluster):
     assert f"master {cluster.url}" in result.stdout
 
 
-@pytest.mark.slow  # about 4 minutes; the short chain runs in local mode in make test (test_crashes.py)
+@pytest.mark.slow  # make test-slow: about 4 minutes; make test runs a one-kill chain in local mode (test_crashes.py)
 @pytest.mark.timeout(CHAIN_TEST_S_MAX)
 def test_driver_sigkill_short_chain_on_the_cluster(cluster, conveyor_server, tmp_path):
     # One executor per run: each of the four runs launches its executors anew.

@@ -1,7 +1,16 @@
 """The connectors on a Spark standalone cluster, continued from test_cluster.py (a file
-of its own so that the suite's two workers share the cluster tests): two queries with
-different named consumers draining one queue as competing consumers, one of them
-SIGKILLed; speculative execution with a forced straggler. Each message exactly once.
+of its own, on a cluster of its own, so that the two xdist workers of ``make test-slow``
+run both files side by side): two queries with different named consumers draining one
+queue as competing consumers, one of them SIGKILLed; speculative execution with a forced
+straggler. Each message exactly once.
+
+Marked slow, so ``make test-slow`` runs them and ``make test`` does not: a cluster (about
+25 s) and two to three minutes of tests on two cores. ``make test`` keeps a pipeline on
+the cluster (the demo, test_cluster.py), a driver SIGKILLed at the point where exactly
+once is hardest (test_crashes.py), and the parts these tests lean on, checked without a
+cluster: a dead consumer's leases lapsing to another (tests/engine/test_named_consumers.py)
+and the sink committing only the task attempts Spark chose, after a retried write
+(test_stream.py).
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from tests.spark.helpers import assert_exactly_once, consumer_info, publish_numb
 from tests.spark.test_cluster import CLUSTER_TEST_S_MAX, SPECULATION, _kill, _start, _wait, on
 from tests.spark.test_crashes import run_job
 
+pytestmark = pytest.mark.slow
 
 @pytest.mark.timeout(CLUSTER_TEST_S_MAX)
 def test_two_queries_with_their_own_consumers_share_a_queue(cluster, conveyor_server, tmp_path):

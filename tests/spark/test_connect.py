@@ -6,6 +6,11 @@ driver; this process only sends plans.
 client pickles the classes by reference; the server's Python workers import
 ``conveyor``). Covered: the streaming source and the transactional sink with a failing
 task, exactly once; the journal reader with pushed-down filters; a batch write.
+
+The journal reader and the batch write are marked slow (``make test-slow``): 20-35 s on
+two cores, for code ``make test`` runs in local mode (test_journal_*.py, test_stream.py);
+the registration of both data sources on the Connect server is checked by the fixture,
+in ``make test`` too.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ def test_stream_from_a_connect_client_is_exactly_once(connect, conveyor_server, 
     assert consumer_info(uri, "etl").acked == 60
 
 
+@pytest.mark.slow  # make test-slow: see the module's docstring
 @pytest.mark.timeout(CONNECT_TEST_S_MAX)
 def test_journal_reader_and_batch_write_from_a_connect_client(connect, conveyor_server):
     uri = conveyor_server.uri

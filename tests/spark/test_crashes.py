@@ -1,13 +1,17 @@
-"""SIGKILL of the driver at every crash point of the connector, with a job in a
-subprocess (tests/spark/job.py).
+"""SIGKILL of the driver at the connector's crash points, with a job in a subprocess
+(tests/spark/job.py).
 
 One chain of runs (txn mode) on one checkpoint: every run is killed at the first fault
 point still armed (each fires once), the next run restarts from the checkpoint, with
 another partition count; the last run finishes. The output must hold every input
-message exactly once. Each run costs a JVM start, so CI runs the SHORT chain here, in
-local mode (each crash point once), and ``make test-slow`` the FULL chain here and the
-SHORT chain on the standalone cluster of tests/spark/test_cluster.py. (Direct mode's replay deduplication is
-the same mechanism as its task retry, tested in test_stream.py.)
+message exactly once. Each run costs a JVM start and a first batch (about 35 s on two
+cores), so ``make test`` runs the ONE chain here: a single kill, where exactly once is
+the hardest (the server has committed the batch, Spark's commit log has not), and the
+restart from the checkpoint as a query of the test process's own session rather than a
+second driver JVM. ``make test-slow`` runs the SHORT chain here (each crash point once,
+four runs, about 2.5 minutes) and the FULL one, and the SHORT chain on the standalone
+cluster of tests/spark/test_cluster.py. (Direct mode's replay deduplication is the same
+mechanism as its task retry, tested in test_stream.py.)
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.spark import pipeline
 from tests.spark.helpers import (
     assert_exactly_once,
     consumer_info,
@@ -44,6 +49,10 @@ class Chain:
         return self.faults.count("=kill")
 
 
+# Batches of 20 over 60 messages: run 0 dies after the server committed batch 1, before
+# Spark's commit log; the restart replays batch 1 (the commit answers "duplicate", and
+# the source reads nothing: the sink acknowledged it with its output), then takes batch 2.
+ONE = Chain(60, 20, "sink.committed.b1=kill")
 # Batches of 20 over 60 messages: run 0 dies mid-batch 1 (partition 1 killed after
 # staging, partition 0 may have staged); run 1 replays batch 1 and dies after leasing
 # batch 2, before the offset log; run 2 dies after the server committed batch 2, before
@@ -88,12 +97,32 @@ def run_chain(uri: str, tmp: Path, chain: Chain, *extra: str) -> None:
     assert (info.d, info.acked) == (chain.total, chain.total)
 
 
+@pytest.mark.timeout(RUN_S_MAX * (ONE.kills + 1))
+def test_driver_sigkill_after_the_server_commit_is_exactly_once(spark, conveyor_server, tmp_path):
+    """The ONE chain: run 0 (a driver subprocess) is SIGKILLed after the server committed
+    batch 1, before Spark's commit log; the restart is a query of this process's session
+    (no faults armed, another partition count) from run 0's checkpoint."""
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, ONE.total)
+    result = run_job(uri, tmp_path, "--max-records", str(ONE.batch), "--faults", ONE.faults)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    assert [p.name for p in tmp_path.glob("fired-*")] == ["fired-sink.committed.b1"]
+    query = pipeline.start(spark, uri=uri, consumer="etl", checkpoint=str(tmp_path / "ck"), max_records=ONE.batch,
+                           partitions=3)
+    assert query.awaitTermination(RUN_S_MAX), "the restarted query did not finish"
+    assert query.exception() is None
+    assert_exactly_once(read_topic(uri, "out", ONE.total), range(ONE.total))
+    info = consumer_info(uri, "etl")
+    assert (info.d, info.acked) == (ONE.total, ONE.total)
+
+
+@pytest.mark.slow  # make test-slow: four driver runs (2.5 minutes); make test runs ONE, above
 @pytest.mark.timeout(RUN_S_MAX * (SHORT.kills + 1))
 def test_driver_sigkill_short_chain_is_exactly_once(conveyor_server, tmp_path):
     run_chain(conveyor_server.uri, tmp_path, SHORT)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # make test-slow: five driver runs over 200 messages
 @pytest.mark.timeout(RUN_S_MAX * (FULL.kills + 1))
 def test_driver_sigkill_full_chain_is_exactly_once(conveyor_server, tmp_path):
     run_chain(conveyor_server.uri, tmp_path, FULL)

@@ -1,6 +1,8 @@
 """The ``conveyor-journal`` batch source (conveyor.spark.journal_source) and the segment
 summaries it prunes with (conveyor.journal.index), on journals written with the real
-Journal and engine records, and one written by the real server."""
+Journal and engine records (tests/spark/journal_data.py): decoding, partitions, pruning,
+summaries. Pushed-down filters, SQL audits and a journal written by the real server are
+in test_journal_queries.py."""
 
 from __future__ import annotations
 
@@ -13,9 +15,7 @@ import msgspec
 import pytest
 from pyspark.sql.datasource import CaseInsensitiveDict
 
-from conveyor import Client
 from conveyor import records as r
-from conveyor.records.facts import OPS, describe_record
 from conveyor.errors import JournalError
 from conveyor.journal import (
     FILE_HEADER_LEN,
@@ -29,124 +29,21 @@ from conveyor.journal.index import (
     load_summary,
     summarize_segment,
     summary_path,
-    write_summary,
 )
-from conveyor.spark.journal_source import (
-    COLUMNS,
-    SCHEMA,
-    JournalDataSource,
-    JournalSegment,
+from conveyor.records.facts import OPS, describe_record
+from conveyor.spark.journal_source import COLUMNS, JournalDataSource, JournalSegment
+from tests.spark.journal_data import (  # noqa: F401 (journal, pushdown: fixtures)
+    T0,
+    journal,
+    load,
+    lsns,
+    pushdown,
+    sealed_records,
+    segment_files,
+    segments_read,
+    summarize_all,
+    write_journal,
 )
-from tests.serverproc import ServerProcess, write_config
-
-PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
-T0 = 1_700_000_000.0  # publish times are T0 + i seconds
-PHASES = [("orders", 101, "Q1"), ("audit", 202, "Q2"), ("prices", 303, "Q3")]
-PUBLISHES_PER_PHASE = 150
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pushdown(spark):
-    """The conftest session, with Python filter pushdown on (PySpark's default is off)."""
-    spark.dataSource.register(JournalDataSource)
-    before = spark.conf.get(PUSHDOWN)
-    spark.conf.set(PUSHDOWN, "true")
-    yield
-    spark.conf.set(PUSHDOWN, before)
-
-
-def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, object]]:
-    """Three phases, each with its own topic, publisher and queue, so that summaries can
-    prune; every record type appears. Returns [(position, record)] in log order."""
-    written = []
-
-    def add(rec):
-        written.append((j.append(r.encode(rec)), rec))
-        return written[-1][0]
-
-    j = Journal.open(directory, segment_bytes=segment_bytes, fsync=False)
-    i = 0
-    for phase, (topic, publisher, queue) in enumerate(PHASES):
-        positions = []
-        for n in range(PUBLISHES_PER_PHASE):
-            positions.append(add(r.PublishRec(topic, publisher, n, T0 + i, b"m%05d" % i + bytes(30))))
-            i += 1
-            if n % 10 == 9:
-                batch = positions[-10:]
-                add(r.LeasedRec(queue, batch[:5], [1, 1, 2, 1, 3]))  # two redeliveries
-                add(r.AckedRec(queue, batch[:4]))
-                extra = (n // 10) % 8
-                if extra == 0:
-                    add(r.ReturnedRec(queue, batch[4:5]))
-                elif extra == 1:
-                    add(r.CancelledRec(queue, batch[5:6]))
-                elif extra == 2:
-                    add(r.ExpiredRec(queue, batch[6], "ttl,max-deliveries"))
-                elif extra == 3:
-                    add(r.DeliveredRec(queue, batch[7:9]))
-                elif extra == 4:
-                    add(r.BarrierRec(queue, batch[9:10]))
-                elif extra == 5:
-                    add(r.ConsumerClaimedRec(queue, f"spark{phase}", 3 + phase, "token", d=n if phase else -1))
-                elif extra == 6:
-                    add(r.ConsumerLeasedRec(queue, f"spark{phase}", 1 + n, batch[5:8], [1, 2, 1], epoch=phase))
-                else:
-                    add(r.ConsumerAckedRec(queue, f"spark{phase}", 1 + n, batch[5:8], epoch=phase))
-    # Publishes with the optional fields: a dead letter, a transaction, a fingerprint.
-    add(r.PublishRec("dead", 404, 1, T0 + i, b"dl", "corr-1", expired_queue="Q3",
-                     expired_position=written[-3][0], expired_reasons="ttl"))
-    add(r.PublishRec("txn", 505, 7, T0 + i + 1, b"a", fingerprint=12345, txn_index=0, txn_total=2))
-    add(r.PublishRec("txn", 505, 7, T0 + i + 1, b"b", fingerprint=678, txn_index=1, txn_total=2))
-    add(r.ReceivedRec("east-1", "journal-7", 123456))  # replication progress
-    # replicated queues: removals, a transfer request and a (proxied) grant
-    add(r.QueueRemovedRec("Q1", [101, 101], [3, 4], "ack", origin="east-1"))
-    add(r.TransferRequestRec("Q1", [101, 101], [5, 6], "west-1", [2, 1]))
-    add(r.TransferRec("Q1", [101], [5], "west-1", "east-2", [3], [1], [2], proxied=True))
-    add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
-    add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication
-    add(r.ConsumerReplicatedRec("Q1", "spark", "lease", 7, [101, 101], [5, 6], positions=[40, 48], origin="east-1",
-                                epoch=2))
-    add(r.ConsumerReplicatedRec("Q1", "spark", "claim", 3, token="t", origin="east-1", through=8))
-    for k in range(80):  # fill the rest so that the special records end up sealed
-        add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
-    j.close()
-    return written
-
-
-def segment_files(directory) -> list[str]:
-    return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".log"))
-
-
-def sealed_records(directory, written):
-    """The records in sealed segments (the default snapshot)."""
-    open_base = int(os.path.basename(segment_files(directory)[-1])[:20])
-    return [(p, rec) for p, rec in written if p < open_base]
-
-
-@pytest.fixture(scope="module")
-def journal(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("journal") / "j"
-    written = write_journal(directory)
-    return str(directory), written
-
-
-def load(spark, directory, **options):
-    return spark.read.format("conveyor-journal").options(**options).load(directory)
-
-
-def lsns(df) -> list[int]:
-    return sorted(row.lsn for row in df.select("lsn").collect())
-
-
-def segments_read(df) -> int:
-    """Partitions of the scan: one per segment read (1 also when every segment was
-    pruned: Spark plans a single empty partition then)."""
-    return df.rdd.getNumPartitions()
-
-
-def summarize_all(directory) -> None:
-    for path in segment_files(directory)[:-1]:
-        assert write_summary(path, summarize_segment(path, describe_record))
 
 
 # --- decoding -----------------------------------------------------------------------
@@ -254,7 +151,7 @@ def test_include_open_stops_quietly_at_a_torn_tail(spark, tmp_path):
     assert lsns(load(spark, str(tmp_path / "j"), includeOpen="true")) == [p for p, _ in written]
 
 
-# --- pruning and filters ------------------------------------------------------------
+# --- pruning ----------------------------------------------------------------------
 
 
 def test_lsn_ranges_prune_by_segment_name(spark, journal):
@@ -305,59 +202,6 @@ def test_summaries_prune_topic_queue_op_publisher_and_time(spark, tmp_path):
             assert lsns(df) == sorted(p for p, rec in expected if pred(rec)), where
     # a value no summary lists prunes every segment
     assert segments_read(load(spark, directory).filter("topic = 'nowhere'")) == 1
-
-
-FILTERS = [
-    "op = 'publish' AND topic = 'orders' AND lsn <= 3000",
-    "queue IN ('Q1', 'Q3') AND op IN ('lease', 'expire', 'consumer_ack')",
-    "(publisher = 202 OR queue = 'Q1') AND NOT (op = 'lease')",  # OR, NOT: Spark's
-    "topic LIKE 'ord%' AND seq > 100",
-    "ts > timestamp_seconds(1700000100) AND ts <= timestamp_seconds(1700000200.5)",
-    "ts = timestamp_seconds(1700000042)",
-    "lsn IN (0, 47) OR lsn < 100",
-    "op = 'publish' AND queue = 'Q1'",  # no row has both
-    "consumer IN ('spark0', 'spark2') AND delivery >= 50",
-    "publisher = 505 AND txn_index = 1 OR size(positions) > 2 AND array_contains(counts, 3)",
-]
-
-
-@pytest.fixture(scope="module")
-def unfiltered(spark, journal):
-    """Every row, read once without pushdown, as an in-memory DataFrame."""
-    directory, _ = journal
-    return spark.createDataFrame(load(spark, directory, pushdown="false").collect(), SCHEMA)
-
-
-@pytest.mark.parametrize("where", FILTERS)
-def test_pushed_filters_give_the_same_rows_as_spark(spark, journal, unfiltered, where):
-    directory, _ = journal
-    pushed = sorted(load(spark, directory).filter(where).collect())
-    assert pushed == sorted(unfiltered.filter(where).collect())
-
-
-def test_unhandled_filters_stay_in_the_plan(spark, journal):
-    directory, _ = journal
-    df = load(spark, directory).filter("queue = 'Q1' AND op = 'lease' AND topic LIKE '%x%'")
-    plan = df._jdf.queryExecution().executedPlan().toString()
-    assert "Contains" in plan or "LIKE" in plan.upper()
-    assert "Q1" not in plan.split("BatchScan")[0]  # queue = 'Q1' was taken by the reader
-
-
-def test_pushdown_disabled(spark, journal):
-    directory, written = journal
-    spark.conf.set(PUSHDOWN, "false")
-    try:
-        with pytest.raises(Exception, match="DATA_SOURCE_PUSHDOWN_DISABLED"):
-            load(spark, directory).filter("op = 'ack'").collect()
-        plain = load(spark, directory, pushdown="false")
-        assert plain.filter("op = 'ack'").count() == sum(
-            isinstance(rec, r.AckedRec) for _, rec in sealed_records(directory, written)
-        )
-        # the options still prune and filter without pushFilters
-        opt = load(spark, directory, pushdown="false", ops="ack,lease", queues="Q2")
-        assert {(row.op, row.queue) for row in opt.collect()} == {("ack", "Q2"), ("lease", "Q2")}
-    finally:
-        spark.conf.set(PUSHDOWN, "true")
 
 
 # --- summaries: written on demand, never trusted when stale -------------------------
@@ -478,64 +322,6 @@ def test_read_only_directory_still_reads(spark, tmp_path):
         assert not any(n.endswith(".summary") for n in os.listdir(directory))
     finally:
         os.chmod(directory, 0o755)
-
-
-# --- SQL audits, and a journal written by the real server ---------------------------
-
-
-def test_audit_queries(spark, journal):
-    directory, written = journal
-    load(spark, directory).createOrReplaceTempView("journal")
-    per_queue = spark.sql("""
-        SELECT queue,
-               sum(CASE WHEN op = 'lease' THEN size(positions) ELSE 0 END) AS leased,
-               sum(CASE WHEN op = 'ack' THEN size(positions) ELSE 0 END) AS acked,
-               sum(CASE WHEN op = 'expire' THEN 1 ELSE 0 END) AS expired
-        FROM journal WHERE queue IS NOT NULL GROUP BY queue ORDER BY queue
-    """).collect()
-    expected = sealed_records(directory, written)
-    for row in per_queue:
-        recs = [rec for _, rec in expected if getattr(rec, "queue", None) == row.queue]
-        assert row.leased == sum(len(x.positions) for x in recs if isinstance(x, r.LeasedRec))
-        assert row.acked == sum(len(x.positions) for x in recs if isinstance(x, r.AckedRec))
-        assert row.expired == sum(isinstance(x, r.ExpiredRec) for x in recs)
-    redeliveries = spark.sql("""
-        SELECT count(*) AS n FROM journal LATERAL VIEW explode(counts) AS c
-        WHERE op IN ('lease', 'consumer_lease') AND c > 1
-    """).first().n
-    assert redeliveries == sum(
-        sum(c > 1 for c in rec.counts) for _, rec in expected if isinstance(rec, (r.LeasedRec, r.ConsumerLeasedRec))
-    )
-    per_publisher = dict(spark.sql(
-        "SELECT publisher, count(*) FROM journal WHERE op = 'publish' GROUP BY publisher"
-    ).collect())
-    assert per_publisher[202] == PUBLISHES_PER_PHASE
-
-
-def test_the_server_summarizes_segments_it_seals(spark, tmp_path):
-    config = write_config(tmp_path, txlog_extra="<JournalSize>1M</JournalSize>")
-    server = ServerProcess(config).start()
-    try:
-        with Client("pub-a").connect(server.uri) as client:
-            for n in range(2500):
-                client.publish("alpha" if n < 1200 else "beta", {"n": n, "pad": "x" * 900})
-            client.flush()
-        directory = str(tmp_path / "journal")
-        files = segment_files(directory)
-        assert len(files) >= 3
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(load_summary(p) for p in files[:-1]):
-            time.sleep(0.1)
-        for p in files[:-1]:
-            saved, fresh = load_summary(p), summarize_segment(p, describe_record)
-            assert saved == fresh, f"{p}: server's summary {saved!r} != recomputed {fresh!r}; {os.listdir(directory)}; stderr: {server.stderr_lines[-20:]}"
-        df = load(spark, directory, writeSummaries="false", includeOpen="true")
-        beta = df.filter("topic = 'beta'")
-        assert segments_read(beta) < len(files), (segments_read(beta), files)
-        assert beta.count() == 1300
-        assert df.filter("op = 'publish'").count() == 2500
-    finally:
-        server.kill()
 
 
 def test_schema_columns():

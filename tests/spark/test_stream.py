@@ -83,7 +83,7 @@ def test_two_queries_with_one_consumer_the_older_is_fenced(spark, conveyor_serve
     publish_numbers(uri, 0, 40)
     every = {"processingTime": "200 milliseconds"}
     older = pipeline.start(spark, uri=uri, consumer="etl", checkpoint=str(tmp_path / "a"), max_records=10, trigger=every)
-    _wait(lambda: consumer_info(uri, "etl").acked >= 10)
+    _wait(lambda: consumer_info(uri, "etl").acked >= 10, older)
     newer = pipeline.start(spark, uri=uri, consumer="etl", checkpoint=str(tmp_path / "b"), max_records=10, trigger=every)
     try:
         _wait(lambda: not older.isActive or not newer.isActive)
@@ -92,7 +92,7 @@ def test_two_queries_with_one_consumer_the_older_is_fenced(spark, conveyor_serve
         assert newer.isActive, f"the newer query failed: {newer.exception()}"
         with pytest.raises(StreamingQueryException, match="fenced out"):
             older.awaitTermination(PATIENCE_S)
-        _wait(lambda: consumer_info(uri, "etl").acked == 40)
+        _wait(lambda: consumer_info(uri, "etl").acked == 40, newer)
         assert newer.isActive
     finally:
         newer.stop()
@@ -109,7 +109,7 @@ def test_server_killed_and_restarted(spark, conveyor_server, tmp_path):
     publish_numbers(uri, 0, 150)
     query = pipeline.start(spark, uri=servers, consumer="etl", checkpoint=str(tmp_path / "ck"), max_records=30,
                            trigger={"processingTime": "100 milliseconds"})
-    _wait(lambda: consumer_info(uri, "etl").acked >= 30)
+    _wait(lambda: consumer_info(uri, "etl").acked >= 30, query)
     conveyor_server.kill()
     with pytest.raises(StreamingQueryException):
         query.awaitTermination(PATIENCE_S)
@@ -135,9 +135,13 @@ def _dead_uri() -> str:
         return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
 
 
-def _wait(condition, timeout: float = PATIENCE_S) -> None:
+def _wait(condition, *queries, timeout: float = PATIENCE_S) -> None:
+    """Poll ``condition``; fail at once, with its error, if one of ``queries`` stopped
+    (instead of waiting out the deadline for a query that can no longer get there)."""
     deadline = time.monotonic() + timeout
     while not condition():
+        for query in queries:
+            assert query.isActive, f"the query stopped: {query.exception()}"
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.05)
 
