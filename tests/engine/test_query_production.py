@@ -415,3 +415,42 @@ def test_queries_pump_respects_a_paused_set_and_a_one_row_minimum():
     assert not queries.pump(paused={1}) and not out
     assert queries.pump(room=lambda c: -1) and len(out) == 1  # no room, still one row
     assert not queries.pump() and len(out) == 5 and finished == [None]
+
+
+# --- replace with a query (issue 32: it was produced whole, in the step of the command) --------
+
+
+def test_a_replace_with_a_query_is_paced_and_holds_the_updates_until_its_last_record():
+    """``sow_and_subscribe`` with ``replace`` (reference G.1.2): the records newly in
+    scope are sent as the connection drains them, from the records of the step of the
+    command; the subscription's updates wait until the last one is out, then go in order;
+    no group frames the result (the messages are the subscription's)."""
+    h, pub = setup(records=2000)
+    r = h.connect("reader")
+    command(h, r, m.SowAndSubscribe(topic="orders", sub_id="s", query_id="q0", filter="/k < 10"))
+    drain(h, r)
+    first = command(h, r, m.SowAndSubscribe(topic="orders", sub_id="s", filter="/k < 1500", options="replace"))
+    assert len([x for x in first if isinstance(x, m.Message)]) < 1490  # not whole in the step
+    assert payload_bytes(first) <= QUERY_FIRST_BYTES + len(body(k=0, n=0)) + QUERY_MESSAGE_OVERHEAD
+    h.engine.handle(pub, [m.Publish(topic="orders", data=body(k=20, n=-20)),  # in scope: an update
+                          m.Publish(topic="orders", data=body(k=1999, n=-1))], h.now)  # out of scope
+    live = durable(h).get(r, [])
+    assert not [x for x in live if isinstance(x, m.Message) and json.loads(x.data)["n"] < 0]  # held
+    got = first + live + drain(h, r, room=lambda c: 20_000)
+    assert not any(isinstance(x, (m.GroupBegin, m.GroupEnd)) for x in got)
+    msgs = [x for x in got if isinstance(x, m.Message)]
+    assert [json.loads(x.data)["k"] for x in msgs] == list(range(10, 1500)) + [20]  # then the held update
+    assert numbers(msgs)[:1490] == list(range(10, 1500)) and numbers(msgs)[-1] == -20
+    assert all(x.sub_id == "s" for x in msgs)
+
+
+def test_a_replace_with_oof_sends_an_oof_for_each_record_that_left_paced_too():
+    h, _ = setup(records=1500)
+    r = h.connect("reader")
+    command(h, r, m.SowAndSubscribe(topic="orders", sub_id="s", query_id="q0", filter="/k < 1200", options="oof"))
+    drain(h, r)
+    out = command(h, r, m.SowAndSubscribe(topic="orders", sub_id="s", filter="/k >= 1000", options="replace,oof"))
+    out += drain(h, r, room=lambda c: 20_000)
+    oof = [x for x in out if isinstance(x, m.OutOfFocus)]
+    assert numbers(oof, "k") == list(range(1000)) and {x.reason for x in oof} == {"match"}
+    assert [json.loads(x.data)["k"] for x in out if isinstance(x, m.Message)] == list(range(1200, 1500))

@@ -18,7 +18,9 @@ aggregated subscriptions over it, wired by :mod:`conveyor.engine.sow.views`).
 4. **Held while its query is on its way**: the updates of a ``sow_and_subscribe`` wait
    from its query's start (:meth:`Followers.hold`) to its ``group_end``
    (:meth:`Followers.release`), then go in order; past ``Limits/OutputBudget``
-   (payload and framing) the connection is closed as a slow consumer.
+   (payload and framing) the connection is closed as a slow consumer. The result of a
+   ``replace`` with a query holds them the same way; holds nest (a ``replace`` while the
+   subscription's first result is still on its way), and the updates go after the last.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ filter_ticks = lru_cache(maxsize=4096)(filter_cost_ticks)
 class _Held:
     """Rule 4: the updates of a subscription waiting for its query's group_end."""
 
-    __slots__ = ("changes", "bytes", "over")
+    __slots__ = ("changes", "bytes", "over", "depth")
 
     def __init__(self) -> None:
+        self.depth = 1  # results on their way that hold them
         self.changes: list[tuple[RecordChange, float]] = []
         self.bytes = 0
         self.over = False  # past the bound: the connection is being closed
@@ -156,7 +159,11 @@ class Followers:
 
     def hold(self, sub: RecordSubscription) -> None:
         """Rule 4: the query of ``sub`` starts; its updates wait for :meth:`release`."""
-        self._held[sub] = _Held()
+        held = self._held.get(sub)
+        if held is None:
+            self._held[sub] = _Held()
+        else:
+            held.depth += 1
 
     def _hold(self, sub: RecordSubscription, held: _Held, change: RecordChange, now: float) -> None:
         """Rule 4: keep ``change`` for after the query's group_end, within the bound."""
@@ -173,7 +180,12 @@ class Followers:
                                             f"({self._held_bytes_max} bytes)")
 
     def release(self, sub: RecordSubscription) -> None:
-        """Rule 4: the query's group_end is out: the held updates go, in order."""
+        """Rule 4: the query's group_end is out: the held updates go, in order (after
+        the last of nested holds)."""
+        held = self._held.get(sub)
+        if held is not None and held.depth > 1:
+            held.depth -= 1
+            return
         held = self._held.pop(sub, None)
         if held is not None and not held.over:
             for change, now in held.changes:

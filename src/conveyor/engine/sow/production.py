@@ -300,7 +300,7 @@ class Production:
 
     __slots__ = ("conn_id", "begin", "rows", "finish", "snapshot", "filter_cost")
 
-    def __init__(self, conn_id: int, begin: m.GroupBegin | None, rows: Iterator[m.Message | None],
+    def __init__(self, conn_id: int, begin: m.GroupBegin | None, rows: Iterator[m.Message | m.OutOfFocus | None],
                  finish: Callable[[errors.JournalError | None], None], snapshot: Snapshot[Any],
                  filter_cost: int = 0) -> None:
         self.conn_id = conn_id

@@ -11,12 +11,12 @@ from typing import Any, Callable, Iterator, Mapping
 
 import msgspec
 
-from conveyor import errors
+from conveyor import errors, expr
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.sow.focus import RecordSubscription
+from conveyor.engine.sow.focus import RecordSubscription, record_message
 from conveyor.engine.sow.followers import Followers, filter_ticks
 from conveyor.engine.sow.production import (OrderBy, Production, Queries, Snapshot, Tally, check_batch_size,
                                             frozen_keyed_positions, frozen_references, query_failed, record_messages,
@@ -132,6 +132,45 @@ class SowQueries:
                 followers.release(sub)
 
         self._queries.start(Production(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid), messages, finish, source, cost))
+
+    def rescope(self, sub: RecordSubscription, old_filter: expr.Expression | None, now: float) -> None:
+        """A ``replace`` with a query (reference G.1.2) gave ``sub`` a new filter: the
+        records of this step newly in its scope are sent and, with oof, those that left
+        it get an ``oof``. Produced as the connection drains them and frozen like a
+        query's rows (rule 10), with the subscription's updates held until the last is
+        out; no ``group_begin`` / ``group_end``: the messages are the subscription's."""
+        topic, conn_id = sub.topic, sub.conn_id
+        self._graph.render(topic, now)
+        source, load = _query_rows(self._topics.get(topic), self._graph.views.get(topic), self._cache, None)
+        where = f"a replace of subscription {sub.sub_id!r} of connection {conn_id}"
+
+        def messages() -> Iterator[m.Message | m.OutOfFocus | None]:
+            for key, ref in source:
+                entry = load(ref)
+                now_in = sub.matches(entry, None, now)
+                was_in = key in sub.seen if sub.oof else (
+                    old_filter is None or poison.matches(old_filter, entry, None, now, where))
+                if now_in and not was_in:
+                    if sub.oof:
+                        sub.seen.add(key)
+                    yield record_message(sub, topic, entry, key_text(key), None)
+                elif was_in and not now_in and sub.oof:
+                    sub.seen.discard(key)
+                    yield m.OutOfFocus(topic=topic, sow_key=key_text(key), reason="match", data=entry.data,
+                                       sub_id=sub.sub_id)
+                else:
+                    yield None  # examined, not sent
+
+        followers = self._followers
+        followers.hold(sub)
+
+        def finish(error: errors.JournalError | None) -> None:
+            followers.release(sub)  # a damaged record ends it (rule 7): what was sent stands
+
+        cost = filter_ticks(sub.filter) if sub.filter is not None else 0
+        if old_filter is not None and not sub.oof:
+            cost += filter_ticks(old_filter)
+        self._queries.start(Production(conn_id, None, messages(), finish, source, cost))
 
     def _query_acks(self, conn_id: int, cmd: SowQuery, qid: str | None, returned: int, hits: int, examined: int) -> None:
         subscribing = not isinstance(cmd, m.Sow)

@@ -13,23 +13,22 @@ step, after the views (:meth:`SowSubscriptions.flush`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import msgspec
 
 from conveyor import errors, expr
 from conveyor.config.model import client_topic_matcher
-from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import check_connection_filters, compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.sow.aggregation import Aggregation
-from conveyor.engine.sow.focus import RecordChange, RecordSubscription, record_message
+from conveyor.engine.sow.focus import RecordChange, RecordSubscription
 from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.production import Snapshot
 from conveyor.engine.sow.queries import SowQueries
-from conveyor.engine.sow.topic import SowTopic, key_text
+from conveyor.engine.sow.topic import SowTopic
 from conveyor.engine.sow.view import view_key
 from conveyor.engine.sow.views import ViewGraph
 from conveyor.expr.projection import NON_DETERMINISTIC
@@ -163,27 +162,8 @@ class SowSubscriptions:
             _deterministic(flt)
         old_flt, sub.filter = sub.filter, flt
         held.filter = flt
-        if not query:
-            return
-        for key, entry in self._rows(sub.topic, now):
-            now_in = sub.matches(entry, None, now)
-            was_in = key in sub.seen if sub.oof else (old_flt is None or poison.matches(old_flt, entry, None, now))
-            if now_in and not was_in:
-                self._outbox.send(sub.conn_id, record_message(sub, sub.topic, entry, key_text(key), None))
-                if sub.oof:
-                    sub.seen.add(key)
-            elif was_in and not now_in and sub.oof:
-                sub.seen.discard(key)
-                self._outbox.send(sub.conn_id, m.OutOfFocus(topic=sub.topic, sow_key=key_text(key), reason="match",
-                                                            data=entry.data, sub_id=sub.sub_id))
-
-    def _rows(self, topic: str, now: float) -> list[tuple[Any, Entry]]:
-        """(key, record) of every current record of a SOW topic or view."""
-        self._graph.render(topic, now)
-        if topic in self._topics:
-            load = self._cache.get
-            return [(k, load(p)) for k, p in self._topics[topic].items()]
-        return list(self._graph.views[topic].records.items())
+        if query:
+            self._queries.rescope(sub, old_flt, now)
 
     def _subscribe_aggregated(self, session: Session, cmd: RecordsSubscribe, sub: RecordSubscription,
                               flt: expr.Expression | None, projection: tuple[str, ...] | None,
