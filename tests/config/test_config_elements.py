@@ -107,6 +107,7 @@ FULL = """<?xml version="1.0" encoding="UTF-8"?>
         <InetAddr>[fd00::2]:10005</InetAddr>
       </Transport>
       <Topic><Name>^(orders|work\\..*)$</Name><MessageType>json</MessageType></Topic>
+      <Topic><Name>^work\\..*</Name><MessageType>json</MessageType></Topic>
       <PassThrough>^east$</PassThrough>
     </Destination>
   </Replication>
@@ -209,7 +210,8 @@ def test_replication(full):
                     "west-1b.example.com:10005",
                     "[fd00::2]:10005",
                 ),
-                topics=(RecordedTopic(r"^(orders|work\..*)$", "json"),),
+                # the second: the underlying topic of the replicated queue work.local (rule 9)
+                topics=(RecordedTopic(r"^(orders|work\..*)$", "json"), RecordedTopic(r"^work\..*", "json")),
                 pass_through="^east$",
             ),
         )

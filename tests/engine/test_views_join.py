@@ -16,7 +16,8 @@ import pytest
 from conveyor import errors
 from conveyor.config.model import JoinConfig
 from conveyor.engine.sow.aggregation import Aggregation
-from conveyor.engine.sow.joins import Join, rewrite_identifiers
+from conveyor.config.validation import rewrite_identifiers
+from conveyor.engine.sow.joins import Join
 from conveyor.expr.projection import Projection
 from conveyor.expr.values import scalar, to_text
 from conveyor.protocol import messages as m

@@ -1,8 +1,9 @@
 """``conveyor config check FILE`` and ``conveyor config default``.
 
-``check`` loads the file exactly as ``conveyor serve`` would (the same loader, the same
-refusals), also compiles every queue's expressions as the engine does at startup, and
-prints what it configures; exit 0 when valid, 2 with the element path otherwise.
+``check`` loads the file exactly as ``conveyor serve`` would (the same loader), runs the
+same start-up validation (:func:`conveyor.config.validate`, which the server calls
+before it opens the journal or builds the engine), and prints what it configures; exit 0
+when valid, 2 with the element path otherwise.
 ``default`` prints the embedded default configuration, a starting point to edit.
 """
 
@@ -14,15 +15,10 @@ from importlib import resources
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from conveyor.config import load_file
-    from conveyor.engine.queue.queue import check_config
-
-    from conveyor.config.unsupported import refuse_unsupported
+    from conveyor.config import load_file, validate
 
     config = load_file(args.file)  # ConfigError: main() prints it, exit 2
-    refuse_unsupported(config)  # what `serve` would refuse at startup
-    for queue in config.queues:
-        check_config(queue)  # Priority / BarrierExpression compile, as at startup
+    validate(config)  # what `serve` refuses at startup, the same function
     print(f"{args.file}: valid")
     print(f"  instance    {config.name}" + (f" (group {config.group})" if config.group else ""))
     for t in config.transports:

@@ -2,7 +2,9 @@
 
 ``load_file``/``load_text`` read and validate a configuration (every mistake is a
 :class:`~conveyor.errors.ConfigError` naming the element path); ``default_config``
-loads the embedded default. ``docs/configuration.md`` describes every element.
+loads the embedded default. ``validate`` is the start-up validation that ``conveyor
+serve`` and ``conveyor config check`` both run on a loaded configuration
+(config/validation.py). ``docs/configuration.md`` describes every element.
 """
 
 from conveyor.config.env import expand_env
@@ -44,6 +46,10 @@ def __getattr__(name: str):
         from conveyor.config import loader
 
         return getattr(loader, name)
+    if name == "validate":  # compiles expressions: loaded on first use too
+        from conveyor.config import validation
+
+        return validation.validate
     raise AttributeError(f"module 'conveyor.config' has no attribute {name!r}")
 
 __all__ = [
@@ -79,4 +85,5 @@ __all__ = [
     "parse_duration",
     "parse_size",
     "topic_matcher",
+    "validate",
 ]

@@ -23,6 +23,13 @@ typed values, and name the element that has to change:
    computed on every instance and never replicated, so each instance would hold its own
    copies of the same work under different identities. ``conveyor config check`` and
    ``conveyor serve`` refuse these alike.
+9. A destination that replicates a queue (a ``Queue`` or ``GroupLocalQueue`` whose name
+   one of its ``Topic`` elements matches) must replicate the queue's underlying topic too (a
+   ``Topic`` whose name is the ``UnderlyingTopic``, or a regex that matches it): the
+   queue's messages are the underlying topic's, and without them the queue on the other
+   instance would hold acknowledgements and transfers for messages it never gets. The
+   same test as the handshake's (engine/replication/checks.py), on this instance's
+   configuration alone; the rules that need the peer's stay at the handshake.
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ def check(
     if replication is not None:
         _check_local_queues_not_replicated(doc, queues, replication)
         _check_replicated_queues(doc, queues, replication, sow.views if sow is not None else ())
+        _check_underlying_replicated(doc, queues, replication)
 
 
 def _require_transaction_log(
@@ -222,6 +230,25 @@ def _check_replicated_queues(
                 f"queue {queue.name!r} is replicated and its underlying topic is view {over_view!r}: not supported "
                 "together",
                 "make the queue a LocalQueue, or leave it out of the destinations' Topic regexes",
+            )
+
+
+def _check_underlying_replicated(doc: Document, queues: tuple[QueueConfig, ...], replication: Replication) -> None:
+    """Rule 9."""
+    for d, dest in enumerate(replication.destinations, start=1):
+        names = tuple(t.name for t in dest.topics)
+        matchers = [topic_matcher(n) for n in names]
+        for queue in queues:
+            if queue.kind is QueueKind.LOCAL or not any(m(queue.name) for m in matchers):
+                continue
+            if queue.underlying in names or any(m(queue.underlying) for m in matchers):
+                continue
+            raise doc.error(
+                f"AMPSConfig/Replication/Destination[{d}]",
+                f"destination {dest.name!r} replicates queue {queue.name!r} ({queue.path}) but not its underlying "
+                f"topic {queue.underlying!r}: the queue's messages would not reach {dest.name!r}",
+                f"add <Topic><Name>{queue.underlying}</Name><MessageType>{queue.message_type}</MessageType></Topic> "
+                "to this destination, or make the queue a <LocalQueue>",
             )
 
 

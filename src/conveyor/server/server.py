@@ -65,7 +65,7 @@ from typing import Any
 
 from conveyor import errors
 from conveyor.config.model import Config, Transport
-from conveyor.config.unsupported import refuse_unsupported
+from conveyor.config.validation import validate
 from conveyor.engine import poison
 from conveyor.engine.core import Engine
 from conveyor.engine.entitlements import Entitlements
@@ -125,7 +125,7 @@ def _encode_each(conn_id: int, msgs: list) -> list[bytes]:
 
 class Server:
     def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
-        refuse_unsupported(config)  # nothing configured is silently ignored
+        validate(config)  # as `conveyor config check` does: nothing configured is silently ignored
         self.config = config
         self.clock = clock
         tlog = config.transaction_log

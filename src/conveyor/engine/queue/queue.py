@@ -126,7 +126,8 @@ import math
 from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple
 
 from conveyor import expr
-from conveyor.config.model import Fairness, Leasing, QueueConfig, Semantics
+from conveyor.config.model import Leasing, QueueConfig, Semantics
+from conveyor.config.validation import check_queue
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.explain import MessageFacts
 from conveyor.engine.queue.consumer import Consumer, effective_backlog
@@ -171,7 +172,7 @@ from conveyor.engine.queue.state import (
 from conveyor.engine.queue.named import NamedLeases
 from conveyor.engine.queue.transfers import Transfers
 from conveyor.engine.queue.window import ActiveWindow
-from conveyor.errors import ConfigError, InvalidOption
+from conveyor.errors import InvalidOption
 
 __all__ = [
     "AckOption",
@@ -198,7 +199,6 @@ __all__ = [
     "QueueStats",
     "Returned",
     "TakeBack",
-    "check_config",
     "effective_backlog",
 ]
 
@@ -290,41 +290,6 @@ class _Tally:
         )
 
 
-def check_config(config: QueueConfig) -> None:
-    """Refuse a configuration this queue cannot honour (ConfigError with the path)."""
-
-    def bad(message: str, hint: str = "") -> ConfigError:
-        return ConfigError(f"queue {config.name!r}: {message}", path=config.path, hint=hint)
-
-    if config.semantics is Semantics.AT_MOST_ONCE and config.fairness is not Fairness.ROUND_ROBIN:
-        raise bad(
-            f"FairnessModel {config.fairness.value} is not allowed for at-most-once",
-            "at-most-once queues support only round-robin (spec 000, Delivery Fairness)",
-        )
-    for name, text in (("Priority", config.priority), ("BarrierExpression", config.barrier_expression)):
-        if text is None:
-            continue
-        if config.target_queue_depth is not None:
-            raise bad(
-                f"TargetQueueDepth cannot be combined with {name}",
-                f"remove <TargetQueueDepth> or <{name}> (spec 000, Limiting Currently "
-                "Deliverable Messages)",
-            )
-        try:
-            expr.compile(text)
-        except expr.ExpressionError as exc:
-            raise bad(f"invalid {name}: {exc}", f"<{name}> takes an expression") from None
-    if config.target_queue_depth is not None and config.target_queue_depth < 1:
-        raise bad(f"TargetQueueDepth must be >= 1, not {config.target_queue_depth}")
-    if config.lease_period_s < 0 or math.isnan(config.lease_period_s):
-        raise bad(f"LeasePeriod must be >= 0, not {config.lease_period_s}")
-    if config.expiration_s is not None and not config.expiration_s >= 0:
-        raise bad(f"Expiration must be >= 0, not {config.expiration_s}")
-    for name, value in (("MaxCancels", config.max_cancels), ("MaxDeliveries", config.max_deliveries)):
-        if value is not None and value < 1:
-            raise bad(f"{name} must be >= 1, not {value}")
-
-
 def _order_key(name: str, has_priority: bool, position: int, priority: int | None, barrier: bool) -> int:
     """The message's key in the delivery order: its position, or (Priority) its order key."""
     if not has_priority:
@@ -362,7 +327,7 @@ class Queue:
         ``budget``: the turn's filter budget (rule 12); None: unbounded. ``replicated``:
         a replicated queue (rule 11): its replica part learns of every message that
         leaves."""
-        check_config(config)
+        check_queue(config)  # config/validation.py: what this queue cannot honour
         self.config = config
         self._load = load
         self._at_least_once = config.semantics is Semantics.AT_LEAST_ONCE

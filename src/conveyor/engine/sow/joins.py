@@ -23,7 +23,7 @@ one underlying topic. Rules:
    ``enabled``: then they match each other.
 3. **A row** is the message ``{A: root record, B: record, ...}`` (a topic absent where
    nothing matched); the projection's ``[T].[/path]`` is the path ``/T/path`` there
-   (:func:`rewrite_identifiers`). Its message functions describe the root record; its
+   (:func:`conveyor.config.validation.rewrite_identifiers`). Its message functions describe the root record; its
    order (the newest-row rule of grouping) is its newest record's, then each topic's in
    join order (-1 where absent): unique, so a group's record does not depend on the
    order rows were counted in.
@@ -36,44 +36,13 @@ one underlying topic. Rules:
 
 from __future__ import annotations
 
-import re
-from typing import Any, Callable, Hashable, Iterable, cast
+from typing import Any, Callable, Hashable, Iterable
 
 from conveyor import expr
 from conveyor.config.model import JoinConfig
 from conveyor.engine import poison
 from conveyor.engine.sow.aggregation import Aggregation
-from conveyor.expr.nodes import Field, walk
-from conveyor.expr.parser import parse
-from conveyor.expr.projection import split_as
 from conveyor.expr.values import scalar, to_text
-
-# ``[type].[topic].[/path]`` or ``[topic].[/path]`` outside string literals (rule 3).
-_IDENTIFIER = re.compile(
-    r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
-    r"|(?:\[[^\[\]/]+\]\.)?\[(?P<topic>[^\[\]/]+)\]\.\[(?P<path>/[^\[\]]+)\]"
-)
-
-
-def rewrite_identifiers(text: str) -> str:
-    """Rule 3: ``[T].[/p]`` becomes ``[/T]/p`` (the path ``/T/p`` of a joined row)."""
-
-    def one(m: re.Match[str]) -> str:
-        if m.group(1) is not None:
-            return cast(str, m.group(1))  # a string literal stays as it is
-        return f"[/{m.group('topic')}]{m.group('path')}"
-
-    return _IDENTIFIER.sub(one, text)
-
-
-def unknown_roots(field: str, topics: tuple[str, ...]) -> list[str]:
-    """The field paths of a projected or grouping field (already rewritten; its ``AS``
-    path aside) that do not start with one of the joined ``topics``: in a join every
-    identifier names its topic."""
-    text, _ = split_as(field)
-    return ["/" + "/".join(map(str, n.steps)) for n in walk(parse(text))
-            if isinstance(n, Field) and n.steps and n.steps[0] not in topics]
-
 
 def joined_topics(joins: tuple[JoinConfig, ...]) -> tuple[str, ...]:
     """The joined topics in join order, the driving one first (rule 5's shape, which the

@@ -24,7 +24,8 @@ from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.engine.sow.aggregation import Aggregation, MemberSink
 from conveyor.engine.sow.focus import RecordChange
 from conveyor.engine.sow.followers import Followers
-from conveyor.engine.sow.joins import Join, rewrite_identifiers, unknown_roots
+from conveyor.config.validation import check_view, rewrite_identifiers
+from conveyor.engine.sow.joins import Join
 from conveyor.engine.sow.topic import SowTopic
 from conveyor.engine.sow.view import QueueWatch, View
 from conveyor.expr.projection import Projection
@@ -74,19 +75,11 @@ class ViewGraph:
 
     def _build_join_view(self, vc: ViewConfig) -> None:
         """A view over left outer joins (engine/sow/joins.py)."""
+        check_view(vc)  # every field names a joined topic (config/validation.py)
         join_topics = vc.underlying  # in join order, the driving topic first
         fields = tuple(rewrite_identifiers(f) for f in vc.projection)
         grouping = tuple(rewrite_identifiers(g) for g in vc.grouping)
         projection = _view_projection(vc, fields, grouping)
-        for section, texts, originals in (("Projection", fields, vc.projection), ("Grouping", grouping, vc.grouping)):
-            for text, original in zip(texts, originals):
-                stray = unknown_roots(text, join_topics)
-                if stray:
-                    raise errors.ConfigError(
-                        f"view {vc.name!r}: field {original!r} of a join names no joined topic ({', '.join(stray)})",
-                        path=f"{vc.path}/{section}",
-                        hint=" or ".join(f"[{t}].[/path]" for t in join_topics).join(("write ", "")),
-                    )
         aggregation = Aggregation(projection)
         join = Join(vc.joins, aggregation, null_equivalency=vc.join_null_equivalency)
         for topic in join_topics:
