@@ -298,6 +298,115 @@ def test_proxied_transfer_delivers_the_messages_of_an_owner_that_is_down():
     assert stats(c, "A").owned == 0 and stats(c, "A").elsewhere == 1  # the one B still leases
 
 
+def ownership_stats(c: Cluster, node: str):
+    (own,) = c.nodes[node].engine.statistics(c.now).replicated_queues
+    return own
+
+
+def line(pass_through: str = ".*") -> Cluster:
+    """A - B - C: only B links to both, and passes each one's records on to the other."""
+    b = [destination(d, pass_through=pass_through) for d in ("A", "C")]
+    c = Cluster({"A": instance_xml("A", [destination("B")], sow=QUEUE), "B": instance_xml("B", b, sow=QUEUE),
+                 "C": instance_xml("C", [destination("B")], sow=QUEUE)})
+    c.connect_all()
+    return c
+
+
+def test_a_request_for_an_owner_that_is_down_is_granted_where_proxied_transfer_is_on():
+    """Rules 4 and 6: an instance whose subscribers have room asks for messages owned
+    elsewhere whether or not it can reach the owner, and an instance with proxied
+    transfer on answers for an owner it cannot reach. A, B, C in a full mesh, A down,
+    proxied transfer on at B (no worker there), a worker on C: C gets every one of A's
+    messages, each once, granted by B."""
+    c = cluster(("A", "B", "C"), pass_through=".*")
+    publish(c, "A", *range(6))
+    c.crash("A")
+    # B's own link to A decides, though C's profile replicates to A and passes B's records on
+    assert c.nodes["B"].engine.peers.reachable("C") and not c.nodes["B"].engine.peers.reachable("A")
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    wc = worker(c, "C", backlog=50)
+    wait_and_tick(c)
+    assert sorted(got(c, "C", wc)) == list(range(6))
+    assert ownership_stats(c, "C").requests_sent >= 6 and ownership_stats(c, "B").grants == 6
+    assert (stats(c, "C").transferred_in, stats(c, "B").elsewhere) == (6, 6)
+    assert ownership_stats(c, "B").proxied_claims == 0  # B has no subscriber: it takes nothing itself
+
+
+def test_a_request_travels_through_a_pass_through_instance_to_the_owner():
+    """Rule 4: "a request is a journal record, so it reaches the owner through any
+    topology": in a line A - B - C with PassThrough on B, a worker on C gets A's messages
+    by A's grants, each once."""
+    c = line()
+    wc = worker(c, "C")
+    publish(c, "A", 1, 2, 3)
+    assert stats(c, "C").elsewhere == 3
+    wait_and_tick(c)
+    assert sorted(got(c, "C", wc)) == [1, 2, 3]
+    assert (ownership_stats(c, "A").grants, stats(c, "A").transferred_out, stats(c, "C").transferred_in) == (3, 3, 3)
+    assert stats(c, "B").elsewhere == 3 and stats(c, "B").owned == 0
+
+
+def test_an_owner_reached_through_a_pass_through_instance_is_reachable():
+    """Rule 6: "an owner it cannot reach": an instance linked to a peer that replicates to
+    the owner and passes this instance's records on to it can reach the owner (its
+    requests get there), so proxied transfer there takes nothing while that peer is
+    linked. Once the peer is gone, the owner is unreachable."""
+    c = line()
+    peers = c.nodes["C"].engine.peers
+    assert peers.reachable("B") and peers.reachable("A")
+    c.nodes["C"].engine.set_proxied_transfer("WorkQ", True)
+    wc = worker(c, "C")
+    publish(c, "A", 1, 2)
+    wait_and_tick(c)
+    assert sorted(got(c, "C", wc)) == [1, 2]
+    assert ownership_stats(c, "C").proxied_claims == 0 and ownership_stats(c, "A").grants == 2
+    c.crash("B")
+    assert not peers.reachable("A") and not peers.reachable("B")
+
+
+def test_proxied_transfer_takes_only_what_the_subscribers_can_take_now():
+    """Rule 6: "when one of its subscribers could receive it now": a claim is limited to
+    the subscribers' free backlog (and shares the request budget), so switching proxied
+    transfer off leaves nothing of the offline owner's to deliver here."""
+    c = cluster()
+    publish(c, "A", 1, 2, 3)
+    c.crash("A")
+    wb = worker(c, "B", backlog=1)
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    wait_and_tick(c)
+    first = c.nodes["B"].messages(wb)
+    assert len(first) == 1
+    assert (ownership_stats(c, "B").proxied_claims, stats(c, "B").owned, stats(c, "B").elsewhere) == (1, 1, 2)
+    ack_all(c, "B", wb, first)
+    wait_and_tick(c, 0.1)
+    second = c.nodes["B"].messages(wb)
+    assert len(second) == 1 and ownership_stats(c, "B").proxied_claims == 2
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", False)
+    ack_all(c, "B", wb, second)
+    wait_and_tick(c)
+    assert got(c, "B", wb) == []
+    assert (ownership_stats(c, "B").proxied_claims, stats(c, "B").owned, stats(c, "B").elsewhere) == (2, 0, 1)
+
+
+def test_proxied_transfer_takes_what_was_asked_for_when_the_budget_is_spent():
+    """Rules 4 and 6: a worker on B asked for as many of the down owner's messages as its
+    budget allows (no one answers); once proxied transfer is on, B claims in place of
+    those requests, without waiting for them to be due again, as its worker has room."""
+    c = cluster()
+    publish(c, "A", *range(300))
+    c.crash("A")
+    wb = worker(c, "B", backlog=1)
+    wait_and_tick(c)
+    assert ownership_stats(c, "B").requests_sent == REQUESTS_IN_FLIGHT_MIN and got(c, "B", wb) == []
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    wait_and_tick(c, 0.1)
+    first = c.nodes["B"].messages(wb)
+    assert len(first) == 1 and ownership_stats(c, "B").proxied_claims == 1
+    ack_all(c, "B", wb, first)
+    wait_and_tick(c, 0.1)
+    assert len(got(c, "B", wb)) == 1 and ownership_stats(c, "B").proxied_claims == 2
+
+
 def test_a_removal_that_arrives_before_its_message_keeps_it_out():
     """Rule 3: if an acknowledgement of a message reaches an instance before the message
     (possible only through unusual paths: on every link a message travels before its

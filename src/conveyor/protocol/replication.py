@@ -44,6 +44,11 @@ class QueueProfile(msgspec.Struct, frozen=True):
     underlying: str
     filter: str | None = None
     initial_owner: str | None = None
+    # GroupLocalQueue: the group whose instances share it, its identity with its name
+    # (docs/replication.md, "Which queues are replicated"): its GroupLocalQueueDomain,
+    # else the instance's Group, else "" (an instance without a Group). None: the peer
+    # predates the field (read as the instance's group).
+    group: str | None = None
 
 
 class DestinationProfile(msgspec.Struct, frozen=True):

@@ -52,11 +52,11 @@ class QueueReport:
     def activity(self) -> tuple[int, int, int, int, int]:
         """(queue depth, in flight, enqueued, delivered, acknowledged): the figures the
         admin interface samples every few seconds for its charts, without building a
-        whole :class:`QueueStats` per queue."""
+        whole :class:`QueueStats` per queue (the depth as ``statistics`` counts it)."""
         leases, counts = self._leases, self._counts()
         leased = len(leases.leased)
-        return (len(self._order.store) + leased, leased + len(leases.consumed), counts["enqueued"],
-                counts["delivered"], counts["acknowledged"])
+        depth = len(self._order.store) + leased + len(self._replica)
+        return depth, leased + len(leases.consumed), counts["enqueued"], counts["delivered"], counts["acknowledged"]
 
     def statistics(self, now: float | None = None) -> QueueStats:
         leased, store = self._leases.leased, self._order.store
@@ -69,10 +69,13 @@ class QueueReport:
             assert head_time is not None  # the store is not empty
             oldest.append(head_time)
         cfg = self._config
+        owned, elsewhere = len(store) + len(leased), len(self._replica)
         return QueueStats(
             name=cfg.name,
             semantics=cfg.semantics.value,
-            queue_depth=len(store) + len(leased),
+            # Messages another instance owns are in the queue here too, never delivered
+            # here: counted in its depth (docs/replication.md, "What every instance sees").
+            queue_depth=owned + elsewhere,
             available=len(store),
             backlog=len(leased),
             awaiting_ack=len(self._leases.consumed),
@@ -86,8 +89,8 @@ class QueueReport:
             inactive_message_count=self._window.inactive,
             deferred_ack_count=self._window.deferred_ack_count,
             barriers_pending=len(self._order.barriers),
-            owned=len(store) + len(leased),
-            elsewhere=len(self._replica),
+            owned=owned,
+            elsewhere=elsewhere,
             **self._counts(),
         )
 

@@ -21,13 +21,19 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    replayed from the journal at a restart: from the restart), and at most
    :data:`TOMBSTONES_MAX` of them, the oldest dropped first; a message that arrives
    after its tombstone is gone enters the queue as any other.
-4. **Transfer requests.** An instance that has a subscriber with room asks the owner for
-   a message owned elsewhere once it has waited here longer than acknowledgements
+4. **Transfer requests.** An instance that has a subscriber with room asks for a
+   message owned elsewhere once it has waited here longer than acknowledgements
    usually take to arrive after their message (measured per queue: the 90th percentile
    of the last :data:`LATENCY_SAMPLES` arrival-to-ack times, :data:`WAIT_DEFAULT_S`
-   before there is any): a keeping-up owner is not asked. A request is a journal
-   record (:class:`~conveyor.records.TransferRequestRec`), so it reaches the owner
-   through any topology; an unanswered request is repeated after the same wait.
+   before there is any): a keeping-up owner is not asked. It asks whoever the owner is
+   and whether or not it can reach it (an instance with proxied transfer on may answer
+   for an owner that is down, rule 6), within its request budget
+   (:data:`REQUESTS_PER_ROOM` per backlog slot, at least
+   :data:`REQUESTS_IN_FLIGHT_MIN`, counting the requests in flight, the proxied claims
+   and the granted messages waiting here). A request is a journal record
+   (:class:`~conveyor.records.TransferRequestRec`), so it reaches the owner through any
+   topology (through a ``PassThrough`` instance too); an unanswered request is repeated
+   after the same wait.
 5. **Grants.** The owner grants a request only when no subscriber of its own can take
    the message now (it always prefers a local subscriber), and only once: the grant
    raises the message's transfer ``epoch``, and any later request finds it owned
@@ -36,10 +42,17 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    applies the highest epoch it has seen (ties: the smaller granter name), so all
    converge on one owner.
 6. **Proxied transfer** (disaster recovery), per queue and per instance, off by default
-   and not kept across a restart: while on, this instance may take a message whose
-   owner it cannot reach (no link to or from it) when one of its subscribers could
-   receive it now, and may grant requests for such messages, journaling the transfer
-   with ``proxied`` set. It takes nothing by itself when switched on. If the owner is in
+   and not kept across a restart: while on, this instance takes a message whose owner
+   it cannot reach when one of its subscribers could receive it now, no more than the
+   subscribers' free backlog (less the messages already waiting here for it) and
+   within the request budget of rule 4, instead of asking for it; and it grants other
+   instances' requests for such messages. Both journal the transfer with ``proxied``
+   set. It takes nothing by itself when switched on. An owner is reachable while a link
+   to or from it is up or, when this instance has no ``Destination`` of its own for it,
+   while a linked peer's profile has a ``Destination`` for it whose ``PassThrough``
+   matches this instance's group (this instance's requests get there through that
+   peer; whether the peer's own link is up is not known here)
+   (:meth:`~conveyor.engine.replication.links.PeerLinks.reachable`). If the owner is in
    fact alive and delivering, a message may be processed twice: switch it on only on
    one instance, for an owner that is down.
 7. **Two copies of one message.** When a publisher fails over and publishes on B a
@@ -195,7 +208,8 @@ class QueueOwnership:
     def requests(self, now: float, reachable: Callable[[str], bool]
                  ) -> tuple[records.TransferRequestRec | None, records.TransferRec | None]:
         """Rules 4 and 6: the request to journal now (one record for every message asked
-        for), and the proxied claim.
+        for, whoever its owner), and the proxied claim (messages of an unreachable owner,
+        no more than the subscribers' free slots, when proxied transfer is on).
 
         Asked only when a subscriber has had room since the last look (a slot free now,
         or freed and filled at once from what this instance owns), and then up to
@@ -221,20 +235,34 @@ class QueueOwnership:
         wait = self.typical_wait()
         retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
         target = max(queue.transfers.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
-        room = target - replica.requests_in_flight() - queue.transfers.available_here()
-        if room <= 0:
+        waiting = queue.transfers.available_here()
+        room = target - replica.requests_in_flight() - waiting
+        # Rule 6: a claim goes to a subscriber at once: no more than their free slots less
+        # what already waits here for them.
+        claims_max = max(0, free - waiting) if self.proxied else 0
+        if room <= 0 and not claims_max:
             oldest = replica.oldest_request()
             if free and oldest is not None:  # all asked: look again when the oldest unanswered is due again
                 self.next_scan = oldest + retry
             return None, None
-        look = _Look(queue, replica, now, free=bool(free), room=room, reachable=reachable, proxied=self.proxied)
-        # Requests in flight, oldest first: those unanswered for ``retry`` are asked again;
-        # then the messages never asked for. ``due``: the earliest moment a message
-        # skipped now becomes askable.
-        again, due = replica.requests_due(now, retry)
-        due = look.ask_again(again, due)
-        if not look.full():
-            due = look.ask_first(wait, due)
+        look = _Look(queue, replica, now, free=bool(free), room=max(0, room), reachable=reachable,
+                     proxied=self.proxied, claims_max=claims_max)
+        if claims_max:
+            # Rule 6: the messages asked for, of an owner now unreachable, without waiting
+            # for their request to be due again (a claim in place of a request in flight
+            # takes nothing more from the budget).
+            look.claim_asked(replica.requests_due(now, 0.0)[0])
+        if room <= 0:  # all asked: look again when the oldest unanswered is due again
+            oldest = replica.oldest_request()
+            due = oldest + retry if free and oldest is not None else None
+        else:
+            # Requests in flight, oldest first: those unanswered for ``retry`` are asked
+            # again; then the messages never asked for. ``due``: the earliest moment a
+            # message skipped now becomes askable.
+            again, due = replica.requests_due(now, retry)
+            due = look.ask_again(again, due)
+            if not look.full():
+                due = look.ask_first(wait, due)
         asks, attempts, claims = look.asks, look.attempts, look.claims
         self.requests_sent += len(asks)
         self.proxied_claims += len(claims)
@@ -405,9 +433,11 @@ class _Look:
     it claims, and the reachability of each owner, asked once a look."""
 
     def __init__(self, queue: Queue, replica: Replica, now: float, *, free: bool, room: int,
-                 reachable: Callable[[str], bool], proxied: bool) -> None:
+                 reachable: Callable[[str], bool], proxied: bool, claims_max: int = 0) -> None:
         self._queue, self._replica, self._now = queue, replica, now
         self._free, self._room, self._reachable, self._proxied = free, room, reachable, proxied
+        self._claims_max = claims_max
+        self._claimed: set[int] = set()  # positions of self.claims
         self._reach: dict[str, bool] = {}
         self.asks: list[Ident] = []
         self.attempts: list[int] = []
@@ -417,18 +447,38 @@ class _Look:
         return len(self.asks) + len(self.claims) >= self._room
 
     def askable(self, position: int, owner: str) -> bool:
-        """Whether to ask for it (False: a subscriber here would not take it, or its owner
-        is unreachable, when it is claimed instead if proxied transfer is on)."""
+        """Whether to ask for it, whether or not its owner is reachable (rule 4). False: a
+        subscriber here would not take it; or proxied transfer is on here and its owner
+        is unreachable, when it is claimed instead while the subscribers' free slots last
+        (rule 6)."""
         if not self._queue.transfers.can_deliver_locally(position, self._now, room=self._free):
             return False
+        if not self._proxied:
+            return True
         up = self._reach.get(owner)
         if up is None:
             up = self._reach[owner] = self._reachable(owner)
-        if not up and self._proxied:
+        if up:
+            return True
+        if len(self.claims) < self._claims_max and position not in self._claimed:
             ident = self._replica.ident(position)
             assert ident is not None  # in the queue here
             self.claims.append((ident, position))
-        return up
+            self._claimed.add(position)
+        return False
+
+    def claim_asked(self, asked: list[tuple[Ident, int]]) -> None:
+        """Rule 6: the messages asked for (oldest first) whose owner is unreachable,
+        claimed while the free slots last."""
+        replica = self._replica
+        for ident, _ in asked:
+            if len(self.claims) >= self._claims_max:
+                return
+            position = replica.position(ident)
+            owner = replica.owner_of(position) if position is not None else None
+            if owner is not None:
+                assert position is not None  # it has an owner
+                self.askable(position, owner)
 
     def ask_again(self, again: list[tuple[Ident, int]], due: float | None) -> float | None:
         """The requests due again, oldest first; when to look next."""

@@ -18,7 +18,7 @@ from conveyor.config.model import Config
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort, QueueRecord, ReplicaConsumers, ReplicaQueues, ReplicaSow
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.replication.checks import check_pair
+from conveyor.engine.replication.checks import check_pair, with_queue_groups
 from conveyor.engine.replication.route import came_back
 from conveyor.engine.replication.source import OwnershipRecord
 from conveyor.protocol import replication as p
@@ -83,7 +83,7 @@ class ReplicationSink:
         self._journal = journal
         self._publishes = publishes
         self._outbox = outbox
-        self._profile = profile
+        self._profile = with_queue_groups(profile, config)  # what the handshake shows and checks
         self._peers = peers
         self._incoming = peers.incoming
         # source instance -> what this instance holds of its journal (rule 2)
@@ -108,7 +108,10 @@ class ReplicationSink:
                             f"this instance {p.PROTOCOL_VERSION}")
         if src.instance == self.instance:
             problems.append(f"instance {src.instance!r} replicates to itself")
-        problems += check_pair(self._profile, src, incoming=True, local_links=list(self._peers.out.values()))
+        # Every rule the source checks, checked here too: a destination refuses a link
+        # that would bring it messages of a replicated queue its source lacks or defines
+        # otherwise (docs/replication.md, "Validation").
+        problems += check_pair(self._profile, src, incoming=True)
         if problems:
             raise errors.ReplicationRefused("; ".join(problems))
         for other in self._incoming.values():
