@@ -31,7 +31,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "ServerCollector", "render"]
 
 # (QueueStats field, metric name, help, kind): kind "gauge" or "counter".
 _QUEUE_METRICS = (
-    ("queue_depth", "conveyor_queue_depth", "Unacknowledged active messages: available + leased", "gauge"),
+    ("queue_depth", "conveyor_queue_depth", "Unacknowledged active messages: available + leased (+ owned by another instance, replicated queues)", "gauge"),
     ("available", "conveyor_queue_available_messages", "Messages ready for delivery", "gauge"),
     ("backlog", "conveyor_queue_leased_messages", "Leased messages awaiting an acknowledgement", "gauge"),
     ("awaiting_ack", "conveyor_queue_awaiting_ack_messages",

@@ -188,7 +188,7 @@ class QueueStats(msgspec.Struct, frozen=True):
 
     name: str
     semantics: str
-    queue_depth: int  # unacknowledged messages: available + leased
+    queue_depth: int  # unacknowledged messages: available + leased (+ owned elsewhere, replicated)
     available: int
     backlog: int  # leased messages awaiting an ack
     awaiting_ack: int  # at-most-once deliveries whose ack has not arrived (backlog only)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import msgspec
-
-from conveyor.config.model import Config, QueueKind, topic_matcher
+from conveyor.config.model import Config, QueueConfig, QueueKind, topic_matcher
 from conveyor.engine.replication.route import matches_any
 from conveyor.protocol import replication as p
 
@@ -107,17 +105,10 @@ def queue_group(profile: p.Profile, q: p.QueueProfile) -> str:
     return "" if profile.group == profile.instance else profile.group
 
 
-def with_queue_groups(profile: p.Profile, config: Config) -> p.Profile:
-    """``profile`` with the group of each of its GroupLocalQueues filled in from
-    ``config`` (the one the handshake shows): ``GroupLocalQueueDomain``, else the
-    instance's ``Group``, else ""."""
-    groups = {q.name: q.group_local_queue_domain or config.group or ""
-              for q in config.queues if q.kind is QueueKind.GROUP_LOCAL}
-    if not any(q.name in groups and q.group is None for q in profile.queues):
-        return profile
-    queues = [msgspec.structs.replace(q, group=groups[q.name]) if q.name in groups and q.group is None else q
-              for q in profile.queues]
-    return msgspec.structs.replace(profile, queues=queues)
+def configured_queue_group(queue: QueueConfig, config: Config) -> str:
+    """The group a GroupLocalQueue of this instance is shared within, as its profile shows it:
+    ``GroupLocalQueueDomain``, else the instance's ``Group``, else ""."""
+    return queue.group_local_queue_domain or config.group or ""
 
 
 def _group(group: str) -> str:

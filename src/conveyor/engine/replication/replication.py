@@ -7,10 +7,11 @@ only what needs both."""
 
 from __future__ import annotations
 
-from conveyor.config.model import Config
+from conveyor.config.model import Config, QueueKind
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort, ReplicaConsumers, ReplicaQueues, ReplicaSow
 from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.replication.checks import configured_queue_group
 from conveyor.engine.replication.links import PeerLinks
 from conveyor.engine.replication.sink import InLinkStats, ReplicationSink
 from conveyor.engine.replication.source import WINDOW_BYTES_MAX_DEFAULT, LinkStats, ReplicationSource
@@ -33,7 +34,9 @@ class Replication:
             group=self.group,
             journal_id=journal_id,
             queues=[
-                p.QueueProfile(q.name, q.kind.value, q.underlying, q.filter, q.initial_owner) for q in config.queues
+                p.QueueProfile(q.name, q.kind.value, q.underlying, q.filter, q.initial_owner,
+                               group=configured_queue_group(q, config) if q.kind is QueueKind.GROUP_LOCAL else None)
+                for q in config.queues
             ],
             destinations=[
                 p.DestinationProfile(link.name, [t.name for t in link.dest.topics], link.dest.pass_through, link.sync)

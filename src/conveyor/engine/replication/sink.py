@@ -18,7 +18,7 @@ from conveyor.config.model import Config
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort, QueueRecord, ReplicaConsumers, ReplicaQueues, ReplicaSow
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.replication.checks import check_pair, with_queue_groups
+from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import came_back
 from conveyor.engine.replication.source import OwnershipRecord
 from conveyor.protocol import replication as p
@@ -83,7 +83,7 @@ class ReplicationSink:
         self._journal = journal
         self._publishes = publishes
         self._outbox = outbox
-        self._profile = with_queue_groups(profile, config)  # what the handshake shows and checks
+        self._profile = profile
         self._peers = peers
         self._incoming = peers.incoming
         # source instance -> what this instance holds of its journal (rule 2)

@@ -18,7 +18,7 @@ from conveyor import errors, records
 from conveyor.config.model import Config, ReplicationDestination, topic_matcher
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort, QueueIdentity, ReplicaSow
-from conveyor.engine.replication.checks import check_pair, with_queue_groups
+from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import TOPIC_VERDICTS_MAX, matches_any, travels_on
 from conveyor.protocol import replication as p
 
@@ -120,7 +120,7 @@ class ReplicationSource:
         self._journal = journal
         self._outbox = outbox
         self._window = window_bytes_max
-        self._profile = with_queue_groups(profile, config)  # what the handshake shows and checks
+        self._profile = profile
         self._by_conn: dict[int, OutLink] = {}
         self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
         self.links = peers.out
