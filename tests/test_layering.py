@@ -14,6 +14,7 @@
 """
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,14 @@ CORE = ["engine", "journal", "expr", "config", "protocol", "records"]
 SHELLS = {"server", "client", "cli", "spark", "security"}
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path: Path) -> ast.Module:
+    """One parse per file for the whole module (each rule walks every file)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path):
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -75,7 +82,7 @@ def _load_time_imports(path: Path):
             elif isinstance(node, ast.Try):
                 yield from walk(node.body)
 
-    yield from walk(ast.parse(path.read_text()).body)
+    yield from walk(_parsed(path).body)
 
 
 def _engine_closure() -> set[Path]:
@@ -110,7 +117,7 @@ def test_engine_does_no_io_and_reads_no_clock_even_through_its_imports():
     for path in closure:
         for name in _load_time_imports(path):
             assert name.split(".")[0] not in _IO_MODULES, f"{path} imports {name} (the engine does no I/O)"
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 called = ast.unparse(node.func)
                 assert not any(called.endswith(c) for c in _CLOCK_CALLS), (
@@ -171,7 +178,7 @@ def _all_imports(path: Path) -> set[str]:
     """The conveyor modules ``path`` imports, wherever the import statement is (a
     function body too), except under ``if TYPE_CHECKING:``. ``from conveyor import
     errors`` is an import of ``conveyor.errors``, not of the package."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
     package = _module_name(path).split(".")[: None if path.name == "__init__.py" else -1]
@@ -269,7 +276,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def _foreign_assignments(path: Path) -> list[str]:
     """Rule 5: ``x.attr = ...`` (``x`` not self or cls) where no class of the same
     module declares ``attr``."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     own: set[str] = set()
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
         for n in ast.walk(cls):
@@ -342,7 +349,7 @@ LONG_KNOWN: dict[str, int] = {}
 def test_no_function_over_80_lines_and_no_class_over_800():
     long = {}
     for path in sorted(SRC.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             limit = (FUNCTION_LINES_MAX if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                      else CLASS_LINES_MAX if isinstance(node, ast.ClassDef) else None)
             if limit is not None and node.end_lineno - node.lineno + 1 > limit:
@@ -355,7 +362,7 @@ def test_no_function_over_80_lines_and_no_class_over_800():
 def test_engine_collaborators_are_typed():
     """Rule 7: a journal, bindings, cache or delivery parameter says what it is."""
     for path in (SRC / "engine").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.arg) and node.arg in ("journal", "bindings", "cache", "delivery"):
                 assert node.annotation is not None and ast.unparse(node.annotation) not in ("Any", "object"), (
                     f"{path.relative_to(SRC)}:{node.lineno}: {node.arg} is not typed")
@@ -367,7 +374,7 @@ def test_replication_depends_on_ports_not_on_the_parts_it_feeds():
     (QueueIdentity, ReplicaQueues, ReplicaConsumers, ReplicaSow), not even for types."""
     parts = ("conveyor.engine.consumers", "conveyor.engine.sow", "conveyor.engine.replication.ownership")
     for name in ("source", "sink", "replication", "links", "route", "checks"):
-        tree = ast.parse((SRC / "engine" / "replication" / f"{name}.py").read_text())
+        tree = _parsed(SRC / "engine" / "replication" / f"{name}.py")
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith(parts), f"engine/replication/{name}.py imports {node.module}"
