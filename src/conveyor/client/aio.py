@@ -45,7 +45,7 @@ from conveyor.client.endpoints import Endpoint
 from conveyor.client.message import Acker, AckVerb, to_bytes
 from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange, make_policy
 from conveyor.client.store import PublishStore
-from conveyor.client.subscription import DeliveryMode, Handler, SubState, SubscriptionBase
+from conveyor.client.subscription import DeliveryMode, Handler, SubState, SubscriptionBase, sub_ids
 from conveyor.protocol import messages as m
 
 __all__ = ["AsyncClient", "AsyncSubscription", "parse_uri"]
@@ -122,6 +122,14 @@ class AsyncSubscription(SubscriptionBase):
 
     async def unsubscribe(self) -> None:
         await self.client.unsubscribe(self.sub_id)
+
+    async def pause(self) -> None:
+        """:meth:`AsyncClient.pause` of this subscription."""
+        await self.client.pause(self.sub_id)
+
+    async def resume(self) -> None:
+        """:meth:`AsyncClient.resume` of this subscription."""
+        await self.client.resume(self.sub_id)
 
     async def _run_handler(self, handler: Handler) -> None:
         """Handler mode: one message at a time, in order; auto-ack as the core says."""
@@ -710,6 +718,7 @@ class AsyncClient:
         replace: bool = False,
         command: str = "subscribe",
         orderby: str | None = None,
+        paused: bool = False,
     ) -> AsyncSubscription:
         """Subscribe to a topic or a queue.
 
@@ -728,10 +737,11 @@ class AsyncClient:
         returning acknowledges and raising cancels (the message is redelivered).
         ``replace=True`` changes the topic, filter and backlog of the existing
         subscription ``sub_id`` in place (the server swaps them atomically) and returns
-        that subscription, its buffer and handler unchanged.
+        that subscription, its buffer and handler unchanged. ``paused=True``: made paused,
+        sent nothing (a bookmark subscription replays nothing) until :meth:`resume`.
         """
         if replace:
-            if bookmark is not None or handler is not None or on_message is not None or auto_ack is not None:
+            if paused or bookmark is not None or handler is not None or on_message is not None or auto_ack is not None:
                 raise errors.InvalidOption("replace=True changes only the topic, filter, options and backlog")
             await self._wait_connected()
             if sub_id not in self._subs:
@@ -742,7 +752,7 @@ class AsyncClient:
         mode = D.CALLBACK if on_message is not None else D.HANDLER if handler is not None else D.ITERATOR
         state = self.subscription_state(
             topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog,
-            sub_id=sub_id, auto_ack=auto_ack, mode=mode, command=command, orderby=orderby,
+            sub_id=sub_id, auto_ack=auto_ack, mode=mode, command=command, orderby=orderby, paused=paused,
         )
         subscription = AsyncSubscription(self, state)
         sink = self._inline(subscription, on_message) if on_message is not None else None
@@ -844,6 +854,19 @@ class AsyncClient:
         except errors.ConnectionLost:
             if not known:
                 raise
+
+    async def pause(self, sub_id: str | Sequence[str]) -> None:
+        """Pause subscriptions (an id, a comma list or a list; all or none): the server
+        sends them nothing until :meth:`resume` (docs/client.md, "Pause and resume")."""
+        await self._set_paused(sub_id, True)
+
+    async def resume(self, sub_id: str | Sequence[str]) -> None:
+        """Resume paused subscriptions (as :meth:`pause`)."""
+        await self._set_paused(sub_id, False)
+
+    async def _set_paused(self, sub_id: str | Sequence[str], paused: bool) -> None:
+        if (pending := self.core.pause_subscriptions(sub_ids(sub_id), paused)) is not None:
+            await self._wait(pending)  # offline, the resubscription after the logon carries it
 
     async def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None,
                   orderby: str | None = None, options: str | None = None, sow_keys: list[str] | str | None = None,

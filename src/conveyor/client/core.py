@@ -21,7 +21,8 @@ the faces feed it bytes, tell it when a connection opens or is lost, and send wh
    ``persisted`` ack, and stays in ``acks_unconfirmed`` until that ack arrives. A lost
    connection loses no acknowledgement: unconfirmed batches are sent again after
    logon (acks are idempotent on the server).
-4. **A lost connection** fails the commands awaiting their ack, drops unsent
+4. **A lost connection** fails the commands awaiting their ack (except a pause or a
+   resume: the resubscription carries it, subscription.py rule 8), drops unsent
    frames (publishes and acks are kept elsewhere and resent), resets the frame decoder
    and starts a new *epoch*: messages that arrived on the old connection can be told
    apart from new ones.
@@ -95,6 +96,7 @@ class CommandKind(enum.Enum):
     SOW = ("sow", "completed")  # the messages come first, then the completed ack
     SOW_DELETE = ("sow_delete", "processed")
     FLUSH_PERSISTED = ("flush-persisted", "persisted")  # everything before it is persisted
+    PAUSE = ("pause", "processed")  # pause or resume: a loss is no failure (rule 4)
 
     def __init__(self, label: str, completed_by: str) -> None:
         self.label = label
@@ -104,7 +106,7 @@ class CommandKind(enum.Enum):
 class PendingCommand:
     """A command awaiting its ack; the face attaches a future or an event."""
 
-    __slots__ = ("kind", "result", "error", "done", "waiter", "messages", "sub_id")
+    __slots__ = ("kind", "result", "error", "done", "waiter", "messages", "sub_id", "undo")
 
     def __init__(self, kind: CommandKind, sub_id: str | None = None) -> None:
         self.kind = kind
@@ -114,6 +116,7 @@ class PendingCommand:
         self.waiter: Any = None
         self.messages: list[Message] = []  # sow results
         self.sub_id = sub_id  # resubscriptions
+        self.undo: Callable[[], None] | None = None  # what a refusal puts back (pause, resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +307,32 @@ class ClientCore:
         cid = self.new_cid()
         return self.command(sub.command(cid, replace=True), CommandKind.SUBSCRIBE)
 
+    def pause_subscriptions(self, ids: list[str], paused: bool) -> PendingCommand | None:
+        """Mark the subscriptions ``ids`` paused (or running), all or none, and when
+        online send ``pause`` (``resume``) naming them, with no topic. Returns that
+        command, or None offline: the resubscription after logon carries the marks
+        (subscription.py rule 8), as it does after a loss (rule 4). A refusal by the
+        server puts the marks back."""
+        verb = "pause" if paused else "resume"
+        if not ids:
+            raise errors.InvalidOption(f"{verb}: no subscription id given")
+        unknown = [i for i in ids if i not in self.subscriptions]
+        if unknown:
+            raise errors.UnknownSubscription(f"no subscription {', '.join(map(repr, unknown))} to {verb} in this client")
+        subs = [self.subscriptions[i] for i in ids]
+        previous = [sub.mark_paused(paused) for sub in subs]
+        if not self.online:
+            return None
+        cmd = m.Subscribe(topic="", sub_id=",".join(ids), cid=self.new_cid(), ack_type="processed", options=verb)
+        pending = self.command(cmd, CommandKind.PAUSE)
+
+        def undo() -> None:
+            for sub, was in zip(subs, previous):
+                sub.mark_paused(was)
+
+        pending.undo = undo
+        return pending
+
     def remove_subscription(self, sub_id: str) -> SubState | None:
         sub = self.subscriptions.pop(sub_id, None)
         if sub is not None:
@@ -482,6 +511,8 @@ class ClientCore:
             return
         if ack.status == "failure":
             pending.error = errors.error_for_code(ack.code or "server_error", ack.reason or "", **(ack.details or {}))
+            if pending.undo is not None:
+                pending.undo()
         elif ack.ack_type != pending.kind.completed_by:
             return
         elif ack.reason and pending.kind is CommandKind.SUBSCRIBE:
@@ -503,7 +534,8 @@ class ClientCore:
     def fail_all(self, error: errors.ConveyorError) -> list[PendingCommand]:
         done = []
         for pending in self.awaiting_ack.values():
-            pending.error = error
+            if pending.kind is not CommandKind.PAUSE:  # rule 4: the resubscription carries it
+                pending.error = error
             pending.done = True
             done.append(pending)
         self.awaiting_ack.clear()

@@ -32,6 +32,11 @@ Rules kept here (shared by both faces; the faces only move messages between thre
    of the last message it handed out, less :data:`CROSS_INSTANCE_MARGIN_S`, and drops
    every message whose sequence is not above the highest it has handed out from the
    same publisher (each publisher's messages keep their order on every instance).
+8. **Paused stays paused.** ``paused`` is part of what is resubscribed: a subscription
+   paused on the server is resubscribed with the ``pause`` option after a reconnect, so
+   it is made paused there (a bookmark one from its resume point, as in rule 1: nothing
+   is missed or repeated when it is resumed). ``pause`` and ``resume`` are never in an
+   options string: they apply to one command.
 
 ``accept`` runs on the application's thread in the blocking face, while resubscribing
 runs on the loop thread; ``_guard`` makes "check the connection, record the bookmark"
@@ -46,7 +51,7 @@ import logging
 import threading
 from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from conveyor import errors
 from conveyor.client.message import Acker, AckVerb, Message
@@ -88,11 +93,24 @@ def merge_backlog(options: str | None, max_backlog: int | None) -> str | None:
     return f"{options},max_backlog={max_backlog}" if options else f"max_backlog={max_backlog}"
 
 
+#: Options that act once, each with the call that sends it: an options string is resent
+#: on every resubscription (rule 1), where they would fail or mislead.
+_CALL_FOR = {"replace": "subscribe(..., replace=True)", "pause": "subscribe(..., paused=True) or pause(sub_id)",
+             "resume": "resume(sub_id)"}
+
+
 def refuse_replace_option(options: str | None) -> None:
-    """``replace`` is ``subscribe(..., replace=True)``: it applies to one command, and an
-    options string is resent on every resubscription (rule 1), where it would fail."""
-    if any(part.strip() == "replace" for part in (options or "").split(",")):
-        raise errors.InvalidOption("replace is not an option string here: call subscribe(..., replace=True)")
+    """``replace``, ``pause`` and ``resume`` are calls, not options strings (rules 1 and 8)."""
+    for part in (options or "").split(","):
+        call = _CALL_FOR.get(part.strip())
+        if call is not None:
+            raise errors.InvalidOption(f"{part.strip()} is not an option string here: call {call}")
+
+
+def sub_ids(sub_id: str | Sequence[str]) -> list[str]:
+    """One id, a comma list or a sequence of ids -> the ids, in order, without repeats."""
+    parts = sub_id.split(",") if isinstance(sub_id, str) else list(sub_id)
+    return list(dict.fromkeys(p.strip() for p in parts if p.strip()))
 
 
 _ITERATOR = DeliveryMode.ITERATOR  # per-message checks: a global, not an enum lookup
@@ -116,6 +134,7 @@ class SubState:
         mode: DeliveryMode = DeliveryMode.ITERATOR,
         command: str = "subscribe",
         orderby: str | None = None,
+        paused: bool = False,
     ) -> None:
         refuse_replace_option(options)
         if command not in _COMMANDS:
@@ -130,6 +149,7 @@ class SubState:
         self.backlog = backlog_from_options(self.options)
         self.auto_ack = auto_ack
         self.mode = mode
+        self.paused = paused  # rule 8: resubscribed paused
         self.sink: Callable[[Message], None] = _drop  # the face's buffer or callback
         self.acker: Acker | None = None
         self.last_bookmark: str | None = None  # last handed to the application
@@ -174,6 +194,8 @@ class SubState:
         options = self.options
         if replace:
             options = f"replace,{options}" if options else "replace"
+        elif self.paused:  # rule 8: made paused (a replace keeps it paused on the server)
+            options = f"pause,{options}" if options else "pause"
         if self.kind in ("sow_and_subscribe", "sow_and_delta_subscribe"):
             cls = m.SowAndSubscribe if self.kind == "sow_and_subscribe" else m.SowAndDeltaSubscribe
             return cls(topic=self.topic, sub_id=self.sub_id, query_id=self.sub_id, cid=cid, ack_type="processed",
@@ -191,6 +213,11 @@ class SubState:
         self.filter = filter
         self.options = merge_backlog(options, max_backlog)
         self.backlog = backlog_from_options(self.options)
+
+    def mark_paused(self, paused: bool) -> bool:
+        """Rule 8: resubscribe paused (or not) from now on; returns the mark it had."""
+        was, self.paused = self.paused, paused
+        return was
 
     def ack_threshold(self, batch_size: int) -> int:
         return max(1, min(batch_size, (self.backlog or 1) // 2))
@@ -281,6 +308,11 @@ class SubscriptionBase:
     def error(self) -> Exception | None:
         """Why the subscription ended, if the server refused to resume it."""
         return self.state.error
+
+    @property
+    def paused(self) -> bool:
+        """Paused (``pause()``, ``subscribe(..., paused=True)``): the server sends it nothing."""
+        return self.state.paused
 
     @property
     def ended(self) -> bool:

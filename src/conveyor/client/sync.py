@@ -134,6 +134,14 @@ class Subscription(SubscriptionBase):
     def unsubscribe(self) -> None:
         self.client.unsubscribe(self.sub_id)
 
+    def pause(self) -> None:
+        """:meth:`Client.pause` of this subscription."""
+        self.client.pause(self.sub_id)
+
+    def resume(self) -> None:
+        """:meth:`Client.resume` of this subscription."""
+        self.client.resume(self.sub_id)
+
     def _start_handler(self, handler: Callable[[Message], None]) -> None:
         self._thread = threading.Thread(
             target=self._run_handler, args=(handler,), name=f"conveyor-handler-{self.sub_id}", daemon=True
@@ -404,26 +412,27 @@ class Client:
         replace: bool = False,
         command: str = "subscribe",
         orderby: str | None = None,
+        paused: bool = False,
     ) -> Subscription:
         """Subscribe to a topic or a queue (arguments as :meth:`AsyncClient.subscribe`).
 
         Without ``handler``, iterate over the result on your thread. With ``handler``,
         it is called for each message on a thread of the subscription's own.
         ``replace=True``: the subscription ``sub_id``, buffer and handler unchanged,
-        with a new topic, filter or backlog.
+        with a new topic, filter or backlog. ``paused=True``: made paused (:meth:`resume`).
         """
         self._drain_blocking()  # acks handed over so far go first
         if replace:
             return self._call(
                 self._aio.subscribe(
                     topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog,
-                    sub_id=sub_id, handler=handler, auto_ack=auto_ack, replace=True,
+                    sub_id=sub_id, handler=handler, auto_ack=auto_ack, replace=True, paused=paused,
                 )
             )
         state = self._aio.subscription_state(
             topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog, sub_id=sub_id,
             auto_ack=auto_ack, mode=DeliveryMode.HANDLER if handler is not None else DeliveryMode.ITERATOR,
-            command=command, orderby=orderby,
+            command=command, orderby=orderby, paused=paused,
         )
         sub = Subscription(self, state)
         self._call(self._aio.subscribe_state(sub, relay=self._relay))
@@ -445,6 +454,15 @@ class Client:
             sub._join(HANDLER_JOIN_SECONDS)
         self._drain_blocking()
         self._call(self._aio.unsubscribe(sub_id))
+
+    def pause(self, sub_id: str | Sequence[str]) -> None:
+        """Pause subscriptions (:meth:`AsyncClient.pause`); acks handed over so far go first."""
+        self._drain_blocking()
+        self._call(self._aio.pause(sub_id))
+
+    def resume(self, sub_id: str | Sequence[str]) -> None:
+        """Resume paused subscriptions (:meth:`AsyncClient.resume`)."""
+        self._call(self._aio.resume(sub_id))
 
     def sow(self, topic: str, *, filter: str | None = None, top_n: int | None = None, orderby: str | None = None,
             options: str | None = None, sow_keys: list[str] | str | None = None,

@@ -360,6 +360,9 @@ class Engine:
             case _ if not session.logged_on:
                 self._implicit_logon(session)
                 self._command(session, cmd, now)
+            case m.Subscribe() | m.DeltaSubscribe() | m.SowAndSubscribe() | m.SowAndDeltaSubscribe() if (
+                    self.subscriptions.controls(session, cmd)):
+                self.subscriptions.pause_or_resume(session, cmd, now)  # whatever the topic (subscribing.py rule 9)
             case m.Subscribe():
                 if self.sow.is_view(cmd.topic):  # a view's records are not journaled
                     self._records_subscribe(session, cmd, now, query=False, is_delta=False)

@@ -144,11 +144,14 @@ class QueueDelivery:
                 now: float) -> None:
         """``subscribe`` with replace (spec 000, "Replacing Queue Subscriptions"): atomic;
         leases and the outstanding count stay; queues left behind deliver nothing more but
-        still take the acknowledgements of what they leased."""
-        att = self._attached[consumer.key]
+        still take the acknowledgements of what they leased. A paused consumer (attached
+        to no queue, engine/subscribing.py rule 9) takes the filter and backlog for its resume."""
+        att = self._attached.get(consumer.key)
         predicate = consumer_predicate(flt)
         consumer.filter = predicate
         consumer.max_backlog = max_backlog
+        if att is None:
+            return
         known = set(att.queues) | set(att.detached)
         for name in att.queues:
             if name not in names:

@@ -13,6 +13,9 @@ three kinds, fixed when it is made:
 
 Which queues a queue subscription takes from is the delivery's business
 (:class:`conveyor.engine.delivery.QueueDelivery`), not the session's.
+
+Any kind may be **paused** (the ``pause`` option, engine/subscribing.py rule 9): it is
+kept, with its id, topic and filter, and gets nothing until it is resumed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from conveyor.engine.entitlements import UNRESTRICTED, Grants
 
 if TYPE_CHECKING:
     from conveyor.expr import Expression
+
+
+#: ``SessionSubscription.cursor`` of a paused replay whose place is not known yet.
+CURSOR_AT_NEXT = -1
 
 
 class SubKind(enum.Enum):
@@ -46,9 +53,43 @@ class SessionSubscription:
     ack_types: frozenset[str] = frozenset()
     consumer: Any = None  # engine.queue.Consumer for QUEUE subscriptions
     # REPLAY: next journal position to read, and whether the replay has caught up.
+    # ``CURSOR_AT_NEXT``: a paused replay that was live; its place is the first message
+    # the fan-out passes it by (engine/topics.py rule 6).
     cursor: int = 0
     live: bool = True
     start_time: float | None = None  # replay from a timestamp: skip older records
+    paused: bool = False  # the pause option: nothing is delivered until it is resumed
+
+    # --- pause and resume (engine/subscribing.py rule 9, engine/topics.py rule 6) ---------
+
+    def pause(self) -> None:
+        """Paused. A live pub/sub or replay subscription stops being live; a live
+        replay's place becomes the next message it misses (``CURSOR_AT_NEXT``), and its
+        ``completed`` ack, sent when it caught up, is not asked for again."""
+        self.paused = True
+        if self.live and self.kind in (SubKind.PUBSUB, SubKind.REPLAY):
+            self.live = False
+            if self.kind is SubKind.REPLAY:
+                self.cursor = CURSOR_AT_NEXT
+                self.ack_types = self.ack_types - {"completed"}
+
+    def passed_by(self, position: int | None) -> None:
+        """The fan-out passed this paused replay by at journal ``position`` (None: a
+        message the journal does not keep): its place, if it has none yet."""
+        if self.cursor == CURSOR_AT_NEXT and position is not None:
+            self.cursor = position
+
+    def resume(self) -> bool:
+        """Not paused. True for a replay that reads the journal from its place (its
+        cursor); a pub/sub subscription, or a replay no message passed by, is live again."""
+        self.paused = False
+        if self.kind is SubKind.REPLAY and not self.live and self.cursor != CURSOR_AT_NEXT:
+            return True
+        if self.kind in (SubKind.PUBSUB, SubKind.REPLAY):
+            if self.cursor == CURSOR_AT_NEXT:
+                self.cursor = 0  # as a replay that went live: its cursor is not read any more
+            self.live = True
+        return False
 
 
 @dataclass(slots=True, eq=False)

@@ -28,6 +28,25 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
    through its topic matcher, so the fan-out cache carries the decision and no message
    pays for it.
 8. A connection holds at most ``Limits/MaxSubscriptionsPerConnection`` subscriptions.
+9. **Pause and resume** (reference B.4). ``resume``, or ``pause`` naming subscriptions
+   that exist (or with no topic, or a comma list), acts on every ``sub_id`` of the
+   command, all or none (an unknown one: ``unknown_subscription``, nothing changes);
+   the engine routes such a command here whatever its topic (:meth:`Subscriptions.controls`).
+   ``pause`` on a new ``sub_id`` makes the subscription paused. A paused subscription
+   keeps its id, topic, filter and options and gets nothing:
+
+   - pub/sub: live-only, what is published while it is paused is never its;
+   - bookmark (replay): keeps its place, and resumed, replays from there to the live
+     seam, nothing skipped, nothing twice (engine/topics.py rule 6);
+   - queue: its leases are broken at the pause, as when it unsubscribes (the messages
+     return to the queue for other consumers; an ack of one is taken as for any
+     returned message), and it takes no lease until resumed, from the queues its
+     topic names then (entitlements checked again);
+   - SOW topic or view records: no update while paused; nothing is sent again on
+     resume (engine/sow/followers.py rule 5).
+
+   Pausing a paused subscription, or resuming a running one, changes nothing. A
+   ``replace`` keeps the subscription paused or running.
 """
 
 from __future__ import annotations
@@ -57,6 +76,11 @@ if TYPE_CHECKING:
     from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")
+
+#: The commands that make a subscription, and the name their options are parsed under.
+SubscribeCommand = m.Subscribe | m.DeltaSubscribe | m.SowAndSubscribe | m.SowAndDeltaSubscribe
+_OPTIONS_OF = {m.Subscribe: "subscribe", m.DeltaSubscribe: "delta_subscribe", m.SowAndSubscribe: "sow_and_subscribe",
+               m.SowAndDeltaSubscribe: "sow_and_delta_subscribe"}
 
 
 class Subscriptions:
@@ -107,12 +131,14 @@ class Subscriptions:
                 session.subs[sub_id] = sub
                 self._topics.add(sub)
                 warning = self._unknown_name_warning(cmd.topic)
+            if opts.has("pause"):  # rule 9: made paused
+                self._pause(session.subs[sub_id], now)
         sub = session.subs.get(sub_id)
         if warning:
             log.info("%s %s: %s", self.describe(session), sub_id, warning)
         if sub is not None:
-            log.info("%s %s: %s to %r%s", "replaced" if opts.has("replace") else "subscribed", sub_id,
-                     self.describe(session), cmd.topic, f" ({sub.kind.value})")
+            log.info("%s %s: %s to %r (%s%s)", "replaced" if opts.has("replace") else "subscribed", sub_id,
+                     self.describe(session), cmd.topic, sub.kind.value, ", paused" if sub.paused else "")
         if "processed" in acks or not acks:
             self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=sub_id, reason=warning))
 
@@ -225,7 +251,7 @@ class Subscriptions:
                 raise errors.InvalidOption(f"replace: {cmd.topic!r} matches no queue; unsubscribe instead")
             configs = [self._bindings.by_name[n].config for n in names]
             backlog = effective_backlog(opts.get("max_backlog"), configs)
-            self._delivery.replace(sub.consumer, names, flt, backlog, now)
+            self._delivery.replace(sub.consumer, names, flt, backlog, now)  # paused: for the resume (rule 9)
         elif sub.kind is SubKind.PUBSUB:
             sub.matches_topic = self._topic_matcher(session, cmd.topic, Permission.SUBSCRIBE)
         else:  # REPLAY: the place in the log is kept; topic and filter change from the next message
@@ -238,6 +264,87 @@ class Subscriptions:
         sub.filter = flt
         sub.topic = cmd.topic
         self._topics.changed()
+
+    # --- pause and resume (rule 9) -------------------------------------------------------------
+
+    @staticmethod
+    def controls(session: Session, cmd: SubscribeCommand) -> bool:
+        """Whether ``cmd`` pauses or resumes subscriptions of ``session`` rather than
+        making one (rule 9): the engine hands it to :meth:`pause_or_resume`."""
+        text = cmd.options
+        if not text or ("pause" not in text and "resume" not in text):
+            return False  # the usual subscribe: no parsing twice
+        opts = parse_options(_OPTIONS_OF[type(cmd)], text)
+        if opts.has("resume"):
+            return True
+        if not opts.has("pause"):
+            return False
+        ids = _sub_ids(cmd.sub_id)
+        return not cmd.topic or len(ids) > 1 or any(i in session.subs for i in ids)
+
+    def pause_or_resume(self, session: Session, cmd: SubscribeCommand, now: float) -> None:
+        """``pause`` or ``resume`` of the subscriptions ``cmd.sub_id`` names: all or none (rule 9)."""
+        opts = parse_options(_OPTIONS_OF[type(cmd)], cmd.options)
+        resume = opts.has("resume")
+        verb = "resume" if resume else "pause"
+        if resume and opts.has("pause"):
+            raise errors.InvalidOption("pause and resume cannot be combined", option="resume")
+        if opts.has("replace"):
+            raise errors.InvalidOption(f"{verb} cannot be combined with replace: send them as two commands "
+                                       "(a replace keeps the subscription paused or running)", option="replace")
+        if getattr(cmd, "bookmark", None):
+            raise errors.InvalidOption(f"{verb} with a bookmark: a paused bookmark subscription keeps its place "
+                                       "and resumes from there; unsubscribe and subscribe again to restart it",
+                                       option="bookmark")
+        ids = _sub_ids(cmd.sub_id)
+        if not ids:
+            raise errors.InvalidOption(f"{verb} needs sub_id: the subscription(s) to {verb}, a comma list",
+                                       option=verb)
+        missing = [i for i in ids if i not in session.subs]
+        if missing:
+            raise errors.UnknownSubscription(
+                f"cannot {verb} {', '.join(repr(i) for i in missing)}: no such subscription on this connection "
+                f"(nothing was {verb}d)")
+        subs = [session.subs[i] for i in ids]
+        if resume:
+            # Everything that can refuse first (a queue's entitlements), so that it is all or none.
+            queues = [self._entitled_queues(session, s.topic, Permission.CONSUME) if s.kind is SubKind.QUEUE
+                      else [] for s in subs]
+            for sub, names in zip(subs, queues):
+                self._resume(sub, names, now)
+        else:
+            for sub in subs:
+                self._pause(sub, now)
+        log.info("%sd %s: %s", verb, ", ".join(ids), self.describe(session))
+        acks = ack_types(cmd.ack_type)
+        if "processed" in acks or not acks:
+            self._outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, sub_id=cmd.sub_id))
+
+    def _pause(self, sub: SessionSubscription, now: float) -> None:
+        if sub.paused:
+            return
+        if sub.kind is SubKind.QUEUE:
+            sub.pause()
+            self._delivery.detach(sub.consumer, now)  # its leases are broken, as by an unsubscribe
+        elif sub.kind is SubKind.RECORDS:
+            assert self._records is not None  # only the StateOfTheWorld makes RECORDS subscriptions
+            sub.pause()
+            self._records.pause(sub)
+        else:
+            self._topics.pause(sub)  # pub/sub, replay: their place is the topics' business
+
+    def _resume(self, sub: SessionSubscription, queues: list[str], now: float) -> None:
+        if not sub.paused:
+            return
+        if sub.kind is SubKind.QUEUE:
+            sub.resume()
+            self._delivery.attach(sub.consumer, queues, now)
+        elif sub.kind is SubKind.RECORDS:
+            assert self._records is not None
+            sub.resume()
+            self._records.resume(sub)
+        else:
+            self._topics.resume(sub)
 
     def unsubscribe(self, session: Session, cmd: m.Unsubscribe, now: float) -> None:
         ids = list(session.subs) if cmd.sub_id == "all" else [s.strip() for s in cmd.sub_id.split(",") if s.strip()]
@@ -263,3 +370,8 @@ class Subscriptions:
     def end_session(self, session: Session, now: float) -> None:
         for sub in list(session.subs.values()):
             self.remove(session, sub, now)
+
+
+def _sub_ids(text: str | None) -> list[str]:
+    """The ids of a comma list, in order, without repeats."""
+    return list(dict.fromkeys(part.strip() for part in (text or "").split(",") if part.strip()))

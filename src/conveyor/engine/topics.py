@@ -26,6 +26,15 @@ Rules:
 5. **A message that fails is skipped for that subscription only** (engine/poison.py): a
    filter that raises counts as not matching, so a deferred fan-out always moves on and
    a poison message never holds the messages behind it.
+6. **Pause and resume** (:meth:`pause`, :meth:`resume`; engine/subscribing.py rule 9).
+   A paused subscription is not live: the fan-out gives it nothing. A pub/sub one is
+   live-only, so what is published meanwhile is never its. A replay keeps its place:
+   paused while catching up, its cursor; paused while live, the first message the
+   fan-out passes it by (``CURSOR_AT_NEXT`` until then). Resumed with a place, it
+   replays from there up to the live seam (rule 2), nothing skipped and nothing sent
+   twice; with none, nothing was missed and it is live again at once. A paused replay
+   holds journal retention back to its place (rule 3), and its ``completed`` ack is
+   not sent a second time.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from conveyor.engine.filters import filter_cost_ticks
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
-from conveyor.engine.sessions import SessionSubscription
+from conveyor.engine.sessions import CURSOR_AT_NEXT, SessionSubscription, SubKind
 from conveyor.expr import Expression
 from conveyor.expr.limits import regex_cost_ticks_max
 from conveyor.protocol import messages as m
@@ -75,6 +84,13 @@ class _FanOut:
     subs: tuple[SessionSubscription, ...]
     now: float  # the time of the fan-out: filters see it, however late they run
     index: int = 0  # the next subscription to try
+    position: int | None = None  # the message's journal position (None: not journaled)
+
+
+def _waiting(subs: tuple[SessionSubscription, ...]) -> tuple[SessionSubscription, ...]:
+    """The subscriptions a deferred fan-out goes to: the live ones, and the paused
+    replays whose place it may be (rule 6)."""
+    return tuple(s for s in subs if s.live or s.cursor == CURSOR_AT_NEXT)
 
 
 @lru_cache(maxsize=4096)
@@ -90,6 +106,7 @@ class Topics:
         self._by_topic: RouteCache[tuple[SessionSubscription, ...]] = RouteCache()  # bounded: routes.py
         self._replaying: list[SessionSubscription] = []
         self._active: set[SessionSubscription] = set()
+        self._paused: set[SessionSubscription] = set()  # rule 6
         self._fanout: deque[_FanOut] = deque()  # fan-outs a turn's budget cut short, in order
         # The turn's filter budget, shared with queue dispatch (engine/filter_budget.py).
         self._budget = budget if budget is not None else FilterBudget(FILTER_TICKS_PER_TURN)
@@ -103,6 +120,7 @@ class Topics:
 
     def remove(self, sub: SessionSubscription) -> None:
         self._active.discard(sub)
+        self._paused.discard(sub)
         if sub in self._subs:
             self._subs.remove(sub)
         if sub in self._replaying:
@@ -132,18 +150,21 @@ class Topics:
         bookmark = None if position is None else format_bookmark(entry.publisher, entry.seq, position)
         # A replay not yet caught up reads this record from the journal: the live ones
         # only, as they are now (a replay that goes live later has read it).
+        # A paused replay whose place is not known yet is kept too: this message is it (rule 6).
         if not self._fanout:
             # The common case, with no allocation: deliver while the budget lasts.
             for i, sub in enumerate(subs):
                 if not sub.live:
+                    if sub.paused:
+                        sub.passed_by(position)  # rule 6: a paused replay's place
                     continue
                 if sub.filter is not None and not self._budget.take(_filter_ticks(sub.filter)):
-                    self._fanout.append(_FanOut(entry, bookmark, tuple(s for s in subs[i:] if s.live), now))
+                    self._fanout.append(_FanOut(entry, bookmark, _waiting(subs[i:]), now, position=position))
                     return
                 self.deliver(sub, entry, bookmark, now)
             return
         # Behind the fan-outs already waiting: order kept.
-        self._fanout.append(_FanOut(entry, bookmark, tuple(s for s in subs if s.live), now))
+        self._fanout.append(_FanOut(entry, bookmark, _waiting(subs), now, position=position))
 
     @property
     def fanout_pending(self) -> bool:
@@ -164,11 +185,39 @@ class Topics:
         while work.index < len(subs):
             sub = subs[work.index]
             if sub in self._active:  # not unsubscribed meanwhile
-                if sub.filter is not None and not self._budget.take(_filter_ticks(sub.filter)):
-                    return False
-                self.deliver(sub, work.entry, work.bookmark, work.now)
+                if not sub.live:  # paused meanwhile (rule 6)
+                    sub.passed_by(work.position)
+                else:
+                    if sub.filter is not None and not self._budget.take(_filter_ticks(sub.filter)):
+                        return False
+                    self.deliver(sub, work.entry, work.bookmark, work.now)
             work.index += 1
         return True
+
+    # --- pause and resume (rule 6) ----------------------------------------------------------
+
+    def pause(self, sub: SessionSubscription) -> None:
+        """Deliver nothing more to ``sub`` until :meth:`resume`; a replay keeps its place."""
+        if sub in self._paused:
+            return
+        self._paused.add(sub)
+        if sub in self._replaying:
+            self._replaying.remove(sub)  # its cursor is its place
+        sub.pause()
+
+    def resume(self, sub: SessionSubscription) -> None:
+        """Deliver to ``sub`` again: a replay from its place (rule 6)."""
+        if sub not in self._paused:
+            return
+        self._paused.discard(sub)
+        if not sub.resume():
+            return  # live again: pub/sub is live-only, and a replay no message passed by missed nothing
+        # Fan-outs still waiting hold messages at or after its place: the replay reads them.
+        for work in self._fanout:
+            rest = work.subs[work.index:]
+            if sub in rest:
+                work.subs = work.subs[:work.index] + tuple(s for s in rest if s is not sub)
+        self._replaying.append(sub)
 
     def deliver(self, sub: SessionSubscription, entry: Entry, bookmark: str | None, now: float) -> None:
         if sub.filter is not None:
@@ -261,8 +310,9 @@ class Topics:
         return {s.conn_id for s in self._replaying}
 
     def replay_floor(self) -> int | None:
-        """The lowest journal position a running replay still has to read."""
-        return min((s.cursor for s in self._replaying), default=None)
+        """The lowest journal position a running or paused replay still has to read."""
+        paused = (s.cursor for s in self._paused if s.kind is SubKind.REPLAY and s.cursor != CURSOR_AT_NEXT)
+        return min((*(s.cursor for s in self._replaying), *paused), default=None)
 
     def statistics(self) -> tuple[int, int]:
         """(topic subscriptions, replays running)."""

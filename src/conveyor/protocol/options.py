@@ -27,13 +27,15 @@ _RECORDS = {"oof": _FLAG, "no_empties": _FLAG, "send_keys": _FLAG, "no_sowkey": 
 _AGGREGATED = {"projection": _LIST, "grouping": _LIST}
 _QUERY = {"top_n": _INT, "skip_n": _INT}
 
+# What every subscription accepts: ``pause`` and ``resume`` act on the subscriptions
+# its ``sub_id`` names, or make a new one paused (engine/subscribing.py rule 9).
+_SUBSCRIBE = {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, "pause": _FLAG, "resume": _FLAG}
+
 KNOWN: dict[str, dict[str, str]] = {
-    "subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG},
-    "delta_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_RECORDS},
-    "sow_and_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS,
-                          **_AGGREGATED},
-    "sow_and_delta_subscribe": {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, **_QUERY, **_RECORDS,
-                                **_AGGREGATED},
+    "subscribe": _SUBSCRIBE,
+    "delta_subscribe": {**_SUBSCRIBE, **_RECORDS},
+    "sow_and_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
+    "sow_and_delta_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow": {"timestamp": _FLAG, **_QUERY, **_AGGREGATED},
     "sow_delete": {"cancel": _FLAG, "expire": _FLAG},
     "heartbeat": {"start": _INT, "beat": _FLAG},

@@ -21,6 +21,9 @@ aggregated subscriptions over it, wired by :mod:`conveyor.engine.sow.views`).
    (payload and framing) the connection is closed as a slow consumer. The result of a
    ``replace`` with a query holds them the same way; holds nest (a ``replace`` while the
    subscription's first result is still on its way), and the updates go after the last.
+5. **Paused** (:meth:`Followers.pause`; engine/subscribing.py rule 9): a paused
+   subscription gets no change, held, waiting or new; resumed, it gets the changes
+   after that, and nothing is sent again for what changed meanwhile.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class Followers:
         #: World for ``delivery_pending``, a property the engine asks every step).
         self.waiting: deque[tuple[RecordSubscription, RecordChange, float]] = deque()
         self._recovering = False
+        self._paused: set[RecordSubscription] = set()  # rule 5
 
     # --- recovery (rule 2) -----------------------------------------------------------------------
 
@@ -91,11 +95,21 @@ class Followers:
     def remove(self, sub: RecordSubscription) -> None:
         """Unsubscribe or the end of a session: nothing more for ``sub``."""
         self._held.pop(sub, None)  # rule 4
+        self._paused.discard(sub)  # rule 5
         subs = self._record_subs.get(sub.topic)
         if subs is not None and sub in subs:
             subs.remove(sub)
         if self.waiting:  # rule 3
             self.waiting = deque(w for w in self.waiting if w[0] is not sub)
+
+    def pause(self, sub: RecordSubscription) -> None:
+        """Rule 5: nothing for ``sub`` until :meth:`resume` (what waits for it is dropped)."""
+        self._paused.add(sub)
+        if self.waiting:
+            self.waiting = deque(w for w in self.waiting if w[0] is not sub)
+
+    def resume(self, sub: RecordSubscription) -> None:
+        self._paused.discard(sub)
 
     def follow_topic(self, topic: str, aggregation: MemberSink) -> None:
         self._topic_aggs.setdefault(topic, []).append(aggregation)
@@ -146,7 +160,9 @@ class Followers:
     def send(self, sub: RecordSubscription, change: RecordChange, now: float) -> None:
         """Deliver now if the turn can pay the subscription's filter and nothing waits
         before it; else after what waits, in a later turn. Held while the subscription's
-        query is on its way (rule 4)."""
+        query is on its way (rule 4). Nothing while paused (rule 5)."""
+        if self._paused and sub in self._paused:
+            return
         if self._held:
             held = self._held.get(sub)
             if held is not None:

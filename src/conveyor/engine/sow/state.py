@@ -248,6 +248,13 @@ class StateOfTheWorld:
         """Unsubscribe or the end of a session."""
         self._subscriptions.remove(sub)
 
+    def pause(self, sub: SessionSubscription) -> None:
+        """The pause option (engine/subscribing.py rule 9): no change reaches ``sub``."""
+        self._followers.pause(sub.consumer)
+
+    def resume(self, sub: SessionSubscription) -> None:
+        self._followers.resume(sub.consumer)
+
     # --- statistics -------------------------------------------------------------------------------
 
     def statistics(self) -> dict[str, dict[str, int]]:

@@ -131,8 +131,10 @@ class SowSubscriptions:
             self._followers.subscribe(cmd.topic, sub)
         session.subs[sub_id] = SessionSubscription(
             sub_id, session.conn_id, cmd.topic, client_topic_matcher(cmd.topic), SubKind.RECORDS, flt, cmd.cid,
-            consumer=sub,
+            consumer=sub, paused=opts.has("pause"),
         )
+        if opts.has("pause"):  # made paused: the query is answered, no update (subscribing.py rule 9)
+            self._followers.pause(sub)
         self._ack_subscribe(session, cmd, sub_id)
 
     def _ack_subscribe(self, session: Session, cmd: RecordsSubscribe, sub_id: str) -> None:
