@@ -34,6 +34,7 @@ class AckVerb(str, enum.Enum):
     ACK = "ack"  # done: the message leaves the queue
     CANCEL = "cancel"  # give it back: redelivered (counts toward MaxCancels)
     EXPIRE = "expire"  # remove it as expired: the queue's expiry actions run
+    TOUCH = "touch"  # still working on it: the lease is renewed (the message stays unsettled)
 
     @property
     def option(self) -> str | None:
@@ -46,7 +47,7 @@ class AckVerb(str, enum.Enum):
 
 # Enum members as plain names: on the per-message path, ``AckVerb.ACK`` (a class
 # attribute lookup through the enum machinery) costs ten times a global.
-_ACK, _CANCEL, _EXPIRE = AckVerb.ACK, AckVerb.CANCEL, AckVerb.EXPIRE
+_ACK, _CANCEL, _EXPIRE, _TOUCH = AckVerb.ACK, AckVerb.CANCEL, AckVerb.EXPIRE, AckVerb.TOUCH
 
 #: ``acker(queue, bookmark, verb)``: how a message reaches its client's ack batch.
 Acker = Callable[[str, str, AckVerb], None]
@@ -116,6 +117,16 @@ class Message:
         """Remove the message as expired: the queue's expiry actions (a dead-letter
         queue, for instance) run. Raises AlreadyAcknowledged if it was settled before."""
         self._settle(_EXPIRE)
+
+    def touch(self) -> None:
+        """Still working on it: the server renews the lease for the queue's LeasePeriod
+        from when it gets the touch (sent at once, not batched), so a long job keeps its
+        message by touching it well before ``lease_deadline``, as often as it needs. The
+        message stays unsettled; a settled one is not touched. ``lease_deadline`` is not
+        updated (the server answers with how many of the messages it still held)."""
+        if self._acker is None or self.queue is None or self.bookmark is None or self._settled is not None:
+            return
+        self._acker(self.queue, self.bookmark, _TOUCH)
 
     def _settle(self, verb: AckVerb) -> None:
         if self._acker is None or self.queue is None or self.bookmark is None:

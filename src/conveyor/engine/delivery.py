@@ -66,7 +66,7 @@ from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 from conveyor.protocol.messages import ack_types
-from conveyor.protocol.options import parse_options
+from conveyor.protocol.options import Options, parse_options
 
 log = logging.getLogger("conveyor.engine")
 
@@ -411,6 +411,9 @@ class QueueDelivery:
         """Acknowledge by bookmark or by filter (spec 000, "Acknowledging Messages")."""
         binding = self._binding(cmd.topic, "sow_delete")
         opts = parse_options("sow_delete", cmd.options)
+        if opts.has("touch") or opts.get("touch") is not None:
+            self._touch(conn_id, binding, cmd, opts, now)
+            return
         if opts.has("cancel") and opts.has("expire"):
             raise errors.InvalidOption("cancel and expire cannot be combined")
         option = AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire") else AckOption.NONE
@@ -443,6 +446,23 @@ class QueueDelivery:
             replies.append((conn_id, False, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
         for kind in acks & {"persisted", "completed"}:
             replies.append((conn_id, True, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
+
+    def _touch(self, conn_id: int, binding: QueueBinding, cmd: m.SowDelete, opts: Options, now: float) -> None:
+        """``sow_delete`` with ``touch`` (docs/queues.md, "Touch"): the subscriber keeps
+        working on the messages it names; each of them it holds stays leased for the
+        queue's LeasePeriod from now, or ``touch=N`` seconds (at most LeasePeriod: a long
+        job touches again). Nothing is journaled (no lease survives a restart); the reply
+        counts the messages the connection held (``matches``)."""
+        if opts.has("cancel") or opts.has("expire"):
+            raise errors.InvalidOption("touch cannot be combined with cancel or expire", option="touch")
+        if not cmd.bookmark:
+            raise errors.InvalidOption("touch names its messages by bookmark", option="touch")
+        period = binding.config.lease_period_s
+        asked = opts.get("touch")
+        held = binding.queue.touch(bookmark_positions(cmd.bookmark), by=conn_id,
+                                   deadline=now + (period if asked is None else min(float(asked), period)))
+        for kind in ack_types(cmd.ack_type) & {"processed", "stats", "persisted", "completed"}:
+            self._outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=0, matches=held))
 
     def _open_acks(self, binding: QueueBinding, option: AckOption, now: float) -> None:
         """Rule 6: the batch the next acknowledgement joins (one queue, one option)."""

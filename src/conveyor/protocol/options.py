@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 from conveyor.errors import InvalidOption, UnknownOption
 
-# option name -> whether it takes an integer value, a bracketed list, or nothing
+# option name -> whether it takes an integer value, a bracketed list, nothing, or an
+# integer value or nothing (``touch`` / ``touch=30``)
 _INT = "int"
 _FLAG = "flag"
 _LIST = "list"
+_FLAG_OR_INT = "flag-or-int"
 
 #: The longest option (a projection list): the reference's limit.
 OPTION_BYTES_MAX = 64 * 1024
@@ -37,7 +39,7 @@ KNOWN: dict[str, dict[str, str]] = {
     "sow_and_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow_and_delta_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow": {"timestamp": _FLAG, **_QUERY, **_AGGREGATED},
-    "sow_delete": {"cancel": _FLAG, "expire": _FLAG},
+    "sow_delete": {"cancel": _FLAG, "expire": _FLAG, "touch": _FLAG_OR_INT},
     "heartbeat": {"start": _INT, "beat": _FLAG},
 }
 
@@ -89,6 +91,9 @@ def parse_options(command: str, text: str | None) -> Options:
             raise UnknownOption(
                 f"unknown option {name!r} for {command} (supported: {supported})", option=name, command=command
             )
+        if kind == _FLAG_OR_INT and not sep:
+            flags.add(name)
+            continue
         if kind == _FLAG:
             if sep:
                 raise InvalidOption(f"option {name!r} takes no value", option=name)

@@ -27,7 +27,7 @@ happened; the table itself knows no message state. Rules:
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 
@@ -121,6 +121,21 @@ class LeaseTable:
                 renewed += 1
         self.trim()
         return renewed
+
+    def touch(self, positions: Iterable[int], owner: Hashable, deadline: float) -> int:
+        """A subscriber's touch: each of ``positions`` leased to a consumer of ``owner``
+        (its connection) keeps its lease until ``deadline`` at least (a touch never
+        shortens a lease); how many were leased to it."""
+        held = 0
+        leased = self.leased
+        for p in positions:
+            lease = leased.get(p)
+            if lease is not None and lease.seat.consumer.owner == owner:
+                if deadline > lease.deadline:
+                    self.renew(p, lease, deadline)
+                held += 1
+        self.trim()
+        return held
 
     def consume(self, p: int, seat: Seat) -> None:
         """An at-most-once delivery: gone from the queue, in the backlog until its ack."""

@@ -358,7 +358,8 @@ class Queue:
             max_deliveries=config.max_deliveries,
         )
         self._window = ActiveWindow(self._target, start)
-        self._replica = Replica()
+        # Rule 11's part: the engine's ownership rules read and mark it; transitions feed it.
+        self.replica = self._replica = Replica()
         if replicated:
             self._transitions.on_leave(self._replica.left)
         self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
@@ -775,11 +776,10 @@ class Queue:
         first = self._replica.first() if self._replica else None
         return first is not None and first < b
 
-    @property
-    def replica(self) -> Replica:
-        """The replica part, read and marked by the engine's ownership rules (identities,
-        owners, epochs, requests); the queue's own transitions change its messages."""
-        return self._replica
+    def touch(self, positions: Iterable[int], *, by: Hashable, deadline: float) -> int:
+        """A subscriber's touch (docs/queues.md): the leases of ``positions`` that ``by``
+        holds last until ``deadline`` at least; how many it held."""
+        return self._leases.touch(positions, by, deadline)
 
     # --- time ---------------------------------------------------------------------------------
 
