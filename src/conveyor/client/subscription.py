@@ -38,6 +38,15 @@ Rules kept here (shared by both faces; the faces only move messages between thre
    is missed or repeated when it is resumed). ``pause`` and ``resume`` are never in an
    options string: they apply to one command.
 
+9. **A long handler keeps its lease.** While a handler works on a queue message whose
+   lease ends at a known time, the subscription's lease keeper (on the client's loop)
+   touches the message every third of the time its lease had left when the handler
+   took it (never more often than :data:`TOUCH_EVERY_MIN_S`), so a handler slower
+   than the queue's LeasePeriod keeps its message (docs/queues.md, "Touch"). One timer
+   per handler subscription, armed only while a message is in hand; the handler's
+   thread only records which message that is. An asyncio handler that blocks the loop
+   cannot be touched.
+
 ``accept`` runs on the application's thread in the blocking face, while resubscribing
 runs on the loop thread; ``_guard`` makes "check the connection, record the bookmark"
 and "read the resume point" atomic with respect to each other.
@@ -48,7 +57,9 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import math
 import threading
+import time
 from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Sequence
@@ -58,6 +69,8 @@ from conveyor.client.message import Acker, AckVerb, Message
 from conveyor.protocol import messages as m
 
 log = logging.getLogger("conveyor.client")
+
+TOUCH_EVERY_MIN_S = 0.1  # rule 9: the lease keeper's shortest interval
 
 RECENT_ACKS_MIN = 4096  # acknowledged bookmarks remembered per subscription (rule 3)
 #: Rule 7: how far before the last message's publish time a subscription that moved to
@@ -299,6 +312,7 @@ class SubscriptionBase:
         self._ended = False  # the end marker was read: get() returns None from now on
         self._stopping = False  # hand out nothing more (unsubscribe, disconnect)
         self._task: Any = None  # the asyncio face's handler task (the blocking face joins threads)
+        self._keeper: _LeaseKeeper | None = None  # rule 9, made by the first message a handler takes
 
     @property
     def sub_id(self) -> str:
@@ -345,25 +359,87 @@ class SubscriptionBase:
         return item if state.accept(item, self.client.core.epoch) else None
 
     def _handle(self, msg: Message, handler: Handler) -> Awaitable[None] | None:
-        """Call ``handler(msg)`` and settle by its outcome (rule 4). A coroutine result
-        comes back as an awaitable that settles once awaited (the asyncio face awaits it)."""
+        """Call ``handler(msg)`` and settle by its outcome (rule 4), its lease kept while
+        it runs (rule 9). A coroutine result comes back as an awaitable that settles
+        once awaited (the asyncio face awaits it)."""
+        keeper = self._keeper
+        if msg.lease_deadline is not None and msg.lease_deadline != math.inf and msg.queue is not None:
+            if keeper is None:
+                keeper = self._keeper = _LeaseKeeper(self._loop_of_client())
+            keeper.take(msg)
         try:
             result = handler(msg)
         except Exception as exc:
+            self._done(keeper)
             self.state.finished(msg, exc)
             return None
         if inspect.isawaitable(result):
-            return self._finish_after(msg, result)
+            return self._finish_after(msg, result, keeper)
+        self._done(keeper)
         self.state.finished(msg, None)
         return None
 
-    async def _finish_after(self, msg: Message, result: Awaitable[None]) -> None:
+    async def _finish_after(self, msg: Message, result: Awaitable[None], keeper: _LeaseKeeper | None) -> None:
         try:
             await result
         except Exception as exc:
+            self._done(keeper)
             self.state.finished(msg, exc)
         else:
+            self._done(keeper)
             self.state.finished(msg, None)
+
+    @staticmethod
+    def _done(keeper: _LeaseKeeper | None) -> None:
+        if keeper is not None:
+            keeper.in_hand = None
+
+    def _loop_of_client(self) -> Any:
+        """The event loop the client runs on (rule 9's timer); the face's client says."""
+        return getattr(self.client, "loop", None) or getattr(self.client, "_loop", None)
+
+
+class _LeaseKeeper:
+    """Rule 9 for one handler subscription: a timer on the client's loop, armed while a
+    message is in hand, that touches it when a third of its remaining lease passed."""
+
+    __slots__ = ("_loop", "in_hand", "_every", "_due", "_armed")
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+        self.in_hand: Message | None = None  # written by the handler's thread, read on the loop
+        self._every = 0.0
+        self._due = 0.0
+        self._armed = False  # a timer is pending (loop thread only)
+
+    def take(self, msg: Message) -> None:
+        """The handler's thread took ``msg`` (its lease deadline is finite)."""
+        assert msg.lease_deadline is not None
+        now = time.time()
+        self._every = max(TOUCH_EVERY_MIN_S, (msg.lease_deadline - now) / 3)
+        self._due = now + self._every
+        self.in_hand = msg
+        loop = self._loop
+        if loop is not None and not self._armed:
+            try:
+                loop.call_soon_threadsafe(self._arm)
+            except RuntimeError:  # the client's loop is closed: nothing to keep
+                pass
+
+    def _arm(self) -> None:
+        if not self._armed and self.in_hand is not None:
+            self._armed = True
+            self._loop.call_later(max(0.0, self._due - time.time()), self._check)
+
+    def _check(self) -> None:
+        self._armed = False
+        msg = self.in_hand
+        if msg is None or msg.acked:
+            return  # nothing in hand: the next take() arms it again
+        if time.time() >= self._due:
+            msg.touch()
+            self._due = time.time() + self._every
+        self._arm()
 
 
 def _drop(msg: Message) -> None:

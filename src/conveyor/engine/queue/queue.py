@@ -358,8 +358,7 @@ class Queue:
             max_deliveries=config.max_deliveries,
         )
         self._window = ActiveWindow(self._target, start)
-        # Rule 11's part: the engine's ownership rules read and mark it; transitions feed it.
-        self.replica = self._replica = Replica()
+        self.replica = self._replica = Replica()  # rule 11: ownership rules read it, transitions feed it
         if replicated:
             self._transitions.on_leave(self._replica.left)
         self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
