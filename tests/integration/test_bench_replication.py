@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_replication_publish_quick():
     out = subprocess.run(
         [sys.executable, "-m", "bench.bench_replication", "--only", "publish", "--catchup", "0",
-         "--publish-rounds", "2", "--messages", "2000"],
+         "--publish-rounds", "1", "--messages", "500"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     ).stdout
     assert "| shared | one `async` destination |" in out
     if len(os.sched_getaffinity(0)) >= 2:
         assert "| own core | one `sync` destination |" in out
-        assert out.count("round 2 publish") == 6  # three layouts, two placements
+        assert out.count("round 1 publish") == 6  # three layouts, two placements
