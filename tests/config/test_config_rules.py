@@ -61,10 +61,10 @@ def test_sow_topic_must_be_recorded():
             "is not recorded", hint="<Topic><Name>Orders</Name>")
 
 
-def test_conflated_topic_is_refused():
+def test_conflated_topic_needs_its_underlying_topic():
+    """tests/config/test_conflated_topic_config.py has the rest of its rules."""
     refused(config_xml("<SOW><ConflatedTopic><Name>C</Name></ConflatedTopic></SOW>"),
-            "AMPSConfig/SOW/ConflatedTopic", "<ConflatedTopic> is not supported in <SOW>",
-            hint="conflated topics are not supported")
+            "AMPSConfig/SOW/ConflatedTopic[1]", "missing the required element <UnderlyingTopic>")
 
 
 def test_duplicate_singleton():

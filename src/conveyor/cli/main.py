@@ -99,7 +99,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from conveyor.server.log_targets import install
 
     install(config.logging, verbose=args.verbose)  # <Logging>: replaces the stderr default
-    return _run_server(config, _port_origins(args, config))
+    return _run_server(config, _port_origins(args, config),
+                       no_clients_until_replicated=args.no_clients_until_replicated)
 
 
 def _port_origins(args: argparse.Namespace, config) -> dict[str, tuple[str, str]]:
@@ -136,7 +137,8 @@ def _name_the_option(exc: errors.ConfigError, origins: dict[str, tuple[str, str]
     return errors.ConfigError(text, path=source, hint=hint)
 
 
-def _run_server(config, port_origins: dict[str, tuple[str, str]] | None = None) -> int:
+def _run_server(config, port_origins: dict[str, tuple[str, str]] | None = None, *,
+                no_clients_until_replicated: bool = False) -> int:
     import uvloop
 
     from conveyor.server.collector import settle_after_recovery
@@ -150,7 +152,8 @@ def _run_server(config, port_origins: dict[str, tuple[str, str]] | None = None) 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         try:
-            server = Server(config)  # binds nothing yet, but checks the ports before creating the journal
+            # binds nothing yet, but checks the ports before creating the journal
+            server = Server(config, no_clients_until_replicated=no_clients_until_replicated)
         except errors.ConfigError as exc:
             raise _name_the_option(exc, port_origins or {}) from None
 
@@ -540,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-port", type=_port, metavar="N",
                    help="override the admin interface's port (0: any free port); adds one on 127.0.0.1 if none")
     p.add_argument("--no-admin", action="store_true", help="do not start the admin interface")
+    p.add_argument("--no-clients-until-replicated", action="store_true",
+                   help="refuse client logons (retryably) until the sync replication peers have caught this instance "
+                        "up after its start, or Replication/RecoveryCatchUpTimeout passes")
     p.set_defaults(func=cmd_serve)
 
     _client_commands(sub)

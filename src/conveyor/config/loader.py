@@ -124,6 +124,7 @@ def _read_root(doc: Document) -> Config:
         queues = values["queues"] = sow.queues
         values["sow_topics"] = sow.topics
         values["views"] = sow.views
+        values["conflated_topics"] = sow.conflated_topics
     actions = ()
     if (n := kids.one("Actions")) is not None:
         actions = values["actions"] = read_actions(doc, n)

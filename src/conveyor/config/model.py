@@ -451,9 +451,16 @@ class ReplicationDestination:
     endpoints: tuple[LinkEndpoint, ...] = field(default=(), compare=False)
 
 
+#: <Replication><RecoveryCatchUpTimeout>: how long a starting instance holds the deliveries
+#: of its replicated queues for its sync peers to catch it up (docs/replication.md).
+RECOVERY_CATCH_UP_TIMEOUT_S_DEFAULT = 30.0
+
+
 @dataclass(frozen=True)
 class Replication:
     destinations: tuple[ReplicationDestination, ...] = ()
+    # <RecoveryCatchUpTimeout>: 0 = do not wait.
+    recovery_catch_up_timeout_s: float = RECOVERY_CATCH_UP_TIMEOUT_S_DEFAULT
 
     def replicated_queues(self, queues: Iterable[QueueConfig]) -> frozenset[str]:
         """The queues whose replicated messages follow ownership (a ``Queue`` or
@@ -564,6 +571,25 @@ class ViewConfig:
         return self.key_domain or self.name
 
 
+#: ``ConflatedTopic/Interval``: its default and the shortest accepted (reference G.1.6).
+CONFLATED_INTERVAL_S_DEFAULT = 5.0
+CONFLATED_INTERVAL_S_MIN = 0.1
+
+
+@dataclass(frozen=True)
+class ConflatedTopicConfig:
+    """A ``SOW/ConflatedTopic``: a read-only copy of a SOW topic, a view or another
+    conflated topic, keyed like it, whose records change at most once per key per
+    ``interval_s`` (docs/sow-and-views.md). ``filter``: only matching records are in it."""
+
+    name: str
+    message_type: str
+    underlying: str  # a SOW topic, view or conflated topic declared before it
+    interval_s: float = CONFLATED_INTERVAL_S_DEFAULT
+    filter: str | None = None
+    path: str = ""
+
+
 @dataclass(frozen=True)
 class Authentication:
     """``<Authentication>``: logons must prove who they are (docs/security.md)."""
@@ -615,6 +641,7 @@ class Config:
     queues: tuple[QueueConfig, ...] = ()
     sow_topics: tuple[SowTopicConfig, ...] = ()
     views: tuple[ViewConfig, ...] = ()
+    conflated_topics: tuple[ConflatedTopicConfig, ...] = ()
     actions: tuple[Action, ...] = ()
     replication: Replication | None = None
     authentication: Authentication | None = None

@@ -4,9 +4,9 @@ Rules kept here (those that need other sections live in :mod:`conveyor.config.ru
 SOW topics and views are read by :mod:`conveyor.config.sow`):
 
 - ``Queue`` (synonym ``QueueDefinition``), ``LocalQueue`` and ``GroupLocalQueue`` are
-  accepted, with SOW ``Topic`` and ``View`` declarations, in any order (a view names only
-  what is declared before it); conflated topics are refused with a hint. Names are
-  unique across queues, SOW topics and views.
+  accepted, with SOW ``Topic``, ``View`` and ``ConflatedTopic`` declarations, in any
+  order (a view or a conflated topic names only what is declared before it). Names are
+  unique across queues, SOW topics, views and conflated topics.
 - A queue has ``Name`` (or ``Topic`` instead, not both) and ``MessageType``. The name
   is a literal topic name; queue names are unique across all three tags.
 - ``Semantics`` defaults to ``at-least-once``. ``FairnessModel`` defaults to
@@ -46,12 +46,13 @@ from conveyor.config.model import (
     QueueConfig,
     QueueKind,
     Semantics,
+    ConflatedTopicConfig,
     SowTopicConfig,
     ViewConfig,
     is_regex_topic,
     topic_matcher,
 )
-from conveyor.config.sow import check_sow_order, read_topic, read_view
+from conveyor.config.sow import check_sow_order, read_conflated_topic, read_topic, read_view
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
 from conveyor.config.txlog import topic_name
 
@@ -61,14 +62,10 @@ _KINDS = {
     "LocalQueue": QueueKind.LOCAL,
     "GroupLocalQueue": QueueKind.GROUP_LOCAL,
 }
-_REFUSED = {
-    "ConflatedTopic": "conflated topics are not supported: subscribe to the SOW topic or view itself "
-                      "(docs/sow-and-views.md)",
-    "ReplicaDefinition": "conflated topics are not supported: subscribe to the SOW topic or view itself "
-                         "(docs/sow-and-views.md)",
-}
+_REFUSED: dict[str, str] = {}
 _TOPIC_TAGS = ("Topic", "TopicDefinition")
 _VIEW_TAGS = ("View", "ViewDefinition")
+_CONFLATED_TAGS = ("ConflatedTopic", "ReplicaDefinition")
 
 _QUEUE = {
     "Name": OPTIONAL,
@@ -121,18 +118,20 @@ class SowSection:
     queues: tuple[QueueConfig, ...] = ()
     topics: tuple[SowTopicConfig, ...] = ()
     views: tuple[ViewConfig, ...] = ()
+    conflated_topics: tuple[ConflatedTopicConfig, ...] = ()
 
 
 def read_sow(doc: Document, node: Node) -> SowSection:
     """Every declaration of ``<SOW>``, in document order (a view names only what is
     declared before it)."""
-    tags = {tag: MANY for tag in (*_KINDS, *_TOPIC_TAGS, *_VIEW_TAGS)}
+    tags = {tag: MANY for tag in (*_KINDS, *_TOPIC_TAGS, *_VIEW_TAGS, *_CONFLATED_TAGS)}
     kids = doc.children(node, tags, refused=_REFUSED)
     queues: list[QueueConfig] = []
     topics: list[SowTopicConfig] = []
     views: list[ViewConfig] = []
+    conflated: list[ConflatedTopicConfig] = []
     seen: dict[str, str] = {}
-    kinds: dict[str, str] = {}  # name -> "queue" | "topic" | "view", declared so far
+    kinds: dict[str, str] = {}  # name -> "queue" | "topic" | "view" | "conflated", declared so far
     for child in kids.all():
         if child.tag in _TOPIC_TAGS:
             item = read_topic(doc, child)
@@ -143,6 +142,10 @@ def read_sow(doc: Document, node: Node) -> SowSection:
             check_sow_order(doc, kinds, item)
             views.append(item)
             kind = "view"
+        elif child.tag in _CONFLATED_TAGS:
+            item = read_conflated_topic(doc, child, kinds)
+            conflated.append(item)
+            kind = "conflated"
         else:
             item = read_queue(doc, child, _KINDS[child.tag])
             queues.append(item)
@@ -155,15 +158,15 @@ def read_sow(doc: Document, node: Node) -> SowSection:
                     "declare the view before the queue in <SOW>",
                 )
         if item.name in seen:
-            what = {"queue": "queue", "topic": "SOW topic", "view": "view"}[kind]
+            what = {"queue": "queue", "topic": "SOW topic", "view": "view", "conflated": "conflated topic"}[kind]
             raise doc.error(
                 child.path,
                 f"{what} {item.name!r} is already declared at {seen[item.name]}",
-                "give every queue, SOW topic and view its own name",
+                "give every queue, SOW topic, view and conflated topic its own name",
             )
         seen[item.name] = child.path
         kinds[item.name] = kind
-    return SowSection(tuple(queues), tuple(topics), tuple(views))
+    return SowSection(tuple(queues), tuple(topics), tuple(views), tuple(conflated))
 
 
 def _later_views(children: list[Node], after: Node) -> list[Node]:

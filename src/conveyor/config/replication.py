@@ -19,6 +19,9 @@ Rules:
   destination has ``Authentication`` (write ``${VAR}`` to keep the password out of the
   file). They apply to every ``InetAddr`` of that ``Transport``: servers that need
   different credentials get a ``Transport`` each.
+- ``RecoveryCatchUpTimeout`` (a duration, default 30 s, ``0``: do not wait): how long a
+  starting instance holds the deliveries of its replicated queues until its ``sync``
+  peers have caught it up (docs/replication.md, "After a restart: catching up").
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from __future__ import annotations
 import re
 
 from conveyor.config._invalid import Invalid
-from conveyor.config.model import LinkEndpoint, Replication, ReplicationDestination
+from conveyor.config.model import (RECOVERY_CATCH_UP_TIMEOUT_S_DEFAULT, LinkEndpoint, Replication,
+                                   ReplicationDestination)
 from conveyor.config.security import TLS_ELEMENTS, read_tls
 from conveyor.config.transports import inet_addr
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, REQUIRED_MANY, Document, Node
@@ -49,7 +53,7 @@ _TRANSPORT_TYPES = {"amps-replication": False, "amps-replication-secure": True}
 
 
 def read_replication(doc: Document, node: Node) -> Replication:
-    kids = doc.children(node, {"Destination": MANY})
+    kids = doc.children(node, {"Destination": MANY, "RecoveryCatchUpTimeout": OPTIONAL})
     destinations: list[ReplicationDestination] = []
     seen: dict[str, str] = {}
     for child in kids.many("Destination"):
@@ -62,7 +66,12 @@ def read_replication(doc: Document, node: Node) -> Replication:
             )
         seen[dest.name] = child.path
         destinations.append(dest)
-    return Replication(destinations=tuple(destinations))
+    timeout = kids.one("RecoveryCatchUpTimeout")
+    return Replication(
+        destinations=tuple(destinations),
+        recovery_catch_up_timeout_s=(doc.duration(timeout, positive=False) if timeout is not None
+                                     else RECOVERY_CATCH_UP_TIMEOUT_S_DEFAULT),
+    )
 
 
 def _read_destination(doc: Document, node: Node) -> ReplicationDestination:

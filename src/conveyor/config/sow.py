@@ -16,15 +16,24 @@ Rules kept here (those that need the transaction log live in :mod:`conveyor.conf
   ``Conflation`` (``none`` or ``inline``), ``KeyDomain``, ``JoinNullEquivalency``. The
   expressions stay text: the engine compiles them and reports errors with the path.
 - A view's underlying topics are checked against what is declared *before* it in
-  ``<SOW>`` by :func:`check_sow_order` (names, not regexes).
+  ``<SOW>`` by :func:`check_sow_order` (names, not regexes); a view over a conflated
+  topic is refused.
+- ``ConflatedTopic`` (synonym ``ReplicaDefinition``): ``Name``, ``UnderlyingTopic`` (the
+  exact name of a SOW topic, view or conflated topic declared before it),
+  ``MessageType`` (the underlying's: ``json``), ``Interval`` (default 5s, at least
+  100ms), ``Filter`` (text, compiled by :func:`check_conflated_topics`). ``HashIndex``
+  and ``TopicFormat`` are refused by name.
 """
 
 from __future__ import annotations
 
 import re
 
-from conveyor.config.model import JoinConfig, SowTopicConfig, ViewConfig, is_regex_topic
+from conveyor import expr
+from conveyor.config.model import (CONFLATED_INTERVAL_S_MIN, ConflatedTopicConfig, JoinConfig, SowTopicConfig,
+                                   ViewConfig, is_regex_topic)
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, REQUIRED_MANY, Document, Node
+from conveyor.errors import ConfigError
 
 _TOPIC = {
     "Name": OPTIONAL,
@@ -63,6 +72,22 @@ _VIEW = {
 _VIEW_REFUSED = {
     "HashIndex": "query indexes are not supported: queries scan the view's records",
 }
+_CONFLATED = {
+    "Name": OPTIONAL,
+    "Topic": OPTIONAL,
+    "UnderlyingTopic": REQUIRED,
+    "MessageType": REQUIRED,
+    "Interval": OPTIONAL,
+    "Filter": OPTIONAL,
+}
+_CONFLATED_REFUSED = {
+    "HashIndex": "query indexes are not supported: queries scan the conflated topic's records",
+    "TopicFormat": "pattern conflated topics are not supported: declare one <ConflatedTopic> per underlying topic",
+}
+#: The kinds of declaration a conflated topic may be over (read_sow's names), and their
+#: message type: conveyor's SOW topics and views hold json.
+_CONFLATABLE = {"topic": "SOW topic", "view": "view", "conflated": "conflated topic"}
+_SOW_MESSAGE_TYPE = "json"
 _FIELDS = {"Field": REQUIRED_MANY}
 _JOINS = {"Join": REQUIRED_MANY}
 _DURABILITY = {"persistent": "persistent", "transient": "transient"}
@@ -133,12 +158,62 @@ def read_view(doc: Document, node: Node) -> ViewConfig:
     return ViewConfig(**values)  # type: ignore[arg-type]
 
 
+def read_conflated_topic(doc: Document, node: Node, declared: dict[str, str]) -> ConflatedTopicConfig:
+    """A ``ConflatedTopic`` over what is declared before it (``declared``: name -> kind,
+    as :func:`check_sow_order` takes it)."""
+    kids = doc.children(node, _CONFLATED, refused=_CONFLATED_REFUSED)
+    values: dict[str, object] = {"path": node.path}
+    name = values["name"] = _name(doc, node, kids.one("Name"), kids.one("Topic"))
+    under = kids.one("UnderlyingTopic")
+    assert under is not None  # REQUIRED
+    underlying = values["underlying"] = doc.text(under)
+    kind = declared.get(underlying)
+    if kind not in _CONFLATABLE:
+        known = ", ".join(n for n, k in declared.items() if k in _CONFLATABLE) or "none declared before it"
+        what = "a queue" if kind == "queue" else "not declared before it"
+        raise doc.error(under.path, f"conflated topic {name!r}: its underlying topic {underlying!r} is {what}: a "
+                        "conflated topic is over a SOW topic, a view or a conflated topic declared before it",
+                        f"write the exact name of one declared earlier in <SOW> (declared before it: {known})")
+    message_type = kids.one("MessageType")
+    assert message_type is not None  # REQUIRED
+    values["message_type"] = doc.text(message_type)
+    if values["message_type"] != _SOW_MESSAGE_TYPE:
+        raise doc.error(message_type.path, f"conflated topic {name!r}: MessageType {values['message_type']!r} differs "
+                        f"from that of its underlying {_CONFLATABLE[kind]} {underlying!r} ({_SOW_MESSAGE_TYPE})",
+                        f"write <MessageType>{_SOW_MESSAGE_TYPE}</MessageType>: a conflated topic keeps the "
+                        "messages of its underlying topic")
+    if (n := kids.one("Interval")) is not None:
+        interval = values["interval_s"] = doc.duration(n)
+        if interval < CONFLATED_INTERVAL_S_MIN - 1e-9:
+            raise doc.error(n.path, f"conflated topic {name!r}: Interval {doc.text(n)} is shorter than the minimum, "
+                            "100ms", "give an interval of at least 100ms (the default is 5s)")
+    if (n := kids.one("Filter")) is not None:
+        values["filter"] = doc.text(n)
+    return ConflatedTopicConfig(**values)  # type: ignore[arg-type]
+
+
+def check_conflated_topics(configs: tuple[ConflatedTopicConfig, ...]) -> None:
+    """Each conflated topic's ``Filter`` compiles (config/validation.py; the engine
+    builds them with this too)."""
+    for ct in configs:
+        if ct.filter:
+            try:
+                expr.compile(ct.filter)
+            except expr.ExpressionError as exc:
+                raise ConfigError(f"conflated topic {ct.name!r}: invalid Filter: {exc}",
+                                  path=f"{ct.path}/Filter") from None
+
+
 def check_sow_order(doc: Document, declared: dict[str, str], view: ViewConfig) -> None:
     """A view's underlying topics must be declared earlier in ``<SOW>`` (``declared``:
-    name -> kind), and a queue may feed a view only alone (no join over a queue)."""
+    name -> kind), not be conflated topics, and a queue may feed a view only alone (no
+    join over a queue)."""
     for i, topic in enumerate(view.underlying):
         kind = declared.get(topic)
         where = f"{view.path}/UnderlyingTopic" if not view.joins else f"{view.path}/UnderlyingTopic/Join[{_join_of(view, topic)}]"
+        if kind == "conflated":
+            raise doc.error(where, f"view {view.name!r} is over conflated topic {topic!r}: a view over a conflated "
+                            "topic is not supported", "make the view over the conflated topic's underlying topic")
         if kind is None:
             known = ", ".join(sorted(declared)) or "none declared before it"
             raise doc.error(

@@ -15,6 +15,7 @@ and refuses the rest with the same message. It raises the first problem as a
 4. Each view, in order: its projection and grouping must compile, and in a view over
    joins every field must name a joined topic (``[T].[/path]``); its ``Filter``
    must compile.
+5. Each conflated topic's ``Filter`` must compile (config/sow.py).
 
 The rules that tie sections together (config/rules.py) ran when the file was loaded,
 for both commands alike. What needs the machine (a listening address in use, TLS and
@@ -35,6 +36,7 @@ from typing import cast
 
 from conveyor import expr
 from conveyor.config.model import Config, Fairness, QueueConfig, Semantics, SowTopicConfig, ViewConfig
+from conveyor.config.sow import check_conflated_topics
 from conveyor.config.unsupported import refuse_unsupported
 from conveyor.errors import BadFilter, ConfigError
 from conveyor.expr.nodes import Field, walk
@@ -54,6 +56,7 @@ def validate(config: Config) -> None:
         check_sow_topic(topic)
     for view in config.views:
         check_view(view)
+    check_conflated_topics(config.conflated_topics)  # 5. each conflated topic's Filter compiles
 
 
 def check_queue(config: QueueConfig) -> None:

@@ -69,7 +69,6 @@ from conveyor.protocol.bookmarks import publisher_id
 from conveyor.engine.entitlements import Entitlements, Permission, check_command, not_entitled
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
-from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PendingPublish, PublishLog
@@ -77,6 +76,8 @@ from conveyor.engine.queue.queue import Queue, QueueStats
 from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
 from conveyor.engine.replication.ownership import OwnershipStats, ReplicatedQueues
+from conveyor.engine.replication.catch_up import CatchUp
+from conveyor.engine.replication.held_delivery import HeldDelivery
 from conveyor.engine.replication.links import PeerLinks
 from conveyor.engine.replication.replication import Replication
 from conveyor.engine.sessions import Session, SubKind
@@ -161,7 +162,10 @@ class Engine:
         self.topics = Topics(journal, self.outbox, budget)
         # Query results on their way to their connections, paced like replays (sow/production.py).
         self.queries = Queries(self.outbox, budget)
-        self.delivery = QueueDelivery(
+        # Held for the replicated queues until the sync peers caught this instance up after its start.
+        self.catch_up = CatchUp(config)
+        self.delivery = HeldDelivery(
+            self.catch_up,
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance), entitled=self._may_consume,
             queries=self.queries,
@@ -169,13 +173,13 @@ class Engine:
         self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings, budget,
                                    queries=self.queries)
         self._sow_topics = self.sow.topics
-        # SOW topics and views: the publish hot path checks this one set first
-        self._sow_names = frozenset(self.sow.topics) | frozenset(self.sow.views)
+        # SOW topics, views and conflated topics: the publish hot path checks this one set first
+        self._sow_names = self.sow.names()
         self.subscriptions = Subscriptions(self.bindings, self.topics, self.delivery, self.outbox, journal,
                                            records=self.sow, recorded=self.publishes.recorded,
                                            subscriptions_max=config.limits.subscriptions_per_connection_max,
                                            describe=self._who)
-        self.peers = PeerLinks(config)
+        self.peers = PeerLinks(config, self.catch_up)
         self.replicated_queues = ReplicatedQueues(self.instance, self.bindings, journal, self.cache, self.delivery,
                                                   self.peers.reachable)
         replicated = self.replicated_queues if self.replicated_queues else None
@@ -381,7 +385,7 @@ class Engine:
                     self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
                     self.sow.sow_delete(conn, cmd, now)
                 elif self.sow.is_view(cmd.topic):
-                    raise errors.ReadOnlyTopic(f"{cmd.topic!r} is a view: its records are computed, not deleted")
+                    raise self.sow.read_only(cmd.topic, "deleted")
                 else:
                     self.delivery.sow_delete(conn, cmd, now)
             case m.DeltaPublish():
@@ -623,8 +627,8 @@ class Engine:
         """A publish or delta publish to a SOW topic (engine/sow/state.py rule 1): the
         final message, its SowKey and expiry are decided before it is journaled. A delta
         publish to a topic without SOW is a plain publish of its payload."""
-        if topic in self.sow.views:
-            raise errors.ReadOnlyTopic(f"{topic!r} is a view: its records are computed, not published")
+        if self.sow.is_view(topic):  # a view or a conflated topic
+            raise self.sow.read_only(topic, "published")
         st = self._sow_topics.get(topic)
         if st is None:
             plain = m.Publish(topic=cmd.topic, data=cmd.data, seq=cmd.seq, cid=cmd.cid, ack_type=cmd.ack_type,

@@ -11,6 +11,12 @@ length, then a MessagePack array of entries). Rules:
    source position below which it already holds everything it needs from this source's
    journal ``journal_id`` (0 when the journal is new to it), or :class:`Refused` with a
    reason (a configuration rule that the two instances break together, a wrong version).
+   ``Hello.journal_end`` is the source's durable journal end when it says hello: the
+   destination counts the source as caught up once the stream has brought it that far
+   (docs/replication.md, "After a restart: catching up"). A source that predates the
+   field sends none (None): the destination counts it as caught up at once.
+   ``Hello.catching_up``: the source still waits for this destination to catch it up;
+   the destination's own link to it then dials at once instead of waiting out a backoff.
 2. **Stream.** The source sends :class:`Batch` entries in journal order: the journal
    payloads of the records the destination needs, and ``through``: every record below
    it that the destination needs is in this batch or an earlier one (a batch with no
@@ -77,6 +83,11 @@ class Hello(_Repl, tag="r_hello", frozen=True):
     profile: Profile
     user: str | None = None
     password: str | None = None
+    # The source's durable journal end as it says hello (rule 1); None: a source that
+    # predates the field.
+    journal_end: int | None = None
+    # The source waits for this destination's stream to catch it up (rule 1).
+    catching_up: bool = False
 
 
 class Welcome(_Repl, tag="r_welcome", frozen=True):

@@ -14,6 +14,8 @@ an administrative action asks for. Routes (docs/operations.md has the full list)
 ``/amps/administrator/diagnostics/dump``               log a queue-state dump at info level
 ``/amps/administrator/queues/Q/enable_proxied_transfer``  (and ``disable_``): the engine says
                                                        whether it can
+``/amps/administrator/replication/catch_up[/end]``     the wait for the sync peers after a
+                                                       start: report it (``/end``: end it)
 ``/api/...``                                           short aliases (``/api/queues``,
                                                        ``/api/queues/Q/details``, ``/api/history``)
 ``/metrics``                                           Prometheus text format
@@ -328,6 +330,12 @@ class AdminInterface:
             case ["queues", name, ("enable_proxied_transfer" | "disable_proxied_transfer") as action]:
                 server.engine.set_proxied_transfer(name, action.startswith("enable"))
                 return _json_response({"queue": name, "action": action, "done": True})
+            case ["replication", "catch_up"]:
+                return _json_response(admin_tree.catch_up(server, server.clock()))
+            case ["replication", "catch_up", "end"]:
+                who = request.identity or _peer(request)
+                ended = server.end_catch_up(f"an administrator ({who})")
+                return _json_response({**admin_tree.catch_up(server, server.clock()), "ended": ended})
         raise AdminError(404, "unknown_action", f"no administrative action at {request.path}")
 
     def _dump(self, request: Request) -> dict:

@@ -307,3 +307,10 @@ def subscriptions(server: Server) -> list[dict]:
 def replication(server: Server, now: float) -> dict:
     outgoing, incoming = server.engine.replication.statistics(now)
     return {"outgoing": plain(outgoing), "incoming": plain(incoming)}
+
+
+def catch_up(server: Server, now: float) -> dict:
+    """The wait for the sync peers to catch this instance up after its start
+    (docs/replication.md, "After a restart: catching up"), and whether clients are
+    refused meanwhile (``--no-clients-until-replicated``)."""
+    return {**plain(server.engine.catch_up.statistics(now)), "clients_held": server.clients_held}

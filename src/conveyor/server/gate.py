@@ -11,7 +11,9 @@ with its handshake, and needs the ``replicate`` entitlement.
 The gate counts what the limits bound: connections waiting to log on
 (``Limits/MaxPendingLogons``) and each user's connections
 (``Limits/MaxConnectionsPerUser``). The admin interface's requests are verified here too
-(:meth:`LogonGate.admin_user`).
+(:meth:`LogonGate.admin_user`). With ``conveyor serve --no-clients-until-replicated`` it
+refuses clients, retryably, while the instance catches up after its start
+(:meth:`LogonGate.refuse_until_replicated`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from conveyor import errors
 from conveyor.engine.entitlements import Permission
 from conveyor.protocol import messages as m
 from conveyor.protocol import replication as p_repl
-from conveyor.protocol.codec import encode_frames
+from conveyor.protocol.codec import Rejected, encode_frames
 from conveyor.security.authenticator import basic_credentials
 from conveyor.security.tls import peer_user
 
@@ -168,6 +170,23 @@ class LogonGate:
         conn.write_frames(encode_frames([m.Ack(ack_type="processed", cid=cid, status="failure", reason=str(error),
                                                code=error.code, details=details)]))
         conn.close(str(error))
+
+    # --- conveyor serve --no-clients-until-replicated ----------------------------------------
+
+    def refuse_until_replicated(self, conn: Connection, items: list) -> None:
+        """A client's commands while this instance still waits for its sync peers to
+        catch it up after its start (docs/replication.md, "After a restart: catching
+        up"): the first is answered with a retryable ``not_available`` and the
+        connection closed. A client that reconnects by itself tries again (or another
+        server of its list)."""
+        first = next((item for item in items if type(item) is not Rejected), items[0])
+        catch_up = self._engine.catch_up
+        log.info("connection %s from %s refused: this instance is catching up with %s after its start "
+                 "(--no-clients-until-replicated)", conn.conn_id, conn.address, ", ".join(catch_up.peers))
+        self._refuse(conn, getattr(first, "cid", None), errors.NotAvailable(
+            f"instance {self._engine.instance!r} is catching up with its replication peers "
+            f"({', '.join(catch_up.peers)}) after a restart and accepts no client until it has "
+            "(--no-clients-until-replicated): retry shortly, or use another instance"))
 
     # --- replication sources ---------------------------------------------------------------
 

@@ -8,7 +8,12 @@ Rules:
 2. **Outgoing** (:class:`OutgoingLink`): one supervised task per ``Destination``. It
    dials the destination's addresses in priority order, cycling through the failover
    list, with a backoff that doubles from :data:`BACKOFF_MIN_S` to
-   :data:`BACKOFF_MAX_S` and starts again after a link that streamed. It runs the
+   :data:`BACKOFF_MAX_S` and starts again after a link that streamed, or when the
+   destination dials this instance and says it waits for this instance to catch it up
+   (``Hello.catching_up``): the pause ends at once, so a restarted peer, which holds
+   its replicated queues until this instance's stream has caught it up
+   (docs/replication.md), does not wait for a backoff of up to :data:`BACKOFF_MAX_S`.
+   It runs the
    handshake (:data:`HANDSHAKE_TIMEOUT_S`), then hands the link to the engine, which
    decides what to send; acknowledgements go back to the engine.
 3. **Refusals are loud and patient**: a destination that refuses the handshake (a
@@ -129,6 +134,7 @@ class OutgoingLink:
         self._handshake: asyncio.Future | None = None
         self._streaming = False
         self._last_problem: str | None = None
+        self._wake = asyncio.Event()  # set: end the pause before the next dial (rule 2)
 
     def _problem(self, reason: str) -> None:
         """Log a failure to reach the destination once, not at every retry (rule 4)."""
@@ -144,15 +150,36 @@ class OutgoingLink:
         while True:
             address = self.addresses[i % len(self.addresses)]
             i += 1
+            self._wake.clear()
             outcome = await self._session(address)
             if outcome == "refused":
-                await asyncio.sleep(REFUSED_RETRY_S)
+                await self._pause(REFUSED_RETRY_S)
                 continue
             if outcome == "streamed":
                 backoff = BACKOFF_MIN_S
                 i -= 1  # the address that worked is tried first again
-            await asyncio.sleep(backoff)
+            if await self._pause(backoff):
+                backoff = BACKOFF_MIN_S  # the destination is up again
+                continue
             backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` before the next dial, or less once :meth:`wake` is called
+        (then True)."""
+        try:
+            async with asyncio.timeout(seconds):  # not wait_for: see _session
+                await self._wake.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def wake(self) -> None:
+        """The destination dialled this instance and waits for it to catch it up: a link
+        waiting out its backoff dials now (rule 2)."""
+        if not self._streaming and not self._wake.is_set():
+            self._wake.set()
+            log.info("replication to %s: it connected to this instance and waits for it to catch it up: dialling "
+                     "it now", self.destination)
 
     async def _session(self, address: str) -> str:
         """One connection: "unreachable", "refused", "streamed" (then lost)."""

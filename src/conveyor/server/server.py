@@ -124,7 +124,11 @@ def _encode_each(conn_id: int, msgs: list) -> list[bytes]:
 
 
 class Server:
-    def __init__(self, config: Config, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, *, clock: Callable[[], float] = time.time,
+                 no_clients_until_replicated: bool = False) -> None:
+        """``no_clients_until_replicated`` (``conveyor serve --no-clients-until-replicated``):
+        refuse client logons until the engine's wait for its sync peers to catch it up
+        after the start is over (docs/replication.md, "After a restart: catching up")."""
         validate(config)  # as `conveyor config check` does: nothing configured is silently ignored
         self.config = config
         self.clock = clock
@@ -183,6 +187,9 @@ class Server:
                                          self.connections, self.disk, self.commit, self.output, self.gate,
                                          reload_security=self.reload_security, after_engine=self._after_engine)
         self._config_stamp = self._source_stamp()
+        # --no-clients-until-replicated: client logons are refused while this is True.
+        self._hold_clients = no_clients_until_replicated and not self.engine.catch_up.done
+        self._links: dict[str, OutgoingLink] = {}  # by destination (a peer that dials in wakes its link)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -215,6 +222,10 @@ class Server:
             await self.admin.http.start_serving()  # its address is printed once start() returns
             self.spawn(self.admin.run(), name="admin interface")
         self._start_links()
+        if self._hold_clients:
+            log.warning("--no-clients-until-replicated: client logons are refused until %s ha%s caught this instance "
+                        "up (or RecoveryCatchUpTimeout, %g s, passes)", ", ".join(self.engine.catch_up.peers),
+                        "s" if len(self.engine.catch_up.peers) == 1 else "ve", self.engine.catch_up.timeout_s)
         tlog = self.config.transaction_log
         if tlog is not None and tlog.scrub.bytes_per_s > 0:
             self.spawn(self.disk.scrub(tlog.scrub), name="journal scrub")
@@ -348,8 +359,15 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        """Recovered, serving, not failed and not stopping (the admin readiness probe)."""
-        return self._recovered and self.supervisor.failure is None and not self.supervisor.stopping
+        """Recovered, serving, not failed and not stopping (the admin readiness probe);
+        with --no-clients-until-replicated, also caught up."""
+        return (self._recovered and self.supervisor.failure is None and not self.supervisor.stopping
+                and not self.clients_held)
+
+    @property
+    def clients_held(self) -> bool:
+        """--no-clients-until-replicated, and the wait for the peers is not over."""
+        return self._hold_clients and not self.engine.catch_up.done
 
     @property
     def failure(self) -> errors.ServerFailed | None:
@@ -423,6 +441,8 @@ class Server:
     def handle(self, conn: Connection, items: list) -> None:
         if self.supervisor.failure is not None:
             return  # the connection is closing: nothing more is accepted
+        if self._hold_clients and self._catching_up(conn, items):
+            return
         if not conn.authenticated and self.auth.required:
             self.gate.commands(conn, items)
             return
@@ -445,6 +465,27 @@ class Server:
         if commands:
             engine.handle(conn.conn_id, commands, now)
         self._after_engine()
+
+    def _catching_up(self, conn: Connection, items: list) -> bool:
+        """--no-clients-until-replicated: True when ``conn`` was refused because this
+        instance still waits for its peers to catch it up; once that wait is over, never
+        again."""
+        if self.engine.catch_up.settle(self.clock()):
+            self._hold_clients = False
+            self.housekeeping.wake_by(self.engine.next_deadline())  # the held queues deliver at the next tick
+            return False
+        self.gate.refuse_until_replicated(conn, items)
+        return True
+
+    def end_catch_up(self, by: str) -> bool:
+        """The admin action: stop waiting for the peers to catch this instance up; the
+        replicated queues deliver and clients may log on. False when it was over."""
+        now = self.clock()
+        ended = self.engine.catch_up.end(now, by)
+        if ended:
+            self.engine.tick(now)  # the held replicated queues deliver now
+            self._after_engine()
+        return ended
 
     def _heartbeat(self, conn: Connection, cmd: m.Heartbeat) -> None:
         try:
@@ -546,7 +587,7 @@ class Server:
     def _start_links(self) -> None:
         repl = self.config.replication
         for dest in repl.destinations if repl else ():
-            link = OutgoingLink(self, dest.name, dest.addresses, dest.endpoints)
+            link = self._links[dest.name] = OutgoingLink(self, dest.name, dest.addresses, dest.endpoints)
             self.spawn(link.run(), name=f"replication link to {dest.name}")
 
     def register_replica(self, conn: Connection) -> None:
@@ -572,6 +613,13 @@ class Server:
             self.gate.replica_handshake(conn, items)  # a source authenticates like a client
             return
         self.engine.replica_frames(conn.conn_id, items, self.clock())
+        first = items[0]
+        if type(first) is p_repl.Hello and first.catching_up:
+            # The peer is up again and waits for this instance's stream to catch it up:
+            # dial it now rather than at the end of a backoff.
+            link = self._links.get(first.profile.instance)
+            if link is not None:
+                link.wake()
         self._after_engine()
 
     def link_up(self, destination: str, conn: Connection, welcome: p_repl.Welcome) -> None:

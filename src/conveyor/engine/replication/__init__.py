@@ -60,5 +60,9 @@ The package, one concern per module (it exports nothing itself; imports name the
 - :mod:`.replication`: ``Replication``, the engine part that holds both and their profile;
 - :mod:`.checks`: the configuration rules two instances break together (``check_pair``);
 - :mod:`.ownership`: message ownership of replicated queues (``QueueOwnership``,
-  ``ReplicatedQueues``).
+  ``ReplicatedQueues``);
+- :mod:`.catch_up`: after a start, the wait for the ``sync`` peers to catch this
+  instance up (``CatchUp``; each ``Hello`` says where its sender's journal ends), and
+  :mod:`.held_delivery`, the queue delivery that holds the replicated queues meanwhile
+  (``HeldDelivery``).
 """

@@ -2,7 +2,8 @@
 outgoing links (:class:`~conveyor.engine.replication.source.OutLink`, by destination)
 and the incoming ones (:class:`~conveyor.engine.replication.sink.InLink`, by
 connection), which the replicated queues ask whether a peer is reachable (proxied
-transfer) without holding the replication part that holds them. Each link's state is
+transfer) without holding the replication part that holds them, and the wait for the
+peers to catch this instance up after its start (``catch_up.py``). Each link's state is
 kept beside the side that changes it (``source.py``, ``sink.py``)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Callable, Iterator
 
 from conveyor import errors
 from conveyor.config.model import Config, topic_matcher
+from conveyor.engine.replication.catch_up import CatchUp
 from conveyor.engine.replication.sink import InLink
 from conveyor.engine.replication.source import LinkState, OutLink
 from conveyor.protocol import replication as p
@@ -24,7 +26,10 @@ class PeerLinks:
     whether a peer is reachable (proxied transfer) without holding the replication
     part that holds them."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, catch_up: CatchUp | None = None) -> None:
+        """``catch_up``: whether this instance still waits for its peers to catch it up
+        after its start (catch_up.py; the sink reports each peer's stream to it)."""
+        self.catch_up = catch_up if catch_up is not None else CatchUp(config)
         views = frozenset(v.name for v in config.views)
         repl = config.replication
         self.out: dict[str, OutLink] = {d.name: OutLink(d, views) for d in (repl.destinations if repl else ())}

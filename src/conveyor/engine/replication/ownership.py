@@ -63,6 +63,10 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
 8. Limits travel with the message: delivery and cancel counts move with a transfer
    (``MaxDeliveries`` and ``MaxCancels`` count across instances); ``Expiration`` is
    measured from the original publish time, which is the same everywhere.
+9. **After a start**, this instance delivers nothing of its replicated queues until its
+   ``sync`` peers have caught it up (their removals and transfers made while it was
+   down are applied first), or ``RecoveryCatchUpTimeout`` passes: ``catch_up.py`` and
+   ``held_delivery.py``. Requests, grants and removals go on meanwhile.
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ class InLink:
         self.gaps = 0
         # How the source's own publishes are journaled here (rule 2).
         self.arrival = records.Arrival(profile.instance, profile.group, [profile.instance])
+        # This instance waits for the source to catch it up (catch_up.py): the stream's
+        # progress is reported until it has.
+        self.catching_up = False
 
 
 
@@ -129,6 +132,7 @@ class ReplicationSink:
         self._incoming[conn_id] = link
         log.info("replication from %s (group %s): resuming at its position %d", src.instance, src.group,
                  state.durable_through)
+        link.catching_up = self._peers.catch_up.link_up(src.instance, hello.journal_end, state.durable_through, now)
         return p.Welcome(profile=self._profile, resume_from=state.durable_through)
 
     def closed(self, conn_id: int) -> None:
@@ -193,6 +197,8 @@ class ReplicationSink:
                 state.marked_through = batch.through
         state.pending.append((self._journal.end, state.received_through))
         self._acknowledge(state, link)
+        if link.catching_up and self._peers.catch_up.progress(src.instance, state.received_through, now):
+            link.catching_up = False
 
     def _arrived(self, rec: _Travelling, src: p.Profile) -> _Travelling | None:
         """A record other than a publish as it is kept here: with its origin and path;

@@ -124,6 +124,7 @@ class ReplicationSource:
         self._by_conn: dict[int, OutLink] = {}
         self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
         self.links = peers.out
+        self._catch_up = peers.catch_up  # whether this instance still waits for a destination (hello)
         self._samples: deque[tuple[int, float]] = deque()  # (durable end, when), rising
         self.queues = queues
         self.sow = sow
@@ -138,7 +139,13 @@ class ReplicationSource:
         return frozenset(self._send)
 
     def hello(self, destination: str) -> p.Hello:
-        return p.Hello(profile=self._profile)
+        """The handshake's first message, with where this journal's durable part ends
+        now: the destination counts this instance as having caught it up once the stream
+        has brought it that far (engine/replication/catch_up.py rule 2); and whether this
+        instance still waits for it (its link to this instance should dial now)."""
+        catch_up = self._catch_up
+        return p.Hello(profile=self._profile, journal_end=self._journal.durable_end,
+                       catching_up=not catch_up.done and destination in catch_up.peers)
 
     def link_up(self, destination: str, conn_id: int, welcome: p.Welcome, now: float) -> None:
         """The destination answered the handshake: check the rules, then stream from

@@ -1,17 +1,20 @@
 """Who follows each SOW topic and view, and how a change of one of its records reaches
 them (:mod:`conveyor.engine.sow.state` rules 2, 9 and 10).
 
-A SOW topic or a view is followed by record subscriptions (records, deltas,
-out-of-focus: :mod:`conveyor.engine.sow.focus`) and by aggregations (the views and the
-aggregated subscriptions over it, wired by :mod:`conveyor.engine.sow.views`).
-:class:`Followers` keeps both, per name, and every record change goes through it. Rules:
+A SOW topic, a view or a conflated topic is followed by record subscriptions (records,
+deltas, out-of-focus: :mod:`conveyor.engine.sow.focus`), by aggregations (the views and
+the aggregated subscriptions over it, wired by :mod:`conveyor.engine.sow.views`) and by
+listeners (the conflated topics over it, :mod:`conveyor.engine.sow.conflated`).
+:class:`Followers` keeps them, per name, and every record change goes through it. Rules:
 
 1. **A SOW topic's change** goes to the topic's record subscriptions, then is counted
    by the aggregations over the topic (:meth:`Followers.changed`). **A view's changes**
-   (one flush of the view) are counted by the aggregations over the view, then go to
-   its record subscriptions (:meth:`Followers.views_changed`).
+   (one flush of the view, or of a conflated topic) are counted by the aggregations over
+   the view, then go to its record subscriptions (:meth:`Followers.views_changed`).
+   Then the listeners get each change.
 2. **While recovering** changes are only counted: the views are rebuilt, nobody is
-   subscribed yet, nothing is sent.
+   subscribed yet, nothing is sent, listeners get nothing (the conflated topics are
+   filled at the end of recovery).
 3. **Filter work per turn** (engine/filter_budget.py): a subscription's filter is
    charged to the turn's budget before a change is delivered to it; what the turn
    cannot pay waits, in order, for later turns (:meth:`Followers.continue_delivery`).
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import lru_cache
+from typing import Callable
 
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.filters import filter_cost_ticks
@@ -38,6 +42,9 @@ from conveyor.engine.sow.aggregation import MemberSink
 from conveyor.engine.sow.focus import RecordChange, RecordSubscription, deliver
 from conveyor.engine.sow.production import QUERY_MESSAGE_OVERHEAD
 from conveyor.engine.sow.view import member_of_record
+
+#: What a listener takes: one record change and the time of the step (rule 1).
+Listener = Callable[[RecordChange, float], None]
 
 #: A filter's cost, computed once (rule 3; a query's filter is paid with it too).
 filter_ticks = lru_cache(maxsize=4096)(filter_cost_ticks)
@@ -63,6 +70,7 @@ class Followers:
         self._record_subs: dict[str, list[RecordSubscription]] = {}  # SOW topic or view -> subscriptions
         self._topic_aggs: dict[str, list[MemberSink]] = {}  # SOW topic -> aggregations over it
         self._view_aggs: dict[str, list[MemberSink]] = {}  # view -> aggregations over it
+        self._listeners: dict[str, list[Listener]] = {}  # SOW topic, view or conflated topic -> listeners
         # Rule 4: the updates of a sow_and_subscribe whose query is on its way, held
         # until its group_end, and what they weigh (bounded by Limits/OutputBudget).
         self._held: dict[RecordSubscription, _Held] = {}
@@ -117,6 +125,11 @@ class Followers:
     def follow_view(self, view: str, aggregation: MemberSink) -> None:
         self._view_aggs.setdefault(view, []).append(aggregation)
 
+    def listen(self, name: str, listener: Listener) -> None:
+        """``listener`` gets every change of SOW topic, view or conflated topic ``name``
+        after its subscriptions (rules 1 and 2)."""
+        self._listeners.setdefault(name, []).append(listener)
+
     def unfollow(self, source: str, aggregation: MemberSink) -> None:
         for table in (self._topic_aggs, self._view_aggs):
             aggs = table.get(source)
@@ -125,11 +138,12 @@ class Followers:
 
     def topic_followed(self, topic: str) -> bool:
         """Whether anything follows SOW topic ``topic`` (else a record is its position, nothing more)."""
-        return bool(self._record_subs.get(topic)) or bool(self._topic_aggs.get(topic))
+        return (bool(self._record_subs.get(topic)) or bool(self._topic_aggs.get(topic))
+                or (not self._recovering and bool(self._listeners.get(topic))))
 
     def view_followed(self, view: str) -> bool:
-        """Whether a subscription or an aggregation takes the view's changes as they happen."""
-        return bool(self._record_subs.get(view)) or bool(self._view_aggs.get(view))
+        """Whether a subscription, an aggregation or a listener takes the view's changes as they happen."""
+        return bool(self._record_subs.get(view)) or bool(self._view_aggs.get(view)) or bool(self._listeners.get(view))
 
     # --- changes (rules 1 and 2) -----------------------------------------------------------------
 
@@ -138,6 +152,8 @@ class Followers:
         for sub in self._record_subs.get(change.topic, ()):
             self.send(sub, change, now)
         self.count(change.topic, change, now)
+        for listener in self._listeners.get(change.topic, ()):
+            listener(change, now)
 
     def count(self, topic: str, change: RecordChange, now: float) -> None:
         """The aggregations over SOW topic ``topic`` count ``change`` (only that while recovering)."""
@@ -145,7 +161,7 @@ class Followers:
             member_of_record(agg, change, now)
 
     def views_changed(self, view: str, changes: list[RecordChange], now: float) -> None:
-        """Rule 1: the records of ``view`` changed (one flush of the view)."""
+        """Rule 1: the records of ``view`` changed (one flush of the view or conflated topic)."""
         for agg in self._view_aggs.get(view, ()):
             for change in changes:
                 member_of_record(agg, change, now)
@@ -154,6 +170,9 @@ class Followers:
         for sub in self._record_subs.get(view, ()):
             for change in changes:
                 self.send(sub, change, now)
+        for listener in self._listeners.get(view, ()):
+            for change in changes:
+                listener(change, now)
 
     # --- delivery within the turn's filter budget (rule 3), held updates (rule 4) ---------------
 

@@ -16,6 +16,7 @@ from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.outbox import Outbox
+from conveyor.engine.sow.conflated import ConflatedTopic
 from conveyor.engine.sow.focus import RecordSubscription, record_message
 from conveyor.engine.sow.followers import Followers, filter_ticks
 from conveyor.engine.sow.production import (OrderBy, Production, Queries, Snapshot, Tally, check_batch_size,
@@ -39,9 +40,10 @@ class SowQueries:
     :class:`~conveyor.engine.sow.production.Queries` produces them."""
 
     def __init__(self, topics: Mapping[str, SowTopic], graph: ViewGraph, cache: MessageCache, outbox: Outbox,
-                 queries: Queries, followers: Followers) -> None:
+                 queries: Queries, followers: Followers, conflated: Mapping[str, ConflatedTopic]) -> None:
         self._topics = topics
         self._graph = graph
+        self._conflated = conflated
         self._cache = cache
         self._outbox = outbox
         self._queries = queries  # rule 10: results on their way, pumped by the engine
@@ -62,7 +64,7 @@ class SowQueries:
         orderby = OrderBy(cmd.orderby) if cmd.orderby else None
         topic = cmd.topic
         self._graph.render(topic, now)
-        source, load = _query_rows(self._topics.get(topic), self._graph.views.get(topic), self._cache, cmd.sow_keys)
+        source, load = _query_rows(self._topics.get(topic), self._derived(topic), self._cache, cmd.sow_keys)
         matches: Callable[[Any], bool] | None = None
         if flt is not None:
             where = f"a sow query of connection {conn_id}"
@@ -141,7 +143,7 @@ class SowQueries:
         out; no ``group_begin`` / ``group_end``: the messages are the subscription's."""
         topic, conn_id = sub.topic, sub.conn_id
         self._graph.render(topic, now)
-        source, load = _query_rows(self._topics.get(topic), self._graph.views.get(topic), self._cache, None)
+        source, load = _query_rows(self._topics.get(topic), self._derived(topic), self._cache, None)
         where = f"a replace of subscription {sub.sub_id!r} of connection {conn_id}"
 
         def messages() -> Iterator[m.Message | m.OutOfFocus | None]:
@@ -172,6 +174,11 @@ class SowQueries:
             cost += filter_ticks(old_filter)
         self._queries.start(Production(conn_id, None, messages(), finish, source, cost))
 
+    def _derived(self, topic: str) -> View | ConflatedTopic | None:
+        """The view or conflated topic ``topic`` (None: a SOW topic)."""
+        view = self._graph.views.get(topic)
+        return view if view is not None else self._conflated.get(topic)
+
     def _query_acks(self, conn_id: int, cmd: SowQuery, qid: str | None, returned: int, hits: int, examined: int) -> None:
         subscribing = not isinstance(cmd, m.Sow)
         for kind in ack_types(cmd.ack_type) & {"completed", "stats", "processed"}:
@@ -181,11 +188,11 @@ class SowQueries:
                                              matches=hits, topic_matches=examined))
 
 
-def _query_rows(st: SowTopic | None, view: View | None, cache: MessageCache, sow_keys: str | None
+def _query_rows(st: SowTopic | None, view: View | ConflatedTopic | None, cache: MessageCache, sow_keys: str | None
                 ) -> tuple[Snapshot[tuple[Any, Any]], Callable[[Any], Entry]]:
-    """The rows of a query of SOW topic ``st`` or ``view`` (rule 10) and how to read a
-    row's record: a SOW topic's (key, position), read through the message cache; a
-    view's (key, record)."""
+    """The rows of a query of SOW topic ``st`` or ``view`` (a view or a conflated
+    topic; rule 10) and how to read a row's record: a SOW topic's (key, position), read
+    through the message cache; a view's (key, record)."""
     if st is not None:
         load = _reader(cache)
         if sow_keys:
@@ -194,12 +201,7 @@ def _query_rows(st: SowTopic | None, view: View | None, cache: MessageCache, sow
         return Snapshot(st.items(), frozen_keyed_positions), load
     assert view is not None  # the caller checked the name
     if sow_keys:
-        wanted = []
-        for t in sow_keys.split(","):
-            try:
-                wanted.append(int(t.strip()))
-            except ValueError:
-                continue  # a view's keys are numbers: a word names no record
+        wanted = view.parse_keys(sow_keys)
         return Snapshot([(k, view.records[k]) for k in dict.fromkeys(wanted) if k in view.records]), _same
     return Snapshot(iter(view.records.items()), frozen_references), _same
 

@@ -15,6 +15,8 @@ own their state, each given its collaborators in its constructor:
   records, publishes, ``sow_delete``, expiry, recovery, replication (rules 1, 3, 6, 7);
 - :class:`~conveyor.engine.sow.views.ViewGraph` (``views.py``): the views, what feeds
   them, their rendering, the records of views that feed queues (rules 2, 4, 5, 8);
+- :class:`~conveyor.engine.sow.conflated.ConflatedTopics` (``conflated.py``): the
+  conflated topics, flushed once per interval by the engine's timer (rule 11);
 - :class:`~conveyor.engine.sow.queries.SowQueries` (``queries.py``): queries and
   aggregated queries (rules 3, 10);
 - :class:`~conveyor.engine.sow.subscriptions.SowSubscriptions` (``subscriptions.py``):
@@ -72,13 +74,19 @@ Rules:
     order: the client sees the records of that step, then every change after it, as
     when a query ran in one step. Held updates past ``Limits/OutputBudget`` (payload and
     framing) close the connection as a slow consumer.
+11. **Conflated topics** (engine/sow/conflated.py) follow a SOW topic, a view or another
+    conflated topic through the followers; their changes wait for the end of their
+    interval, which :meth:`next_deadline` reports and :meth:`tick` carries out (the
+    engine never reads a clock). They are read-only like views (:meth:`read_only`),
+    answer queries and record subscriptions like them, and are filled from their
+    underlying topics at the end of recovery.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from conveyor import records
+from conveyor import errors, records
 from conveyor.config.model import Config
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filter_budget import FilterBudget
@@ -87,10 +95,11 @@ from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.engine.sessions import Session, SessionSubscription
+from conveyor.engine.sow.conflated import ConflatedTopic, ConflatedTopics
 from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.production import Queries
 from conveyor.engine.sow.queries import SowQueries, SowQuery
-from conveyor.engine.sow.subscriptions import RecordsSubscribe, SowSubscriptions
+from conveyor.engine.sow.subscriptions import RecordsSubscribe, SowSubscriptions, not_aggregated
 from conveyor.engine.sow.topic import SowTopic
 from conveyor.engine.sow.topics import SowTopics
 from conveyor.engine.sow.view import View
@@ -110,8 +119,11 @@ class StateOfTheWorld:
         self.topics: dict[str, SowTopic] = self._sow_topics.topics
         self._graph = ViewGraph(config, self.topics, cache, publishes, bindings, self._followers)
         self.views: dict[str, View] = self._graph.views
-        self._queries = SowQueries(self.topics, self._graph, cache, outbox, queries, self._followers)
-        self._subscriptions = SowSubscriptions(self.topics, self._graph, self._queries, cache, outbox, self._followers)
+        self._conflated = ConflatedTopics(config.conflated_topics, self.topics, self.views, cache, self._followers)
+        self.conflated: dict[str, ConflatedTopic] = self._conflated.topics
+        self._queries = SowQueries(self.topics, self._graph, cache, outbox, queries, self._followers, self.conflated)
+        self._subscriptions = SowSubscriptions(self.topics, self._graph, self._queries, cache, outbox, self._followers,
+                                               self.conflated)
 
     # --- what is what ---------------------------------------------------------------------------
 
@@ -119,11 +131,24 @@ class StateOfTheWorld:
         return self.topics.get(name)
 
     def owns(self, name: str) -> bool:
-        """Whether ``name`` is a SOW topic or a view (queries and record subscriptions)."""
-        return name in self.topics or name in self.views
+        """Whether ``name`` is a SOW topic, a view or a conflated topic (queries and record
+        subscriptions)."""
+        return name in self.topics or name in self.views or name in self.conflated
 
     def is_view(self, name: str) -> bool:
-        return name in self.views
+        """Whether ``name`` is a view or a conflated topic: records computed here, never
+        journaled, read-only (:meth:`read_only`)."""
+        return name in self.views or name in self.conflated
+
+    def names(self) -> frozenset[str]:
+        """Every SOW topic, view and conflated topic (the engine's publish hot path)."""
+        return frozenset(self.topics) | frozenset(self.views) | frozenset(self.conflated)
+
+    def read_only(self, name: str, done: str) -> errors.ReadOnlyTopic:
+        """The refusal of a publish or ``sow_delete`` (``done``: "published", "deleted") on
+        view or conflated topic ``name``."""
+        what = "a conflated topic" if name in self.conflated else "a view"
+        return errors.ReadOnlyTopic(f"{name!r} is {what}: its records are computed, not {done}")
 
     # --- publishing (rule 1) ------------------------------------------------------------------------
 
@@ -151,11 +176,13 @@ class StateOfTheWorld:
         self._sow_topics.durable(now)
 
     def tick(self, now: float) -> None:
-        """Expire the records due at ``now``."""
+        """Expire the records due at ``now``; flush the conflated topics due (rule 11)."""
         self._sow_topics.tick(now)
+        self._conflated.tick(now)
 
     def next_deadline(self) -> float | None:
-        return self._sow_topics.next_deadline()
+        deadlines = [d for d in (self._sow_topics.next_deadline(), self._conflated.next_deadline()) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def flush(self, now: float) -> None:
         """Rule 2: render what changed in this step: queue watches first, then views in
@@ -200,6 +227,7 @@ class StateOfTheWorld:
         """Rule 6, after the replay."""
         self._sow_topics.tick(now)  # records already past their expiry go (reference G.1.4)
         self._graph.end_recovery(now)
+        self._conflated.end_recovery(now)  # rule 11: filled from their underlying topics
         self._followers.end_recovery()
         self._graph.catch_up(now)  # rule 5
 
@@ -235,6 +263,8 @@ class StateOfTheWorld:
 
     def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float) -> None:
         """An aggregated ``sow`` (reference G.4), on a SOW topic, a view or a queue."""
+        if cmd.topic in self.conflated:
+            raise not_aggregated(cmd.topic)
         self._queries.aggregated_query(conn_id, cmd, opts, now)
 
     def sow_delete(self, conn_id: int, cmd: m.SowDelete, now: float) -> None:
@@ -261,4 +291,5 @@ class StateOfTheWorld:
         out = {name: {"records": len(st), "expiring": len(st.expiry)} for name, st in self.topics.items()}
         for name, view in self.views.items():
             out[name] = {"records": len(view.aggregation), "members": len(view.aggregation.members)}
+        out.update(self._conflated.statistics())
         return out

@@ -24,6 +24,7 @@ from conveyor.engine.filters import check_connection_filters, compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.sow.aggregation import Aggregation
+from conveyor.engine.sow.conflated import ConflatedTopic
 from conveyor.engine.sow.focus import RecordChange, RecordSubscription
 from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.production import Snapshot
@@ -73,9 +74,10 @@ class SowSubscriptions:
     """The subscribe commands on SOW topics and views, and the aggregated subscriptions."""
 
     def __init__(self, topics: Mapping[str, SowTopic], graph: ViewGraph, queries: SowQueries, cache: MessageCache,
-                 outbox: Outbox, followers: Followers) -> None:
+                 outbox: Outbox, followers: Followers, conflated: Mapping[str, ConflatedTopic]) -> None:
         self._topics = topics
         self._graph = graph
+        self._conflated = conflated
         self._queries = queries
         self._cache = cache
         self._outbox = outbox
@@ -112,8 +114,9 @@ class SowSubscriptions:
         projection = opts.list("projection")
         grouping = opts.list("grouping")
         aggregated = projection is not None or grouping is not None
-        if not aggregated and cmd.topic not in self._topics and cmd.topic not in self._graph.views:
-            raise errors.UnknownTopic(f"{cmd.topic!r} is not a SOW topic or a view")
+        if (not aggregated and cmd.topic not in self._topics and cmd.topic not in self._graph.views
+                and cmd.topic not in self._conflated):
+            raise errors.UnknownTopic(f"{cmd.topic!r} is not a SOW topic, a view or a conflated topic")
         # An aggregated subscription's filter applies to the source messages (reference
         # G.4), and its records carry no key fields.
         sub = RecordSubscription(
@@ -145,6 +148,8 @@ class SowSubscriptions:
     def _key_paths(self, topic: str) -> tuple[tuple[str, ...], ...]:
         if topic in self._topics:
             return self._topics[topic].key_paths
+        if topic in self._conflated:
+            return self._conflated[topic].key_paths
         return self._graph.views[topic].key_paths
 
     def _replace(self, session: Session, sub_id: str, cmd: RecordsSubscribe, opts: Options, now: float, *, query: bool) -> None:
@@ -174,6 +179,8 @@ class SowSubscriptions:
             raise errors.InvalidOption("projection and grouping need sow, sow_and_subscribe or "
                                        "sow_and_delta_subscribe", option="projection")
         assert not isinstance(cmd, (m.Subscribe, m.DeltaSubscribe))  # a query is a sow_and_* command
+        if cmd.topic in self._conflated:
+            raise not_aggregated(cmd.topic)
         graph = self._graph
         aggregation = graph.aggregation(cmd.topic, projection, grouping, flt)
         agg_sub = AggregatedSubscription(sub, cmd.topic, aggregation)
@@ -202,6 +209,12 @@ class SowSubscriptions:
         send = self._followers.send
         for agg_sub in self.aggregated:
             agg_sub.flush(now, send)
+
+
+def not_aggregated(topic: str) -> errors.InvalidOption:
+    """An aggregated query or subscription over conflated topic ``topic`` (engine/sow/conflated.py rule 4)."""
+    return errors.InvalidOption(f"{topic!r} is a conflated topic: aggregated queries and subscriptions over it are "
+                                "not supported (aggregate its underlying topic)", option="projection")
 
 
 def _deterministic(flt: expr.Expression) -> None:

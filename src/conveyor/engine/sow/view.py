@@ -87,6 +87,16 @@ class View:
     def __len__(self) -> int:
         return len(self.records)
 
+    def parse_keys(self, sow_keys: str) -> list[int]:
+        """The keys a ``sow_keys`` option names: a view's keys are numbers (a word names none)."""
+        keys = []
+        for t in sow_keys.split(","):
+            try:
+                keys.append(int(t.strip()))
+            except ValueError:
+                continue
+        return keys
+
     def flush(self, now: float) -> list[RecordChange]:
         """Rule 3: the records of the groups changed since the last flush."""
         changes = []

@@ -1,0 +1,64 @@
+"""The queue delivery of an instance that is catching up (engine/replication/catch_up.py).
+
+:class:`HeldDelivery` is the engine's :class:`~conveyor.engine.delivery.QueueDelivery`
+with one addition: while :class:`~conveyor.engine.replication.catch_up.CatchUp` waits,
+the replicated queues are not dispatched. Rules:
+
+1. **What is held.** A replicated queue (a ``Queue`` or ``GroupLocalQueue`` that follows
+   ownership) delivers nothing to its subscribers while the wait lasts: a queue that
+   needs a dispatch is set aside, still needing it. Every other queue delivers as
+   always. Messages still enter; acknowledgements, removals and transfers from other
+   instances are still applied: only the deliveries wait.
+2. **What it costs.** One flag per dispatch turn, not per message: once the wait is
+   over (or when there was nothing to wait for) a dispatch is the plain one.
+3. **The end.** The first dispatch after the wait ended (caught up, timed out, ended by
+   an operator) dispatches every replicated queue. The limit needs no command to come:
+   :meth:`HeldDelivery.next_deadline` includes it, so the shell's timer ticks the
+   engine then.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.engine.delivery import QueueDelivery
+from conveyor.engine.queue.bindings import QueueBindings
+from conveyor.engine.replication.catch_up import CatchUp
+
+
+class HeldDelivery(QueueDelivery):
+    def __init__(self, catch_up: CatchUp, bindings: QueueBindings, *args: Any, **kwargs: Any) -> None:
+        """``catch_up``: the wait; the rest is :class:`QueueDelivery`'s."""
+        super().__init__(bindings, *args, **kwargs)
+        self._catch_up = catch_up
+        self._replicated = frozenset(b for b in bindings if b.ownership is not None)
+        #: Rule 2: the one flag.
+        self._holding = bool(self._replicated) and not catch_up.done
+
+    @property
+    def holding(self) -> bool:
+        """Whether the replicated queues' deliveries are held now."""
+        return self._holding
+
+    def dispatch(self, now: float) -> None:
+        if self._holding:
+            self._hold(now)
+        super().dispatch(now)
+
+    def _hold(self, now: float) -> None:
+        """Rules 1 and 3: set the replicated queues aside, or give them back."""
+        if self._catch_up.settle(now):
+            self._holding = False
+            self._dirty |= self._replicated  # rule 3: whatever came meanwhile
+            return
+        self._dirty -= self._replicated  # rule 1: all of them are dispatched at the end
+
+    def next_deadline(self) -> float | None:
+        due = super().next_deadline()
+        if self._holding:
+            # ended (by the server's or an operator's call) but not given back yet: now
+            catch_up = self._catch_up
+            until = catch_up.ended if catch_up.done else catch_up.deadline
+            if until is not None and (due is None or until < due):
+                return until
+        return due
