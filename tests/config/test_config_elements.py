@@ -88,6 +88,7 @@ FULL = """<?xml version="1.0" encoding="UTF-8"?>
       <Topic>work.local</Topic>
       <MessageType>json</MessageType>
       <UnderlyingTopic>^work\\..*</UnderlyingTopic>
+      <DefaultPublishTarget>work.local</DefaultPublishTarget>
       <InitialOwner>east-1</InitialOwner>
       <GroupLocalQueueDomain>work</GroupLocalQueueDomain>
       <Priority>/urgency</Priority>
@@ -191,6 +192,7 @@ def test_every_queue_element(full):
         message_type="json",
         kind=QueueKind.GROUP_LOCAL,
         underlying_topic=r"^work\..*",
+        default_publish_target="work.local",
         priority="/urgency",
         initial_owner="east-1",
         group_local_queue_domain="work",
@@ -262,11 +264,12 @@ def test_queue_defaults():
     assert queue.default_publish_target == "Work"
 
 
-def test_a_regex_underlying_topic_has_no_default_publish_target():
+def test_a_regex_underlying_topic_takes_the_default_publish_target_given():
     xml = config_xml("<SOW><Queue><Name>Q</Name><MessageType>json</MessageType>"
-                     "<UnderlyingTopic>^Work$|^Other$</UnderlyingTopic></Queue></SOW>", topics=("Work", "Other"))
+                     "<UnderlyingTopic>^Work$|^Other$</UnderlyingTopic>"
+                     "<DefaultPublishTarget>Other</DefaultPublishTarget></Queue></SOW>", topics=("Work", "Other"))
     (queue,) = loads(xml).queues
-    assert queue.default_publish_target is None
+    assert queue.default_publish_target == "Other"
 
 
 def test_at_most_once_defaults_to_round_robin():

@@ -225,10 +225,15 @@ def test_default_publish_target_must_match_the_underlying_topic():
             "'ORDERS_RISKY' does not match the UnderlyingTopic", hint="choose a target")
 
 
-def test_regex_underlying_topic_without_target_loads():
+def test_regex_underlying_topic_needs_a_default_publish_target():
+    """The reference's queue table (G.8): "required when UnderlyingTopic has regex
+    characters"; with one, the queue takes every matching topic."""
     xml = config_xml(
         "<SOW><Queue><Name>ALL</Name><MessageType>json</MessageType>"
         "<UnderlyingTopic>^ORDERS_.*</UnderlyingTopic></Queue></SOW>", topics=("ORDERS_EU",))
+    refused(xml, f"{Q1}/UnderlyingTopic", "regex characters ('^ORDERS_.*') needs a DefaultPublishTarget",
+            hint="add <DefaultPublishTarget>")
+    xml = xml.replace("</UnderlyingTopic>", "</UnderlyingTopic><DefaultPublishTarget>ORDERS_EU</DefaultPublishTarget>")
     assert loads(xml).queues[0].takes_from("ORDERS_EU")
 
 

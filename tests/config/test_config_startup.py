@@ -222,7 +222,7 @@ def test_a_regex_underlying_topic_is_replicated_by_the_same_regex():
     """As at the handshake (engine/replication/checks.py): a regex underlying topic is
     covered by a destination Topic with the same text, or one matching that text."""
     queue = ("<Queue><Name>WorkQueue</Name><MessageType>json</MessageType>"
-             "<UnderlyingTopic>^Work\\..*</UnderlyingTopic></Queue>")
+             "<UnderlyingTopic>^Work\\..*</UnderlyingTopic><DefaultPublishTarget>Work.a</DefaultPublishTarget></Queue>")
     load_text(_replicated(queue, recorded("WorkQueue", "^Work\\..*"), topics=("^Work\\..*",)))
     refused(_replicated(queue, recorded("WorkQueue", "Work.a"), topics=("^Work\\..*",)),
             "AMPSConfig/Replication/Destination[1]", "underlying topic '^Work\\\\..*'")

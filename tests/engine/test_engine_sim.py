@@ -142,6 +142,7 @@ def spec_xml(spec: Spec, fairness: str) -> str:
     return queue_xml(
         spec.name,
         underlying=underlying,
+        DefaultPublishTarget=min(spec.topics),  # required with a regex UnderlyingTopic
         Semantics="at-least-once" if spec.alo else "at-most-once",
         FairnessModel=fairness,
         LeasePeriod=f"{spec.lease_s:g}s",

@@ -19,7 +19,7 @@ def test_a_route_cache_forgets_its_oldest_topic_first():
 
 
 def test_routes_forgotten_under_many_topic_names_are_recomputed_right():
-    h = Harness(config_xml(queue_xml("Orders", underlying="orders\\..*"), topics=(".*",)))
+    h = Harness(config_xml(queue_xml("Orders", underlying="orders\\..*", DefaultPublishTarget="orders.eu"), topics=(".*",)))
     sub = h.connect("watcher")
     h.subscribe(sub, "orders\\.eu", sub_id="eu")
     worker = h.connect("worker")

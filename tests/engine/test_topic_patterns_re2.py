@@ -82,7 +82,7 @@ def test_client_patterns_search_like_re_on_utf8_topics():
 
 def harness() -> Harness:
     # A trusted pattern with lookaround: the queue takes Work but not WorkOld.
-    queues = queue_xml("Jobs", underlying="^Work(?!Old)") + queue_xml("a" * 49 + "b")
+    queues = queue_xml("Jobs", underlying="^Work(?!Old)", DefaultPublishTarget="Work") + queue_xml("a" * 49 + "b")
     return Harness(config_xml(queues, topics=("Work", "WorkOld", "a" * 49 + "!", "other")))
 
 

@@ -22,8 +22,7 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
 - ``UnderlyingTopic`` is a name or a regex (which must compile); a
   ``DefaultPublishTarget`` is a literal name that must match it. It defaults to a
   literal ``UnderlyingTopic`` (the reference's queue table, G.8), so a publish to the
-  queue's name enters the queue; a regex one has no default (a publish to the queue's
-  name is then recorded, if at all, under that name).
+  queue's name enters the queue; with a regex one it is required (the same table).
 - ``InitialOwner`` is required on ``GroupLocalQueue``; it and
   ``GroupLocalQueueDomain`` are refused on the other tags.
 - ``RecoveryPoint`` is ``epoch`` (the default: the whole log), ``now``, ``creation``
@@ -211,7 +210,16 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
                 "<DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>",
             )
         values["default_publish_target"] = target
-    elif (underlying := values.get("underlying_topic")) and not is_regex_topic(underlying):  # type: ignore[arg-type]
+    elif (underlying := values.get("underlying_topic")) and is_regex_topic(underlying):  # type: ignore[arg-type]
+        # The reference's queue table (G.8): required with a regex UnderlyingTopic, or a
+        # publish to the queue's name would not enter the queue.
+        raise doc.error(
+            f"{values['path']}/UnderlyingTopic",
+            f"queue {values['name']!r}: an UnderlyingTopic with regex characters ({underlying!r}) needs a "
+            "DefaultPublishTarget: the literal topic a publish to the queue's name goes to",
+            "add <DefaultPublishTarget>NAME</DefaultPublishTarget> with a topic the UnderlyingTopic matches",
+        )
+    elif underlying:
         # The reference's default: a publish to the queue's name enters the queue.
         values["default_publish_target"] = underlying
 
