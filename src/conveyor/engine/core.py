@@ -58,6 +58,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+from functools import partial
 from typing import Callable, Container, Iterable, Mapping
 
 import msgspec
@@ -69,6 +70,7 @@ from conveyor.protocol.bookmarks import publisher_id
 from conveyor.engine.entitlements import Entitlements, Permission, check_command, not_entitled
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
 from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
+from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PendingPublish, PublishLog
@@ -162,10 +164,12 @@ class Engine:
         self.topics = Topics(journal, self.outbox, budget)
         # Query results on their way to their connections, paced like replays (sow/production.py).
         self.queries = Queries(self.outbox, budget)
-        # Held for the replicated queues until the sync peers caught this instance up after its start.
+        # Held for the replicated queues until the sync peers caught this instance up after
+        # its start; an instance with nothing to wait for gets the plain delivery (no
+        # wrapper call on every step: held_delivery.py rule 2).
         self.catch_up = CatchUp(config)
-        self.delivery = HeldDelivery(
-            self.catch_up,
+        delivery = QueueDelivery if self.catch_up.done else partial(HeldDelivery, self.catch_up)
+        self.delivery = delivery(
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance), entitled=self._may_consume,
             queries=self.queries,

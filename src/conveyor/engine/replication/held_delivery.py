@@ -9,8 +9,10 @@ the replicated queues are not dispatched. Rules:
    needs a dispatch is set aside, still needing it. Every other queue delivers as
    always. Messages still enter; acknowledgements, removals and transfers from other
    instances are still applied: only the deliveries wait.
-2. **What it costs.** One flag per dispatch turn, not per message: once the wait is
-   over (or when there was nothing to wait for) a dispatch is the plain one.
+2. **What it costs.** Nothing on an instance with nothing to wait for (no ``sync``
+   destination replicating a queue, or no limit): the engine builds the plain
+   :class:`~conveyor.engine.delivery.QueueDelivery` then. Otherwise one flag per
+   dispatch turn, not per message: once the wait is over a dispatch is the plain one.
 3. **The end.** The first dispatch after the wait ended (caught up, timed out, ended by
    an operator) dispatches every replicated queue. The limit needs no command to come:
    :meth:`HeldDelivery.next_deadline` includes it, so the shell's timer ticks the
