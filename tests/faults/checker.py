@@ -22,6 +22,11 @@ instance (the replica), and each fault strikes one of the two at random: a persi
 ack then means the publish is on both disks, so the replica's copy of the topic must
 hold every acknowledged publish, once, whichever of them was killed, cut or damaged.
 
+The **partition mode** (partitions.py, ``soak --partitions``) builds on this module's
+server, faults and links: three instances sharing a replicated queue, every
+replication link through a proxy (netproxy.py) that its nemesis cuts, blackholes,
+delays and heals, publishers that fail over and workers that move between instances.
+
 The history, and the verdict at the end (after a last graceful restart and a drain):
 
 - a publish is **acknowledged** when the server sent a ``persisted`` ack covering it
