@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(BIN)/conveyor serve
 
 # The fast lane (docs/testing.md): mypy, then every test that starts no process and no
-# Spark (unit, engine, property tests; simulations at 5% of their seeds). About 3 minutes.
+# Spark (unit, engine, property tests; simulations at 5% of their seeds). About 1½ minutes.
 check: $(TEST_STAMP)
 	$(BIN)/mypy
 	CONVEYOR_SIM_SCALE=0.05 $(BIN)/python -m pytest -q -rs -n 2 --dist loadgroup -m "not spark and not proc and not slow"

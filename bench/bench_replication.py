@@ -497,6 +497,11 @@ def core_seconds(iterations: int = 1_000_000) -> list[float]:
     return times
 
 
+
+def _ratio(base: float, value: float) -> str:
+    """``base / value``, or "n/a" when a run too short for the CPU clock's ticks measured 0."""
+    return f"{base / value:.2f}" if value else "n/a"
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         count, first, last = uvloop.run(worker(sys.argv[2], sys.argv[3], int(sys.argv[4])))
@@ -602,7 +607,7 @@ def main() -> None:
                 key = where, mode
                 rows.append(f"| {where} | {label} | {median(pub[key]):,.0f} | {median(pub[key]) / base:.2f} "
                             f"| {ratios(pub[key], pub[where, 'single'])} | {target} | {median(pub_cpu[key]):.1f} "
-                            f"| {median(pub_source_cpu[key]):.1f} ({source_base / median(pub_source_cpu[key]):.2f}) |")
+                            f"| {median(pub_source_cpu[key]):.1f} ({_ratio(source_base, median(pub_source_cpu[key]))}) |")
         if own_core is not None:
             rows.append(f"\n\"own core\": the source (and the single instance) on core {min(own_core.source)} alone, "
                         f"the destination on core {min(own_core.destination)}, the publishing client on "

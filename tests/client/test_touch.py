@@ -32,7 +32,7 @@ def test_a_job_longer_than_its_lease_keeps_the_message_by_touching_it(server_fac
     msg = mine.get(10)
     assert msg is not None and msg.json() == {"n": 1}
     theirs = other.subscribe("Jobs", max_backlog=1)
-    end = time.monotonic() + 1.6 * LEASE_S  # the job: 1.6 lease periods
+    end = time.monotonic() + 1.3 * LEASE_S  # the job: 1.3 lease periods
     while time.monotonic() < end:
         msg.touch()
         face_sleep(slow, LEASE_S / 4)
@@ -56,7 +56,7 @@ def face_sleep(client, seconds: float) -> None:
 
 
 def test_a_handler_slower_than_the_lease_keeps_its_message_sync(server_factory):
-    """Rule 9 of client/subscription.py: the blocking face's handler thread takes 2.5
+    """Rule 9 of client/subscription.py: the blocking face's handler thread takes 1.3
     lease periods; the lease keeper touches the message meanwhile, nobody else gets it,
     and the auto-ack at the end removes it."""
     import threading
@@ -69,7 +69,7 @@ def test_a_handler_slower_than_the_lease_keeps_its_message_sync(server_factory):
 
     def slow(msg) -> None:
         seen.append(msg.json()["n"])
-        time.sleep(1.6 * LEASE_S)
+        time.sleep(1.3 * LEASE_S)
         done.set()
 
     with Client("slow", auto_ack=True).connect(server.uri) as client, Client("other").connect(server.uri) as other:
@@ -101,13 +101,13 @@ def test_a_coroutine_handler_slower_than_the_lease_keeps_its_message_async(serve
 
             async def slow(msg) -> None:
                 seen.append(msg.json()["n"])
-                await asyncio.sleep(1.6 * LEASE_S)
+                await asyncio.sleep(1.3 * LEASE_S)
 
             await client.subscribe("Jobs", handler=slow, max_backlog=1)
             theirs = await other.subscribe("Jobs", max_backlog=1)
             while not seen:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(1.6 * LEASE_S + 0.5)
+            await asyncio.sleep(1.3 * LEASE_S + 0.5)
             await client.flush()
             stolen = await theirs.get(0.5)
             left = await client.sow("Jobs")

@@ -23,7 +23,7 @@ the journal is read directly: the SOW topic's records and the queue's remaining 
 folded from the log agree with what the server answered.
 
 The full run (10,000 orders, about a minute) is marked slow; CI runs the same test with
-1,000 orders. ``CONVEYOR_LIVE_AGGREGATE_ORDERS`` changes the full run's count.
+500 orders. ``CONVEYOR_LIVE_AGGREGATE_ORDERS`` changes the full run's count.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tests.serverproc import ServerProcess, write_config
 from tests.settle import barrier
 
 ORDERS_FULL = int(os.environ.get("CONVEYOR_LIVE_AGGREGATE_ORDERS", "10000"))
-ORDERS_CI = 1000
+ORDERS_CI = 500
 WORKERS = 4
 WATCH_SECONDS_MAX = 120.0  # no view update for this long while work remains: a failure
 REGIONS = ("EU", "US", "APAC", "LATAM", "MEA")
