@@ -231,3 +231,21 @@ def test_the_option_is_checked_like_the_others():
         with pytest.raises(ConfigError) as refused:
             load_text(base.format(f"<RecoveryCatchUpTimeout>{bad}</RecoveryCatchUpTimeout>"))
         assert refused.value.path == "AMPSConfig/Replication/RecoveryCatchUpTimeout"
+
+
+def test_explain_says_a_held_message_waits_for_the_catch_up():
+    """explain (engine/explain.py rule 5) names the wait, not "deliverable", while the
+    replicated queue is held; once the wait is over it is deliverable again."""
+    c = pair()
+    a_dies_and_b_processes_its_messages(c, 2)
+    c.crash("B")
+    c.restart("A")
+    engine = c.nodes["A"].engine
+    worker(c, "A")
+    c.advance(1.0)
+    position = next(iter(engine.queues["WorkQ"].available()))
+    held = engine.explain("WorkQ", str(position), c.now)
+    assert held.verdict == "catching_up" and "sync peers (B)" in held.summary, held
+    engine.catch_up.end(c.now, "a test")
+    c.advance(0.0)
+    assert engine.explain("WorkQ", str(position), c.now).verdict != "catching_up"

@@ -18,10 +18,13 @@ this instance owns the queue's messages). Rules, in the order they are checked:
    are acknowledged.
 4. **not owned here**: a replicated queue's message that another instance owns
    (``ELSEWHERE``): that instance delivers it, or grants it here on a transfer request.
-5. **behind a barrier**: a barrier message before it is still pending; or it is itself
+5. **catching up**: a replicated queue of an instance that restarted delivers nothing
+   until its ``sync`` peers have caught it up (engine/replication/catch_up.py), or the
+   wait's limit passes.
+6. **behind a barrier**: a barrier message before it is still pending; or it is itself
    a barrier waiting for the messages before it to be acknowledged.
-6. **max backlog reached**: the queue's ``MaxBacklog`` outstanding messages are out.
-7. Then, per subscriber: filtered out (by which filter), backlog full, detached (a
+7. **max backlog reached**: the queue's ``MaxBacklog`` outstanding messages are out.
+8. Then, per subscriber: filtered out (by which filter), backlog full, detached (a
    replace moved it off this queue), a named consumer (takes only what it asks for).
    With no subscriber: **no consumer**. With a subscriber that matches and has room:
    **deliverable**, waiting behind ``ahead`` older available messages (a dispatch is
@@ -135,8 +138,10 @@ def explain(
     origin: str | None = None,
     client_of: Callable[[Hashable], str | None] = lambda key: None,
     filter_of: Callable[[Hashable], str | None] = lambda key: None,
+    catching_up: str | None = None,
 ) -> Explanation:
-    """The verdict on one message (rules 1-7 of the module header)."""
+    """The verdict on one message (rules 1-8 of the module header). ``catching_up``: why
+    the queue's deliveries are held after a restart (rule 5), None when they are not."""
     reasons: list[str] = []
     subscribers = tuple(_subscriber(s, client_of, filter_of) for s in facts.seats)
     state = facts.state
@@ -180,6 +185,8 @@ def explain(
         reasons.append(f"instance {facts.owner} owns it; it comes here only if that instance grants a transfer")
         return done("not_owned", f"owned by instance {facts.owner}, which delivers it; not deliverable here")
     # AVAILABLE from here on
+    if catching_up is not None:
+        return done("catching_up", catching_up)
     if facts.barrier and facts.unacked_before_barrier:
         return done("barrier_waiting", f"a barrier message: it waits for the {facts.unacked_before_barrier} "
                                        "message(s) before it to be acknowledged")
@@ -272,7 +279,15 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
         source: str | None = getattr(flt, "source", None) if flt is not None else None
         return source
 
-    return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published)
+    catch_up = engine.catch_up
+    held = None
+    if binding.ownership is not None and not catch_up.done:
+        until = catch_up.deadline
+        held = ("held: this instance restarted and delivers none of its replicated queues' messages until its "
+                f"sync peers ({', '.join(catch_up.peers)}) have caught it up"
+                + (f", or for {max(0.0, until - now):.1f} s more at most" if until is not None else ""))
+    return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published,
+                   catching_up=held)
 
 
 def _published(engine: Engine, position: int, text: str) -> str | None:
