@@ -34,7 +34,7 @@ this instance owns the queue's messages). Rules, in the order they are checked:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
 from conveyor.engine.queue.state import MessageState
@@ -138,10 +138,9 @@ def explain(
     origin: str | None = None,
     client_of: Callable[[Hashable], str | None] = lambda key: None,
     filter_of: Callable[[Hashable], str | None] = lambda key: None,
-    catching_up: str | None = None,
 ) -> Explanation:
-    """The verdict on one message (rules 1-8 of the module header). ``catching_up``: why
-    the queue's deliveries are held after a restart (rule 5), None when they are not."""
+    """The verdict on one message (rules 1-8 of the module header; rule 5 is the
+    engine's: :func:`explain_message`)."""
     reasons: list[str] = []
     subscribers = tuple(_subscriber(s, client_of, filter_of) for s in facts.seats)
     state = facts.state
@@ -185,8 +184,6 @@ def explain(
         reasons.append(f"instance {facts.owner} owns it; it comes here only if that instance grants a transfer")
         return done("not_owned", f"owned by instance {facts.owner}, which delivers it; not deliverable here")
     # AVAILABLE from here on
-    if catching_up is not None:
-        return done("catching_up", catching_up)
     if facts.barrier and facts.unacked_before_barrier:
         return done("barrier_waiting", f"a barrier message: it waits for the {facts.unacked_before_barrier} "
                                        "message(s) before it to be acknowledged")
@@ -286,8 +283,10 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
         held = ("held: this instance restarted and delivers none of its replicated queues' messages until its "
                 f"sync peers ({', '.join(catch_up.peers)}) have caught it up"
                 + (f", or for {max(0.0, until - now):.1f} s more at most" if until is not None else ""))
-    return explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published,
-                   catching_up=held)
+    verdict = explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published)
+    if held is not None and facts.state is MessageState.AVAILABLE:  # rule 5, before what the queue says
+        verdict = replace(verdict, verdict="catching_up", summary=held)
+    return verdict
 
 
 def _published(engine: Engine, position: int, text: str) -> str | None:
