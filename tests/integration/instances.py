@@ -39,12 +39,14 @@ class Instance:
         self._links_seen: dict[str, int] = {}
 
     def replicate_to(self, other: Instance, *, sync: bool = False, port: int | None = None,
-                     pass_through: str | None = None, extra: str = "") -> None:
+                     pass_through: str | None = None, extra: str = "", topic_filter: str | None = None) -> None:
+        """``topic_filter``: a content Filter on each replicated Topic."""
         pt = f"<PassThrough>{pass_through}</PassThrough>" if pass_through else ""
+        flt = f"<Filter>{topic_filter}</Filter>" if topic_filter else ""
         self.destinations.append(
             f"<Destination><Name>{other.name}</Name><SyncType>{'sync' if sync else 'async'}</SyncType>"
             f"<Transport><Type>amps-replication</Type><InetAddr>127.0.0.1:{port or other.repl_port}</InetAddr>"
-            f"</Transport>{''.join(f'<Topic><Name>{t}</Name><MessageType>json</MessageType></Topic>' for t in self.topics)}"
+            f"</Transport>{''.join(f'<Topic><Name>{t}</Name><MessageType>json</MessageType>{flt}</Topic>' for t in self.topics)}"
             f"{pt}{extra}</Destination>"
         )
 

@@ -205,3 +205,18 @@ def test_a_bookmark_subscriber_that_fails_over_resumes_without_a_gap_or_a_duplic
     assert not twice, f"handed out twice: {sorted(twice)[:10]}"
     expected = {("east", i) for i in range(200)} | {("west", i) for i in range(250)}
     assert set(got) == expected, f"missing: {sorted(expected - set(got))[:10]}"
+
+
+def test_a_destination_filter_replicates_only_the_messages_that_match(instances):
+    """A destination Topic's Filter (reference E.1): B records the messages of Work whose
+    body matches, and nothing else; A keeps them all."""
+    a, b = instances("A"), instances("B")
+    a.replicate_to(b, topic_filter="/i % 3 = 0")
+    b.start()
+    a.start()
+    publish(a.uri, "feed", range(1, 301))
+    b.wait_for(100)
+    a.stop()
+    b.stop()
+    assert sorted(r.seq for r in b.recorded()) == list(range(3, 301, 3))
+    assert len(a.recorded()) == 300

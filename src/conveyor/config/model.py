@@ -274,6 +274,9 @@ class RecordedTopic:
 
     name: str  # literal or regex (see is_regex_topic)
     message_type: str = "json"
+    # A Replication/Destination's Topic only: the content filter a message of the topic
+    # must match to be replicated to that destination (reference E.1); None: every one.
+    filter: str | None = None
 
     def matches(self, topic: str) -> bool:
         return topic_matcher(self.name)(topic)

@@ -103,7 +103,7 @@ def _read_destination(doc: Document, node: Node) -> ReplicationDestination:
         sync_type=kind,  # type: ignore[arg-type]
         addresses=tuple(e.address for e in endpoints),
         endpoints=tuple(endpoints),
-        topics=tuple(read_recorded_topic(doc, t) for t in kids.many("Topic")),
+        topics=tuple(read_recorded_topic(doc, t, filter_allowed=True) for t in kids.many("Topic")),
         pass_through=_regex(doc, pass_through) if pass_through is not None else None,
         downgrade_age_s=downgrade_s,
         upgrade_age_s=upgrade_s,

@@ -30,10 +30,15 @@ typed values, and name the element that has to change:
    instance would hold acknowledgements and transfers for messages it never gets. The
    same test as the handshake's (engine/replication/checks.py), on this instance's
    configuration alone; the rules that need the peer's stay at the handshake.
+10. (docs/configuration.md rule 29) A destination ``Topic`` may have a ``Filter`` (reference E.1: only the messages that
+   match it are replicated there); it must compile, and must not filter a topic that
+   carries a replicated queue (its name or its underlying topic): ownership, transfers
+   and acknowledgements need every copy of the queue to hold every message.
 """
 
 from __future__ import annotations
 
+from conveyor import expr
 from conveyor.config.model import (
     Action,
     OnPublish,
@@ -96,6 +101,7 @@ def check(
         _check_local_queues_not_replicated(doc, queues, replication)
         _check_replicated_queues(doc, queues, replication, sow.views if sow is not None else ())
         _check_underlying_replicated(doc, queues, replication)
+        _check_filtered_topics(doc, queues, replication)
 
 
 def _require_transaction_log(
@@ -250,6 +256,31 @@ def _check_underlying_replicated(doc: Document, queues: tuple[QueueConfig, ...],
                 f"add <Topic><Name>{queue.underlying}</Name><MessageType>{queue.message_type}</MessageType></Topic> "
                 "to this destination, or make the queue a <LocalQueue>",
             )
+
+
+def _check_filtered_topics(doc: Document, queues: tuple[QueueConfig, ...], replication: Replication) -> None:
+    """Rule 10."""
+    for d, dest in enumerate(replication.destinations, start=1):
+        for t, topic in enumerate(dest.topics, start=1):
+            if topic.filter is None:
+                continue
+            path = f"AMPSConfig/Replication/Destination[{d}]/Topic[{t}]/Filter"
+            try:
+                expr.compile(topic.filter)
+            except expr.ExpressionError as exc:
+                raise doc.error(path, f"invalid Filter: {exc}") from None
+            for queue in queues:
+                if queue.kind is QueueKind.LOCAL or not (topic.matches(queue.name) or topic.matches(queue.underlying)):
+                    continue
+                raise doc.error(
+                    path,
+                    f"destination {dest.name!r} filters topic {topic.name!r}, which carries replicated queue "
+                    f"{queue.name!r} ({queue.path}): a message the filter keeps back would be owned by an instance "
+                    f"{dest.name!r} never hears of, and its acknowledgements and transfers would name messages "
+                    f"{dest.name!r} does not have",
+                    "replicate the queue's topics without a Filter (filter other topics), or make the queue a "
+                    "<LocalQueue>",
+                )
 
 
 def _require_recorded(

@@ -48,6 +48,7 @@ _TRANSACTION_LOG = {
     "Scrub": OPTIONAL,
 }
 _TOPIC = {"Name": REQUIRED, "MessageType": OPTIONAL}
+_DESTINATION_TOPIC = {**_TOPIC, "Filter": OPTIONAL}  # a Replication/Destination's Topic
 _RETENTION = {"MaxAge": OPTIONAL, "MaxSize": OPTIONAL}
 _SCRUB = {"Rate": OPTIONAL, "Interval": OPTIONAL}
 
@@ -83,16 +84,17 @@ def read_transaction_log(doc: Document, node: Node) -> TransactionLog:
     return TransactionLog(journal_directory=Path(doc.text(journal)), topics=topics, **values)  # type: ignore[arg-type]
 
 
-def read_recorded_topic(doc: Document, node: Node) -> RecordedTopic:
-    """A ``Topic`` with ``Name`` and ``MessageType`` (also used by replication)."""
-    kids = doc.children(node, _TOPIC)
+def read_recorded_topic(doc: Document, node: Node, *, filter_allowed: bool = False) -> RecordedTopic:
+    """A ``Topic`` with ``Name`` and ``MessageType`` (also used by replication, whose
+    destination topics may have a ``Filter``: ``filter_allowed``)."""
+    kids = doc.children(node, _DESTINATION_TOPIC if filter_allowed else _TOPIC)
     name_node = kids.one("Name")
     assert name_node is not None  # REQUIRED
     name = topic_name(doc, name_node, regex_allowed=True)
     type_node = kids.one("MessageType")
-    if type_node is None:
-        return RecordedTopic(name=name)
-    return RecordedTopic(name=name, message_type=doc.text(type_node))
+    filter_node = kids.one("Filter") if filter_allowed else None
+    return RecordedTopic(name=name, message_type=doc.text(type_node) if type_node is not None else "json",
+                         filter=doc.text(filter_node) if filter_node is not None else None)
 
 
 def topic_name(doc: Document, node: Node, *, regex_allowed: bool) -> str:

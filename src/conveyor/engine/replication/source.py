@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
 
-from conveyor import errors, records
+from conveyor import errors, expr, records
 from conveyor.config.model import Config, ReplicationDestination, topic_matcher
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort, QueueIdentity, ReplicaSow
 from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import TOPIC_VERDICTS_MAX, matches_any, travels_on
 from conveyor.protocol import replication as p
+from conveyor.protocol.payload import decode_json
 
 if TYPE_CHECKING:
     from conveyor.engine.replication.links import PeerLinks
@@ -54,6 +55,8 @@ class LinkStats(msgspec.Struct, frozen=True):
     last_error: str | None
 
 
+_UNDECODED: Any = object()  # a body not decoded yet (OutLink._passes)
+
 class OutLink:
     """The source side of one ``Destination`` (rules 1, 3, 4, 7)."""
 
@@ -62,10 +65,16 @@ class OutLink:
         self._never = never  # topics whose publishes never travel (views: rule 8)
         # Rule 1 for the publishes recorded here first, by their topic as encoded
         # (records.plain_publish_topic_key).
-        self._plain: dict[bytes, bool] = {}
+        self._plain: dict[bytes, bool | None] = {}
         self.name = dest.name
         self.sync = dest.sync_type == "sync"
         self.topic_matches = matches_any(tuple(t.name for t in dest.topics))
+        # Rule 1's content filters (a destination Topic's Filter, reference E.1): for each
+        # Topic, its matcher and compiled filter (None: every message); empty when no
+        # Topic has one, so an unfiltered destination decides by topic alone.
+        self._filters: tuple[tuple[Callable[[str], bool], expr.Expression | None], ...] = (
+            tuple((topic_matcher(t.name), expr.compile(t.filter) if t.filter else None) for t in dest.topics)
+            if any(t.filter for t in dest.topics) else ())
         self.pass_through = topic_matcher(dest.pass_through) if dest.pass_through else None
         self.state = LinkState.DISCONNECTED
         self.conn_id: int | None = None
@@ -78,22 +87,51 @@ class OutLink:
         self.gaps = 0
         self.last_error: str | None = None
 
-    def plain_verdict(self, key: bytes) -> bool:
+    def plain_verdict(self, key: bytes) -> bool | None:
         """Rule 1 for a publish recorded here first (no origin): whether its topic, as
-        ``key`` encodes it, goes to this destination. Verdicts are remembered per key."""
-        verdict = self._plain.get(key)
-        if verdict is None:
-            if len(self._plain) >= TOPIC_VERDICTS_MAX:
-                self._plain.clear()
-            topic = records.topic_of_key(key)
-            verdict = self._plain[key] = self.topic_matches(topic) and topic not in self._never
+        ``key`` encodes it, goes to this destination; None when a content filter decides
+        message by message (:meth:`wants`). Verdicts are remembered per key."""
+        if key in self._plain:
+            return self._plain[key]
+        if len(self._plain) >= TOPIC_VERDICTS_MAX:
+            self._plain.clear()
+        topic = records.topic_of_key(key)
+        verdict: bool | None = self.topic_matches(topic) and topic not in self._never
+        if verdict and self._filters and not any(m(topic) and flt is None for m, flt in self._filters):
+            verdict = None  # every Topic that takes it filters its messages
+        self._plain[key] = verdict
         return verdict
 
     def wants(self, rec: records.PublishRec, peer_instance: str) -> bool:
         """Rule 1: whether this destination needs the publish ``rec``."""
         if not self.topic_matches(rec.topic):
             return False
+        if self._filters and not self._passes(rec):
+            return False
         return not rec.origin or travels_on(self.pass_through, rec.origin, rec.origin_group, rec.path, peer_instance)
+
+    def _passes(self, rec: records.PublishRec) -> bool:
+        """A Topic that takes ``rec`` has no filter, or one its body matches (a body that
+        is not JSON, or over a parse limit, is NULL to the filter)."""
+        data: Any = _UNDECODED
+        for matches, flt in self._filters:
+            if not matches(rec.topic):
+                continue
+            if flt is None:
+                return True
+            if data is _UNDECODED:
+                try:
+                    data = decode_json(rec.data)
+                except errors.BadMessage:
+                    data = None
+            meta = {"topic": rec.topic, "sequence": rec.seq, "timestamp": rec.timestamp,
+                    "correlation_id": rec.correlation_id, "length": len(rec.data), "now": rec.timestamp}
+            try:
+                if flt.matches(data, meta):
+                    return True
+            except Exception:  # noqa: BLE001 - a filter that fails on one message keeps it back
+                continue
+        return False
 
     @property
     def holds_persisted(self) -> bool:
@@ -247,11 +285,12 @@ class ReplicationSource:
             size += len(payload)
             if prefix is None or not payload.startswith(prefix):
                 key = topic_key(payload)
-                if key is None:
-                    prefix = None
+                verdict = None if key is None else link.plain_verdict(key)
+                if key is None or verdict is None:
+                    prefix = None  # decoded below (a filtered topic: message by message)
                 else:
                     prefix = records.plain_publish_prefix(key)
-                    wanted = link.plain_verdict(key)
+                    wanted = verdict
             if prefix is not None:  # a plain publish
                 in_run = False
                 if wanted:
