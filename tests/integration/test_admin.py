@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import subprocess
+import urllib.parse
 import sys
 import time
 import urllib.error
@@ -210,6 +211,29 @@ def test_queue_details_lists_holder_deadline_and_count(env):
     limited = get(env["url"] + "/api/queues/Q/details?limit=1")[1]
     assert limited["messages_truncated"] is True
     assert get(env["url"] + "/api/queues/Q/details?limit=x")[0] == 400
+
+
+def test_queue_details_browses_by_content_without_changing_anything(env):
+    """A browse (``details?filter=``, ``conveyor queues Q --filter``): the messages whose
+    body matches, leased or available, at most ``limit`` of them; nothing changes."""
+    def browse(flt: str, extra: str = "") -> tuple[int, dict]:
+        status, body, _ = get(env["url"] + f"/api/queues/Q/details?{extra}filter=" + urllib.parse.quote(flt))
+        return status, body
+
+    everything = get(env["url"] + "/amps/instance/queues/Q/details")[1]["messages"]
+    by_n = {}
+    for n in range(3):
+        [m] = browse(f"/n = {n}")[1]["messages"]
+        by_n[n] = m["bookmark"]
+    assert sorted(by_n.values()) == sorted(m["bookmark"] for m in everything)  # each found once, leased one too
+    assert [m["owner"] for m in browse("/n >= 0")[1]["messages"]] == [None] * 3  # not a replicated queue
+    one = browse("/n >= 0", "limit=1&")[1]
+    assert len(one["messages"]) == 1 and one["messages_truncated"] is True
+    assert browse("/n >=")[0] == 400
+    assert get(env["url"] + "/amps/instance/queues/Q/details")[1]["messages"] == everything  # unchanged
+    proc = cli(env, "queues", "Q", "--filter", "/n = 2")
+    assert proc.returncode == 0, proc.stderr
+    assert by_n[2] in proc.stdout and by_n[0] not in proc.stdout and by_n[1] not in proc.stdout
 
 
 def explain(env, queue, bookmark):

@@ -228,7 +228,8 @@ def cmd_queues(args: argparse.Namespace) -> int:
 def _queue_details(args: argparse.Namespace) -> int:
     name = urllib.parse.quote(args.queue, safe="")
     stats = fetch(args, f"/amps/instance/queues/{name}")
-    details = fetch(args, f"/amps/instance/queues/{name}/details?limit={args.limit}")
+    query = f"limit={args.limit}" + (f"&filter={urllib.parse.quote(args.filter, safe='')}" if args.filter else "")
+    details = fetch(args, f"/amps/instance/queues/{name}/details?{query}")
     if args.json:
         _print_json({"statistics": stats, "details": details})
         return 0
@@ -252,7 +253,8 @@ def _queue_details(args: argparse.Namespace) -> int:
         ["BOOKMARK", "STATE", "HOLDER", "LEASE LEFT", "DELIVERIES", "PUBLISHED"],
     )
     if details["messages_truncated"]:
-        print(f"(the first {args.limit} available messages; --limit N for more)")
+        matching = " matching the filter" if args.filter else " available"
+        print(f"(the first {args.limit}{matching} messages; --limit N for more)")
     return 0
 
 
@@ -395,6 +397,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("queues", help="queue depths and rates; with QUEUE: its subscribers and messages")
     p.add_argument("queue", nargs="?")
     p.add_argument("--limit", type=int, default=50, help="messages to list for one queue (default 50)")
+    p.add_argument("--filter", help="with QUEUE: list only the messages whose body matches this content filter")
     common(p)
     p.set_defaults(func=cmd_queues)
     p = sub.add_parser("clients", help="connected clients: name, user, address, traffic, unsent bytes")

@@ -266,7 +266,7 @@ class AdminInterface:
             if name not in server.engine.queues:
                 raise AdminError(404, "unknown_queue", f"no queue {name!r}")
             if rest[1:2] == ["details"]:
-                return admin_tree.details(server, name, now, _limit(request))
+                return admin_tree.details(server, name, now, _limit(request), content_filter=request.arg("filter"))
             if rest[1:2] == ["explain"]:
                 bookmark = "/".join(rest[2:]) or request.arg("bookmark")
                 if not bookmark:

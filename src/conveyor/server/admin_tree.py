@@ -38,6 +38,7 @@ from conveyor.protocol.bookmarks import format_bookmark
 from conveyor.engine import poison
 from conveyor.engine.core import VERSION
 from conveyor.engine.explain import consumer_label
+from conveyor.engine.filters import compile_filter
 from conveyor.engine.sessions import SubKind
 
 if TYPE_CHECKING:
@@ -196,13 +197,21 @@ def queues(server: Server, now: float) -> dict:
     return {name: queue(server, name, now) for name in server.engine.queues}
 
 
-def details(server: Server, name: str, now: float, limit: int = DETAILS_MESSAGES_DEFAULT) -> dict:
+def details(server: Server, name: str, now: float, limit: int = DETAILS_MESSAGES_DEFAULT,
+            content_filter: str | None = None) -> dict:
     """The reference's ``details`` resource: ``cursors`` (the subscribers as the queue
-    sees them) and ``messages`` (available and leased, with holder, lease deadline and
-    delivery count), at most ``limit`` available messages in position order."""
+    sees them) and ``messages`` (available, leased, and in a replicated queue owned
+    elsewhere, with holder or owner, lease deadline and delivery count), at most
+    ``limit`` available messages in position order. ``content_filter``: only the
+    messages whose body matches it, at most ``limit`` of them (a browse: it examines the
+    whole queue, and changes nothing). BadFilter (400) when it does not compile."""
     engine = server.engine
     q = engine.queues[name]
-    d = q.details(limit=limit)
+    flt = compile_filter(content_filter) if content_filter else None
+    binding = engine.bindings.get(name)
+    here = engine.instance if binding is not None and binding.ownership is not None else None
+    d = q.details(limit=None if flt is not None else limit)
+    truncated = d.truncated
     names = _client_names(server)
 
     def client(key):
@@ -216,13 +225,22 @@ def details(server: Server, name: str, now: float, limit: int = DETAILS_MESSAGES
             entry = engine.cache.get(r.position)
             bookmark = format_bookmark(entry.publisher, entry.seq, r.position)
         except Exception:  # noqa: BLE001 (a record retention removed, a damaged one: no bookmark)
-            bookmark = None
+            entry, bookmark = None, None
+        if flt is not None:
+            if entry is None or not poison.matches(flt, entry, bookmark, now, f"a browse of queue {name!r}"):
+                continue
+            if len(messages) >= limit:
+                truncated = True
+                break
         messages.append({
             "position": r.position, "bookmark": bookmark, "state": r.state, "published_at": r.published_at,
             "deliveries": r.deliveries, "cancels": r.cancels,
             "holder": consumer_label(r.holder) if r.holder is not None else None,
             "holder_client": client(r.holder) if r.holder is not None else None,
             "lease_deadline": r.lease_deadline, "priority": r.priority, "barrier": r.barrier,
+            # the instance that owns it: another for a message owned elsewhere, this one
+            # for the rest of a replicated queue, none for a queue that is not replicated
+            "owner": r.holder if r.state == "elsewhere" else here,
         })
     cursors = [
         {"subscriber": consumer_label(key), "client": client(key), "outstanding": outstanding,
@@ -233,7 +251,7 @@ def details(server: Server, name: str, now: float, limit: int = DETAILS_MESSAGES
         "queue": name,
         "cursors": cursors,
         "messages": messages,
-        "messages_truncated": d.truncated,
+        "messages_truncated": truncated,
         "awaiting_ack": [{"position": p, "holder": consumer_label(k), "holder_client": client(k)}
                          for p, k in d.awaiting_ack],
     }
