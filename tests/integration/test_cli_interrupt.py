@@ -83,8 +83,8 @@ with Client("idle").connect(sys.argv[1]) as client:
     # The client's threads exist: SIGINT now reaches one of them, never this one, as it
     # can when a signal lands just before a thread goes to sleep.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    print("waiting", flush=True)
-    try:
+    try:  # the SIGINT may be raised as soon as the line is out: inside the try
+        print("waiting", flush=True)
         for message in sub:
             pass
     except KeyboardInterrupt:
