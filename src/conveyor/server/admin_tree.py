@@ -222,7 +222,9 @@ def details(server: Server, name: str, now: float, limit: int = DETAILS_MESSAGES
     messages = []
     for r in d.messages:
         try:
-            entry = engine.cache.get(r.position)
+            # peek: a browse reads the whole queue, and must not push the messages
+            # deliveries read out of the cache (as a query, engine/sow/queries.py)
+            entry = engine.cache.peek(r.position)
             bookmark = format_bookmark(entry.publisher, entry.seq, r.position)
         except Exception:  # noqa: BLE001 (a record retention removed, a damaged one: no bookmark)
             entry, bookmark = None, None

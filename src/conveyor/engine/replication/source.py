@@ -55,7 +55,7 @@ class LinkStats(msgspec.Struct, frozen=True):
     last_error: str | None
 
 
-_UNDECODED: Any = object()  # a body not decoded yet (OutLink._passes)
+_UNDECODED: Any = object()  # not there yet: a verdict not known, a body not decoded (OutLink)
 
 class OutLink:
     """The source side of one ``Destination`` (rules 1, 3, 4, 7)."""
@@ -91,8 +91,9 @@ class OutLink:
         """Rule 1 for a publish recorded here first (no origin): whether its topic, as
         ``key`` encodes it, goes to this destination; None when a content filter decides
         message by message (:meth:`wants`). Verdicts are remembered per key."""
-        if key in self._plain:
-            return self._plain[key]
+        known: bool | None = self._plain.get(key, _UNDECODED)  # one lookup: None is a verdict here
+        if known is not _UNDECODED:
+            return known
         if len(self._plain) >= TOPIC_VERDICTS_MAX:
             self._plain.clear()
         topic = records.topic_of_key(key)
