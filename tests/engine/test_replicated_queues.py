@@ -321,7 +321,8 @@ def test_a_request_for_an_owner_that_is_down_is_granted_where_proxied_transfer_i
     c = cluster(("A", "B", "C"), pass_through=".*")
     publish(c, "A", *range(6))
     c.crash("A")
-    # B's own link to A decides, though C's profile replicates to A and passes B's records on
+    wait_and_tick(c)  # C tells B that its link to A is down too (reach.py rule 2)
+    # though C's profile replicates to A and passes B's records on
     assert c.nodes["B"].engine.peers.reachable("C") and not c.nodes["B"].engine.peers.reachable("A")
     c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
     wc = worker(c, "C", backlog=50)
@@ -362,6 +363,39 @@ def test_an_owner_reached_through_a_pass_through_instance_is_reachable():
     assert ownership_stats(c, "C").proxied_claims == 0 and ownership_stats(c, "A").grants == 2
     c.crash("B")
     assert not peers.reachable("A") and not peers.reachable("B")
+
+
+def long_line() -> Cluster:
+    """A - B - C - D: each links to its neighbours; B and C pass every record on."""
+    dests = {"A": ["B"], "B": ["A", "C"], "C": ["B", "D"], "D": ["C"]}
+    c = Cluster({n: instance_xml(n, [destination(d, pass_through=".*" if n in "BC" else None) for d in ds], sow=QUEUE)
+                 for n, ds in dests.items()})
+    c.connect_all()
+    wait_and_tick(c)  # the link-state tables travel
+    return c
+
+
+def test_an_owner_three_hops_away_is_reachable_and_drained_by_its_grants():
+    """reach.py rule 3, through any chain: D reaches A through C and B (neither profile
+    D sees names A), so proxied transfer on D takes nothing of a live A's; a worker on
+    D gets A's messages by A's own grants, each once. Once A is down and B says so, D
+    counts A unreachable and its proxied transfer takes A's messages."""
+    c = long_line()
+    peers = c.nodes["D"].engine.peers
+    assert all(peers.reachable(n) for n in "ABC")
+    c.nodes["D"].engine.set_proxied_transfer("WorkQ", True)
+    wd = worker(c, "D")
+    publish(c, "A", 1, 2)
+    wait_and_tick(c)
+    assert sorted(got(c, "D", wd)) == [1, 2]
+    assert ownership_stats(c, "D").proxied_claims == 0 and ownership_stats(c, "A").grants == 2
+    publish(c, "A", 3)
+    c.crash("A")
+    wait_and_tick(c)
+    assert peers.reachable("C") and peers.reachable("B") and not peers.reachable("A")
+    wait_and_tick(c)
+    assert got(c, "D", wd) == [3]
+    assert ownership_stats(c, "D").proxied_claims == 1
 
 
 def test_proxied_transfer_takes_only_what_the_subscribers_can_take_now():

@@ -113,3 +113,36 @@ def test_proxied_transfer_takes_only_what_the_subscriber_can_take(instances):
         assert sub.get(timeout=4) is None  # longer than the transfer wait
         stats = queue_stats(b)
         assert (stats["proxied_claims"], stats["owned"], stats["elsewhere"]) == (2, 0, 3), stats
+
+
+def test_an_owner_three_hops_away_is_reached_while_alive_and_claimed_once_down(instances):
+    """reach.py rule 3: a line A - B - C - D, PassThrough on B and C, proxied transfer on
+    at D with the only worker there. While A is alive D reaches it through C and B (no
+    profile D sees names A: the flooded link states say so), so D's requests are granted
+    by A and D claims nothing; once A is SIGKILLed and B says so, D claims A's remaining
+    messages. Every message is processed exactly once."""
+    a = instances("A", queues=QUEUE, topics=TOPICS, admin=True)
+    b = instances("B", queues=QUEUE, topics=TOPICS)
+    c = instances("C", queues=QUEUE, topics=TOPICS)
+    d = instances("D", queues=QUEUE, topics=TOPICS, admin=True)
+    a.replicate_to(b)
+    b.replicate_to(a, pass_through=".*")
+    b.replicate_to(c, pass_through=".*")
+    c.replicate_to(b, pass_through=".*")
+    c.replicate_to(d, pass_through=".*")
+    d.replicate_to(c)
+    for inst in (a, b, c, d):
+        inst.start()
+    publish_n(a.uri, 10)
+    d.wait_for_queue(10)
+    admin(d, "enable_proxied_transfer")
+    processed: list = []
+    run_workers([Worker(d.uri, "d0", processed)], processed, 10, timeout=30)
+    assert queue_stats(d)["proxied_claims"] == 0 and queue_stats(a)["transfer_grants"] == 10
+    publish_n(a.uri, 5, name="orders-2", start=10)
+    d.wait_for_queue(5)
+    a.kill()
+    run_workers([Worker(d.uri, "d1", processed)], processed, 15, timeout=30)
+    time.sleep(1)
+    assert_once(processed, 15)
+    assert queue_stats(d)["proxied_claims"] == 5

@@ -830,7 +830,7 @@ class Engine:
 
     def link_acked(self, conn_id: int, acked: p_repl.Acked, now: float) -> None:
         """An outgoing link's destination holds everything below ``acked.through``."""
-        self.replication.source.acked(conn_id, acked.through, now)
+        self.replication.source.acked(conn_id, acked.through, now, acked.reach)
         self._release()
         self.replication.source.pump(now)
 

@@ -29,6 +29,12 @@ length, then a MessagePack array of entries). Rules:
    says which fields a peer knows). A field that no peer reads may be dropped: a
    peer's decoder ignores a field it does not know (``Batch.positions``, the source
    positions of its records, went that way).
+5. **Reach.** Either end may attach its link-state table (:class:`Reach` entries: which
+   instances stream to which now) to a ``Batch`` or an ``Acked``, whenever the table
+   changed since that connection last had it; a ``Batch`` may carry only that. Each
+   instance floods what it learns, so every instance knows which owners its requests
+   reach through chains of PassThrough links (engine/replication/reach.py). Peers that
+   predate the field ignore it.
 """
 
 from __future__ import annotations
@@ -100,6 +106,23 @@ class Refused(_Repl, tag="r_refused", frozen=True):
     code: str = "replication_refused"
 
 
+class ReachLink(msgspec.Struct, frozen=True, array_like=True):
+    """One outgoing link that streams now: the destination's instance, its PassThrough."""
+
+    instance: str
+    pass_through: str | None = None
+
+
+class Reach(msgspec.Struct, frozen=True, array_like=True):
+    """An instance's word on its streaming links (engine/replication/reach.py rule 1):
+    a higher ``(epoch, seq)`` replaces a lower one."""
+
+    instance: str
+    epoch: float
+    seq: int
+    links: list[ReachLink] = []
+
+
 class Batch(_Repl, tag="r_batch", frozen=True):
     through: int
     records: list[bytes] = []
@@ -107,10 +130,15 @@ class Batch(_Repl, tag="r_batch", frozen=True):
     # them before this destination had them): reported loudly on both ends.
     gap_from: int = -1
     gap_to: int = -1
+    # The sender's link-state table, when it changed since this connection last had it
+    # (rule 5; a batch may carry only this, with no records).
+    reach: list[Reach] = []
 
 
 class Acked(_Repl, tag="r_acked", frozen=True):
     through: int
+    # As Batch.reach, from the destination to the source (rule 5).
+    reach: list[Reach] = []
 
 
 LinkMessage = Union[Hello, Welcome, Refused, Batch, Acked]

@@ -4,7 +4,8 @@ and the incoming ones (:class:`~conveyor.engine.replication.sink.InLink`, by
 connection), which the replicated queues ask whether a peer is reachable (proxied
 transfer) without holding the replication part that holds them, and the wait for the
 peers to catch this instance up after its start (``catch_up.py``). Each link's state is
-kept beside the side that changes it (``source.py``, ``sink.py``)."""
+kept beside the side that changes it (``source.py``, ``sink.py``); which instances are
+reachable through chains of links is the flooded table of ``reach.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Callable, Iterator
 
 from conveyor import errors
 from conveyor.config.model import Config, topic_matcher
+from conveyor.engine.outbox import Outbox
 from conveyor.engine.replication.catch_up import CatchUp
+from conveyor.engine.replication.reach import ReachTable, reached
 from conveyor.engine.replication.sink import InLink
 from conveyor.engine.replication.source import LinkState, OutLink
 from conveyor.protocol import replication as p
@@ -36,46 +39,59 @@ class PeerLinks:
         self.incoming: dict[int, InLink] = {}
         self.group = config.group or config.name  # as the handshake shows it (replication.py)
         self._matchers: dict[str, Callable[[str], bool]] = {}
+        self.instance = config.name
+        self.reach = ReachTable(config.name)
+        self._direct_names = frozenset(self.out)
+        self._reached_key: tuple[int, tuple[str, ...], tuple[str, ...]] | None = None
+        self._reached: frozenset[str] = frozenset()
 
     def reachable(self, instance: str) -> bool:
         """Whether this instance's records reach ``instance`` now (proxied transfer acts
-        only for an owner that is not):
+        only for an owner that is not): a link to or from it is up, or a chain of
+        streaming links passing this instance's group on leads there (reach.py rule 3)."""
+        key = (self.reach.version, tuple(peer.instance for _, peer in self._streaming()),
+               tuple(inlink.profile.instance for inlink in self.incoming.values()))
+        if key != self._reached_key:
+            self._reached_key = key
+            profiles = {profile.instance: profile for profile in self._linked()}
+            self._reached = reached(self.instance, key[1], key[2], self.reach.entries, profiles,
+                                    self._direct_names, self._passes)
+        return instance in self._reached
 
-        - a link to or from it is up; or
-        - this instance has no ``Destination`` of its own for it, and a peer linked now
-          has one in its profile (exchanged at the handshake) whose ``PassThrough``
-          matches this instance's group: a request made here travels through that peer.
+    def learn(self, entries: list[p.Reach]) -> None:
+        """A peer's link-state table arrived (on a Batch or an Acked: reach.py rule 2)."""
+        if entries:
+            self.reach.learn(entries)
 
-        An instance this one has a ``Destination`` for is judged by that link alone: in a
-        mesh with PassThrough every peer's profile names the owner, and their links to an
-        owner that is down are down too. Whether the peer's own link to ``instance`` is
-        up is not known here (the protocol does not carry it)."""
-        if self._direct(instance):
-            return True
-        if instance in self.out:
-            return False
-        return any(self._passes_to(profile, instance) for profile in self._linked())
+    def announce(self, outbox: Outbox, now: float) -> None:
+        """Send the link-state table to every linked peer that has not had it since it
+        changed (reach.py rule 2): on an empty Batch to a destination, on an Acked to
+        a source, acknowledging nothing new: through 0)."""
+        self.reach.own(((peer.instance, link.dest.pass_through) for link, peer in self._streaming()), now)
+        outs = {link.conn_id: link for link, _ in self._streaming() if link.conn_id is not None}
+        for conn_id, table in self.reach.news([*outs, *self.incoming]):
+            out = outs.get(conn_id)
+            if out is not None:
+                outbox.send(conn_id, p.Batch(through=out.sent, reach=table))
+            else:
+                outbox.send(conn_id, p.Acked(through=0, reach=table))
 
-    def _direct(self, instance: str) -> bool:
-        if any(link.state is LinkState.STREAMING and link.peer is not None and link.peer.instance == instance
-               for link in self.out.values()):
-            return True
-        return any(link.profile.instance == instance for link in self.incoming.values())
+    def _streaming(self) -> Iterator[tuple[OutLink, p.Profile]]:
+        """The outgoing links that stream now, with their destination's profile."""
+        for link in self.out.values():
+            if link.state is LinkState.STREAMING and link.peer is not None:
+                yield link, link.peer
 
     def _linked(self) -> Iterator[p.Profile]:
         """The profiles of the peers linked now, either way."""
-        for link in self.out.values():
-            if link.state is LinkState.STREAMING and link.peer is not None:
-                yield link.peer
+        for _, peer in self._streaming():
+            yield peer
         for inlink in self.incoming.values():
             yield inlink.profile
 
-    def _passes_to(self, peer: p.Profile, instance: str) -> bool:
-        """Whether ``peer`` replicates to ``instance`` and passes this instance's records on."""
-        if peer.instance == instance:
-            return False
-        return any(d.name == instance and d.pass_through and self._matcher(d.pass_through)(self.group)
-                   for d in peer.destinations)
+    def _passes(self, pattern: str | None) -> bool:
+        """Whether a peer's PassThrough pattern passes this instance's records on."""
+        return pattern is not None and self._matcher(pattern)(self.group)
 
     def _matcher(self, pattern: str) -> Callable[[str], bool]:
         matcher = self._matchers.get(pattern)

@@ -146,6 +146,9 @@ class ReplicationSink:
         if link is None:
             raise errors.ProtocolError("a replication batch before the handshake")
         src = link.profile
+        if batch.reach:
+            self._peers.learn(batch.reach)
+            self._peers.announce(self._outbox, now)
         if batch.gap_from >= 0:
             link.gaps += 1
             log.error("replication from %s: GAP: its records [%d, %d) were removed before they reached this "

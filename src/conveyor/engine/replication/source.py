@@ -163,6 +163,7 @@ class ReplicationSource:
         self._by_conn: dict[int, OutLink] = {}
         self._views = frozenset(v.name for v in config.views)  # never sent (rule 8)
         self.links = peers.out
+        self._peers = peers  # the link-state table (reach.py): learnt from acks, announced by pump and tick
         self._catch_up = peers.catch_up  # whether this instance still waits for a destination (hello)
         self._samples: deque[tuple[int, float]] = deque()  # (durable end, when), rising
         self.queues = queues
@@ -230,10 +231,12 @@ class ReplicationSource:
             link.last_error = reason
         link.sent = link.acked  # what was in flight is sent again on the next link
 
-    def acked(self, conn_id: int, through: int, now: float) -> None:
+    def acked(self, conn_id: int, through: int, now: float, reach: list[p.Reach] | None = None) -> None:
         link = self._by_conn.get(conn_id)
         if link is None:
             return
+        if reach:
+            self._peers.learn(reach)
         if through > link.sent:
             raise errors.ProtocolError(f"replication ack through {through} is past what was sent ({link.sent})")
         if through > link.acked:
@@ -244,6 +247,7 @@ class ReplicationSource:
         for link in self.links.values():
             if link.state is LinkState.STREAMING:
                 self._fill(link)
+        self._peers.announce(self._outbox, now)
 
     def _fill(self, link: OutLink) -> None:
         conn_id = link.conn_id
@@ -447,6 +451,7 @@ class ReplicationSource:
                 link.downgraded = False
                 log.warning("replication to %s: UPGRADED back to sync: %.1f s behind (UpgradeAge %.1f s)",
                             link.name, age, link.dest.upgrade_age_s)
+        self._peers.announce(self._outbox, now)  # a link that went down is told to the others (reach.py)
 
     def sample(self, now: float) -> None:
         """The durable end moved: sample it (to age what each destination lacks)."""
