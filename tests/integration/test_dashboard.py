@@ -257,6 +257,24 @@ def test_queue_page_shows_the_queue_settings(live):
     assert shown["MaxBacklog"] == "unlimited" and shown["Priority"] == "none" and shown["UnderlyingTopic"] == "audit"
 
 
+def test_queue_page_browses_by_content_filter(live):
+    """The queue page's filter box: only the messages whose body matches are listed,
+    leased or available, nothing changes; a filter the server refuses is shown as such."""
+    every = get(live["url"] + "/api/queues/Orders/details")[1]["messages"]
+    matching = get(live["url"] + "/api/queues/Orders/details?filter=" + urllib.parse.quote("/qty >= 50"))[1]["messages"]
+    assert matching and len(matching) < len(every)
+    url = live["url"] + "/#/queue/Orders/filter/" + urllib.parse.quote("/qty >= 50", safe="")
+    html = dom(url, live["profile"])
+    assert all(m["bookmark"] in html for m in matching)
+    others = [m for m in every if m["bookmark"] not in {x["bookmark"] for x in matching}]
+    assert others and not any(m["bookmark"] in html for m in others)
+    assert 'value="/qty &gt;= 50"' in html or "/qty &gt;= 50" in html
+    screenshot(url, live["profile"], "queue-filter.png")
+    assert get(live["url"] + "/api/queues/Orders/details")[1]["messages"] == every  # nothing changed
+    refused = dom(live["url"] + "/#/queue/Orders/filter/" + urllib.parse.quote("/qty >", safe=""), live["profile"])
+    assert 'id="filter-error"' in refused and "Filter refused" in refused
+
+
 def test_unreachable_server_is_shown(live, tmp_path):
     # a page whose server went away says so instead of showing stale numbers
     page = tmp_path / "page.html"

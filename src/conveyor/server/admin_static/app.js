@@ -2,8 +2,10 @@
 // No build step, no framework, no request to any other host. Pages (by the URL hash):
 //   #/                      overview: instance, journal, charts, queues, clients, replication
 //   #/queue/NAME            one queue: charts, subscribers, messages with state, holder, deadline
+//   #/queue/NAME/filter/F   the same, listing only the messages whose body matches content filter F
 //   #/explain/NAME/BOOKMARK why one message is or is not being delivered
-// Everything is rebuilt from the admin API every REFRESH_MS; text is always set with
+// Everything is rebuilt from the admin API every REFRESH_MS (not while a form field with
+// text in it has the focus, so typing is never wiped out); text is always set with
 // textContent (never innerHTML), so no value from the server is interpreted as markup.
 "use strict";
 
@@ -202,14 +204,23 @@ async function overview(app) {
           fmt.n(l.records_recorded), fmt.n(l.gaps)]), [2, 3, 4, 5]) : null));
 }
 
-async function queuePage(app, name) {
+async function queuePage(app, name, filter) {
   const q = encodeURIComponent(name);
-  const [tree, stats, details, hist] = await Promise.all([api("/api/summary"),
-    api(`/api/queues/${q}`), api(`/api/queues/${q}/details?limit=200`), api(`/api/history?queues=${q}`)]);
+  // A browse with a content filter changes nothing; a filter the server cannot compile
+  // is its 400, shown above the (then empty) list rather than instead of the page.
+  const browse = filter
+    ? api(`/api/queues/${q}/details?limit=200&filter=${encodeURIComponent(filter)}`).catch((err) => ({ error: err.message, messages: [] }))
+    : null;
+  const [tree, stats, details, hist, found] = await Promise.all([api("/api/summary"),
+    api(`/api/queues/${q}`), api(`/api/queues/${q}/details?limit=200`), api(`/api/history?queues=${q}`), browse]);
+  const listed = found || details;
+  const owners = listed.messages.some((m) => m.owner);
   setState(tree);
   const hq = hist.queues[name] || { queue_depth: [], in_flight: [], enqueued: [], delivered: [], acknowledged: [] };
   const now = Date.now() / 1000;
   const input = h("input", { name: "bookmark", placeholder: "bookmark or journal position", "aria-label": "bookmark" });
+  const filterInput = h("input", { name: "filter", placeholder: "content filter, e.g. /qty > 10", "aria-label": "content filter" });
+  filterInput.value = filter || "";
   app.replaceChildren(
     h("h1", {}, "Queue ", name),
     h("div", { class: "cards", id: "queue-cards" },
@@ -227,11 +238,18 @@ async function queuePage(app, name) {
     h("div", { class: "panel", id: "messages" }, h("h2", {}, "Messages"),
       h("form", { class: "explain", onsubmit: (ev) => { ev.preventDefault(); if (input.value) location.hash = `#/explain/${q}/${encodeURIComponent(input.value)}`; } },
         input, h("button", { type: "submit" }, "Explain")),
-      table(["bookmark", "state", "holder", "lease left", "deliveries", "published", ""],
-        details.messages.map((m) => [m.bookmark ?? m.position, m.state, m.holder_client ? `${m.holder_client} (${m.holder})` : m.holder,
+      h("form", { class: "explain", id: "browse", onsubmit: (ev) => {
+        ev.preventDefault();
+        location.hash = `#/queue/${q}` + (filterInput.value ? `/filter/${encodeURIComponent(filterInput.value)}` : "");
+      } }, filterInput, h("button", { type: "submit" }, "Filter")),
+      found && found.error ? h("p", { class: "error", id: "filter-error" }, "Filter refused: " + found.error) : null,
+      filter && !found.error ? h("p", { class: "muted" }, "Messages whose body matches ", h("code", {}, filter), ", leased or available; nothing is changed.") : null,
+      table(["bookmark", "state", "holder", ...(owners ? ["owner"] : []), "lease left", "deliveries", "published", ""],
+        listed.messages.map((m) => [m.bookmark ?? m.position, m.state, m.holder_client ? `${m.holder_client} (${m.holder})` : m.holder,
+          ...(owners ? [m.owner ?? ""] : []),
           m.lease_deadline ? fmt.s(Math.max(0, m.lease_deadline - now)) : m.state === "leased" ? "infinite" : "", m.deliveries, fmt.t(m.published_at),
-          h("a", { href: `#/explain/${q}/${encodeURIComponent(m.bookmark ?? m.position)}` }, "explain")]), [4]),
-      details.messages_truncated ? h("p", { class: "muted" }, "The first 200 available messages are listed.") : null));
+          h("a", { href: `#/explain/${q}/${encodeURIComponent(m.bookmark ?? m.position)}` }, "explain")]), [owners ? 5 : 4]),
+      listed.messages_truncated ? h("p", { class: "muted" }, filter ? "The first 200 matching messages are listed." : "The first 200 available messages are listed.") : null));
 }
 
 async function explainPage(app, name, bookmark) {
@@ -254,9 +272,11 @@ async function explainPage(app, name, bookmark) {
 
 async function render() {
   const app = document.getElementById("app");
+  const typing = document.activeElement;
+  if (typing && typing.tagName === "INPUT" && typing.value && app.contains(typing)) return;
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   try {
-    if (parts[0] === "queue" && parts[1]) await queuePage(app, parts[1]);
+    if (parts[0] === "queue" && parts[1]) await queuePage(app, parts[1], parts[2] === "filter" ? parts.slice(3).join("/") : "");
     else if (parts[0] === "explain" && parts[1] && parts[2]) await explainPage(app, parts[1], parts.slice(2).join("/"));
     else await overview(app);
     document.body.dataset.loaded = String(Date.now());
