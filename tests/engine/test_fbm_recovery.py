@@ -27,7 +27,6 @@ import msgspec
 import pytest
 
 from conveyor import records
-from conveyor.engine.queue import paging as queue_paging
 from conveyor.engine.queue import priority as queue_priority
 from conveyor.engine.queue import store as queue_store
 from conveyor.protocol import messages as m
@@ -48,7 +47,7 @@ def jobs_xml(fbm: bool, *, barrier: bool = False, tqd: bool = False, expiration:
         jobs_extra += "<TargetQueueDepth>7</TargetQueueDepth>"
     if expiration:
         jobs_extra += "<Expiration>6s</Expiration>"
-    if priority:  # snapshotted, not paged (the server refuses FileBackedMetadata with it)
+    if priority:  # its delivery index is paged too (queue/priority.py rule 5)
         jobs_extra += "<Priority>/k</Priority>"
     return f"""<AMPSConfig><Name>fbm</Name>
 <TransactionLog><JournalDirectory>./journals</JournalDirectory>
@@ -68,10 +67,14 @@ def jobs_xml(fbm: bool, *, barrier: bool = False, tqd: bool = False, expiration:
 
 
 class PagedHarness(Harness):
-    """The harness with paged queues: page files in ``pages``, as the server does."""
+    """The harness with paged queues: page files in ``pages``, as the server does, under
+    a budget of ``chunks`` full chunks (None: the default budget, 1 GiB)."""
 
-    def __init__(self, config: str, pages: Path | None, **kw) -> None:
-        super().__init__(config, pages=PageFiles(pages) if pages is not None else None, **kw)
+    def __init__(self, config: str, pages: Path | None, chunks: int | None = 3, **kw) -> None:
+        files = None
+        if pages is not None:
+            files = PageFiles(pages) if chunks is None else PageFiles(pages, chunks * queue_store.CHUNK_SLOTS * 16)
+        super().__init__(config, pages=files, **kw)
 
 
 def terminal_records(journal) -> tuple[Counter, Counter, set]:
@@ -230,7 +233,7 @@ SHAPES = [{}, {"barrier": True}, {"tqd": True}, {"expiration": True}, {"priority
 def test_fbm_engine_matches_plain_engine_across_crashes(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(queue_store, "CHUNK_SLOTS", 4)
     monkeypatch.setattr(queue_store, "_COMPACT_MIN_SLOTS", 2)
-    monkeypatch.setattr(queue_paging, "RESIDENT_MAX", 3)
+    monkeypatch.setattr(queue_priority, "CHUNK_SLOTS", 4)
     shape = SHAPES[seed % len(SHAPES)]
     twin = Twin(seed, tmp_path / "queues", **shape)
     try:
@@ -245,7 +248,6 @@ def test_restart_replays_only_after_the_snapshot(tmp_path, monkeypatch):
     """10,000 queued and half of them consumed before the checkpoint: the restart reads
     only what came after it, and the queue is the same as after a full replay."""
     monkeypatch.setattr(queue_store, "CHUNK_SLOTS", 64)
-    monkeypatch.setattr(queue_paging, "RESIDENT_MAX", 3)
     pages = tmp_path / "queues"
     h = PagedHarness(jobs_xml(True), pages)
     pub, w = h.connect("pub"), h.connect("w")
@@ -298,14 +300,18 @@ def test_a_corrupt_or_stale_snapshot_falls_back_to_the_journal(tmp_path, monkeyp
     assert list(h.engine.queues["Jobs"].available()) == want
 
 
-def test_a_priority_queue_restarts_from_its_snapshot(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fbm", [False, True])
+def test_a_priority_queue_restarts_from_its_snapshot(tmp_path, monkeypatch, fbm):
     """A priority queue with barriers: 3,000 queued at mixed priorities (NaN ones
     included), some leased and some acknowledged by bookmark (stale entries in the
     index) before the checkpoint. The restart reads only what came after it and
-    delivers in the same order as a full replay."""
+    delivers in the same order as a full replay. With FileBackedMetadata under a budget
+    of a few chunks, its store and its index are paged, and the snapshot names their
+    pages."""
     monkeypatch.setattr(queue_priority, "CHUNK_SLOTS", 16)
+    monkeypatch.setattr(queue_store, "CHUNK_SLOTS", 64)
     rng = random.Random(5)
-    h = PagedHarness(jobs_xml(False, priority=True, barrier=True), None)
+    h = PagedHarness(jobs_xml(fbm, priority=True, barrier=True), tmp_path / "queues" if fbm else None)
     pub, w = h.connect("pub"), h.connect("w")
     for n in range(3_000):
         k = rng.choice([0, 1, 5, 9, "x"])  # "x": not numeric, the lowest priority
@@ -323,6 +329,9 @@ def test_a_priority_queue_restarts_from_its_snapshot(tmp_path, monkeypatch):
     h.checkpoint()
     h.commit()
     assert h.written_checkpoint.snapshots["Jobs"].epochs
+    if fbm:
+        assert h.written_checkpoint.snapshots["Jobs"].epoch_pages  # index chunks by reference
+        assert jobs.paged_chunks > 0
     for n in range(3_000, 3_010):
         h.publish(pub, "Jobs", {"n": n, "k": 3, "b": 0})
     h.commit()

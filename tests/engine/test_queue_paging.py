@@ -15,7 +15,8 @@ from conveyor.engine.queue import paging as queue_paging
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue import store as queue_store
 from conveyor.engine.queue.queue import AckOption, Consumer, Queue
-from conveyor.engine.queue.paging import PagedMessageStore, PageCorrupt
+from conveyor.engine.queue.budget import PagingBudget
+from conveyor.engine.queue.paging import PagedMessageStore, PageCorrupt, PageSpace
 from conveyor.server.page_files import PageFiles
 
 
@@ -25,6 +26,26 @@ def PageFile(directory, queue, generation, *, fresh):  # noqa: N802
 
 #: Messages per chunk where every path of the paged store must be reached.
 TINY = 4
+
+
+def budget_of(chunks: int, slots: int = queue_store.CHUNK_SLOTS) -> PagingBudget:
+    """A budget of ``chunks`` full chunks of ``slots`` messages (16 bytes each)."""
+    return PagingBudget(chunks * slots * 16)
+
+
+def paged(file, chunks: int, slots: int | None = None) -> PagedMessageStore:
+    """A paged store over ``file`` under a budget of its own, ``chunks`` chunks big."""
+    budget = budget_of(chunks, slots or queue_store.CHUNK_SLOTS)
+    return PagedMessageStore(PageSpace(file, budget), chunk_slots=slots)
+
+
+def check_budget(store: PagedMessageStore) -> None:
+    """The budget counts exactly the store's resident chunks, and they fit in it but
+    for the head, the tail and the one in use (each at most two chunks' worth)."""
+    budget = store.space.budget
+    resident = [ch for ch in store._chunks if ch.positions is not None]
+    assert len(budget) == len(resident) and all(ch in budget for ch in resident)
+    assert store.resident_bytes <= budget.limit + 3 * 2 * 16 * store.chunk_slots
 
 
 def check(store: queue_store.MessageStore, model: dict[int, float]) -> None:
@@ -41,7 +62,7 @@ def check(store: queue_store.MessageStore, model: dict[int, float]) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_paged_store_matches_a_dict(tmp_path, seed):
     rng = random.Random(seed)
-    store = PagedMessageStore(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2, chunk_slots=TINY)
+    store = paged(PageFile(tmp_path, "Q", 0, fresh=True), 2, TINY)
     model: dict[int, float] = {}
     gone: list[int] = []
     nxt = 0
@@ -65,7 +86,7 @@ def test_paged_store_matches_a_dict(tmp_path, seed):
             model[p] = float(p)
         else:
             assert store.discard(-5) is None and (nxt + 1) not in store
-        assert store.resident_chunks <= 3  # head, tail and the one in use
+        check_budget(store)
         if rng.random() < 0.1:
             check(store, model)
     check(store, model)
@@ -73,11 +94,12 @@ def test_paged_store_matches_a_dict(tmp_path, seed):
 
 
 def test_memory_is_bounded_and_pages_come_back(tmp_path):
-    store = PagedMessageStore(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=4)
+    store = paged(PageFile(tmp_path, "Q", 0, fresh=True), 4)
     n = 200_000
     for p in range(n):
         store.append(p, float(p))
     assert store.resident_chunks <= 5
+    check_budget(store)
     assert store.paged_chunks >= n // queue_store.CHUNK_SLOTS - 4
     assert store.file.size >= 16 * (n - 4 * queue_store.CHUNK_SLOTS)
     # ack a message deep in the queue (by bookmark), then drain from the head
@@ -87,12 +109,12 @@ def test_memory_is_bounded_and_pages_come_back(tmp_path):
         p = store.head()
         got.append(p)
         store.discard(p)
-        assert store.resident_chunks <= 5
+        assert store.resident_chunks <= 6
     assert got == [p for p in range(n) if p != 123_457]
 
 
 def test_corrupt_page_is_refused(tmp_path):
-    store = PagedMessageStore(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    store = paged(PageFile(tmp_path, "Q", 0, fresh=True), 2)
     for p in range(5 * queue_store.CHUNK_SLOTS):
         store.append(p, 1.0)
     path = store.file.path
@@ -105,7 +127,7 @@ def test_corrupt_page_is_refused(tmp_path):
 
 def test_file_compacts_into_a_new_generation(tmp_path, monkeypatch):
     monkeypatch.setattr(queue_paging, "COMPACT_MIN_BYTES", 64 * 1024)
-    store = PagedMessageStore(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    store = paged(PageFile(tmp_path, "Q", 0, fresh=True), 2)
     p = 0
     for _ in range(30):  # a standing backlog while the head moves
         for _ in range(queue_store.CHUNK_SLOTS):
@@ -194,7 +216,7 @@ def test_paged_queue_behaves_as_in_memory(tmp_path, seed):
     rng = random.Random(seed)
     load = lambda p: (p,)  # noqa: E731
     paged = Queue(config(), load=load, chunk_slots=TINY)
-    paged.page_to(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    paged.page_to(PageFile(tmp_path, "Q", 0, fresh=True), budget=budget_of(2, TINY))
     plain = Queue(config(), load=load, chunk_slots=TINY)
     drive(rng, [paged, plain])
 
@@ -206,7 +228,7 @@ def test_snapshot_restores_the_state_replay_would_build(tmp_path, seed):
     load = lambda p: (p,)  # noqa: E731
     cfg = config(barrier_expression="/b = 1") if seed % 2 else config()
     q = Queue(cfg, load=load, chunk_slots=TINY)
-    q.page_to(PageFile(tmp_path, "Q", 0, fresh=True), resident_max=2)
+    q.page_to(PageFile(tmp_path, "Q", 0, fresh=True), budget=budget_of(2, TINY))
     twin = Queue(cfg, load=load, chunk_slots=TINY)
     consumers = drive(rng, [q, twin], steps=200)[1]
     snap = q.snapshot(events_from=10**9, publishes_from=10**9)
@@ -227,7 +249,7 @@ def test_snapshot_restores_the_state_replay_would_build(tmp_path, seed):
 
 def test_snapshot_checks(tmp_path):
     q = Queue(config(), load=lambda p: None)
-    q.page_to(PageFile(tmp_path, "Q", 0, fresh=True))
+    q.page_to(PageFile(tmp_path, "Q", 0, fresh=True), budget=budget_of(2))
     for p in range(3 * queue_store.CHUNK_SLOTS * 4):
         q.enqueue(p, 1.0)
     snap = q.snapshot(events_from=5, publishes_from=5)

@@ -481,6 +481,13 @@ OUTPUT_BUDGET_BYTES_DEFAULT = 2 * OUTPUT_BYTES_MAX_DEFAULT
 #: A connection that has sent nothing for this long and holds no subscription is closed
 #: unless its transport sets IdleTimeout (which then applies to every connection).
 IDLE_TIMEOUT_S_DEFAULT = 3600.0
+#: Limits (a conveyor extension): the resident state of every FileBackedMetadata queue
+#: together (16 bytes per message in the store, 16 more in a priority index), before
+#: the least recently used chunks are paged out. 1 GiB holds 64 million messages'
+#: entries: a deep backlog stays in memory on a server host, while a runaway one cannot
+#: take the host's memory. A fixed default, not a share of the host's memory, so a
+#: configuration means the same on every machine (docs/configuration.md, Limits).
+QUEUE_METADATA_MEMORY_BYTES_DEFAULT = 1024 * 1024 * 1024
 
 
 #: Defaults of ``<Limits>`` (docs/configuration.md): generous for one application,
@@ -516,6 +523,8 @@ class Limits:
     failed_logons_per_address_max: int = FAILED_LOGONS_PER_ADDRESS_MAX_DEFAULT  # <MaxFailedLogonsPerAddress>
     failed_logons_per_user_max: int = FAILED_LOGONS_PER_USER_MAX_DEFAULT  # <MaxFailedLogonsPerUser>
     failed_logon_window_s: float = FAILED_LOGON_WINDOW_S_DEFAULT  # <FailedLogonWindow>
+    # <QueueMetadataMemory>: FileBackedMetadata queues page out past it (engine/queue/budget.py)
+    queue_metadata_memory_bytes: int = QUEUE_METADATA_MEMORY_BYTES_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ Rules:
    limits (``MaxFailedLogonsPerAddress``, ``MaxFailedLogonsPerUser``, within
    ``FailedLogonWindow``) count wrong credentials only and delay the wrong answers
    over them; a correct credential is never refused (security/ratelimit.py).
+   ``QueueMetadataMemory`` (a positive size) is the memory budget of the
+   FileBackedMetadata queues' state together (engine/queue/budget.py).
 4. TLS (:func:`read_tls`): ``Certificate`` and ``PrivateKey`` are required on a
    listener, ``ClientCertificates`` (``none``/``optional``/``required``) needs
    ``CAFile``; every file must exist when the configuration is read. The files are
@@ -71,6 +73,7 @@ _LIMITS = {
     "MaxFailedLogonsPerAddress": ("failed_logons_per_address_max", "count"),
     "MaxFailedLogonsPerUser": ("failed_logons_per_user_max", "count"),
     "FailedLogonWindow": ("failed_logon_window_s", "duration"),
+    "QueueMetadataMemory": ("queue_metadata_memory_bytes", "size"),
 }
 
 

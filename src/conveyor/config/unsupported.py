@@ -33,16 +33,6 @@ def unsupported(config: Config) -> list[tuple[str, str, str]]:
             "remove it; bound the journal with <Retention> (MaxAge, MaxSize) and back up sealed segments "
             "(docs/operations.md, Backups)",
         ))
-    for q in config.queues:
-        if q.file_backed_metadata and q.priority is not None:
-            found.append((
-                f"{q.path}/FileBackedMetadata",
-                f"queue {q.name!r}: FileBackedMetadata is not available for a queue with a Priority: its "
-                "priority index is not paged, so the queue's memory would not be bounded (it is "
-                "snapshotted at each checkpoint without it)",
-                "remove <FileBackedMetadata> from this queue (FIFO queues, with barriers or "
-                "TargetQueueDepth, support it)",
-            ))
     return found
 
 

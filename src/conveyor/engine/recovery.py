@@ -50,7 +50,7 @@ from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedCon
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
-from conveyor.engine.queue.paging import PageFile
+from conveyor.engine.queue.paging import PageFile, PagingBudget
 from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
 from conveyor.engine.replication.replication import Replication
 from conveyor.engine.topics import Topics
@@ -88,6 +88,8 @@ Route = Callable[[int, Any, _Scan, float], None]
 class PageFiles(Protocol):
     """The page files of the FileBackedMetadata queues, provided by the shell
     (:class:`conveyor.server.page_files.PageFiles`; rule 4): the engine does no I/O itself."""
+
+    budget: PagingBudget  # shared by every FileBackedMetadata queue (queue/budget.py)
 
     def generations(self, queue: str) -> Collection[int]: ...
     def open(self, queue: str, generation: int, *, fresh: bool) -> PageFile: ...
@@ -406,6 +408,8 @@ class Recovery:
         snapshots; a queue with one starts its replay at the snapshot (``starts``)."""
         first = self._journal.first_position
         durable = self._journal.durable_end
+        if pages is not None:
+            pages.budget.clear()  # this engine's queues only (an earlier one in this process is gone)
         for b in self._bindings:
             name = b.name
             snap = checkpoint.snapshots.get(name) if checkpoint is not None else None
@@ -417,8 +421,7 @@ class Recovery:
                             "from the recovery point", name, "" if snap.replicated else " not")
                 snap = None
             file = None
-            if pages is not None and b.config.file_backed_metadata and b.config.priority is None:
-                # (the server refuses FileBackedMetadata on a priority queue: its index is not paged)
+            if pages is not None and b.config.file_backed_metadata:
                 existing = pages.generations(name)
                 if snap is not None and snap.page_file is not None and snap.page_file in existing:
                     file = pages.open(name, snap.page_file, fresh=False)
@@ -437,7 +440,7 @@ class Recovery:
             if file is not None:
                 assert pages is not None  # a file comes from pages
                 pages.prune(name, keep=file.generation)
-                b.queue.page_to(file)
+                b.queue.page_to(file, budget=pages.budget)  # one budget for every paged queue
             if snap is not None:
                 b.queue.restore_snapshot(snap)
                 if b.ownership is not None:

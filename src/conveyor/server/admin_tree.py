@@ -126,7 +126,20 @@ def engine_summary(server: Server, now: float) -> dict:
         "queue_consumers": e.delivery.consumers(),
         "named_consumers": plain(e.named.statistics()),
         "staging": plain(e.transactions.staging.statistics()),
+        "queue_metadata": queue_metadata(server),
     }
+
+
+def queue_metadata(server: Server) -> dict | None:
+    """The FileBackedMetadata budget (engine/queue/budget.py): resident bytes of every
+    paged queue's state against ``Limits/QueueMetadataMemory``, and the chunks paged in
+    and out since the start. None without a transaction log (nothing is paged)."""
+    pages = getattr(server, "pages", None)
+    if pages is None:
+        return None
+    b = pages.budget
+    return {"budget_bytes": b.limit, "resident_bytes": b.resident, "resident_chunks": len(b),
+            "page_ins": b.page_ins, "page_outs": b.page_outs}
 
 
 # --- queues --------------------------------------------------------------------------------------

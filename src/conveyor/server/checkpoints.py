@@ -197,11 +197,14 @@ def pages_directory(directory: Path) -> Path:
     return Path(directory) / PAGES_DIRECTORY
 
 
-def page_files(directory: Path):
-    """What the engine pages FileBackedMetadata queues to (``recover(pages=...)``)."""
+def page_files(directory: Path, memory: int | None = None):
+    """What the engine pages FileBackedMetadata queues to (``recover(pages=...)``), under
+    a budget of ``memory`` bytes (``<Limits><QueueMetadataMemory>``; None: its default)."""
     from conveyor.server.page_files import PageFiles
 
-    return PageFiles(pages_directory(directory))
+    if memory is None:
+        return PageFiles(pages_directory(directory))
+    return PageFiles(pages_directory(directory), memory)
 
 
 def write_snapshots(directory: Path, snapshots: dict) -> None:

@@ -2,7 +2,9 @@
 
 ``<JournalDirectory>/queues/<queue>.<generation>.fbm``: append-only, read at offsets
 (the rules are queue_paging's). :class:`PageFiles` is what the server hands to
-``Engine.recover(pages=...)``: it lists, opens and deletes the generations of a queue.
+``Engine.recover(pages=...)``: it lists, opens and deletes the generations of a queue,
+and carries the server-wide :class:`~conveyor.engine.queue.budget.PagingBudget` every
+FileBackedMetadata queue pages under (``<Limits><QueueMetadataMemory>``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from conveyor.engine.queue.budget import DEFAULT_LIMIT, PagingBudget
 from conveyor.engine.queue.paging import PageCorrupt
 
 SUFFIX = ".fbm"
@@ -26,10 +29,12 @@ def file_stem(queue: str) -> str:
 
 
 class PageFiles:
-    """The page files of every queue in one directory."""
+    """The page files of every queue in one directory, and the budget their queues'
+    resident state shares (``memory`` bytes)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, memory: int = DEFAULT_LIMIT) -> None:
         self.directory = Path(directory)
+        self.budget = PagingBudget(memory)
 
     def path(self, queue: str, generation: int) -> Path:
         return self.directory / f"{file_stem(queue)}.{generation}{SUFFIX}"

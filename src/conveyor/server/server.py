@@ -277,7 +277,7 @@ class Server:
                 tlog.journal_directory, first_position=self.journal.first_position, durable_end=self.journal.durable_end
             )
             checkpoint = with_snapshots(checkpoint, tlog.journal_directory)  # FileBackedMetadata
-            pages = page_files(tlog.journal_directory)
+            pages = self.pages = page_files(tlog.journal_directory, self.config.limits.queue_metadata_memory_bytes)
         count = self.engine.recover(self.clock(), checkpoint=checkpoint, pages=pages)
         log.info("%s", recovery_line(self.engine, count, time.monotonic() - started, checkpoint, tlog is not None,
                                      self.clock()))

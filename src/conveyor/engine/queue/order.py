@@ -29,9 +29,10 @@ consumer and no time. Rules:
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from conveyor.engine.queue.paging import PagedMessageStore, PageFile
+from conveyor.engine.queue.budget import PagingBudget
+from conveyor.engine.queue.paging import PagedMessageStore, PageFile, PageSpace
 from conveyor.engine.queue.priority import POSITION_MASK, EpochImage, PriorityIndex, priority_of_key
 from conveyor.engine.queue.store import ChunkImage, MessageStore
 
@@ -39,7 +40,7 @@ from conveyor.engine.queue.store import ChunkImage, MessageStore
 class DeliveryOrder:
     """Rules 1-5; ``priority``: the queue has a Priority."""
 
-    __slots__ = ("store", "barriers", "_priority", "_epochs", "_on_first_epoch_grew")
+    __slots__ = ("store", "barriers", "_priority", "_epochs", "_on_first_epoch_grew", "_space")
 
     def __init__(
         self, *, priority: bool, chunk_slots: int | None, on_first_epoch_grew: Callable[[], None]
@@ -49,13 +50,28 @@ class DeliveryOrder:
         self._priority = priority
         self._epochs: list[PriorityIndex] = [PriorityIndex(self.store.__contains__)] if priority else []
         self._on_first_epoch_grew = on_first_epoch_grew
+        self._space: PageSpace | None = None  # FileBackedMetadata
 
-    def page_to(self, file: PageFile, resident_max: int | None) -> None:
-        """Keep the store in ``file`` (FileBackedMetadata); only while it is empty, and
-        not for a priority queue (whose epochs are not paged)."""
+    def page_to(self, file: PageFile, budget: PagingBudget | None) -> None:
+        """Page the store, and a priority queue's epochs, to ``file`` under ``budget``
+        (FileBackedMetadata); only while the queue is empty."""
         if __debug__:
-            assert not self.store and not self._priority
-        self.store = PagedMessageStore(file, resident_max=resident_max, chunk_slots=self.store.chunk_slots)
+            assert not self.store and all(not index for index in self._epochs)
+        space = self._space = PageSpace(file, budget)
+        space.hold(self._index_chunks)
+        self.store = PagedMessageStore(space, chunk_slots=self.store.chunk_slots)
+        if self._priority:
+            for index in self._epochs:
+                index.close()
+            self._epochs = [PriorityIndex(self.store.__contains__, space)]
+
+    def _index(self) -> PriorityIndex:
+        """A new epoch's index (paged with the store, if it is)."""
+        return PriorityIndex(self.store.__contains__, self._space)
+
+    def _index_chunks(self) -> Iterator[Any]:
+        for index in self._epochs:
+            yield from index.chunks()
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -144,7 +160,7 @@ class DeliveryOrder:
         if barrier:
             self.barriers.append(p)
             if self._priority:
-                self._epochs.append(PriorityIndex(self.store.__contains__))
+                self._epochs.append(self._index())
             return False
         if self._priority:
             self._epochs[-1].add(key)
@@ -190,11 +206,13 @@ class DeliveryOrder:
         epochs = self._epochs
         left, right = epochs[i], epochs[i + 1]
         if not left:
+            left.close()
             del epochs[i]
         elif right:
-            left.merge(right)
+            left.merge(right)  # closes right
             del epochs[i + 1]
         else:
+            right.close()
             del epochs[i + 1]
             return
         if i == 0:
@@ -227,10 +245,11 @@ class DeliveryOrder:
         return i == 0
 
     def paged_chunks(self) -> int:
-        """Chunks of available messages paged out to the page file (FileBackedMetadata)."""
+        """Chunks paged out to the page file (FileBackedMetadata): the store's and, in a
+        priority queue, the epochs' index chunks."""
         store = self.store
-        if isinstance(store, PagedMessageStore) and store.page_generation is not None:
-            return store.paged_chunks  # only a paged store has a page generation
+        if isinstance(store, PagedMessageStore):
+            return store.paged_chunks + sum(index.paged_chunks for index in self._epochs)
         return 0
 
     # --- snapshots ----------------------------------------------------------------------------
@@ -250,7 +269,8 @@ class DeliveryOrder:
         self.store.adopt(chunks)
         self.barriers = list(barriers)
         if self._priority:
-            live = self.store.__contains__
-            self._epochs = [PriorityIndex(live) for _ in epochs]
+            for index in self._epochs:
+                index.close()
+            self._epochs = [self._index() for _ in epochs]
             for index, image in zip(self._epochs, epochs):
                 index.load(image)

@@ -28,13 +28,26 @@ Rules:
    head or when stale entries outnumber the live ones (a rebuild). A stale entry is one
    whose position is no longer in the queue's store; such a position never comes back
    (acknowledged and expired are terminal), so ``live(position)`` tells them apart.
+   A sweep, like the merge of two epochs, reads the index in order and builds the new
+   one chunk by chunk.
+5. **Paging** (FileBackedMetadata, :mod:`conveyor.engine.queue.paging`): given the
+   queue's page space, the chunks are paged out and in under the server-wide budget
+   like the store's (budget.py), 16 bytes a message on a page. The first chunk of each
+   run (the head) is always resident; any other is paged in when an insert, an exact
+   removal or a scan reaches it. A snapshot names a paged-out chunk by its page
+   (:class:`EpochImage` segments), so neither a snapshot nor a restart holds the whole
+   index in memory.
 """
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
+
+if TYPE_CHECKING:
+    from conveyor.engine.queue.paging import PageSpace
 
 #: Priorities are unsigned 64-bit; -1 is NaN (NULL, non-numeric), the lowest.
 PRIORITY_MAX = (1 << 64) - 1
@@ -79,47 +92,117 @@ def priority_of_key(key: int) -> int:
     return priority_of_rank(key >> _SHIFT)
 
 
+#: A chunk of a paged index as a snapshot names it: ``(rank, position, offset, count,
+#: crc)``, the chunk's first entry (rank minus the run's base) and its page; an inline
+#: chunk has offset -1 and takes the next ``count`` entries of the image's columns.
+Segment = tuple[int, int, int, int, int]
+
+
 class EpochImage(NamedTuple):
     """A :class:`PriorityIndex` as a snapshot keeps it: the numeric run's ranks
     (``'Q'``) and positions (``'q'``), the NaN run's positions, in order, stale entries
-    included, and how many entries are stale."""
+    included, and how many entries are stale. A paged index (rule 5) whose chunks are
+    not all resident adds each run's chunks as :data:`Segment` values: the columns then
+    hold only the resident chunks' entries."""
 
     ranks: bytes
     positions: bytes
     nan_positions: bytes
     stale: int
+    num_pages: tuple[Segment, ...] = ()
+    nan_pages: tuple[Segment, ...] = ()
+
+
+#: The columns of a paged-out chunk (shared, never written: rule 5 pages a chunk in
+#: before anything changes it). A resident chunk is never empty.
+_PAGED_RANKS: array[int] = array("Q")
+_PAGED_POSITIONS: array[int] = array("q")
 
 
 class _Chunk:
-    __slots__ = ("ranks", "positions", "start")
+    __slots__ = ("ranks", "positions", "start", "page")
 
     def __init__(self, ranks: array[int], positions: array[int]) -> None:
-        self.ranks = ranks  # array('Q'): rank minus the run's base
+        self.ranks = ranks  # array('Q'): rank minus the run's base; empty while paged out
         self.positions = positions  # array('q')
         self.start = 0  # slots before it are taken heads (dead)
+        self.page: tuple[int, int, int] | None = None  # paging: an up-to-date copy on disk, if any
 
 
 class _Run:
     """Sorted (rank, position) pairs in chunks; ``base`` is added to every rank (the NaN
-    run stores 0 and has base 2**64)."""
+    run stores 0 and has base 2**64). With a ``space`` (FileBackedMetadata, rule 5) the
+    chunks are paged under its budget; the first chunk is always resident."""
 
-    __slots__ = ("_chunks", "_firsts", "_base", "n")
+    __slots__ = ("_chunks", "_firsts", "_base", "n", "_space")
 
-    def __init__(self, base: int) -> None:
+    def __init__(self, base: int, space: PageSpace | None = None) -> None:
         self._chunks: list[_Chunk] = []
         self._firsts: list[int] = []  # the first live key of each chunk, for bisect
         self._base = base
         self.n = 0  # entries, stale ones included
+        self._space = space
 
     def _key(self, ch: _Chunk, k: int) -> int:
         return ((ch.ranks[k] + self._base) << _SHIFT) | ch.positions[k]
 
+    # --- paging (rule 5) ---------------------------------------------------------------
+
+    def _resident(self, ch: _Chunk, *, touch: bool = True) -> _Chunk:
+        """``ch`` in memory (paged in if it was out), the most recently used."""
+        space = self._space
+        if space is None:
+            return ch
+        if not ch.ranks:
+            assert ch.page is not None  # a paged-out chunk is on a page
+            ch.ranks, ch.positions = space.read(ch.page, "Qq")
+            ch.start = 0
+            space.budget.admit(self, ch, 16 * len(ch.ranks), paged_in=True)
+        elif touch:
+            space.budget.touch(ch, 16 * len(ch.ranks))
+        return ch
+
+    def _admit(self, ch: _Chunk) -> None:
+        if self._space is not None:
+            self._space.budget.admit(self, ch, 16 * len(ch.ranks))
+
+    def release(self, chunk: object) -> bool:
+        """Page ``chunk`` out, asked by the budget; never the first chunk."""
+        chunks, space = self._chunks, self._space
+        if not chunks or chunk is chunks[0] or space is None:
+            return False
+        assert isinstance(chunk, _Chunk) and chunk.ranks  # the budget holds resident chunks
+        if chunk.page is None:
+            s = chunk.start
+            chunk.page = space.write(chunk.ranks[s:], chunk.positions[s:])
+            chunk.ranks, chunk.positions, chunk.start = _PAGED_RANKS, _PAGED_POSITIONS, 0
+            space.maybe_compact()
+        chunk.ranks, chunk.positions, chunk.start = _PAGED_RANKS, _PAGED_POSITIONS, 0
+        return True
+
+    def drop(self) -> None:
+        """This run is gone (rebuilt, merged, emptied): its chunks leave the budget."""
+        if self._space is not None:
+            forget = self._space.budget.forget
+            for ch in self._chunks:
+                forget(ch)
+
+    def chunks(self) -> list[_Chunk]:
+        return self._chunks
+
+    @property
+    def paged_chunks(self) -> int:
+        return sum(1 for ch in self._chunks if not ch.ranks)
+
+    # --- reading and changing ----------------------------------------------------------
+
     def _locate(self, rank: int, position: int, key: int) -> tuple[int, int]:
-        """(chunk, slot) where (rank, position) is or would be inserted."""
+        """(chunk, slot) where (rank, position) is or would be inserted; that chunk is
+        resident."""
         i = bisect_right(self._firsts, key) - 1
         if i < 0:
             return 0, self._chunks[0].start
-        ch = self._chunks[i]
+        ch = self._resident(self._chunks[i])
         ranks = ch.ranks
         lo = bisect_left(ranks, rank, ch.start)
         hi = bisect_right(ranks, rank, lo)
@@ -130,11 +213,14 @@ class _Run:
         self.n += 1
         chunks = self._chunks
         if not chunks:
-            chunks.append(_Chunk(array("Q", (rank,)), array("q", (position,))))
+            ch = _Chunk(array("Q", (rank,)), array("q", (position,)))
+            chunks.append(ch)
             self._firsts.append(key)
+            self._admit(ch)
             return
         i, j = self._locate(rank, position, key)
         ch = chunks[i]
+        ch.page = None
         if j == ch.start and j > 0:
             j -= 1  # reuse a dead slot at the front
             ch.ranks[j] = rank
@@ -167,6 +253,7 @@ class _Run:
         if j == ch.start:
             self._advance(i)
         else:
+            ch.page = None
             del ch.ranks[j]
             del ch.positions[j]
         return True
@@ -183,13 +270,18 @@ class _Run:
         self._advance(0)
 
     def _advance(self, i: int) -> None:
-        """The first live slot of chunk ``i`` is gone."""
+        """The first live slot of chunk ``i`` (resident) is gone."""
         ch = self._chunks[i]
+        ch.page = None
         s = ch.start + 1
         size = len(ch.ranks)
         if s == size:
             del self._chunks[i]
             del self._firsts[i]
+            if self._space is not None:
+                self._space.budget.forget(ch)
+                if i == 0 and self._chunks:
+                    self._resident(self._chunks[0])  # the first chunk is always resident
             return
         if s >= _CUT_MIN and 2 * s > size:
             del ch.ranks[:s]
@@ -211,6 +303,7 @@ class _Run:
             ch.start = 0
         self._chunks.insert(i + 1, tail)
         self._firsts.insert(i + 1, self._key(tail, 0))
+        self._admit(tail)
 
     def scan(self, key: int) -> Iterator[int]:
         """Keys >= ``key``, in order (stale ones included)."""
@@ -225,55 +318,94 @@ class _Run:
         base = self._base
         while i < len(chunks):
             ch = chunks[i]
+            if not ch.ranks:
+                ch = self._resident(ch)
             ranks, positions = ch.ranks, ch.positions
             for k in range(max(j, ch.start), len(ranks)):
                 yield ((ranks[k] + base) << _SHIFT) | positions[k]
             i += 1
             j = 0
 
-    def export(self) -> tuple[bytes, bytes]:
-        """(ranks ``'Q'``, positions ``'q'``) of every entry, stale ones included, in
-        order: C copies of the chunks, no Python object per entry (a snapshot)."""
+    # --- snapshots and rebuilds --------------------------------------------------------
+
+    def export(self) -> tuple[bytes, bytes, tuple[Segment, ...]]:
+        """(ranks ``'Q'``, positions ``'q'``, segments) of every entry, stale ones
+        included, in order: C copies of the resident chunks, no Python object per entry
+        (a snapshot). Segments only when a chunk is paged out; those are named by
+        their page."""
         ranks, positions = array("Q"), array("q")
-        for ch in self._chunks:
-            ranks.extend(ch.ranks[ch.start:])
-            positions.extend(ch.positions[ch.start:])
-        return ranks.tobytes(), positions.tobytes()
-
-    def load(self, ranks: array[int], positions: array[int]) -> None:
-        """Replace the contents with what :meth:`export` gave (sorted, this run's)."""
+        segments: list[Segment] = []
         base = self._base
-        self._chunks, self._firsts, self.n = [], [], len(positions)
-        for a in range(0, len(positions), CHUNK_SLOTS):
-            ch = _Chunk(ranks[a : a + CHUNK_SLOTS], positions[a : a + CHUNK_SLOTS])
-            self._chunks.append(ch)
-            self._firsts.append(((ch.ranks[0] + base) << _SHIFT) | ch.positions[0])
+        for first, ch in zip(self._firsts, self._chunks):
+            if not ch.ranks:
+                assert ch.page is not None  # a paged-out chunk is on a page
+                segments.append(((first >> _SHIFT) - base, first & POSITION_MASK, *ch.page))
+            else:
+                ranks.extend(ch.ranks[ch.start:])
+                positions.extend(ch.positions[ch.start:])
+                segments.append((0, 0, -1, len(ch.ranks) - ch.start, 0))
+        if all(seg[2] < 0 for seg in segments):
+            segments = []  # every chunk inline: the columns say it all
+        return ranks.tobytes(), positions.tobytes(), tuple(segments)
 
-    def rebuild(self, keys: list[int]) -> None:
-        """Replace the contents with ``keys`` (sorted, all in this run)."""
-        self._chunks, self._firsts, self.n = [], [], len(keys)
+    def load(self, ranks: array[int], positions: array[int], segments: tuple[Segment, ...] = ()) -> None:
+        """Replace the contents with what :meth:`export` gave (sorted, this run's);
+        ValueError if the segments do not match the columns."""
+        self.drop()
         base = self._base
-        for a in range(0, len(keys), CHUNK_SLOTS):
-            part = keys[a : a + CHUNK_SLOTS]
-            ch = _Chunk(
-                array("Q", [(k >> _SHIFT) - base for k in part]),
-                array("q", [k & POSITION_MASK for k in part]),
-            )
+        self._chunks, self._firsts, self.n = [], [], 0
+        if not segments:
+            segments = tuple((0, 0, -1, min(CHUNK_SLOTS, len(positions) - a), 0)
+                             for a in range(0, len(positions), CHUNK_SLOTS))
+        a = 0
+        for rank, position, offset, count, crc in segments:
+            if count <= 0 or (offset < 0 and a + count > len(positions)):
+                raise ValueError("a priority index segment does not match its columns")
+            if offset < 0:
+                ch = _Chunk(ranks[a : a + count], positions[a : a + count])
+                first = ((ch.ranks[0] + base) << _SHIFT) | ch.positions[0]
+                a += count
+            else:
+                if self._space is None:
+                    raise ValueError("a paged priority index image needs a paged queue")
+                ch = _Chunk(_PAGED_RANKS, _PAGED_POSITIONS)
+                ch.page = (offset, count, crc)
+                first = ((rank + base) << _SHIFT) | position
             self._chunks.append(ch)
-            self._firsts.append(part[0])
+            self._firsts.append(first)
+            self.n += count
+            if ch.ranks:
+                self._admit(ch)
+        if a != len(positions):
+            raise ValueError("a priority index segment does not match its columns")
+        if self._chunks:
+            self._resident(self._chunks[0])
+
+    def append_keys(self, keys: list[int]) -> None:
+        """Add a chunk of ``keys`` (sorted, this run's, after every key here)."""
+        base = self._base
+        ch = _Chunk(
+            array("Q", [(k >> _SHIFT) - base for k in keys]),
+            array("q", [k & POSITION_MASK for k in keys]),
+        )
+        self._chunks.append(ch)
+        self._firsts.append(keys[0])
+        self.n += len(keys)
+        self._admit(ch)
 
 
 class PriorityIndex:
     """The available messages of a priority queue (or of one barrier epoch of it), by
     order key. ``live(position)``: whether the position is still in the queue's store
-    (rule 4)."""
+    (rule 4). ``space``: page the chunks there (FileBackedMetadata, rule 5)."""
 
-    __slots__ = ("_num", "_nan", "_live", "stale", "version")
+    __slots__ = ("_num", "_nan", "_live", "_space", "stale", "version")
 
-    def __init__(self, live: Callable[[int], bool]) -> None:
-        self._num = _Run(0)
-        self._nan = _Run(_RANK_NAN)
+    def __init__(self, live: Callable[[int], bool], space: PageSpace | None = None) -> None:
+        self._num = _Run(0, space)
+        self._nan = _Run(_RANK_NAN, space)
         self._live = live
+        self._space = space
         self.stale = 0  # entries whose position left the store (lazy removals)
         self.version = 0  # bumped on every change, to catch mutation during iteration
 
@@ -334,11 +466,30 @@ class PriorityIndex:
     def __iter__(self) -> Iterator[int]:
         return self.scan(-1)
 
+    # --- paging (rule 5) -----------------------------------------------------------------
+
+    def chunks(self) -> Iterator[_Chunk]:
+        """Every chunk (the page space moves their pages when it compacts)."""
+        yield from self._num.chunks()
+        yield from self._nan.chunks()
+
+    @property
+    def paged_chunks(self) -> int:
+        return self._num.paged_chunks + self._nan.paged_chunks
+
+    def close(self) -> None:
+        """This index is gone (its epoch joined another): its chunks leave the budget."""
+        self._num.drop()
+        self._nan.drop()
+
+    # --- snapshots and rebuilds --------------------------------------------------------
+
     def export(self) -> EpochImage:
-        """The index as a snapshot keeps it: O(chunks) C copies (rule 2)."""
-        num_ranks, num_positions = self._num.export()
-        _, nan_positions = self._nan.export()
-        return EpochImage(num_ranks, num_positions, nan_positions, self.stale)
+        """The index as a snapshot keeps it: O(chunks) C copies (rule 2); a paged-out
+        chunk by its page (rule 5)."""
+        num_ranks, num_positions, num_pages = self._num.export()
+        _, nan_positions, nan_pages = self._nan.export()
+        return EpochImage(num_ranks, num_positions, nan_positions, self.stale, num_pages, nan_pages)
 
     def load(self, image: EpochImage) -> None:
         """Replace the contents with an exported image. Its stale entries stay stale:
@@ -347,25 +498,45 @@ class PriorityIndex:
         ranks.frombytes(image.ranks)
         positions.frombytes(image.positions)
         nan_positions.frombytes(image.nan_positions)
-        if len(ranks) != len(positions) or image.stale > len(positions) + len(nan_positions):
+        total = len(positions) + len(nan_positions)
+        total += sum(seg[3] for seg in (*image.num_pages, *image.nan_pages) if seg[2] >= 0)
+        if len(ranks) != len(positions) or not 0 <= image.stale <= total:
             raise ValueError("an inconsistent priority index image")
-        self._num.load(ranks, positions)
-        self._nan.load(array("Q", bytes(8 * len(nan_positions))), nan_positions)
+        self._num.load(ranks, positions, tuple(image.num_pages))
+        self._nan.load(array("Q", bytes(8 * len(nan_positions))), nan_positions, tuple(image.nan_pages))
         self.stale = image.stale
         self.version += 1
 
     def merge(self, other: PriorityIndex) -> None:
-        """Take every entry of ``other`` (a barrier between the two went away)."""
-        keys = sorted([*self.scan(-1), *other.scan(-1)])
+        """Take every entry of ``other`` (a barrier between the two went away), and
+        close it. Both are read in order and rebuilt chunk by chunk: a paged index is
+        never all in memory (rule 5)."""
         self.version += 1
+        self._rebuild(heapq.merge(self.scan(-1), other.scan(-1)))
         self.stale = 0
-        self._rebuild(keys)
+        other.close()
 
     def _sweep(self) -> None:
-        self._rebuild(list(self.scan(-1)))
+        self._rebuild(self.scan(-1))
         self.stale = 0
 
-    def _rebuild(self, keys: list[int]) -> None:
-        split = bisect_left(keys, _RANK_NAN << _SHIFT)
-        self._num.rebuild(keys[:split])
-        self._nan.rebuild(keys[split:])
+    def _rebuild(self, keys: Iterable[int]) -> None:
+        """Replace the contents with ``keys`` (sorted, live), which may be read from this
+        index: the new runs are built beside the old ones, then swapped in."""
+        num, nan = _Run(0, self._space), _Run(_RANK_NAN, self._space)
+        split = _RANK_NAN << _SHIFT
+        run, part = num, list[int]()
+        for k in keys:
+            if k >= split and run is num:
+                if part:
+                    num.append_keys(part)
+                run, part = nan, []
+            part.append(k)
+            if len(part) == CHUNK_SLOTS:
+                run.append_keys(part)
+                part = []
+        if part:
+            run.append_keys(part)
+        self._num.drop()
+        self._nan.drop()
+        self._num, self._nan = num, nan

@@ -156,7 +156,7 @@ from conveyor.engine.queue.events import (
 )
 from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
-from conveyor.engine.queue.paging import PageFile
+from conveyor.engine.queue.paging import PageFile, PagingBudget
 from conveyor.engine.queue.priority import KEY_END, POSITION_MASK, order_key
 from conveyor.engine.queue.recovery import QueueReplayer
 from conveyor.engine.queue.report import QueueReport
@@ -983,15 +983,14 @@ class Queue:
 
     # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
 
-    def page_to(self, file: PageFile, *, resident_max: int | None = None) -> None:
-        """Keep the available messages in a paged store over ``file`` (a
-        :class:`~conveyor.engine.queue.paging.PageFile`), at most ``resident_max`` chunks
-        in memory (``queue_paging.RESIDENT_MAX``): memory bounded whatever the depth. Only
-        before the first message, and not for a priority queue (whose delivery index is
-        not paged)."""
-        if self._priority or self._order.store or self._last_position >= self._start:
-            raise QueueStateError(f"queue {self.name!r}: paging must be set up on an empty FIFO queue")
-        self._order.page_to(file, resident_max)
+    def page_to(self, file: PageFile, *, budget: PagingBudget | None = None) -> None:
+        """Page the available messages (and a priority queue's delivery index) out to
+        ``file`` (a :class:`~conveyor.engine.queue.paging.PageFile`) when the resident
+        chunks of every paged queue pass ``budget`` (shared by them; None: one of
+        ``budget.DEFAULT_LIMIT`` for this queue). Only before the first message."""
+        if self._order.store or self._last_position >= self._start:
+            raise QueueStateError(f"queue {self.name!r}: paging must be set up on an empty queue")
+        self._order.page_to(file, budget)
 
     def export_state(self) -> QueueState:
         """The state a snapshot keeps (queue/snapshot.py rule 5)."""

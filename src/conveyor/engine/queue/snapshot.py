@@ -34,7 +34,10 @@ This module sees nothing of the queue but that state. Rules:
    priority index's sorted columns as they are (``queue_priority.EpochImage``, stale
    entries and their count included, so taking it costs C copies and no Python object
    per message), and the priority of each leased message, which goes back into the
-   first epoch on restore.
+   first epoch on restore. A FileBackedMetadata priority queue pages its index too
+   (``queue_priority`` rule 5): a paged-out index chunk is stored by reference, as a
+   store chunk is (rule 3), in ``epoch_pages``; the epoch's columns then hold only its
+   resident chunks.
 6. **Replicated queues** add the messages another instance owns (position, owner,
    publish and arrival times; those leased here whose ownership moved away are among
    them, as their lease ends with the restart) and the engine's ownership state for the
@@ -50,20 +53,20 @@ import hashlib
 import zlib
 from array import array
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Iterable, cast
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import msgspec
 
 from conveyor.engine.queue.events import QueueState
 from conveyor.engine.queue.paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
-from conveyor.engine.queue.priority import EpochImage, order_key, priority_of_key
+from conveyor.engine.queue.priority import EpochImage, Segment, order_key, priority_of_key
 from conveyor.engine.queue.replica import OwnershipState
 from conveyor.engine.queue.store import ChunkImage
 
 if TYPE_CHECKING:
     from conveyor.config.model import QueueConfig
 
-FORMAT_VERSION = 2  # 2: per-message expiries (``expiries``)
+FORMAT_VERSION = 3  # 2: per-message expiries (``expiries``); 3: paged priority indexes (``epoch_pages``)
 
 
 class SnapshotInvalid(Exception):
@@ -109,6 +112,10 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     left: bytes = b""  # recent leavers, oldest first, the same columns
     ownership: OwnershipState = OwnershipState()  # tombstones and transfers (engine/replication/ownership.py)
     expiries: bytes = b""  # messages with an expiry of their own: positions 'q' + expiry times 'd'
+    # a paged priority index (rule 5): per epoch, the numeric and the NaN run's chunks
+    # (queue_priority.Segment: first rank and position, page offset or -1 when inline,
+    # count, crc); an epoch without paged-out chunks has none
+    epoch_pages: list[tuple[list[tuple[int, int, int, int, int]], list[tuple[int, int, int, int, int]]]] = []
 
 
 def fingerprint(config: QueueConfig) -> str:
@@ -157,7 +164,8 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         inactive=state.inactive,
         refill_from=state.refill_from,
         deferred=list(state.deferred_acks),
-        epochs=cast("list[tuple[bytes, bytes, bytes, int]]", [tuple(e) for e in state.epochs]),  # EpochImage's fields
+        epochs=[(e.ranks, e.positions, e.nan_positions, e.stale) for e in state.epochs],
+        epoch_pages=_epoch_pages(state.epochs),
         returned_priorities=[priority_of_key(k) for k in state.leased_keys],
         elsewhere=_pack(array("q", [a[0] for a in away]), array("d", [a[2] for a in away]),
                         array("d", [a[4] for a in away])),
@@ -190,10 +198,13 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
         raise SnapshotInvalid("its message expiries are cut short")
     if len(snap.idents) % 24 or len(snap.left) % 24:
         raise SnapshotInvalid("its message identities are cut short")
-    for ranks, positions, nan_positions, stale in snap.epochs:
+    _check_epoch_pages(snap)
+    pages = snap.epoch_pages or [([], [])] * len(snap.epochs)
+    for (ranks, positions, nan_positions, stale), (num, nan) in zip(snap.epochs, pages):
         if len(ranks) != len(positions) or len(positions) % 8 or len(nan_positions) % 8:
             raise SnapshotInvalid("a priority epoch is cut short")
-        if not 0 <= stale <= (len(positions) + len(nan_positions)) // 8:
+        paged = sum(seg[3] for seg in (*num, *nan) if seg[2] >= 0)
+        if not 0 <= stale <= (len(positions) + len(nan_positions)) // 8 + paged:
             raise SnapshotInvalid("a priority epoch's stale count is out of range")
     if snap.page_file is not None and (file is None or file.generation != snap.page_file):
         raise SnapshotInvalid("its page file is missing")
@@ -208,6 +219,13 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
             raise SnapshotInvalid(str(exc)) from None
         if count == 0:
             raise SnapshotInvalid("an empty chunk")
+    for offset, count, crc in _paged_segments(snap):
+        if file is None:
+            raise SnapshotInvalid("its page file is missing")
+        try:
+            check_page(file.read(offset, 16 * count), count, crc, f"{file.path}@{offset}")
+        except (PageCorrupt, OSError) as exc:
+            raise SnapshotInvalid(str(exc)) from None
 
 
 def state(snap: QueueSnapshot) -> QueueState:
@@ -233,11 +251,44 @@ def state(snap: QueueSnapshot) -> QueueState:
         inactive=snap.inactive,
         refill_from=snap.refill_from,
         deferred_acks=tuple(sorted(snap.deferred)),
-        epochs=tuple(EpochImage(*e) for e in snap.epochs),
+        epochs=tuple(
+            EpochImage(ranks, positions, nan_positions, stale, tuple(num), tuple(nan))
+            for (ranks, positions, nan_positions, stale), (num, nan)
+            in zip(snap.epochs, snap.epoch_pages or [([], [])] * len(snap.epochs))
+        ),
         leased_keys=tuple(order_key(q, p) for q, p in zip(snap.returned_priorities, positions)),
         elsewhere=_elsewhere(snap),
         expiries=tuple(zip(*_unpack(snap.expiries, "q", "d"))),
     )
+
+
+def _epoch_pages(epochs: Iterable[EpochImage]) -> list[tuple[list[Segment], list[Segment]]]:
+    """``QueueSnapshot.epoch_pages`` (rule 5): none when no epoch has a paged-out chunk."""
+    pages = [(list(e.num_pages), list(e.nan_pages)) for e in epochs]
+    return pages if any(num or nan for num, nan in pages) else []
+
+
+def _paged_segments(snap: QueueSnapshot) -> Iterator[tuple[int, int, int]]:
+    """(offset, count, crc) of every paged-out index chunk the snapshot names."""
+    for runs in snap.epoch_pages:
+        for run in runs:
+            for _, _, offset, count, crc in run:
+                if offset >= 0:
+                    yield offset, count, crc
+
+
+def _check_epoch_pages(snap: QueueSnapshot) -> None:
+    """Rule 5: the index segments match the epochs' columns."""
+    if not snap.epoch_pages:
+        return
+    if len(snap.epoch_pages) != len(snap.epochs):
+        raise SnapshotInvalid("its paged priority epochs do not match its epochs")
+    for (ranks, positions, nan_positions, _), (num, nan) in zip(snap.epochs, snap.epoch_pages):
+        for run, inline in ((num, len(positions) // 8), (nan, len(nan_positions) // 8)):
+            if any(seg[3] <= 0 for seg in run):
+                raise SnapshotInvalid("a priority epoch has an empty chunk")
+            if run and sum(seg[3] for seg in run if seg[2] < 0) != inline:
+                raise SnapshotInvalid("a priority epoch's chunks do not match its columns")
 
 
 def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float], ...]:

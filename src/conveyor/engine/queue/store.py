@@ -335,10 +335,10 @@ class MessageStore:
                 halves.append(part)
         self._chunks[i : i + 1] = halves
         self._firsts[i : i + 1] = [cast("array[int]", part.positions)[0] for part in halves]
-        if tail in halves:
-            self._added(tail)
         if ch not in halves:
             self._dropped(ch)
+        if tail in halves:
+            self._added(tail)
 
     # --- snapshots (queue_snapshot) --------------------------------------------------------
 
