@@ -491,10 +491,6 @@ def test_settings_this_version_would_ignore_are_refused(tmp_path):
         (f"<TransactionLog><JournalDirectory>{journal}</JournalDirectory>"
          "<JournalArchiveDirectory>/tmp/x</JournalArchiveDirectory></TransactionLog>",
          "AMPSConfig/TransactionLog/JournalArchiveDirectory"),
-        (f"<TransactionLog><JournalDirectory>{journal}</JournalDirectory><Topic><Name>t</Name></Topic>"
-         "</TransactionLog><SOW><Queue><Name>t</Name><MessageType>json</MessageType><Priority>/p</Priority>"
-         "<FileBackedMetadata>enabled</FileBackedMetadata></Queue></SOW>",
-         "AMPSConfig/SOW/Queue[1]/FileBackedMetadata"),
     ):
         text = f"<AMPSConfig><Transports><Transport><InetAddr>127.0.0.1:0</InetAddr></Transport></Transports>{element}</AMPSConfig>"
         proc = serve_refused(tmp_path, text)
