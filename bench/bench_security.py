@@ -11,9 +11,16 @@
    the benchmark topic last), against the same server without authentication.
    Target: under 5% slower. Then the engine alone (no sockets, no disk): ``Engine.handle``
    of publish frames from a restricted session against an unrestricted one, which is the
-   check's cost without the noise of a shared machine.
+   check's cost without the noise of a shared machine; the same with an entitlement
+   filter among the 1,000 rules (``Filter`` on a grant: the publish path must not pay
+   for it).
+3. **Entitlement filters**, the engine alone: publish frames fanned out to one live
+   subscriber that gets half of them: unrestricted with its own filter
+   ``/region = 'EU'``, against a user whose entitlement filter is that filter (the
+   subscription's filter is composed when it is made, so a message pays one filter either
+   way). Target: under 5% slower.
 
-    python -m bench.bench_security [--messages N] [--runs 5] [--write]
+    python -m bench.bench_security [--messages N] [--runs 5] [--write] [--engine-only]
 """
 
 from __future__ import annotations
@@ -138,6 +145,9 @@ def engine_check_cost(frames: int = 1000, per_frame: int = 50, runs: int = 21) -
                   + tuple(f"region{i}\\..*" for i in range(RULES // 2 - 1)) + ("be.ch",))
     secured = dataclasses.replace(base, authentication=Authentication(client_certificates=True),
                                   entitlement=Entitlement(grants=(rules,)))
+    # The same rules and an entitlement filter on reading the topic (rule 6 of entitlements.py).
+    filtered = dataclasses.replace(secured, entitlement=Entitlement(grants=(
+        rules, Grant(users=(USER,), subscribe=("be.ch",), filter=EU))))
     batch = [m.Publish(topic="be.ch", data=PAYLOAD) for _ in range(per_frame)]
 
     def rate(config) -> float:
@@ -157,11 +167,66 @@ def engine_check_cost(frames: int = 1000, per_frame: int = 50, runs: int = 21) -
                 engine.on_durable(float(i))
         return frames * per_frame / (time.process_time() - start)
 
-    plain, checked = [], []
+    plain, checked, with_filter = [], [], []
     for _ in range(runs):  # interleaved
         plain.append(rate(base))
         checked.append(rate(secured))
-    return median(plain), median(checked)
+        with_filter.append(rate(filtered))
+    return median(plain), median(checked), median(with_filter)
+
+
+EU = "/region = 'EU'"
+
+
+def engine_filter_cost(frames: int = 400, per_frame: int = 50, runs: int = 11) -> tuple[float, float]:
+    """Messages per second through ``Engine.handle``, each fanned out to one live
+    subscriber that gets the EU half: (unrestricted, its own filter EU; authenticated,
+    no filter of its own, its entitlement filter EU)."""
+    import dataclasses
+
+    from conveyor.config import load_text
+    from conveyor.config.model import Authentication, Entitlement, Grant
+    from conveyor.engine.core import Engine
+    from conveyor.journal import MemoryJournal
+    from conveyor.protocol import messages as m
+
+    base = load_text("<AMPSConfig><TransactionLog><JournalDirectory>./x</JournalDirectory>"
+                     "<Topic><Name>be.ch</Name></Topic></TransactionLog></AMPSConfig>")
+    secured = dataclasses.replace(base, authentication=Authentication(client_certificates=True),
+                                  entitlement=Entitlement(grants=(
+                                      Grant(users=(USER,), publish=("be.ch",)),
+                                      Grant(users=(USER,), subscribe=("be.ch",), filter=EU))))
+    pad = "x" * 220
+    batch = [m.Publish(topic="be.ch", data=f'{{"region":"{r}","pad":"{pad}"}}'.encode())
+             for r in ("EU", "US") * (per_frame // 2)]
+
+    def rate(config, own_filter: str | None) -> float:
+        journal = MemoryJournal()
+        engine = Engine(config, journal)
+        for conn in (1, 2):
+            engine.connect(conn)
+            if config.authentication is not None:
+                engine.authenticate(conn, USER)
+            engine.handle(conn, [m.Logon(client_name=f"b{conn}", ack_type="none")], 0.0)
+        engine.handle(2, [m.Subscribe(topic="be.ch", sub_id="s", filter=own_filter, ack_type="none")], 0.0)
+        engine.take_output()
+        received = 0
+        start = time.process_time()
+        for i in range(frames):
+            engine.handle(1, batch, float(i))
+            if i % 10 == 9 or i == frames - 1:
+                journal.commit()
+                engine.on_durable(float(i))  # fan-out happens here (read-committed)
+                received += len(engine.take_output().get(2, ()))
+        elapsed = time.process_time() - start
+        assert received == frames * per_frame // 2, received  # the EU half, either way
+        return frames * per_frame / elapsed
+
+    own, entitled = [], []
+    for _ in range(runs):  # interleaved
+        own.append(rate(base, EU))
+        entitled.append(rate(secured, None))
+    return median(own), median(entitled)
 
 
 def main() -> None:
@@ -169,7 +234,16 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    parser.add_argument("--engine-only", action="store_true", help="the engine rows only (no server processes)")
     args = parser.parse_args()
+    if args.engine_only:
+        plain, rules, filtered = engine_check_cost()
+        own, entitled = engine_filter_cost()
+        print(f"engine: unrestricted {plain:,.0f} publishes/s, 1,000 rules {rules:,.0f} ({100 * rules / plain:.1f}%), "
+              f"1,000 rules and an entitlement filter {filtered:,.0f} ({100 * filtered / plain:.1f}%)")
+        print(f"fan-out: own filter {own:,.0f} msg/s, entitlement filter {entitled:,.0f} msg/s "
+              f"({100 * entitled / own:.1f}%)")
+        return
     n = args.messages
     kinds = {"plain": (False, False), "tls": (True, False), "rules": (False, True)}
     results: dict[str, dict[str, list[float]]] = {k: {"pub": [], "drain": [], "pub_cpu": [], "drain_cpu": []}
@@ -191,8 +265,10 @@ def main() -> None:
                 print(f"run {run + 1} {kind}: publish {pub:,.0f} msg/s ({pub_cpu:.1f} µs server CPU each), "
                       f"drain {drain:,.0f} msg/s ({drain_cpu:.1f} µs)", flush=True)
             loads.append(os.getloadavg()[0])
-    engine_plain, engine_rules = engine_check_cost()
-    print(f"engine: unrestricted {engine_plain:,.0f} publishes/s, 1,000 rules {engine_rules:,.0f} publishes/s")
+    engine_plain, engine_rules, engine_filtered = engine_check_cost()
+    print(f"engine: unrestricted {engine_plain:,.0f} publishes/s, 1,000 rules {engine_rules:,.0f} publishes/s, "
+          f"with an entitlement filter {engine_filtered:,.0f}")
+    fan_own, fan_entitled = engine_filter_cost()
 
     def med(kind: str, key: str) -> float:
         return median(results[kind][key])
@@ -221,6 +297,13 @@ def main() -> None:
         "| --- | ---: | ---: |",
         f"| unrestricted (no authentication) | {engine_plain:,.0f} | 100% |",
         f"| authenticated, {RULES:,} rules | {engine_rules:,.0f} | {100 * engine_rules / engine_plain:.1f}% |",
+        f"| authenticated, {RULES:,} rules and an entitlement filter | {engine_filtered:,.0f} | "
+        f"{100 * engine_filtered / engine_plain:.1f}% |",
+        "",
+        "| engine alone, fan-out to one subscriber that gets half | messages/s | vs its own filter |",
+        "| --- | ---: | ---: |",
+        f"| unrestricted, its own filter `{EU}` | {fan_own:,.0f} | 100% |",
+        f"| authenticated, entitlement filter `{EU}` | {fan_entitled:,.0f} | {100 * fan_entitled / fan_own:.1f}% |",
     ])
     print(table)
     if args.write:

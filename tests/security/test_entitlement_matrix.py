@@ -176,3 +176,105 @@ def test_nothing_before_logon(server):
     ack = raw.call(m.Publish(topic="jobs", data=b"{}", cid="p1", ack_type="processed"))
     assert ack.code == "not_authenticated"
     assert raw.closed()
+
+
+# --- entitlement filters (docs/security.md, "Entitlement filters") ------------------------------
+
+FILTERED_GRANTS = """
+<Grant><User>all</User><User>eu</User><Publish>.*</Publish><Acknowledge>Jobs</Acknowledge></Grant>
+<Grant><User>all</User><Subscribe>.*</Subscribe><Sow>.*</Sow><Consume>Jobs</Consume></Grant>
+<Grant><User>eu</User><Subscribe>news</Subscribe><Sow>prices</Sow><Consume>Jobs</Consume>
+  <Filter>/region = 'EU'</Filter></Grant>
+"""
+
+
+@pytest.fixture(scope="module")
+def filtered_server(tmp_path_factory):
+    config = secure_config(tmp_path_factory.mktemp("filtered"), users={"all": PASSWORD, "eu": PASSWORD},
+                           grants=FILTERED_GRANTS, queues=QUEUES + SOW)
+    s = start(config)
+    yield s
+    s.stop()
+
+
+def _session(server, user: str, name: str = "") -> Raw:
+    raw = Raw(server.port)
+    assert raw.logon(name or f"filtered-{user}", user, PASSWORD).status == "success"
+    return raw
+
+
+def _messages(raw: Raw, n: int) -> list[m.Message]:
+    """The next ``n`` messages ``raw`` receives (acks and the rest skipped)."""
+    out: list[m.Message] = []
+    while len(out) < n:
+        item = raw.next()
+        if isinstance(item, m.Message):
+            out.append(item)
+    return out
+
+
+def _consume(raw: Raw, n: int) -> list[tuple[str | None, str]]:
+    """(queue, region) of the next ``n`` queue messages, each acknowledged as it comes
+    (the queues take one outstanding message per subscription)."""
+    out = []
+    for _ in range(n):
+        (msg,) = _messages(raw, 1)
+        out.append((msg.queue, _region(msg)))
+        raw.send(m.SowDelete(topic="Jobs", bookmark=msg.bookmark, cid=raw.cid()))
+    return out
+
+
+def _region(msg: m.Message) -> str:
+    import json
+
+    return json.loads(msg.data)["region"]
+
+
+def _publish(raw: Raw, topic: str, regions: list[str]) -> None:
+    for i, region in enumerate(regions):
+        data = f'{{"id":{i},"region":"{region}"}}'.encode()
+        assert raw.call(m.Publish(topic=topic, data=data, cid=raw.cid(), ack_type="processed")).status == "success"
+
+
+def _subscribe(raw: Raw, topic: str, sub_id: str, options: str | None = None) -> None:
+    ack = raw.call(m.Subscribe(topic=topic, sub_id=sub_id, options=options, cid=raw.cid(), ack_type="processed"))
+    assert ack.status == "success", ack
+
+
+def _query(raw: Raw, topic: str) -> list[str]:
+    raw.send(m.Sow(topic=topic, cid=raw.cid(), query_id="qp", ack_type="completed"))
+    rows = []
+    while not isinstance(item := raw.next(), m.GroupEnd):
+        if isinstance(item, m.Message) and item.query_id == "qp":
+            rows.append(_region(item))
+    return sorted(rows)
+
+
+REGIONS = ["EU", "US", "EU", "US", "US", "EU"]
+
+
+def test_an_entitlement_filter_restricts_what_one_user_receives(filtered_server):
+    eu, al = _session(filtered_server, "eu"), _session(filtered_server, "all")
+    pub = _session(filtered_server, "all", "filtered-publisher")  # its acks, apart from what the others get
+    try:
+        # live: the restricted user gets the EU messages, the other every one
+        _subscribe(eu, "news", "n")
+        _subscribe(al, "news", "n")
+        _publish(pub, "news", REGIONS)
+        assert [_region(x) for x in _messages(eu, 3)] == ["EU"] * 3
+        assert [_region(x) for x in _messages(al, 6)] == REGIONS
+        # queue: the restricted consumer is leased the EU messages only; the US ones
+        # wait in the queue and go to the unrestricted consumer when it subscribes
+        _subscribe(eu, "Jobs", "q", "max_backlog=100")
+        _publish(pub, "jobs", REGIONS)
+        assert _consume(eu, 3) == [("Jobs", "EU")] * 3  # and no news message beyond the 3 EU ones
+        _subscribe(al, "Jobs", "q", "max_backlog=100")
+        assert _consume(al, 3) == [("Jobs", "US")] * 3
+        # sow: only the matching records for the restricted user
+        _publish(pub, "prices", REGIONS)
+        assert pub.call(m.Flush(cid=pub.cid(), ack_type="completed"), kinds=("completed",)).status == "success"
+        assert _query(eu, "prices") == ["EU"] * 3
+        assert _query(al, "prices") == sorted(REGIONS)
+    finally:
+        for raw in (eu, al, pub):
+            raw.close()

@@ -616,7 +616,8 @@ class Authentication:
 @dataclass(frozen=True)
 class Grant:
     """``Entitlement/Grant``: what some users and groups may do. Every name list holds
-    literal names or regexes matched against the whole name."""
+    literal names or regexes matched against the whole name; ``filter`` restricts what
+    the read permissions of this grant allow to the messages it matches."""
 
     users: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
@@ -631,6 +632,9 @@ class Grant:
     transactions: bool = False  # stage, commit_txn, abort_txn (rows still need publish)
     admin: str | None = None  # "read" or "full"
     replicate: bool = False  # may log on to the incoming replication transport
+    #: An entitlement filter: the read permissions above (subscribe, sow, replay, consume)
+    #: allow only the messages it matches on the names they list (None: all of them).
+    filter: str | None = None
     path: str = field(default="", compare=False)
 
 

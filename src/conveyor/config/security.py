@@ -15,7 +15,11 @@ Rules:
    ``NamedConsumers`` (queues), each a literal name or a regex matched against the
    whole name, and ``Transactions``, ``Admin`` (``read`` or ``full``), ``Replicate``.
    Every regex is compiled here, so a bad one is refused with its path. A grant to an
-   unknown group is refused. ``Entitlement`` without ``Authentication`` is refused:
+   unknown group is refused. A grant's ``Filter`` (an entitlement filter) restricts its
+   ``Subscribe``, ``Sow``, ``Replay`` and ``Consume`` to the messages it matches; it
+   must compile (refused with its path), must have one of those to restrict, and is
+   refused beside ``NamedConsumers`` (which read whole queues). Its other permissions
+   are granted as without it. ``Entitlement`` without ``Authentication`` is refused:
    nobody would be known to be entitled.
 3. ``Limits`` (a conveyor extension): named limits with defaults
    (:class:`~conveyor.config.model.Limits`). ``OutputBudget`` (a positive size) bounds
@@ -39,7 +43,7 @@ import re
 from pathlib import Path
 
 from conveyor.config.model import Authentication, Entitlement, Grant, Limits, Tls, is_regex_topic
-from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
+from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Children, Document, Node
 
 #: The module name conveyor's built-in authentication answers to in ``<Module>``.
 USERS_MODULE = "conveyor-users"
@@ -59,7 +63,9 @@ _NAME_LISTS = {
     "Consume": "consume", "Acknowledge": "acknowledge", "Purge": "purge", "NamedConsumers": "named_consumers",
 }
 _GRANT = {"User": MANY, "Group": MANY, **{tag: MANY for tag in _NAME_LISTS},
-          "Transactions": OPTIONAL, "Admin": OPTIONAL, "Replicate": OPTIONAL}
+          "Transactions": OPTIONAL, "Admin": OPTIONAL, "Replicate": OPTIONAL, "Filter": OPTIONAL}
+#: What a grant's ``Filter`` restricts: the permissions that read messages.
+_FILTERED_LISTS = ("Subscribe", "Sow", "Replay", "Consume")
 _ADMIN_LEVELS = {"read": "read", "full": "full", "true": "full", "false": None}
 _LIMITS = {
     "OutputBudget": ("output_budget_bytes", "size"),
@@ -133,7 +139,29 @@ def _read_grant(doc: Document, node: Node, groups: dict[str, tuple[str, ...]]) -
         values["admin"] = doc.choice(n, _ADMIN_LEVELS)
     if (n := kids.one("Replicate")) is not None:
         values["replicate"] = doc.boolean(n)
+    if (n := kids.one("Filter")) is not None:
+        values["filter"] = _grant_filter(doc, n, kids)
     return Grant(**values)  # type: ignore[arg-type]
+
+
+def _grant_filter(doc: Document, node: Node, kids: Children) -> str:
+    """Rule 2: an entitlement filter compiles, restricts some read permission, and sits
+    in no grant of ``NamedConsumers`` (which read whole queues: it would not apply)."""
+    from conveyor import expr
+
+    text = doc.text(node)
+    try:
+        expr.compile(text)
+    except expr.ExpressionError as exc:
+        raise doc.error(node.path, f"invalid Filter: {exc}", "<Filter> takes a filter expression, "
+                        "e.g. <Filter>/region = 'EU'</Filter>") from None
+    if not any(kids.many(tag) for tag in _FILTERED_LISTS):
+        raise doc.error(node.path, "this <Filter> restricts nothing: its grant lists no Subscribe, Sow, Replay "
+                        "or Consume", "add the names it restricts to this grant")
+    if kids.many("NamedConsumers"):
+        raise doc.error(node.path, "a <Filter> does not apply to NamedConsumers (named consumers read whole queues)",
+                        "grant NamedConsumers in a grant without <Filter>")
+    return text
 
 
 def _name(doc: Document, node: Node) -> str:

@@ -82,7 +82,7 @@ from conveyor.engine.replication.catch_up import CatchUp
 from conveyor.engine.replication.held_delivery import HeldDelivery
 from conveyor.engine.replication.links import PeerLinks
 from conveyor.engine.replication.replication import Replication
-from conveyor.engine.sessions import Session, SubKind
+from conveyor.engine.sessions import Session
 from conveyor.engine.sow.production import Queries
 from conveyor.engine.sow.state import StateOfTheWorld
 from conveyor.engine.sow.subscriptions import RecordsSubscribe
@@ -239,26 +239,21 @@ class Engine:
 
     def set_entitlements(self, entitlements: Entitlements, now: float) -> None:
         """Apply reloaded entitlements (rule 5) to every session. Topic subscriptions are
-        filtered by the new grants from the next message on; a queue subscription whose
-        queues are no longer all allowed, or a subscription to a SOW topic's or view's
-        records no longer allowed, ends, and its connection is closed with the reason
-        (leases return to the queue at once)."""
+        filtered by the new grants from the next message on, and every subscription's
+        entitlement filter is resolved again (subscribing.py rule 7); a subscription no
+        longer allowed (a literal topic, a queue of a queue subscription, a SOW topic's or
+        view's records) ends, and its connection is closed with the reason (leases return
+        to the queue at once)."""
         self.entitlements = entitlements
         for session in list(self.sessions.values()):
             if not session.restricted or not session.authenticated:
                 continue
             session.grants = entitlements.for_user(session.user_id or "")
             for sub in list(session.subs.values()):
-                if sub.kind is SubKind.RECORDS:  # a SOW topic's or view's records: one literal name
-                    permission, lost = Permission.SUBSCRIBE, [sub.topic]
-                    if session.grants.allows(permission, sub.topic):
-                        continue
-                else:
-                    queues = self.delivery.queues_of(sub.consumer) if sub.consumer is not None else ()
-                    permission = Permission.CONSUME
-                    lost = [q for q in queues if not session.grants.allows(permission, q)]
-                    if not lost:
-                        continue
+                ended = self.subscriptions.entitle_again(session, sub, now)
+                if ended is None:
+                    continue
+                permission, lost = ended
                 self.subscriptions.remove(session, sub, now)
                 log.warning("client %r (user %r): subscription %s ended: no longer entitled to %s %s",
                             session.client_name, session.user_id, sub.sub_id, permission.value, ", ".join(lost))
@@ -418,12 +413,13 @@ class Engine:
 
     def _sow(self, conn: int, cmd: m.Sow, now: float) -> None:
         opts = parse_options("sow", cmd.options)
+        entitlement = self.sessions[conn].grants.filter_for(Permission.SOW, cmd.topic)  # None: unfiltered
         if opts.list("projection") is not None or opts.list("grouping") is not None:
-            self.sow.aggregated_query(conn, cmd, opts, now)
+            self.sow.aggregated_query(conn, cmd, opts, now, entitlement)
         elif self.sow.owns(cmd.topic):
-            self.sow.query(conn, cmd, now, opts=opts)
+            self.sow.query(conn, cmd, now, opts=opts, entitlement=entitlement)
         elif self.bindings.get(cmd.topic) is not None:
-            self.delivery.sow(conn, cmd, now)
+            self.delivery.sow(conn, cmd, now, entitlement=entitlement)
         else:
             raise errors.UnknownTopic(f"sow needs a SOW topic, a view or a queue; {cmd.topic!r} is none of them")
 
@@ -444,7 +440,8 @@ class Engine:
             batch_size=cmd.batch_size, top_n=cmd.top_n,
         )
         if self.bindings.matching(cmd.topic):
-            self.delivery.sow(session.conn_id, plain, now)  # a delta subscription to a queue: full messages
+            self.delivery.sow(session.conn_id, plain, now,  # a delta subscription to a queue: full messages
+                              entitlement=session.grants.filter_for(Permission.SOW, cmd.topic))
         else:
             # reference G.1.2: a topic without SOW answers an empty query, then subscribes
             qid = cmd.query_id or cmd.cid

@@ -55,7 +55,7 @@ from conveyor.engine.queue import journal as queue_journal
 from conveyor.engine.actions import ExpiryActions
 from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
-from conveyor.engine.filters import compile_filter, filter_cost_ticks
+from conveyor.engine.filters import compile_filter, entitled, filter_cost_ticks
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
@@ -114,6 +114,8 @@ class QueueDelivery:
         #: ``entitled(conn_id, queue)``: whether that connection's user may consume the
         #: queue (engine/entitlements.py). A barrier goes only to entitled recipients;
         #: the others still wait for it, as for a content filter that does not match.
+        #: An entitlement filter is part of each consumer's filter (subscribing.py rule
+        #: 7), so a barrier it does not match is not the consumer's either (queue rule 8).
         self.entitled = entitled
 
     # --- dirtiness (rule 1) -------------------------------------------------------------
@@ -490,15 +492,18 @@ class QueueDelivery:
             else:
                 outbox.send(conn_id, ack)
 
-    def sow(self, conn_id: int, cmd: m.Sow | m.SowAndSubscribe, now: float) -> None:
+    def sow(self, conn_id: int, cmd: m.Sow | m.SowAndSubscribe, now: float, *,
+            entitlement: Expression | None = None) -> None:
         """The queue as a view (spec 000, "Querying Queues as a View"): its available
         messages in delivery order, filtered, with ``top_n`` / ``skip_n``. Rule 7: the
-        messages available in this step, produced as the connection drains them."""
+        messages available in this step, produced as the connection drains them.
+        ``entitlement``: the user's entitlement filter on the queue (engine/entitlements.py
+        rule 6), ANDed with the query's."""
         binding = self._binding(cmd.topic, "sow")
         opts = parse_options("sow", cmd.options) if isinstance(cmd, m.Sow) else None
         top_n = cmd.top_n if cmd.top_n is not None else (opts.get("top_n") if opts else None)
         skip_n = (opts.get("skip_n") if opts else None) or 0
-        flt = compile_filter(cmd.filter)
+        flt = entitled(compile_filter(cmd.filter), entitlement)
         qid = cmd.query_id or cmd.cid
         topic = cmd.topic
         cache = self._cache

@@ -20,6 +20,15 @@ Rules:
    without bound).
 5. **Reloadable.** :class:`Entitlements` is immutable; a reload builds a new one and the
    engine re-resolves every session's :class:`Grants` (``Engine.set_entitlements``).
+6. **Entitlement filters** (AMPS's, per message). A grant's ``Filter`` restricts what its
+   read permissions (:data:`READS`: subscribe, sow, replay, consume) allow on the names
+   they list to the messages it matches. Grants add up: on one name, a grant without a
+   filter allows every message, else the filters of the grants that allow the name are
+   ORed (:meth:`Grants.filter_for`, cached per permission and name like the decisions).
+   The engine ANDs that filter with the subscription's or query's own when it starts
+   (:func:`~conveyor.engine.filters.entitled`), so a message costs the one filter
+   evaluation it always did; a user without filtered grants, and every session without
+   authentication, gets None and pays nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from typing import Iterable
 
 from conveyor import errors
 from conveyor.config.model import Config, Entitlement, Grant, is_regex_topic
+from conveyor.engine.filters import any_of, compile_filter
+from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 
 DECISIONS_CACHED_MAX = 100_000  # names remembered per permission and user
@@ -53,6 +64,8 @@ class Permission(enum.Enum):
 #: Permissions that name nothing: the grant is a yes or no.
 FLAGS = frozenset({Permission.TRANSACTIONS, Permission.ADMIN_READ, Permission.ADMIN_FULL, Permission.REPLICATE})
 _NAMED = tuple(p for p in Permission if p not in FLAGS)
+#: The permissions that read messages: what a grant's ``Filter`` restricts (rule 6).
+READS = (Permission.SUBSCRIBE, Permission.SOW, Permission.REPLAY, Permission.CONSUME)
 
 
 class _Matcher:
@@ -77,7 +90,8 @@ class _Matcher:
 class Grants:
     """What one user may do (rules 1, 2 and 4). ``unrestricted``: everything."""
 
-    __slots__ = ("user", "unrestricted", "_matchers", "_flags", "_cache", "published")
+    __slots__ = ("user", "unrestricted", "_matchers", "_flags", "_cache", "published", "filtered", "_open",
+                 "_by_filter", "_filters")
 
     def __init__(self, user: str | None, grants: Iterable[Grant] = (), *, unrestricted: bool = False) -> None:
         self.user = user
@@ -96,6 +110,19 @@ class Grants:
         #: The publish decisions (rule 4), for the engine's hot path to read directly:
         #: ``published.get(topic)`` is True/False once decided, None before.
         self.published = self._cache[Permission.PUBLISH]
+        # Rule 6: the read permissions some filtered grant gives (empty: no filter anywhere).
+        with_filter = [g for g in grants if g.filter]
+        self.filtered = frozenset(p for p in READS for g in with_filter if getattr(g, p.value))
+        self._open: dict[Permission, _Matcher] = {}  # what grants without a filter allow
+        self._by_filter: list[tuple[Expression, dict[Permission, _Matcher]]] = []
+        self._filters: dict[Permission, dict[str, Expression | None]] = {p: {} for p in self.filtered}
+        if self.filtered:
+            self._open = {p: _Matcher(n for g in grants if not g.filter for n in getattr(g, p.value))
+                          for p in self.filtered}
+            for g in with_filter:
+                flt = compile_filter(g.filter)
+                assert flt is not None  # a filter that is not empty compiles to one (or raises)
+                self._by_filter.append((flt, {p: _Matcher(getattr(g, p.value)) for p in self.filtered}))
 
     def allows(self, permission: Permission, name: str = "") -> bool:
         if self.unrestricted:
@@ -117,6 +144,30 @@ class Grants:
             return self.allows(Permission.PUBLISH, topic)
         return hit
 
+    def filter_for(self, permission: Permission, name: str) -> Expression | None:
+        """The entitlement filter on the messages of ``name`` (rule 6): None when a grant
+        without one allows the name (or no grant of this permission has a filter); the
+        OR of the filters of the grants that allow it otherwise. Asked of a name the
+        permission allows (a name it does not allow gets :data:`NOTHING`)."""
+        cache = self._filters.get(permission)
+        if cache is None:
+            return None  # no filtered grant gives this permission: the common case
+        if name in cache:
+            return cache[name]
+        if len(cache) >= DECISIONS_CACHED_MAX:
+            cache.clear()
+        flt: Expression | None = None
+        if not self._open[permission](name):
+            terms = tuple(f for f, matchers in self._by_filter if matchers[permission](name))
+            flt = any_of(terms) if terms else NOTHING
+        cache[name] = flt
+        return flt
+
+    def filters(self, permission: Permission) -> tuple[Expression, ...]:
+        """Every entitlement filter ``permission`` may carry for this user (rule 6)."""
+        return tuple(f for f, matchers in self._by_filter if permission in matchers
+                     and (matchers[permission].literals or matchers[permission].regex is not None))
+
     def check(self, permission: Permission, name: str = "") -> None:
         """Raise :class:`~conveyor.errors.NotEntitled` unless allowed."""
         if not self.allows(permission, name):
@@ -133,6 +184,8 @@ def not_entitled(user: str | None, permission: Permission, name: str = "") -> er
 
 #: Every session's grants while authentication is off.
 UNRESTRICTED = Grants(None, unrestricted=True)
+#: The entitlement filter of a name no grant allows (rule 6): fail closed.
+NOTHING = compile_filter("FALSE")
 
 
 class Entitlements:

@@ -24,11 +24,13 @@ this instance owns the queue's messages). Rules, in the order they are checked:
 6. **behind a barrier**: a barrier message before it is still pending; or it is itself
    a barrier waiting for the messages before it to be acknowledged.
 7. **max backlog reached**: the queue's ``MaxBacklog`` outstanding messages are out.
-8. Then, per subscriber: filtered out (by which filter), backlog full, detached (a
-   replace moved it off this queue), a named consumer (takes only what it asks for).
-   With no subscriber: **no consumer**. With a subscriber that matches and has room:
-   **deliverable**, waiting behind ``ahead`` older available messages (a dispatch is
-   due).
+8. Then, per subscriber: filtered out (by which filter), not entitled (its user's
+   entitlement filter on the queue rejects it, engine/entitlements.py rule 6), backlog
+   full, detached (a replace moved it off this queue), a named consumer (takes only what
+   it asks for). With no subscriber: **no consumer**. With a subscriber that matches and
+   has room: **deliverable**, waiting behind ``ahead`` older available messages (a
+   dispatch is due). When none takes it: **not entitled** if no subscriber may have it,
+   else **filtered out** or **backlog full**.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
+from conveyor.engine.entitlements import Permission
 from conveyor.engine.queue.state import MessageState
 from conveyor.protocol.bookmarks import format_bookmark
 
@@ -138,11 +141,11 @@ def explain(
     origin: str | None = None,
     client_of: Callable[[Hashable], str | None] = lambda key: None,
     filter_of: Callable[[Hashable], str | None] = lambda key: None,
+    entitled_of: Callable[[Hashable], bool] = lambda key: True,
 ) -> Explanation:
-    """The verdict on one message (rules 1-8 of the module header; rule 5 is the
-    engine's: :func:`explain_message`)."""
+    """The verdict on one message (rules 1-8 of the module header; rule 5: :func:`explain_message`)."""
     reasons: list[str] = []
-    subscribers = tuple(_subscriber(s, client_of, filter_of) for s in facts.seats)
+    subscribers = tuple(_subscriber(s, client_of, filter_of, entitled_of) for s in facts.seats)
     state = facts.state
     holder = consumer_label(facts.holder) if facts.holder is not None else None
     holder_client = client_of(facts.holder) if facts.holder is not None else None
@@ -204,21 +207,31 @@ def explain(
     if takers:
         ahead = f"; {facts.ahead} older message(s) go first" if facts.ahead else ""
         return done("deliverable", f"deliverable to {len(takers)} subscriber(s){ahead}")
+    return done(*_untaken(active))
+
+
+def _untaken(active: list[SubscriberView]) -> tuple[str, str]:
+    """The verdict on a message no subscriber takes (rule 8): why not."""
     if not active:
-        return done("no_consumer", "no subscriber takes deliveries from this queue")
-    if all(s.verdict == "filtered_out" for s in active):
-        return done("filtered_out", "every subscriber's filter rejects it")
-    return done("backlog_full", "every subscriber whose filter matches has a full backlog")
+        return "no_consumer", "no subscriber takes deliveries from this queue"
+    if all(s.verdict == "not_entitled" for s in active):
+        return "not_entitled", "no subscriber is entitled to it: each one's user has an entitlement filter it does not match"
+    if all(s.verdict in ("filtered_out", "not_entitled") for s in active):
+        return "filtered_out", "every subscriber's filter rejects it (or its user is not entitled to it)" if any(
+            s.verdict == "not_entitled" for s in active) else "every subscriber's filter rejects it"
+    return "backlog_full", "every subscriber whose filter matches has a full backlog"
 
 
 def _subscriber(s: SeatFacts, client_of: Callable[[Hashable], str | None],
-                filter_of: Callable[[Hashable], str | None]) -> SubscriberView:
+                filter_of: Callable[[Hashable], str | None], entitled_of: Callable[[Hashable], bool]) -> SubscriberView:
     text = filter_of(s.key)
     label = consumer_label(s.key)
     if s.named:
         verdict, why = "named_consumer", "a named consumer: it takes messages only when it asks"
     elif not s.active:
         verdict, why = "detached", "a replace moved its subscription off this queue"
+    elif s.matches is False and not entitled_of(s.key):
+        verdict, why = "not_entitled", "not entitled: its user's entitlement filter on this queue does not match"
     elif s.matches is False:
         verdict, why = "filtered_out", f"its filter {text or ''} does not match".replace("  ", " ")
     elif s.outstanding >= s.max_backlog:
@@ -276,6 +289,20 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
         source: str | None = getattr(flt, "source", None) if flt is not None else None
         return source
 
+    def entitled_of(key: Hashable) -> bool:
+        """Whether the subscriber's user may have this message: its entitlement filter
+        on the queue (engine/entitlements.py rule 6) matches, or it has none."""
+        session, _ = session_sub(key)
+        flt = session.grants.filter_for(Permission.CONSUME, queue) if session is not None else None
+        if flt is None:
+            return True
+        try:
+            entry = engine.cache.get(position)
+            return bool(flt.matches(entry.decoded(), entry.meta(format_bookmark(entry.publisher, entry.seq, position),
+                                                                now)))
+        except Exception:  # noqa: BLE001 - as in delivery: a filter that fails does not match
+            return False
+
     catch_up = engine.catch_up
     held = None
     if binding.ownership is not None and not catch_up.done:
@@ -283,7 +310,8 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
         held = ("held: this instance restarted and delivers none of its replicated queues' messages until its "
                 f"sync peers ({', '.join(catch_up.peers)}) have caught it up"
                 + (f", or for {max(0.0, until - now):.1f} s more at most" if until is not None else ""))
-    verdict = explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published)
+    verdict = explain(facts, now, bookmark=bookmark, client_of=client_of, filter_of=filter_of, origin=published,
+                      entitled_of=entitled_of)
     if held is not None and facts.state is MessageState.AVAILABLE:  # rule 5, before what the queue says
         verdict = replace(verdict, verdict="catching_up", summary=held)
     return verdict

@@ -27,6 +27,14 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
    topic subscription receives only the topics its user may see, checked per topic
    through its topic matcher, so the fan-out cache carries the decision and no message
    pays for it.
+   **Entitlement filters** (entitlements.py rule 6): what a subscription gets is its own
+   filter AND its user's entitlement filter on the name, resolved when it is made (and
+   again on a replace, a resume and a reload: :meth:`Subscriptions.entitle_again`),
+   so a message pays the one filter evaluation it always did. A regex topic
+   subscription, or a replay of queues, resolves it per topic (cached per user). A
+   queue subscription's filter is one for all its queues: one whose queues carry
+   different entitlement filters for its user is refused (subscribe to them one by
+   one); the messages it is not entitled to stay in the queue for other subscribers.
 8. A connection holds at most ``Limits/MaxSubscriptionsPerConnection`` subscriptions.
 9. **Pause and resume** (reference B.4). ``resume``, or ``pause`` naming subscriptions
    that exist (or with no topic, or a comma list), acts on every ``sub_id`` of the
@@ -53,14 +61,16 @@ from __future__ import annotations
 
 import difflib
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from conveyor import errors
 from conveyor.config.model import client_topic_matcher, is_regex_topic, topic_matcher
 from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.delivery import QueueDelivery
-from conveyor.engine.entitlements import Permission, not_entitled
-from conveyor.engine.filters import check_connection_filters, compile_filter
+from conveyor.engine.entitlements import DECISIONS_CACHED_MAX, NOTHING, Permission, not_entitled
+from conveyor.engine.filters import (any_of, check_connection_filters, compile_filter, entitled, own_filter,
+                                     per_name)
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue.queue import Consumer, effective_backlog
@@ -116,7 +126,7 @@ class Subscriptions:
                     "(Limits/MaxSubscriptionsPerConnection)", limit="MaxSubscriptionsPerConnection",
                     max=self.subscriptions_max)
             flt = compile_filter(cmd.filter)
-            check_connection_filters([s.filter for s in session.subs.values()], flt)
+            check_connection_filters([own_filter(s.filter) for s in session.subs.values()], flt)
             bookmark = getattr(cmd, "bookmark", None)
             permission = Permission.REPLAY if bookmark else Permission.CONSUME
             names = self._entitled_queues(session, cmd.topic, permission)
@@ -127,7 +137,8 @@ class Subscriptions:
             else:
                 sub = SessionSubscription(sub_id, session.conn_id, cmd.topic,
                                           self._topic_matcher(session, cmd.topic, Permission.SUBSCRIBE),
-                                          SubKind.PUBSUB, flt, cmd.cid)
+                                          SubKind.PUBSUB, self._topic_filter(session, cmd.topic, Permission.SUBSCRIBE,
+                                                                             flt), cmd.cid)
                 session.subs[sub_id] = sub
                 self._topics.add(sub)
                 warning = self._unknown_name_warning(cmd.topic)
@@ -179,9 +190,64 @@ class Subscriptions:
             return _base(name) and _s.grants.allows(_p, name)
         return matches
 
+    @staticmethod
+    def _topic_filter(session: Session, topic: str, permission: Permission,
+                      own: Expression | None) -> Expression | None:
+        """Rule 7, entitlement filters: ``own`` AND the user's filter on a literal topic;
+        on a regex one, the filter of each message's topic."""
+        grants = session.grants
+        if permission not in grants.filtered:
+            return own  # no filtered grant gives it: the common case, nothing to pay
+        if not is_regex_topic(topic):
+            return entitled(own, grants.filter_for(permission, topic))
+        return per_name(own, partial(grants.filter_for, permission), grants.filters(permission))
+
+    def _queue_filter(self, session: Session, names: list[str], own: Expression | None) -> Expression | None:
+        """Rule 7, entitlement filters: ``own`` AND the user's filter on its queues, one
+        for all of them (a consumer's filter does not know which queue asks)."""
+        grants = session.grants
+        if Permission.CONSUME not in grants.filtered:
+            return own
+        found = {n: grants.filter_for(Permission.CONSUME, n) for n in names}
+        if len({None if f is None else f.source for f in found.values()}) > 1:
+            raise errors.NotEntitled(
+                f"user {session.user_id!r} may consume these queues with different entitlement filters ("
+                + "; ".join(f"{n}: {f.source if f is not None else 'all messages'}" for n, f in found.items())
+                + "): subscribe to them one by one", permission=Permission.CONSUME.value, name=",".join(names))
+        return entitled(own, next(iter(found.values()), None))
+
+    def _replay_filter(self, session: Session, topic: str, names: list[str],
+                       own: Expression | None) -> Expression | None:
+        """Rule 7, entitlement filters, for a replay: of a topic, as a live subscription;
+        of queues (rule 2), per topic: the filters of the queues that take it, ORed."""
+        grants = session.grants
+        if Permission.REPLAY not in grants.filtered:
+            return own
+        if not names:
+            return self._topic_filter(session, topic, Permission.REPLAY, own)
+        per = [(topic_matcher(self._bindings.by_name[n].config.underlying), grants.filter_for(Permission.REPLAY, n))
+               for n in names]
+        possible = tuple(f for _, f in per if f is not None)
+        if not possible:
+            return own
+        cache: dict[str, Expression | None] = {}
+
+        def resolve(t: str) -> Expression | None:
+            if t in cache:
+                return cache[t]
+            if len(cache) >= DECISIONS_CACHED_MAX:
+                cache.clear()
+            found = [f for matches, f in per if matches(t)]
+            filters = tuple(f for f in found if f is not None)
+            # a grant without a filter on one of its queues allows the topic whole
+            hit = cache[t] = NOTHING if not found else None if len(filters) < len(found) else any_of(filters)
+            return hit
+        return per_name(own, resolve, possible)
+
     def _subscribe_queue(self, session: Session, sub_id: str, cmd: m.Subscribe | m.SowAndSubscribe,
                          flt: Expression | None, requested: int | None, names: list[str], now: float) -> None:
         configs = [self._bindings.by_name[n].config for n in names]
+        flt = self._queue_filter(session, names, flt)
         consumer = Consumer(
             key=(session.conn_id, sub_id),
             owner=session.conn_id,
@@ -211,6 +277,7 @@ class Subscriptions:
                           flt: Expression | None, bookmark: str, names: list[str]) -> None:
         start = parse_replay_start(bookmark)
         matches = self._replay_matcher(session, cmd.topic, names)  # entitled first (rule 7)
+        flt = self._replay_filter(session, cmd.topic, names, flt)
         if not names and not is_regex_topic(cmd.topic) and not self._recorded(cmd.topic):  # rule 5
             raise errors.NotATransactionLogTopic(
                 f"cannot replay {cmd.topic!r}: the transaction log does not record it, so there is nothing to "
@@ -243,27 +310,70 @@ class Subscriptions:
         if sub.kind is SubKind.RECORDS:
             raise errors.InvalidOption(f"subscription {sub_id!r} is to a SOW topic or view: replace it with the "
                                        "command that made it")
-        flt = compile_filter(cmd.filter)
-        check_connection_filters([s.filter for s in session.subs.values() if s is not sub], flt)
+        own = compile_filter(cmd.filter)
+        check_connection_filters([own_filter(s.filter) for s in session.subs.values() if s is not sub], own)
+        if sub.kind is SubKind.REPLAY and getattr(cmd, "bookmark", None):
+            raise errors.InvalidOption(
+                f"replace of bookmark subscription {sub_id!r} with a bookmark: a replace keeps the replay's "
+                "place in the log; send it without a bookmark, or unsubscribe and subscribe again to restart")
+        self._retarget(session, sub, cmd.topic, own, opts.get("max_backlog"), now)
+
+    def _retarget(self, session: Session, sub: SessionSubscription, topic: str, own: Expression | None,
+                  requested: int | None, now: float) -> None:
+        """Rules 3 and 7: ``sub`` takes from ``topic`` what its user may have now, with its
+        own filter ``own`` AND the entitlement filter (a replace, a resume, a reload).
+        Everything that can refuse comes before anything changes."""
+        matches = sub.matches_topic
         if sub.kind is SubKind.QUEUE:
-            names = self._entitled_queues(session, cmd.topic, Permission.CONSUME)
+            names = self._entitled_queues(session, topic, Permission.CONSUME)
             if not names:
-                raise errors.InvalidOption(f"replace: {cmd.topic!r} matches no queue; unsubscribe instead")
-            configs = [self._bindings.by_name[n].config for n in names]
-            backlog = effective_backlog(opts.get("max_backlog"), configs)
+                raise errors.InvalidOption(f"replace: {topic!r} matches no queue; unsubscribe instead")
+            backlog = effective_backlog(requested, [self._bindings.by_name[n].config for n in names])
+            flt = self._queue_filter(session, names, own)
             self._delivery.replace(sub.consumer, names, flt, backlog, now)  # paused: for the resume (rule 9)
         elif sub.kind is SubKind.PUBSUB:
-            sub.matches_topic = self._topic_matcher(session, cmd.topic, Permission.SUBSCRIBE)
+            matches = self._topic_matcher(session, topic, Permission.SUBSCRIBE)
+            flt = self._topic_filter(session, topic, Permission.SUBSCRIBE, own)
         else:  # REPLAY: the place in the log is kept; topic and filter change from the next message
-            if getattr(cmd, "bookmark", None):
-                raise errors.InvalidOption(
-                    f"replace of bookmark subscription {sub_id!r} with a bookmark: a replace keeps the replay's "
-                    "place in the log; send it without a bookmark, or unsubscribe and subscribe again to restart")
-            names = self._entitled_queues(session, cmd.topic, Permission.REPLAY)
-            sub.matches_topic = self._replay_matcher(session, cmd.topic, names)
+            names = self._entitled_queues(session, topic, Permission.REPLAY)
+            matches = self._replay_matcher(session, topic, names)
+            flt = self._replay_filter(session, topic, names, own)
+        sub.matches_topic = matches
         sub.filter = flt
-        sub.topic = cmd.topic
+        sub.topic = topic
         self._topics.changed()
+
+    # --- a reload of the entitlements (rule 7) --------------------------------------------------
+
+    def entitle_again(self, session: Session, sub: SessionSubscription,
+                      now: float) -> tuple[Permission, list[str]] | None:
+        """The session's grants were reloaded (``Engine.set_entitlements``): resolve what
+        ``sub`` may receive again, its entitlement filter included. None: it goes on; else
+        the permission and names it lost (the engine ends it)."""
+        grants = session.grants
+        if sub.kind is SubKind.RECORDS:  # a SOW topic's or view's records: one literal name
+            assert self._records is not None  # only the StateOfTheWorld makes RECORDS subscriptions
+            if not grants.allows(Permission.SUBSCRIBE, sub.topic) or not self._records.entitle_again(
+                    sub, grants.filter_for(Permission.SUBSCRIBE, sub.topic)):
+                return Permission.SUBSCRIBE, [sub.topic]
+            return None
+        queue = sub.kind is SubKind.QUEUE
+        permission = Permission.CONSUME if queue else Permission.SUBSCRIBE if sub.kind is SubKind.PUBSUB \
+            else Permission.REPLAY
+        if queue:  # none while paused: decided again at its resume
+            queues = list(self._delivery.queues_of(sub.consumer))
+            lost = [q for q in queues if not grants.allows(permission, q)]
+            if lost:
+                return permission, lost
+        try:
+            if queue and (permission not in grants.filtered and own_filter(sub.filter) is sub.filter
+                          and queues == self._entitled_queues(session, sub.topic, permission)):
+                return None  # no filter before or after, the same queues: nothing to change
+            self._retarget(session, sub, sub.topic, own_filter(sub.filter), sub.consumer.max_backlog if queue else None,
+                           now)
+        except errors.NotEntitled:
+            return permission, [sub.topic]
+        return None
 
     # --- pause and resume (rule 9) -------------------------------------------------------------
 
@@ -310,7 +420,12 @@ class Subscriptions:
             # Everything that can refuse first (a queue's entitlements), so that it is all or none.
             queues = [self._entitled_queues(session, s.topic, Permission.CONSUME) if s.kind is SubKind.QUEUE
                       else [] for s in subs]
+            for s, names in zip(subs, queues):
+                if s.kind is SubKind.QUEUE:
+                    self._queue_filter(session, names, own_filter(s.filter))  # refuses if it must
             for sub, names in zip(subs, queues):
+                if sub.kind is SubKind.QUEUE and sub.paused:  # the queues its topic names now, their filter
+                    self._retarget(session, sub, sub.topic, own_filter(sub.filter), sub.consumer.max_backlog, now)
                 self._resume(sub, names, now)
         else:
             for sub in subs:

@@ -14,7 +14,7 @@ import msgspec
 from conveyor import errors, expr
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
-from conveyor.engine.filters import compile_filter
+from conveyor.engine.filters import compile_filter, entitled
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.sow.conflated import ConflatedTopic
 from conveyor.engine.sow.focus import RecordSubscription, record_message
@@ -50,9 +50,11 @@ class SowQueries:
         self._followers = followers
 
     def query(self, conn_id: int, cmd: SowQuery, now: float, *, sub: RecordSubscription | None = None,
-              opts: Options | None = None) -> None:
+              opts: Options | None = None, entitlement: expr.Expression | None = None) -> None:
         """A ``sow`` (or the query part of a ``sow_and_subscribe``) on a SOW topic or view:
-        the records of this step, produced as the connection drains them (rule 10)."""
+        the records of this step, produced as the connection drains them (rule 10).
+        ``entitlement``: the user's entitlement filter on the name (engine/entitlements.py
+        rule 6), ANDed with the query's."""
         if opts is None:
             opts = parse_options("sow", cmd.options)
         check_batch_size(cmd.batch_size)
@@ -60,7 +62,7 @@ class SowQueries:
         skip_n = opts.get("skip_n") or 0
         if skip_n and top_n is None:
             raise errors.InvalidOption("skip_n needs top_n", option="skip_n")
-        flt = compile_filter(cmd.filter)
+        flt = entitled(compile_filter(cmd.filter), entitlement)
         orderby = OrderBy(cmd.orderby) if cmd.orderby else None
         topic = cmd.topic
         self._graph.render(topic, now)
@@ -84,7 +86,8 @@ class SowQueries:
                                    seen=sub.seen if sub is not None and sub.oof else None)
         self._produce(conn_id, cmd, qid, source, messages, cost, tally, sub)
 
-    def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float) -> None:
+    def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float,
+                         entitlement: expr.Expression | None = None) -> None:
         """An aggregated ``sow`` (reference G.4): the groups of the source's current
         contents (a queue's available messages), computed once. The aggregation, which
         nothing feeds once detached, is the snapshot: each group's record is rendered
@@ -92,7 +95,7 @@ class SowQueries:
         check_batch_size(cmd.batch_size)
         graph = self._graph
         aggregation = graph.aggregation(cmd.topic, opts.list("projection"), opts.list("grouping"),
-                                        compile_filter(cmd.filter))
+                                        entitled(compile_filter(cmd.filter), entitlement))
         graph.attach(cmd.topic, aggregation, now)
         graph.detach(cmd.topic, aggregation)
         domain = f"{cmd.topic}/query"

@@ -104,6 +104,7 @@ from conveyor.engine.sow.topic import SowTopic
 from conveyor.engine.sow.topics import SowTopics
 from conveyor.engine.sow.view import View
 from conveyor.engine.sow.views import ViewGraph
+from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 from conveyor.protocol.options import Options
 
@@ -256,16 +257,19 @@ class StateOfTheWorld:
 
     # --- commands (rules 3 and 10) ----------------------------------------------------------------
 
-    def query(self, conn_id: int, cmd: SowQuery, now: float, *, opts: Options | None = None) -> None:
+    def query(self, conn_id: int, cmd: SowQuery, now: float, *, opts: Options | None = None,
+              entitlement: Expression | None = None) -> None:
         """A ``sow`` on a SOW topic or view: the records of this step, produced as the
-        connection drains them (rule 10)."""
-        self._queries.query(conn_id, cmd, now, opts=opts)
+        connection drains them (rule 10); ``entitlement``: the user's entitlement filter
+        on the name (engine/entitlements.py rule 6)."""
+        self._queries.query(conn_id, cmd, now, opts=opts, entitlement=entitlement)
 
-    def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float) -> None:
+    def aggregated_query(self, conn_id: int, cmd: m.Sow, opts: Options, now: float,
+                         entitlement: Expression | None = None) -> None:
         """An aggregated ``sow`` (reference G.4), on a SOW topic, a view or a queue."""
         if cmd.topic in self.conflated:
             raise not_aggregated(cmd.topic)
-        self._queries.aggregated_query(conn_id, cmd, opts, now)
+        self._queries.aggregated_query(conn_id, cmd, opts, now, entitlement)
 
     def sow_delete(self, conn_id: int, cmd: m.SowDelete, now: float) -> None:
         self._sow_topics.sow_delete(conn_id, cmd, now)
@@ -273,6 +277,11 @@ class StateOfTheWorld:
     def subscribe(self, session: Session, cmd: RecordsSubscribe, now: float, *, query: bool, is_delta: bool) -> None:
         """A record, delta or aggregated subscription, with or without its query."""
         self._subscriptions.subscribe(session, cmd, now, query=query, is_delta=is_delta)
+
+    def entitle_again(self, sub: SessionSubscription, entitlement: Expression | None) -> bool:
+        """A reload: ``sub`` filtered by its user's new ``entitlement`` filter; False: it
+        cannot be, and ends (sow/subscriptions.py)."""
+        return self._subscriptions.entitle_again(sub, entitlement)
 
     def remove(self, sub: SessionSubscription) -> None:
         """Unsubscribe or the end of a session."""

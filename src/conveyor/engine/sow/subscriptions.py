@@ -9,6 +9,13 @@ An aggregated subscription (``projection`` + ``grouping``) is a private view ove
 source (a SOW topic, a view or a queue) whose group records go to one subscription: its
 filter applies to the source's messages, and it is rendered at the end of the engine's
 step, after the views (:meth:`SowSubscriptions.flush`).
+
+Entitlement filters (engine/entitlements.py rule 6): a subscription's filter is its own
+AND its user's ``Subscribe`` filter on the name; the query part of a ``sow_and_*`` is
+filtered by the ``Sow`` one (an aggregated subscription, query included, by the
+``Subscribe`` one). A reload resolves it again (:meth:`SowSubscriptions.entitle_again`):
+from the next change on, with no ``oof`` for what the change takes out of scope; an
+aggregated subscription whose filter changes ends (its aggregation was built with it).
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import msgspec
 from conveyor import errors, expr
 from conveyor.config.model import client_topic_matcher
 from conveyor.engine.cache import Entry, MessageCache
-from conveyor.engine.filters import check_connection_filters, compile_filter
+from conveyor.engine.entitlements import Permission
+from conveyor.engine.filters import check_connection_filters, compile_filter, entitled, own_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.sow.aggregation import Aggregation
@@ -107,10 +115,12 @@ class SowSubscriptions:
         if query and opts.get("skip_n") is not None:
             raise errors.InvalidOption("paginated subscriptions (skip_n on sow_and_subscribe) are not supported",
                                        option="skip_n")
-        flt = compile_filter(cmd.filter)
-        check_connection_filters([s.filter for s in session.subs.values()], flt)  # filters.py
-        if opts.has("oof") and flt is not None:
-            _deterministic(flt)
+        own = compile_filter(cmd.filter)
+        check_connection_filters([own_filter(s.filter) for s in session.subs.values()], own)  # filters.py
+        if opts.has("oof") and own is not None:
+            _deterministic(own)
+        flt = entitled(own, session.grants.filter_for(Permission.SUBSCRIBE, cmd.topic))
+        query_entitlement = session.grants.filter_for(Permission.SOW, cmd.topic) if query else None
         projection = opts.list("projection")
         grouping = opts.list("grouping")
         aggregated = projection is not None or grouping is not None
@@ -130,7 +140,7 @@ class SowSubscriptions:
             self._graph.render(cmd.topic, now)  # what changed before it subscribed is not news to it
             if query:
                 assert not isinstance(cmd, (m.Subscribe, m.DeltaSubscribe))  # a query is a sow_and_* command
-                self._queries.query(session.conn_id, cmd, now, sub=sub, opts=opts)
+                self._queries.query(session.conn_id, cmd, now, sub=sub, opts=opts, entitlement=query_entitlement)
             self._followers.subscribe(cmd.topic, sub)
         session.subs[sub_id] = SessionSubscription(
             sub_id, session.conn_id, cmd.topic, client_topic_matcher(cmd.topic), SubKind.RECORDS, flt, cmd.cid,
@@ -163,12 +173,11 @@ class SowSubscriptions:
             raise errors.InvalidOption("an aggregated subscription cannot be replaced", option="replace")
         if cmd.topic != sub.topic:
             raise errors.InvalidOption("replace cannot change the topic of a SOW subscription", option="replace")
-        flt = compile_filter(cmd.filter)
-        check_connection_filters([s.filter for s in session.subs.values() if s is not held], flt)
-        if sub.oof and flt is not None:
-            _deterministic(flt)
-        old_flt, sub.filter = sub.filter, flt
-        held.filter = flt
+        own = compile_filter(cmd.filter)
+        check_connection_filters([own_filter(s.filter) for s in session.subs.values() if s is not held], own)
+        if sub.oof and own is not None:
+            _deterministic(own)
+        old_flt = _refilter(held, entitled(own, session.grants.filter_for(Permission.SUBSCRIBE, cmd.topic)))
         if query:
             self._queries.rescope(sub, old_flt, now)
 
@@ -194,6 +203,17 @@ class SowSubscriptions:
         self._queries.send_rows(session.conn_id, cmd, Snapshot(rows), opts, sub)
         self.aggregated.append(agg_sub)
 
+    def entitle_again(self, held: SessionSubscription, entitlement: expr.Expression | None) -> bool:
+        """A reload: ``held`` filtered by its user's ``entitlement`` filter from the next
+        change on. False: it cannot be (an aggregated subscription): the engine ends it."""
+        flt = entitled(own_filter(held.filter), entitlement)
+        if flt is held.filter or (flt is not None and held.filter is not None and flt.source == held.filter.source):
+            return True  # unchanged (the same text compiles to the same filter)
+        if any(a.sub is held.consumer for a in self.aggregated):
+            return False
+        _refilter(held, flt)
+        return True
+
     def remove(self, sub: SessionSubscription) -> None:
         """Unsubscribe or the end of a session."""
         rs: RecordSubscription = sub.consumer
@@ -209,6 +229,15 @@ class SowSubscriptions:
         send = self._followers.send
         for agg_sub in self.aggregated:
             agg_sub.flush(now, send)
+
+
+def _refilter(held: SessionSubscription, flt: expr.Expression | None) -> expr.Expression | None:
+    """``held`` (and its record subscription) filtered by ``flt`` from the next change on;
+    the filter it had."""
+    sub: RecordSubscription = held.consumer
+    old, sub.filter = sub.filter, flt
+    held.filter = flt
+    return old
 
 
 def not_aggregated(topic: str) -> errors.InvalidOption:
