@@ -52,6 +52,8 @@ class MMsg:
     priority: int | None = None  # priority queues: 0 .. 2**64 - 1, or -1 (NaN, lowest)
     barrier: bool = False
     active: bool = True  # False: beyond TargetQueueDepth
+    not_before: float = 0.0  # held for a delayed retry until then (0: not held)
+    reason: str = ""  # the application's last failure reason
 
 
 @dataclass
@@ -154,7 +156,7 @@ class ModelQueue:
         return [
             m.position
             for m in sorted(
-                (m for m in self.msgs.values() if m.holder is None and m.active), key=order
+                (m for m in self.msgs.values() if m.holder is None and m.active and not m.not_before), key=order
             )
         ]
 
@@ -235,7 +237,7 @@ class ModelQueue:
             # nothing after a barrier that has not been delivered.
             for m in sorted(self.msgs.values(), key=_rank):
                 p = m.position
-                if m.holder is not None or not m.active or m.barrier:
+                if m.holder is not None or not m.active or m.barrier or m.not_before:
                     continue
                 if b is not None and p > b:
                     continue
@@ -292,13 +294,21 @@ class ModelQueue:
         reasons = self._reasons(m, now)
         if reasons:
             del self.msgs[m.position]
-            events.append(Expired(m.position, reasons))
+            events.append(Expired(m.position, reasons, m.reason))
             return True
         return False
 
+    def _delay(self, cancels: int, delay: float | None) -> float:
+        """A delayed retry: the asked delay, else the RetryBackoff by cancel count."""
+        if delay is not None:
+            return delay
+        backoff = self.config.retry_backoff_s
+        return backoff[min(cancels, len(backoff)) - 1] if backoff else 0.0
+
     # --- acknowledgement --------------------------------------------------------------------
 
-    def acknowledge(self, positions, by, option: AckOption, now: float) -> dict:
+    def acknowledge(self, positions, by, option: AckOption, now: float, delay: float | None = None,
+                    reason: str = "") -> dict:
         strict = self.config.leasing is Leasing.STRICT
         r = dict(
             acknowledged=0, cancelled=0, expired=0, released=0, refused=0, ignored=0,
@@ -332,12 +342,17 @@ class ModelQueue:
                 elif option is AckOption.CANCEL:
                     m.cancels += 1
                     r["cancelled"] += 1
-                    if self._lease_ends(m, Cancelled(p, m.cancels), now, ev):
+                    m.reason = reason or m.reason
+                    wait = self._delay(m.cancels, delay)
+                    not_before = now + wait if wait > 0 else 0.0
+                    if self._lease_ends(m, Cancelled(p, m.cancels, not_before, reason), now, ev):
                         r["expired"] += 1
+                    else:
+                        m.not_before = not_before
                 else:
                     c.outstanding -= 1
                     del self.msgs[p]
-                    ev.append(Expired(p, ("forced_expire",)))
+                    ev.append(Expired(p, ("forced_expire",), reason or m.reason))
                     r["expired"] += 1
             elif p in self.consumed:
                 c = self.consumed[p]
@@ -358,17 +373,18 @@ class ModelQueue:
                     r["ignored"] += 1
                 else:
                     del self.msgs[p]
-                    ev.append(Expired(p, ("forced_expire",)))
+                    ev.append(Expired(p, ("forced_expire",), reason or m.reason))
                     r["expired"] += 1
             else:
                 r["ignored"] += 1
         return r
 
-    def acknowledge_matching(self, predicate, by, option: AckOption, now: float) -> dict:
+    def acknowledge_matching(self, predicate, by, option: AckOption, now: float, delay: float | None = None,
+                             reason: str = "") -> dict:
         # "A sow_delete that uses a filter will only apply to the messages in the queue
         # that are currently deliverable."
         hits = [p for p, m in self.msgs.items() if m.active and predicate(self.load(p), now)]
-        return self.acknowledge(sorted(hits), by, option, now)
+        return self.acknowledge(sorted(hits), by, option, now, delay, reason)
 
     # --- time -----------------------------------------------------------------------------
 
@@ -379,20 +395,29 @@ class ModelQueue:
         )
         for _, p in due:
             self._lease_ends(self.msgs[p], LeaseExpired(p), now, events)
+        for _, p in sorted((m.not_before, p) for p, m in self.msgs.items() if 0 < m.not_before <= now):
+            m = self.msgs[p]  # a delayed retry's time has come: back, or expired
+            m.not_before = 0.0
+            reasons = self._reasons(m, now)
+            if reasons:
+                del self.msgs[p]
+                events.append(Expired(p, reasons, m.reason))
         exp = self.config.expiration_s
         if exp is not None:
             for p, m in list(self.msgs.items()):
-                if m.holder is None and m.active and now >= m.published_at + exp:
+                if m.holder is None and m.active and not m.not_before and now >= m.published_at + exp:
                     del self.msgs[p]
-                    events.append(Expired(p, ("time_limit",)))
+                    events.append(Expired(p, ("time_limit",), m.reason))
         return events
 
     def next_deadline(self) -> float | None:
         d = [m.deadline for m in self.msgs.values() if m.holder is not None]
+        d += [m.not_before for m in self.msgs.values() if m.not_before]
         exp = self.config.expiration_s
         if exp is not None:
             d += [
-                m.published_at + exp for m in self.msgs.values() if m.holder is None and m.active
+                m.published_at + exp for m in self.msgs.values()
+                if m.holder is None and m.active and not m.not_before
             ]
         return min(d) if d else None
 
@@ -410,13 +435,15 @@ class ModelQueue:
         events: list = []
         for m in self.msgs.values():
             m.holder = m.deadline = None
+            if m.not_before <= now:
+                m.not_before = 0.0  # its time passed: replay does not hold it again
         for p, m in list(self.msgs.items()):
             if not m.active:
                 continue
             reasons = self._reasons(m, now)
             if reasons and reasons != ("time_limit",):
                 del self.msgs[p]
-                events.append(Expired(p, reasons))
+                events.append(Expired(p, reasons, m.reason))
         self.consumed.clear()
         self.consumers.clear()
         self.attached.clear()
@@ -456,8 +483,8 @@ def replay(queue, event, now: float) -> None:
             queue.replay.delivered(p, now)
         case Acknowledged(position=p):
             queue.replay.acknowledged(p)
-        case Cancelled(position=p, cancels=cancels):
-            queue.replay.cancelled(p, cancels=cancels)
+        case Cancelled(position=p, cancels=cancels, not_before=not_before, reason=reason):
+            queue.replay.cancelled(p, cancels=cancels, not_before=not_before, reason=reason, now=now)
         case LeaseExpired(position=p) | Returned(position=p):
             queue.replay.returned(p)
         case Expired(position=p):

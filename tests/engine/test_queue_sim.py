@@ -81,6 +81,7 @@ def _random_config(rng: random.Random, name: str) -> QueueConfig:
         max_deliveries=rng.choice([None, None, 1, 2, 4]),
         leasing=rng.choice(list(Leasing)),
         max_per_subscription_backlog=rng.choice([None, None, 1, 2, 4]),
+        retry_backoff_s=rng.choice([(), (), (1.0,), (0.5, 2.0)]),  # delayed retries (queue/returns.py)
     )
 
 
@@ -361,6 +362,11 @@ class World:
     def _option(self) -> AckOption:
         return self.rng.choices(list(AckOption), weights=[6, 3, 1])[0]
 
+    def _retry(self) -> tuple[float | None, str]:
+        """A cancel's delayed retry (asked, or None: the backoff) and a failure reason."""
+        delay = self.rng.choice([None, None, 0.0, 0.5, 3.0])
+        return delay, self.rng.choice(["", "", "db timeout", "bad schema"])
+
     def ack_bookmarks(self) -> None:
         qid = self.rng.randrange(len(self.queues))
         m = self.models[qid]
@@ -369,8 +375,10 @@ class World:
         pool += m.inactive()[:3]
         positions = [self.rng.choice(pool) for _ in range(self.rng.randint(1, 4))]
         by, option = self._by(), self._option()
-        got = self.queues[qid].acknowledge(positions, by=by, option=option, now=self.now)
-        want = m.acknowledge(positions, by, option, self.now)
+        delay, reason = self._retry() if option is not AckOption.NONE else (None, "")
+        delay = delay if option is AckOption.CANCEL else None
+        got = self.queues[qid].acknowledge(positions, by=by, option=option, now=self.now, delay=delay, reason=reason)
+        want = m.acknowledge(positions, by, option, self.now, delay, reason)
         self.compare_ack(qid, got, want, f"ack {positions} by {by} {option}")
 
     def ack_filter(self) -> None:
@@ -531,8 +539,8 @@ def _replay_lossy(q: Queue, event, now: float) -> None:
             q.replay.delivered(p, now)
         case Acknowledged(position=p):
             q.replay.acknowledged(p)
-        case Cancelled(position=p):
-            q.replay.cancelled(p)
+        case Cancelled(position=p, not_before=not_before, reason=reason):
+            q.replay.cancelled(p, not_before=not_before, reason=reason, now=now)
         case Expired(position=p):
             q.replay.expired(p)
 

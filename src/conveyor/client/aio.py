@@ -42,7 +42,7 @@ from conveyor.client.core import (
     parse_uri,
 )
 from conveyor.client.endpoints import Endpoint
-from conveyor.client.message import Acker, AckVerb, to_bytes
+from conveyor.client.message import Acker, AckVerb, Settlement, to_bytes
 from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange, make_policy
 from conveyor.client.store import PublishStore
 from conveyor.client.subscription import DeliveryMode, Handler, SubState, SubscriptionBase, sub_ids
@@ -918,10 +918,10 @@ class AsyncClient:
         after ack_batch_seconds. For a message in hand, call ``msg.ack()`` instead."""
         self._ack(None, queue, bookmark, AckVerb(verb))
 
-    def _ack(self, sub_id: str | None, queue: str, bookmark: str, verb: AckVerb) -> None:
+    def _ack(self, sub_id: str | None, queue: str, bookmark: str, verb: Settlement) -> None:
         self._acked(self.core.ack(queue, bookmark, verb, sub_id))
 
-    def _ack_many(self, sub_id: str | None, queue: str, bookmarks: list[str], verb: AckVerb) -> None:
+    def _ack_many(self, sub_id: str | None, queue: str, bookmarks: list[str], verb: Settlement) -> None:
         self._acked(self.core.ack_many(queue, bookmarks, verb, sub_id))
 
     def _acked(self, send_now: bool) -> None:

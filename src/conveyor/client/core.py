@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 from conveyor import errors
 from conveyor.client.endpoints import URI_SCHEMES, Endpoint, parse_endpoint
-from conveyor.client.message import AckVerb, Message, to_bytes
+from conveyor.client.message import AckVerb, Message, Settlement, to_bytes
 from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectPolicy
 from conveyor.client.store import FilePublishStore, PublishStore
 from conveyor.client.subscription import SubState
@@ -161,7 +161,7 @@ class ClientCore:
         self.next_seq = self.store.last_seq + 1
         self.persisted_seq = 0
         self.outgoing: list = []  # commands waiting to be framed
-        self.acks: dict[tuple[str, AckVerb], list[str]] = {}  # (queue, verb) -> bookmarks
+        self.acks: dict[tuple[str, Settlement], list[str]] = {}  # (queue, verb and its options) -> bookmarks
         self.acks_count = 0
         self._subs_with_acks: set[SubState] = set()
         self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
@@ -343,7 +343,7 @@ class ClientCore:
 
     # --- acknowledgements (rule 3) -------------------------------------------------------
 
-    def ack(self, queue: str, bookmark: str, verb: AckVerb = AckVerb.ACK, sub_id: str | None = None) -> bool:
+    def ack(self, queue: str, bookmark: str, verb: Settlement = AckVerb.ACK, sub_id: str | None = None) -> bool:
         """Batch an acknowledgement; True when the batch should be sent now (a touch:
         always, and it frees no backlog slot of its subscription)."""
         if verb is _TOUCH:
@@ -357,7 +357,7 @@ class ClientCore:
             batch.append(bookmark)
         return self._batched(1, sub_id)
 
-    def ack_many(self, queue: str, bookmarks: list[str], verb: AckVerb, sub_id: str | None) -> bool:
+    def ack_many(self, queue: str, bookmarks: list[str], verb: Settlement, sub_id: str | None) -> bool:
         """:meth:`ack` for several bookmarks at once (a hand-over's run of them)."""
         if verb is _TOUCH:
             self.acks.setdefault((queue, verb), []).extend(bookmarks)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Union
 
 import msgspec
 
 from conveyor import errors
+from conveyor.protocol.options import SECONDS_MAX, TEXT_BYTES_MAX, quote_text
 
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
@@ -45,12 +46,52 @@ class AckVerb(str, enum.Enum):
         return self.value
 
 
+class AckWith(NamedTuple):
+    """A ``cancel`` with a delayed retry and / or a failure reason, or an ``expire`` with a
+    reason (docs/queues.md, "Delayed retry" and "Failure reasons"): batched like its
+    verb, with the acknowledgements that carry the same options."""
+
+    verb: AckVerb
+    delay: float | None = None
+    reason: str | None = None
+
+    @property
+    def option(self) -> str:
+        parts = [self.verb.value]
+        if self.delay is not None:
+            parts.append(f"delay={self.delay:g}")
+        if self.reason is not None:
+            parts.append(f"reason={quote_text(self.reason)}")
+        return ",".join(parts)
+
+    def __str__(self) -> str:
+        return self.option
+
+
+#: How a queue message is settled: a plain verb, or a verb with options.
+Settlement = Union[AckVerb, AckWith]
+
+
+def ack_with(verb: AckVerb, delay: float | None, reason: str | None) -> AckVerb | AckWith:
+    """``verb`` with its options, checked as the server checks them (the verb alone when
+    there are none)."""
+    if delay is None and reason is None:
+        return verb
+    if delay is not None and not (0 <= delay <= SECONDS_MAX):
+        raise errors.InvalidOption(f"delay must be between 0 and {SECONDS_MAX:g} seconds, not {delay!r}",
+                                   option="delay")
+    if reason is not None and len(reason.encode()) > TEXT_BYTES_MAX:
+        raise errors.InvalidOption(f"a failure reason is at most {TEXT_BYTES_MAX} bytes of UTF-8 "
+                                   f"({len(reason.encode())} given)", option="reason")
+    return AckWith(verb, None if delay is None else float(delay), reason)
+
+
 # Enum members as plain names: on the per-message path, ``AckVerb.ACK`` (a class
 # attribute lookup through the enum machinery) costs ten times a global.
 _ACK, _CANCEL, _EXPIRE, _TOUCH = AckVerb.ACK, AckVerb.CANCEL, AckVerb.EXPIRE, AckVerb.TOUCH
 
 #: ``acker(queue, bookmark, verb)``: how a message reaches its client's ack batch.
-Acker = Callable[[str, str, AckVerb], None]
+Acker = Callable[[str, str, Settlement], None]
 
 
 def to_bytes(data: Any) -> bytes:
@@ -108,15 +149,20 @@ class Message:
         at once). Raises AlreadyAcknowledged if the message was settled before."""
         self._settle(_ACK)
 
-    def cancel(self) -> None:
+    def cancel(self, *, delay: float | None = None, reason: str | None = None) -> None:
         """Give the message back: the queue redelivers it (it counts toward the queue's
-        ``MaxCancels``). Raises AlreadyAcknowledged if the message was settled before."""
-        self._settle(_CANCEL)
+        ``MaxCancels``). ``delay``: seconds before it is offered again to anyone (a
+        delayed retry; without it the queue's RetryBackoff, if any, decides); ``reason``:
+        why it failed, at most 256 bytes of UTF-8 (kept with the message, carried to its
+        dead letter). Raises AlreadyAcknowledged if the message was settled before,
+        InvalidOption for a bad delay or a reason too long."""
+        self._settle(_CANCEL if delay is None and reason is None else ack_with(_CANCEL, delay, reason))
 
-    def expire(self) -> None:
+    def expire(self, *, reason: str | None = None) -> None:
         """Remove the message as expired: the queue's expiry actions (a dead-letter
-        queue, for instance) run. Raises AlreadyAcknowledged if it was settled before."""
-        self._settle(_EXPIRE)
+        queue, for instance) run, with ``reason`` (at most 256 bytes of UTF-8) in the
+        dead letter. Raises AlreadyAcknowledged if it was settled before."""
+        self._settle(_EXPIRE if reason is None else ack_with(_EXPIRE, None, reason))
 
     def touch(self) -> None:
         """Still working on it: the server renews the lease for the queue's LeasePeriod
@@ -128,7 +174,7 @@ class Message:
             return
         self._acker(self.queue, self.bookmark, _TOUCH)
 
-    def _settle(self, verb: AckVerb) -> None:
+    def _settle(self, verb: Settlement) -> None:
         if self._acker is None or self.queue is None or self.bookmark is None:
             return  # rule 2
         if self._settled is not None:
@@ -139,5 +185,5 @@ class Message:
                 queue=self.queue,
                 settled=self._settled.value,
             )
-        self._settled = verb
+        self._settled = verb if type(verb) is AckVerb else verb.verb  # type: ignore[union-attr]
         self._acker(self.queue, self.bookmark, verb)

@@ -65,7 +65,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Sequence
 
 from conveyor import errors
-from conveyor.client.message import Acker, AckVerb, Message
+from conveyor.client.message import Acker, AckVerb, AckWith, Message, Settlement
 from conveyor.protocol import messages as m
 
 log = logging.getLogger("conveyor.client")
@@ -240,8 +240,8 @@ class SubState:
     def wrap_acker(self, ack: Acker) -> Acker:
         """The acker messages of this subscription carry: remember, then batch."""
 
-        def acker(queue: str, bookmark: str, verb: AckVerb) -> None:
-            if verb is not _CANCEL:
+        def acker(queue: str, bookmark: str, verb: Settlement) -> None:
+            if verb is not _CANCEL and not (type(verb) is AckWith and verb.verb is _CANCEL):
                 self._note_ack(bookmark)
             ack(queue, bookmark, verb)
 

@@ -45,7 +45,7 @@ import uvloop
 from conveyor import errors
 from conveyor.client.aio import AsyncClient
 from conveyor.client.core import ClientCore, ClientStatistics, Message
-from conveyor.client.message import Acker, AckVerb
+from conveyor.client.message import Acker, AckVerb, Settlement
 from conveyor.client.state import ConnectionState, StateChange
 from conveyor.client.subscription import DeliveryMode, SubscriptionBase
 
@@ -280,7 +280,7 @@ class Client:
             self._scheduled = True
         self._loop.call_soon_threadsafe(self._drain_handover)
 
-    def _hand_over_ack(self, acker: Acker, queue_name: str, bookmark: str, verb: AckVerb) -> None:
+    def _hand_over_ack(self, acker: Acker, queue_name: str, bookmark: str, verb: Settlement) -> None:
         """An acknowledgement joins the run of acks of the same acker, queue and verb at
         the end of the hand-over (the loop takes a run in one call), or starts one."""
         with self._lock:

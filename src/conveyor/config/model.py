@@ -362,6 +362,9 @@ class QueueConfig:
     initial_owner: str | None = None  # GroupLocalQueue
     group_local_queue_domain: str | None = None
     path: str = ""  # element path in the XML, for error messages
+    # <RetryBackoff>: how long a cancelled message waits before it is offered again, by
+    # its cancel count (the last value repeats; docs/queues.md, "Delayed retry"); (): at once
+    retry_backoff_s: tuple[float, ...] = ()
 
     @property
     def underlying(self) -> str:

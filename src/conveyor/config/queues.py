@@ -52,7 +52,9 @@ from conveyor.config.model import (
     topic_matcher,
 )
 from conveyor.config.sow import check_sow_order, read_conflated_topic, read_topic, read_view
+from conveyor.config._invalid import Invalid
 from conveyor.config.tree import MANY, OPTIONAL, REQUIRED, Document, Node
+from conveyor.config.units import duration_s
 from conveyor.config.txlog import topic_name
 
 _KINDS = {
@@ -90,6 +92,7 @@ _QUEUE = {
     "Filter": OPTIONAL,
     "InitialOwner": OPTIONAL,
     "GroupLocalQueueDomain": OPTIONAL,
+    "RetryBackoff": OPTIONAL,
 }
 _POSITIVE_INTS = {
     "MaxBacklog": "max_backlog",
@@ -245,10 +248,25 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
         values["deferred_ack_expiration_s"] = doc.duration(n)
     if (n := kids.one("FileBackedMetadata")) is not None:
         values["file_backed_metadata"] = doc.choice(n, _FILE_BACKED)
+    if (n := kids.one("RetryBackoff")) is not None:
+        values["retry_backoff_s"] = _retry_backoff(doc, n)
 
     _check_target_queue_depth(doc, node, kids.one("TargetQueueDepth"), kids)
     _check_group_local(doc, node, kind, kids)
     return QueueConfig(**values)  # type: ignore[arg-type]
+
+
+def _retry_backoff(doc: Document, node: Node) -> tuple[float, ...]:
+    """``<RetryBackoff>1s,5s,30s</RetryBackoff>``: the delay before a cancelled message is
+    offered again, by cancel count (the last one repeats); each a duration, 0 allowed."""
+    out = []
+    for i, part in enumerate(doc.text(node).split(",")):
+        try:
+            out.append(duration_s(part))
+        except Invalid as exc:
+            raise doc.error(node.path, f"<RetryBackoff> item {i + 1}: {exc.message}",
+                            "give a comma list of durations, e.g. 1s,5s,30s") from None
+    return tuple(out)
 
 
 def _recovery_point(doc: Document, node: Node) -> str:

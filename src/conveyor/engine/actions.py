@@ -7,10 +7,19 @@ topic. Template variables are replaced verbatim (reference.md C): ``{{AMPS_DATA}
 expired message's body as written (so JSON embeds without quotes), ``{{AMPS_REASON}}``
 the comma list of reasons, ``{{AMPS_TOPIC}}``, ``{{AMPS_DATA_LENGTH}}``,
 ``{{AMPS_CORRELATION_ID}}``, ``{{AMPS_BOOKMARK}}``. Unknown ``{{...}}`` stay as written.
+
+Extensions (docs/queues.md, "Failure reasons"), about the expired message's last
+failure: ``{{CONVEYOR_FAILURE_REASON}}`` the reason its application gave with its last
+``cancel`` or ``expire`` (escaped as inside a JSON string; empty when none was given),
+``{{CONVEYOR_DELIVERIES}}`` its delivery count, ``{{CONVEYOR_LAST_CONSUMER}}`` the last
+subscriber that held it (``client name/sub id``; empty if none since the last restart),
+``{{CONVEYOR_EXPIRED_AT}}`` when it expired (ISO 8601, UTC).
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, cast
@@ -23,13 +32,23 @@ if TYPE_CHECKING:
     from conveyor.expr import Expression
 
 ACTION_CLIENT_NAME = "amps-action"  # the internal publisher of action publishes
-_VARIABLE = re.compile(r"\{\{AMPS_[A-Z_]+\}\}")
+_VARIABLE = re.compile(r"\{\{(?:AMPS|CONVEYOR)_[A-Z_]+\}\}")
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     topic: str
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The expired message's last failure (the ``CONVEYOR_`` variables)."""
+
+    reason: str = ""  # the application's, with its last cancel or expire
+    deliveries: int = 0
+    consumer: str = ""  # "client name/sub id" of the last subscriber that held it
+    at: float = 0.0  # when it expired (epoch seconds)
 
 
 class ExpiryActions:
@@ -43,7 +62,8 @@ class ExpiryActions:
         return queue in self._by_queue
 
     def dead_letters(
-        self, queue: str, reasons: tuple[str, ...], body: bytes, *, correlation_id: str | None, bookmark: str
+        self, queue: str, reasons: tuple[str, ...], body: bytes, *, correlation_id: str | None, bookmark: str,
+        failure: Failure = Failure(),
     ) -> list[DeadLetter]:
         out: list[DeadLetter] = []
         for action in self._by_queue.get(queue, ()):
@@ -51,11 +71,12 @@ class ExpiryActions:
             if wanted is not None and not wanted.intersection(reasons):
                 continue
             for do in cast("tuple[DoPublish, ...]", action.do):  # what an expiry action does (config/actions.py)
-                out.append(DeadLetter(do.topic, render(do, queue, reasons, body, correlation_id, bookmark)))
+                out.append(DeadLetter(do.topic, render(do, queue, reasons, body, correlation_id, bookmark, failure)))
         return out
 
 
-def render(do: DoPublish, topic: str, reasons: tuple[str, ...], body: bytes, correlation_id: str | None, bookmark: str) -> bytes:
+def render(do: DoPublish, topic: str, reasons: tuple[str, ...], body: bytes, correlation_id: str | None, bookmark: str,
+           failure: Failure = Failure()) -> bytes:
     text = body.decode("utf-8", errors="replace")
     values = {
         "{{AMPS_DATA}}": text,
@@ -64,9 +85,18 @@ def render(do: DoPublish, topic: str, reasons: tuple[str, ...], body: bytes, cor
         "{{AMPS_DATA_LENGTH}}": str(len(body)),
         "{{AMPS_CORRELATION_ID}}": correlation_id or "",
         "{{AMPS_BOOKMARK}}": bookmark,
+        "{{CONVEYOR_FAILURE_REASON}}": json.dumps(failure.reason, ensure_ascii=False)[1:-1],
+        "{{CONVEYOR_DELIVERIES}}": str(failure.deliveries),
+        "{{CONVEYOR_LAST_CONSUMER}}": json.dumps(failure.consumer, ensure_ascii=False)[1:-1],
+        "{{CONVEYOR_EXPIRED_AT}}": _iso(failure.at),
     }
     # One pass, so text inside the body is never itself substituted.
     return _VARIABLE.sub(lambda m: values.get(m.group(0), m.group(0)), do.data).encode()
+
+
+def _iso(t: float) -> str:
+    """Formatting only (the engine never reads the clock)."""
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class PublishActions:

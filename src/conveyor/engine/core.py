@@ -172,7 +172,7 @@ class Engine:
         self.delivery = delivery(
             self.bindings, journal, self.cache, self.outbox, self.publishes, ExpiryActions(config.actions),
             publisher_id(ACTION_CLIENT_NAME, instance=self.instance), entitled=self._may_consume,
-            queries=self.queries,
+            queries=self.queries, client_of=lambda conn_id: getattr(self.sessions.get(conn_id), "client_name", None),
         )
         self.sow = StateOfTheWorld(config, journal, self.cache, self.outbox, self.publishes, self.bindings, budget,
                                    queries=self.queries)

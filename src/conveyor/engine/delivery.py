@@ -52,7 +52,8 @@ from conveyor import errors, records
 from conveyor.config.model import Semantics
 from conveyor.engine import poison
 from conveyor.engine.queue import journal as queue_journal
-from conveyor.engine.actions import ExpiryActions
+from conveyor.engine.actions import ExpiryActions, Failure
+from conveyor.engine.explain import consumer_label
 from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.filters import compile_filter, entitled, filter_cost_ticks
@@ -87,6 +88,7 @@ class QueueDelivery:
         self, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,
         publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
         entitled: Callable[[int, str], bool] | None = None, *, queries: Queries,
+        client_of: Callable[[int], str | None] | None = None,
     ) -> None:
         self._bindings = bindings
         self._queries = queries  # rule 7: results on their way, pumped by the engine
@@ -117,6 +119,9 @@ class QueueDelivery:
         #: An entitlement filter is part of each consumer's filter (subscribing.py rule
         #: 7), so a barrier it does not match is not the consumer's either (queue rule 8).
         self.entitled = entitled
+        #: ``client_of(conn_id)``: the connection's client name, for a dead letter's last
+        #: consumer (engine/actions.py; None: the connection id).
+        self._client_of = client_of
 
     # --- dirtiness (rule 1) -------------------------------------------------------------
 
@@ -357,9 +362,10 @@ class QueueDelivery:
                 letters = self._actions.dead_letters(
                     name, reasons, entry.data, correlation_id=entry.correlation_id,
                     bookmark=format_bookmark(entry.publisher, entry.seq, event.position),
+                    failure=self._failure(binding, event, now),
                 )
         if not letters:
-            self._journal.append(records.encode(records.ExpiredRec(name, event.position, ",".join(reasons))))
+            self._journal.append(records.encode(records.ExpiredRec(name, event.position, ",".join(reasons), event.reason)))
             return
         publisher = self._action_publisher
         publishes = self._publishes
@@ -371,6 +377,19 @@ class QueueDelivery:
                 expired_position=event.position if first else -1,
                 expired_reasons=",".join(reasons) if first else "",
             ))
+
+    def _failure(self, binding: QueueBinding, event: Expired, now: float) -> Failure:
+        deliveries, consumer = binding.queue.failure_of(event.position)
+        return Failure(event.reason, deliveries, self._consumer_label(consumer), now)
+
+    def _consumer_label(self, key: Hashable) -> str:
+        """A consumer key as a dead letter names it: ``client name/sub id``."""
+        if key is None:
+            return ""
+        if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int):
+            name = self._client_of(key[0]) if self._client_of is not None else None
+            return f"{name if name is not None else key[0]}/{key[1]}"
+        return consumer_label(key)
 
     def removed_elsewhere(self, binding: QueueBinding, events: list[Event]) -> None:
         """Messages left the queue on another instance (replicated queues): nothing to
@@ -419,16 +438,18 @@ class QueueDelivery:
         if opts.has("cancel") and opts.has("expire"):
             raise errors.InvalidOption("cancel and expire cannot be combined")
         option = AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire") else AckOption.NONE
+        delay, reason = _retry_options(opts, option)
         queue = binding.queue
         if cmd.bookmark:
             positions = bookmark_positions(cmd.bookmark)
             self._open_acks(binding, option, now)
-            result = queue.acknowledge(positions, by=conn_id, option=option, now=now)
+            result = queue.acknowledge(positions, by=conn_id, option=option, now=now, delay=delay, reason=reason)
         elif cmd.filter:
             predicate = consumer_predicate(compile_filter(cmd.filter))
             assert predicate is not None  # a filter that is not empty compiles to one (or raises)
             self._open_acks(binding, option, now)
-            result = queue.acknowledge_matching(predicate, by=conn_id, option=option, now=now)
+            result = queue.acknowledge_matching(predicate, by=conn_id, option=option, now=now, delay=delay,
+                                                reason=reason)
         else:
             raise errors.ClientError("sow_delete on a queue needs bookmarks or a filter")
         self._ack_events += result.events
@@ -455,8 +476,8 @@ class QueueDelivery:
         queue's LeasePeriod from now, or ``touch=N`` seconds (at most LeasePeriod: a long
         job touches again). Nothing is journaled (no lease survives a restart); the reply
         counts the messages the connection held (``matches``)."""
-        if opts.has("cancel") or opts.has("expire"):
-            raise errors.InvalidOption("touch cannot be combined with cancel or expire", option="touch")
+        if opts.has("cancel") or opts.has("expire") or opts.texts or opts.seconds:
+            raise errors.InvalidOption("touch cannot be combined with cancel, expire, delay or reason", option="touch")
         if not cmd.bookmark:
             raise errors.InvalidOption("touch names its messages by bookmark", option="touch")
         period = binding.config.lease_period_s
@@ -544,3 +565,14 @@ class QueueDelivery:
 
         self._queries.start(Production(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid), messages(), finish, source,
                                        filter_cost_ticks(flt)))
+
+
+def _retry_options(opts: Options, option: AckOption) -> tuple[float | None, str]:
+    """``delay=N`` (a cancel's delayed retry) and ``reason="..."`` (a cancel's or an
+    expire's failure reason): docs/queues.md, "Delayed retry" and "Failure reasons"."""
+    delay, reason = opts.number("delay"), opts.text("reason")
+    if delay is not None and option is not AckOption.CANCEL:
+        raise errors.InvalidOption("delay goes with cancel only", option="delay")
+    if reason is not None and option is AckOption.NONE:
+        raise errors.InvalidOption("reason goes with cancel or expire only", option="reason")
+    return delay, reason or ""

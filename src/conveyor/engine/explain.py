@@ -18,6 +18,8 @@ this instance owns the queue's messages). Rules, in the order they are checked:
    are acknowledged.
 4. **not owned here**: a replicated queue's message that another instance owns
    (``ELSEWHERE``): that instance delivers it, or grants it here on a transfer request.
+   **delayed retry**: cancelled with a delay (or the queue's ``RetryBackoff``), it is
+   offered to nobody until its time (docs/queues.md, "Delayed retry").
 5. **catching up**: a replicated queue of an instance that restarted delivers nothing
    until its ``sync`` peers have caught it up (engine/replication/catch_up.py), or the
    wait's limit passes.
@@ -87,6 +89,8 @@ class MessageFacts:
     expires_at: float | None  # publish time + Expiration
     seats: tuple[SeatFacts, ...]
     owner: str | None = None  # ELSEWHERE: the instance that owns it
+    not_before: float | None = None  # held for a delayed retry until then (queue/returns.py)
+    reason: str = ""  # the application's last failure reason (a cancel's or an expire's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +165,7 @@ def explain(
         )
 
     if facts.deliveries:
-        reasons.append(f"delivered {facts.deliveries} time(s), cancelled {facts.cancels} time(s)")
+        reasons.append(f"delivered {facts.deliveries} time(s), cancelled {facts.cancels} time(s)" + _failure(facts))
     if facts.expires_at is not None and state in (MessageState.AVAILABLE, MessageState.LEASED):
         reasons.append(f"expires (Expiration) in {max(0.0, facts.expires_at - now):.1f} s if not acknowledged")
     if unknown:
@@ -314,7 +318,21 @@ def explain_message(engine: Engine, queue: str, bookmark: str, now: float) -> Ex
                       entitled_of=entitled_of)
     if held is not None and facts.state is MessageState.AVAILABLE:  # rule 5, before what the queue says
         verdict = replace(verdict, verdict="catching_up", summary=held)
-    return verdict
+    return _delayed(verdict, facts, now)
+
+
+def _failure(facts: MessageFacts) -> str:
+    """The application's last failure reason, as the end of the deliveries' sentence."""
+    return f"; last failure reason: {facts.reason!r}" if facts.reason else ""
+
+
+def _delayed(verdict: Explanation, facts: MessageFacts, now: float) -> Explanation:
+    """Rule 4's delayed retry: an available message held until ``not_before``."""
+    if facts.not_before is None or facts.state is not MessageState.AVAILABLE:
+        return verdict
+    return replace(verdict, verdict="delayed_retry", summary=(
+        f"cancelled with a delayed retry: offered again from {_iso(facts.not_before)} "
+        f"({max(0.0, facts.not_before - now):.1f} s left)"))
 
 
 def _published(engine: Engine, position: int, text: str) -> str | None:

@@ -6,6 +6,11 @@ never silently changes behaviour. A list option (``projection=[a,b]``,
 ``grouping=[/k]``) holds a bracketed list whose items may contain commas inside
 parentheses, brackets or quotes: the header is split only on commas outside them, and
 an option is at most ``OPTION_BYTES_MAX`` long.
+
+A seconds option (``delay=1.5``) holds a non-negative decimal number of seconds; a text
+option (``reason="db timeout"``) a double-quoted string, ``\\"`` and ``\\\\`` escaped
+inside, at most ``TEXT_BYTES_MAX`` bytes of UTF-8 once unquoted (docs/queues.md,
+"Delayed retry" and "Failure reasons").
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ _INT = "int"
 _FLAG = "flag"
 _LIST = "list"
 _FLAG_OR_INT = "flag-or-int"
+_SECONDS = "seconds"
+_TEXT = "text"
+
+#: The longest text option (a failure reason), in bytes of UTF-8.
+TEXT_BYTES_MAX = 256
+#: The longest delay a seconds option may ask for (a year).
+SECONDS_MAX = 365 * 86400.0
 
 #: The longest option (a projection list): the reference's limit.
 OPTION_BYTES_MAX = 64 * 1024
@@ -39,7 +51,7 @@ KNOWN: dict[str, dict[str, str]] = {
     "sow_and_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow_and_delta_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow": {"timestamp": _FLAG, **_QUERY, **_AGGREGATED},
-    "sow_delete": {"cancel": _FLAG, "expire": _FLAG, "touch": _FLAG_OR_INT},
+    "sow_delete": {"cancel": _FLAG, "expire": _FLAG, "touch": _FLAG_OR_INT, "delay": _SECONDS, "reason": _TEXT},
     "heartbeat": {"start": _INT, "beat": _FLAG},
 }
 
@@ -49,6 +61,20 @@ class Options:
     flags: frozenset[str] = frozenset()
     values: tuple[tuple[str, int], ...] = ()
     lists: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    texts: tuple[tuple[str, str], ...] = ()  # text options, unquoted
+    seconds: tuple[tuple[str, float], ...] = ()  # seconds options
+
+    def text(self, name: str) -> str | None:
+        for key, value in self.texts:
+            if key == name:
+                return value
+        return None
+
+    def number(self, name: str) -> float | None:
+        for key, value in self.seconds:
+            if key == name:
+                return value
+        return None
 
     def list(self, name: str) -> tuple[str, ...] | None:
         for key, items in self.lists:
@@ -76,6 +102,8 @@ def parse_options(command: str, text: str | None) -> Options:
     flags: set[str] = set()
     values: list[tuple[str, int]] = []
     lists: list[tuple[str, tuple[str, ...]]] = []
+    texts: list[tuple[str, str]] = []
+    seconds: list[tuple[str, float]] = []
     items = [part.strip() for part in split_outside(text, ",")]
     i = 0
     while i < len(items):
@@ -102,6 +130,12 @@ def parse_options(command: str, text: str | None) -> Options:
         if kind == _LIST:
             lists.append((name, _list_value(name, raw.strip())))
             continue
+        if kind == _TEXT:
+            texts.append((name, _text_value(name, raw.strip())))
+            continue
+        if kind == _SECONDS:
+            seconds.append((name, _seconds_value(name, raw.strip())))
+            continue
         # heartbeat uses "start,N": the value is the next item
         if not sep and command == "heartbeat" and i < len(items):
             raw = items[i]
@@ -113,7 +147,44 @@ def parse_options(command: str, text: str | None) -> Options:
         if value < 0:
             raise InvalidOption(f"option {name!r} must not be negative, got {value}", option=name)
         values.append((name, value))
-    return Options(frozenset(flags), tuple(values), tuple(lists))
+    return Options(frozenset(flags), tuple(values), tuple(lists), tuple(texts), tuple(seconds))
+
+
+def _text_value(name: str, raw: str) -> str:
+    if len(raw) < 2 or raw[0] != '"' or raw[-1] != '"':
+        raise InvalidOption(f'option {name!r} takes a double-quoted text, e.g. {name}="db timeout"', option=name)
+    out: list[str] = []
+    i, body = 0, raw[1:-1]
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            i += 1
+            c = body[i]
+        elif c in '"\\':
+            raise InvalidOption(f"option {name!r}: escape {c!r} inside the quotes as \\{c}", option=name)
+        out.append(c)
+        i += 1
+    value = "".join(out)
+    if len(value.encode()) > TEXT_BYTES_MAX:
+        raise InvalidOption(f"option {name!r} is longer than {TEXT_BYTES_MAX} bytes of UTF-8 "
+                            f"({len(value.encode())})", option=name)
+    return value
+
+
+def quote_text(value: str) -> str:
+    """A text option's value as the header carries it (the inverse of its parse)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _seconds_value(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidOption(f"option {name!r} needs a number of seconds, got {raw!r}", option=name) from None
+    if not (0 <= value <= SECONDS_MAX):  # NaN fails too
+        raise InvalidOption(f"option {name!r} must be between 0 and {SECONDS_MAX:g} seconds, got {raw!r}",
+                            option=name)
+    return value
 
 
 def _list_value(name: str, raw: str) -> tuple[str, ...]:

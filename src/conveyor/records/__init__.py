@@ -82,10 +82,14 @@ class AckedRec(_Rec, tag=4, frozen=True):
 
 
 class CancelledRec(_Rec, tag=5, frozen=True):
-    """Messages returned to ``queue`` by a ``cancel`` acknowledgement."""
+    """Messages returned to ``queue`` by a ``cancel`` acknowledgement. ``not_before`` and
+    ``reasons`` (empty, or one per position): a delayed retry's time (0: none) and the
+    application's failure reason ("": none); docs/queues.md."""
 
     queue: str
     positions: list[int]
+    not_before: list[float] = []
+    reasons: list[str] = []
 
 
 class ExpiredRec(_Rec, tag=6, frozen=True):
@@ -94,6 +98,7 @@ class ExpiredRec(_Rec, tag=6, frozen=True):
     queue: str
     position: int
     reasons: str
+    reason: str = ""  # the application's failure reason (docs/queues.md), "": none
 
 
 class ReturnedRec(_Rec, tag=7, frozen=True):

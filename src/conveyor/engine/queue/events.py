@@ -70,10 +70,14 @@ class Acknowledged(msgspec.Struct, frozen=True, tag=True):
 
 
 class Cancelled(msgspec.Struct, frozen=True, tag=True):
-    """The lease was cancelled and the message returned; ``cancels`` is the new count."""
+    """The lease was cancelled and the message returned; ``cancels`` is the new count.
+    ``not_before``: a delayed retry, not offered before that time (0: at once);
+    ``reason``: the application's failure reason (docs/queues.md)."""
 
     position: int
     cancels: int
+    not_before: float = 0.0
+    reason: str = ""
 
 
 class LeaseExpired(msgspec.Struct, frozen=True, tag=True):
@@ -89,8 +93,12 @@ class Returned(msgspec.Struct, frozen=True, tag=True):
 
 
 class Expired(msgspec.Struct, frozen=True, tag=True):
+    """``reason``: the application's last failure reason for the message (docs/queues.md,
+    "Failure reasons"); its delivery count and last consumer are ``Queue.failure_of``'s."""
+
     position: int
     reasons: tuple[str, ...]
+    reason: str = ""
 
 
 class BarrierDelivered(msgspec.Struct, frozen=True, tag=True):
@@ -231,6 +239,8 @@ class MessageDetail:
     lease_deadline: float | None
     priority: int | None = None  # priority queues: the value computed at enqueue (-1: NaN)
     barrier: bool = False
+    not_before: float | None = None  # a delayed retry: not offered before then
+    reason: str = ""  # the application's last failure reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,3 +287,7 @@ class QueueState:
     elsewhere: tuple[tuple[int, str, float, int, float], ...] = ()
     # (position, expiry) of each message with an expiry of its own (queue/expiry.py rule 5)
     expiries: tuple[tuple[int, float], ...] = ()
+    # delayed retries: (position, not before) of each message held back after a cancel
+    # (it is also in ``leased``: available again after a restart, at its time)
+    delays: tuple[tuple[int, float], ...] = ()
+    reasons: tuple[tuple[int, str], ...] = ()  # (position, the application's failure reason)

@@ -13,6 +13,8 @@ record through the queue verb that re-applies it. Rules:
    expiry is its own record, because it carries its reasons and may carry dead letters
    (the engine journals it with :class:`~conveyor.engine.delivery.QueueDelivery`).
    The order of kinds within one call does not matter to replay (queue/recovery.py rule 3).
+   A ``CancelledRec`` carries each cancel's delayed retry and failure reason in two
+   lists, one item per position, only when one of its cancels has either (docs/queues.md).
 3. **Every queue record has a replay verb.** :data:`RECORD_REPLAY` maps each queue record
    type to the queue's ``replay`` verb; :func:`replay` applies a record to the part
    of a queue at or above its recovery point.
@@ -72,6 +74,11 @@ def record(queue: str, rec_type: type[QueueRec], events: list[Event]) -> records
     positions = [ev.position for ev in events]
     if rec_type is records.LeasedRec:
         return records.LeasedRec(queue, positions, [ev.count for ev in cast("list[Leased]", events)])
+    if rec_type is records.CancelledRec:
+        cancels = cast("list[Cancelled]", events)
+        if any(ev.not_before or ev.reason for ev in cancels):
+            return records.CancelledRec(queue, positions, [ev.not_before for ev in cancels],
+                                        [ev.reason for ev in cancels])
     return cast("type[PositionsRec]", rec_type)(queue, positions)  # batch keeps ExpiredRec apart
 
 
@@ -98,6 +105,14 @@ def _each(verb: str) -> Callable[[Queue, PositionsRec, float, Callable[[int], bo
     return apply
 
 
+def _cancelled(q: Queue, rec: records.CancelledRec, now: float, keep: Callable[[int], bool]) -> None:
+    times, reasons = rec.not_before, rec.reasons
+    for i, position in enumerate(rec.positions):
+        if keep(position):
+            q.replay.cancelled(position, not_before=times[i] if times else 0.0, reason=reasons[i] if reasons else "",
+                               now=now)
+
+
 def _expired(q: Queue, rec: records.ExpiredRec, now: float, keep: Callable[[int], bool]) -> None:
     if keep(rec.position):
         q.replay.expired(rec.position)
@@ -108,7 +123,7 @@ RECORD_REPLAY: dict[type[QueueRec], Callable[..., None]] = {
     records.LeasedRec: _leased,
     records.DeliveredRec: _delivered,
     records.AckedRec: _each("acknowledged"),
-    records.CancelledRec: _each("cancelled"),
+    records.CancelledRec: _cancelled,
     records.ReturnedRec: _each("returned"),
     records.ExpiredRec: _expired,
     records.BarrierRec: _each("barrier_delivered"),

@@ -22,6 +22,9 @@ happened; the table itself knows no message state. Rules:
 5. :meth:`limit_reasons`: why a message coming back to the queue must expire instead
    (queue rule 2): ``time_limit`` (Expiration), ``max_cancels``, ``max_deliveries``, in
    the order of ``REASON_ORDER``.
+6. Failure notes (queue/returns.py rule 3): for a message whose lease ended other than
+   by an ack, the application's last failure reason and the last consumer; kept and
+   forgotten with the counts (rule 4).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class LeaseTable:
 
     __slots__ = (
         "leased", "consumed", "_deadlines", "_deliveries", "_cancels",
-        "_expiration", "_max_cancels", "_max_deliveries", "slots_freed",
+        "_expiration", "_max_cancels", "_max_deliveries", "slots_freed", "_notes",
     )
 
     def __init__(
@@ -67,6 +70,8 @@ class LeaseTable:
         self._deadlines: list[tuple[float, int]] = []  # heap (rule 3; some entries stale)
         self._deliveries: dict[int, int] = {}  # delivered at least once, still in the queue
         self._cancels: dict[int, int] = {}
+        # rule 6: (the application's last failure reason, the last consumer's key)
+        self._notes: dict[int, tuple[str, Hashable]] = {}
         self._expiration = expiration_s
         self._max_cancels = max_cancels
         self._max_deliveries = max_deliveries
@@ -103,6 +108,8 @@ class LeaseTable:
         self._release(self.leased.pop(p).seat, p)
         self._deliveries.pop(p, None)
         self._cancels.pop(p, None)
+        if self._notes:
+            self._notes.pop(p, None)
 
     def renew(self, p: int, lease: Lease, deadline: float) -> None:
         if lease.deadline != deadline:
@@ -223,6 +230,24 @@ class LeaseTable:
         """``p`` is done (rule 4)."""
         self._deliveries.pop(p, None)
         self._cancels.pop(p, None)
+        if self._notes:
+            self._notes.pop(p, None)
+
+    def note(self, p: int, consumer: Hashable, reason: str = "") -> None:
+        """Rule 6: a lease of ``p`` ended (``consumer`` held it), with the application's
+        failure ``reason`` ("" keeps the last one given)."""
+        if not reason:
+            old = self._notes.get(p)
+            reason = old[0] if old is not None else ""
+        self._notes[p] = (reason, consumer)
+
+    def note_of(self, p: int) -> tuple[str, Hashable] | None:
+        """(last failure reason, last consumer) of ``p``, if a lease of it ended."""
+        return self._notes.get(p)
+
+    def reasons(self) -> dict[int, str]:
+        """The failure reasons given, by position (for a snapshot)."""
+        return {p: note[0] for p, note in self._notes.items() if note[0]}
 
     def counted(self) -> list[int]:
         """Every position with a delivery or cancel count, ascending."""
@@ -264,7 +289,7 @@ class LeaseTable:
             _require(p not in self.consumed, f"{p} is both leased and consumed")
         for p, seat in self.consumed.items():
             _require(p in seat.held, f"consumed {p} not held by its seat")
-        for p in self._deliveries.keys() | self._cancels.keys():
+        for p in self._deliveries.keys() | self._cancels.keys() | self._notes.keys():
             _require(tracked(p), f"counts kept for {p}, which is no longer in the queue")
 
 

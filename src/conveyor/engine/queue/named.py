@@ -29,6 +29,7 @@ from conveyor.engine.queue.state import MessageState, QueueStateError, Transitio
 
 _AVAILABLE = MessageState.AVAILABLE
 _INACTIVE = MessageState.INACTIVE
+_NOT_HERE = frozenset({_INACTIVE, _AVAILABLE})  # take_back: not deliverable to it now
 
 
 class NamedLeases:
@@ -103,8 +104,10 @@ class NamedLeases:
                 key = order_key(priority, position)
             self._lease_to(seat, key, deadline, delivery=False)
             return TakeBack.TAKEN
-        if position in leases.consumed or position in self._replica or self._state_of(position) is _INACTIVE:
-            return TakeBack.ELSEWHERE  # ELSEWHERE: another instance owns it (engine/consumers.py rule 7)
+        if position in leases.consumed or position in self._replica or self._state_of(position) in _NOT_HERE:
+            # ELSEWHERE: another instance owns it (engine/consumers.py rule 7); AVAILABLE and
+            # not in the store: held for a delayed retry (queue/returns.py rule 2)
+            return TakeBack.ELSEWHERE
         return TakeBack.DONE
 
     def _lease_to(self, seat: Seat, key: int, deadline: float, *, delivery: bool) -> tuple[int, int]:

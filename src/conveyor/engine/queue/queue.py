@@ -96,6 +96,8 @@ state is derived from the part that holds the message, and checked under
   message's identity, the messages another instance owns, transfer epochs and this
   instance's requests (rule 11); fed by the transition table (every move out of the
   queue for good), so the engine keeps no second map in step;
+- :class:`~conveyor.engine.queue.returns.Returns`: how a lease ends other than by an
+  ack, delayed retries (held messages) and the failure notes of expiries;
 - :class:`~conveyor.engine.queue.recovery.QueueReplayer`: the replay verbs;
 - :class:`~conveyor.engine.queue.transfers.Transfers` (``queue.transfers``): rule 11's
   verbs, called by the engine's ownership rules;
@@ -123,7 +125,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 from conveyor import expr
 from conveyor.config.model import Leasing, QueueConfig, Semantics
@@ -160,6 +162,7 @@ from conveyor.engine.queue.paging import PageFile, PagingBudget
 from conveyor.engine.queue.priority import KEY_END, POSITION_MASK, order_key
 from conveyor.engine.queue.recovery import QueueReplayer
 from conveyor.engine.queue.report import QueueReport
+from conveyor.engine.queue.returns import Returns
 from conveyor.engine.queue.seats import Seat, Seats
 from conveyor.engine.queue.state import (
     IllegalTransition,
@@ -213,19 +216,6 @@ _FORCED = (ExpiryReason.FORCED_EXPIRE,)
 #: transitions need not search the store a second time on the hot path.
 _CONFIRMED_BY_THE_STORE = frozenset({MessageState.AVAILABLE})
 
-
-class _LeaseEnd(NamedTuple):
-    event: Callable[[int, int], Event]  # (position, cancel count) -> the event to journal
-    counter: str  # the QueueCounters field it adds one to
-    cancels: bool  # it counts as a cancel (MaxCancels)
-
-
-#: How a lease ends other than by an acknowledgement (rule 2), by verb.
-_LEASE_ENDS = {
-    Verb.CANCEL: _LeaseEnd(Cancelled, "cancelled", True),
-    Verb.LEASE_EXPIRE: _LeaseEnd(lambda p, _: LeaseExpired(p), "expired_leases", False),
-    Verb.RETURN: _LeaseEnd(lambda p, _: Returned(p), "returned", False),
-}
 
 
 
@@ -325,8 +315,7 @@ class Queue:
         """``start``: the recovery point replay begins at (every message below it is done).
         ``chunk_slots``: messages per chunk of the store (``queue_store.CHUNK_SLOTS``).
         ``budget``: the turn's filter budget (rule 12); None: unbounded. ``replicated``:
-        a replicated queue (rule 11): its replica part learns of every message that
-        leaves."""
+        a replicated queue (rule 11): its replica part learns of every message that leaves."""
         check_queue(config)  # config/validation.py: what this queue cannot honour
         self.config = config
         self._load = load
@@ -338,9 +327,7 @@ class Queue:
         self._priority = config.priority is not None
         self._barrier_on = config.barrier_expression is not None
         self._target = config.target_queue_depth
-        self._start = start
-        self._last_position = start - 1
-        self._last_time = -math.inf
+        self._start, self._last_position, self._last_time = start, start - 1, -math.inf
         self._counters = QueueCounters()
 
         self._transitions = Transitions(
@@ -362,16 +349,17 @@ class Queue:
         if replicated:
             self._transitions.on_leave(self._replica.left)
         self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
+        self._returns = Returns(
+            config.retry_backoff_s, transitions=self._transitions, order=self._order, leases=self._leases,
+            seats=self._seats, replica=self._replica, stamped=self._stamped, count=self._counters.add)
         self._report = QueueReport(
             config, order=self._order, leases=self._leases, seats=self._seats, window=self._window,
             replica=self._replica, stamped=self._stamped, counts=self._counters.counts, state_of=self.state_of,
-            load=load, expiration=lambda: self._expiration, active=self._active,
-        )
+            load=load, expiration=lambda: self._expiration, active=self._active, returns=self._returns)
         self.transfers = Transfers(
             priority=self._priority, transitions=self._transitions, replica=self._replica, order=self._order,
             leases=self._leases, seats=self._seats, stamped=self._stamped, count=self._counters.add,
-            state_of=self.state_of, matches=self._matches,
-        )
+            state_of=self.state_of, matches=self._matches, returns=self._returns)
         self.named = NamedLeases(
             config.name, at_least_once=self._at_least_once, priority=self._priority, transitions=self._transitions,
             seats=self._seats, order=self._order, leases=self._leases, replica=self._replica,
@@ -380,8 +368,8 @@ class Queue:
         self.replay = QueueReplayer(
             config.name, at_least_once=self._at_least_once, state_of=self.state_of,
             transitions=self._transitions, order=self._order, leases=self._leases,
-            window=self._window, seats=self._seats, expired=self._expire_gone, transfers=self.transfers,
-        )
+            window=self._window, seats=self._seats, expired=self._returns.expire_gone, transfers=self.transfers,
+            returns=self._returns)
 
     @property
     def name(self) -> str:
@@ -496,13 +484,13 @@ class Queue:
         assert self._expiration is not None
         self._stamped.keep_expiration(self._expiration, itertools.chain(
             self._order.store.items(), ((p, lease.published_at) for p, lease in self._leases.leased.items()),
-            ((p, away.published_at) for p, away in self._replica.items())))
+            ((p, away.published_at) for p, away in self._replica.items()), self._returns.items()))
         self._expiration = None  # no head-of-queue check: every message has its entry
         self._leases.expire_by_stamps()
 
     def _active(self) -> int:
-        """Messages in the active part: available and leased (TargetQueueDepth)."""
-        return len(self._order.store) + len(self._leases.leased)
+        """Messages in the active part: available (held ones too) and leased (TargetQueueDepth)."""
+        return len(self._order.store) + len(self._leases.leased) + len(self._returns)
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -554,7 +542,7 @@ class Queue:
         leases = self._leases
         for p in sorted(seat.held):
             if p in leases.leased:
-                self._end_lease(p, Verb.RETURN, now, events)
+                self._returns.end_lease(p, Verb.RETURN, now, events)
             else:
                 leases.release(p)
         leases.trim()
@@ -590,7 +578,7 @@ class Queue:
             gate = None
             if order.barriers:
                 b = order.barrier_due()
-                if b is not None and not leases.leased and not leases.consumed and not self._elsewhere_before(b):
+                if b is not None and not leases.leased and not leases.consumed and not self._held_before(b):
                     out.append(self._release_barrier(b, now))
                     budget -= 1
                     deliverable = order.deliverable()  # the first epoch may have changed
@@ -654,16 +642,19 @@ class Queue:
     # --- acknowledgement ---------------------------------------------------------------------
 
     def acknowledge(
-        self, positions: Iterable[int], *, by: Hashable | None, option: AckOption, now: float
+        self, positions: Iterable[int], *, by: Hashable | None, option: AckOption, now: float,
+        delay: float | None = None, reason: str = "",
     ) -> AckResult:
-        """``sow_delete`` by bookmark. ``by``: the acking connection (None: the server)."""
+        """``sow_delete`` by bookmark. ``by``: the acking connection (None: the server).
+        ``delay``, ``reason``: a cancel's delayed retry, a cancel's or expire's failure
+        reason (queue/returns.py rules 2 and 3)."""
         self._settle(now)
         tally = _Tally()
         if not self._at_least_once:
             option = AckOption.NONE  # options have no effect at-most-once (rule 3)
         asked = 0
         for p in positions:
-            self._ack_one(p, by, option, now, tally)
+            self._ack_one(p, by, option, now, tally, delay, reason)
             asked += 1
         self._leases.trim()
         return tally.result(asked)
@@ -675,6 +666,8 @@ class Queue:
         by: Hashable | None,
         option: AckOption,
         now: float,
+        delay: float | None = None,
+        reason: str = "",
     ) -> AckResult:
         """``sow_delete`` with a filter: every matching message in the queue, leased or not
         (as Leasing allows). At-most-once deliveries are no longer in the queue."""
@@ -682,12 +675,13 @@ class Queue:
         matches = self._matches
         hits = [p for p, _ in self._order.store.items() if matches(predicate, p, now)]
         hits += [p for p in self._leases.leased if matches(predicate, p, now)]
-        hits += [p for p, _ in self._replica.items() if matches(predicate, p, now)]
+        hits += [p for p, _ in itertools.chain(self._replica.items(), self._returns.items()) if matches(predicate, p, now)]
         hits.sort()
-        return self.acknowledge(hits, by=by, option=option, now=now)
+        return self.acknowledge(hits, by=by, option=option, now=now, delay=delay, reason=reason)
 
     def _ack_one(
-        self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally
+        self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally, delay: float | None,
+        reason: str,
     ) -> None:
         """One position of an acknowledgement, by where the message is (rules 3 and 5)."""
         leases = self._leases
@@ -707,13 +701,13 @@ class Queue:
                 self._counters.acknowledged += 1
             elif option is AckOption.CANCEL:
                 tally.cancelled += 1
-                if self._end_lease(p, Verb.CANCEL, now, tally.events):
+                if self._returns.end_lease(p, Verb.CANCEL, now, tally.events, delay=delay, reason=reason):
                     tally.expired += 1
                     tally.cancels_expired += 1
             else:
                 self._move(p, Verb.EXPIRE, _LEASED)
                 leases.end(p)
-                self._expire_gone(p, _FORCED, tally.events)
+                self._returns.expire_gone(p, _FORCED, tally.events, reason=reason, consumer=seat.consumer.key)
                 tally.expired += 1
             tally.freed[seat.consumer.key] = None
             return
@@ -727,8 +721,8 @@ class Queue:
             tally.released += 1
             tally.freed[seat.consumer.key] = None
             return
-        if p in self._order.store:
-            self._ack_available(p, option, tally)
+        if p in self._order.store or p in self._returns:
+            self._ack_available(p, option, tally, reason)
             return
         if p in self._replica and option is not AckOption.CANCEL:
             # An acknowledgement on any instance removes the message everywhere (rule 11);
@@ -752,28 +746,32 @@ class Queue:
             return
         tally.ignored += 1
 
-    def _ack_available(self, p: int, option: AckOption, tally: _Tally) -> None:
+    def _ack_available(self, p: int, option: AckOption, tally: _Tally, reason: str) -> None:
+        """Available (or held for a delayed retry: queue/returns.py rule 2) ``p``."""
         if option is AckOption.CANCEL:
             tally.ignored += 1  # not leased: nothing to return
             return
-        if option is AckOption.NONE:
-            self._move(p, Verb.ACKNOWLEDGE, _AVAILABLE)
+        self._move(p, Verb.ACKNOWLEDGE if option is AckOption.NONE else Verb.EXPIRE, _AVAILABLE)
+        if p in self._returns:
+            self._returns.take(p)
+        else:
             self._order.remove(p)
+        if option is AckOption.NONE:
             self._leases.forget(p)
             tally.events.append(Acknowledged(p))
             tally.acknowledged += 1
             self._counters.acknowledged += 1
         else:
-            self._move(p, Verb.EXPIRE, _AVAILABLE)
-            self._order.remove(p)
-            self._expire_gone(p, _FORCED, tally.events)
+            self._returns.expire_gone(p, _FORCED, tally.events, reason=reason)
             tally.expired += 1
 
     # --- replicated queues (rule 11; the engine decides, engine/replication/ownership.py) --------------------
 
-    def _elsewhere_before(self, b: int) -> bool:
+    def _held_before(self, b: int) -> bool:
+        """A message before barrier ``b`` is owned elsewhere, or held for a delayed retry."""
         first = self._replica.first() if self._replica else None
-        return first is not None and first < b
+        held = self._returns.first() if self._returns else None
+        return (first is not None and first < b) or (held is not None and held < b)
 
     def touch(self, positions: Iterable[int], *, by: Hashable, deadline: float) -> int:
         """A subscriber's touch (docs/queues.md): the leases of ``positions`` that ``by``
@@ -789,7 +787,8 @@ class Queue:
         """
         events = self.replay.take_events(now)
         for p, _ in self._leases.due(now):
-            self._end_lease(p, Verb.LEASE_EXPIRE, now, events)
+            self._returns.end_lease(p, Verb.LEASE_EXPIRE, now, events)
+        self._returns.wake(now, events)
         if self._expiration is not None:
             store, expiration = self._order.store, self._expiration
             while store:
@@ -802,31 +801,32 @@ class Queue:
                 p = head
                 self._move(p, Verb.EXPIRE, _AVAILABLE)
                 self._order.remove(p)
-                self._expire_gone(p, _TIME_LIMIT, events)
+                self._returns.expire_gone(p, _TIME_LIMIT, events)
         stamped = self._stamped
         if stamped:
             leased = self._leases.leased
             for p in list(stamped.pop_due(now)):
-                if p in leased or p in self._replica:
-                    # due: it expires when its lease ends, or when it is transferred here
-                    # (its owner expires it; queue/expiry.py rule 2)
+                if p in leased or p in self._replica or p in self._returns:
+                    # due: it expires when its lease or delay ends, or when it is transferred
+                    # here (its owner expires it; queue/expiry.py rule 2)
                     stamped.hold(p)
                 elif p in self._order.store:
                     self._move(p, Verb.EXPIRE, _AVAILABLE)
                     self._order.remove(p)
-                    self._expire_gone(p, _TIME_LIMIT, events)
-            stamped.sweep(lambda p: p in leased or p in self._order.store or p in self._replica,
-                          self._active() + len(self._replica))
+                    self._returns.expire_gone(p, _TIME_LIMIT, events)
+            stamped.sweep(self._in_queue, self._active() + len(self._replica))
         return events
 
     def next_deadline(self) -> float | None:
-        """The earliest lease or Expiration deadline: when :meth:`expire` has work
+        """The earliest lease, delayed retry or Expiration deadline: when :meth:`expire` has work
         (``-inf`` after a replay until :meth:`end_replay` or :meth:`expire` ran)."""
         if self.replay.has_events:
             return -math.inf
         deadline = self._leases.next_deadline()
         store = self._order.store
-        t: float | None
+        t: float | None = self._returns.next_deadline() if self._returns else None  # a delayed retry's
+        if t is not None:
+            deadline = t if deadline is None else min(deadline, t)
         if self._expiration is not None and store:
             head_time = store.head_time()
             assert head_time is not None  # the store is not empty
@@ -865,7 +865,7 @@ class Queue:
         # search), as most messages a non-owner is asked about are owned elsewhere.
         if position in self._replica:
             return _ELSEWHERE
-        if position in self._order.store:
+        if position in self._order.store or position in self._returns:
             return _AVAILABLE
         window = self._window
         if window.inactive and window.is_inactive(position) and not window.acked(position):
@@ -891,10 +891,10 @@ class Queue:
             refill_from = self._window.refill_from()
             assert refill_from is not None  # messages are inactive
             low.append(refill_from)
-        if self._replica:
-            first = self._replica.first()
-            assert first is not None  # messages are elsewhere
-            low.append(first)
+        for part in (self._replica, self._returns):
+            first = part.first() if part else None
+            if first is not None:  # messages are elsewhere, or held for a delayed retry
+                low.append(first)
         if low:
             return min(low)
         return max(self._start, self._last_position + 1)
@@ -909,6 +909,10 @@ class Queue:
 
     def details(self, limit: int | None = None) -> QueueDetails:
         return self._report.details(limit)
+
+    def failure_of(self, position: int) -> tuple[int, Hashable]:
+        """(delivery count, last consumer key) of a message that has just expired."""
+        return self._returns.failure_of(position)
 
     def explain(self, position: int, now: float) -> MessageFacts:
         return self._report.explain(position, now)
@@ -998,14 +1002,17 @@ class Queue:
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
         away, leased = self._replica.export(sorted(self._leases.leased.items()))
+        delays, held = self._returns.export()  # held messages: in ``leased`` (queue/returns.py rule 2)
+        held_rows = sorted([(p, lease.published_at, lease.key) for p, lease in leased] + held)
         return QueueState(
             start=self._start,
             last_position=self._last_position,
             last_time=self._last_time,
             chunks=tuple(chunks),
             page_file=self._order.store.page_generation,
-            leased=tuple((p, lease.published_at) for p, lease in leased),
-            leased_keys=tuple(lease.key for _, lease in leased) if self._priority else (),
+            leased=tuple((p, t) for p, t, _ in held_rows),
+            leased_keys=tuple(key for _, _, key in held_rows) if self._priority else (),
+            delays=tuple(delays), reasons=tuple(sorted(self._leases.reasons().items())),
             epochs=tuple(epochs),
             elsewhere=tuple(away),
             deliveries=deliveries,
@@ -1015,8 +1022,7 @@ class Queue:
             inactive=inactive,
             refill_from=refill_from,
             deferred_acks=acks,
-            expiries=self._stamped.export(
-                lambda p: p in self._order.store or p in self._leases.leased or p in self._replica),
+            expiries=self._stamped.export(self._in_queue),
         )
 
     def restore_state(self, state: QueueState) -> None:
@@ -1043,6 +1049,10 @@ class Queue:
         self._leases.restore_counts(state.deliveries, state.cancels)
         for p, t in state.expiries:
             self._stamped.note(p, t)
+        for p, reason in state.reasons:
+            self._leases.note(p, None, reason)
+        for p, t in state.delays:
+            self._returns.hold_back(p, t)
         if state.expiries and self._expiration is not None:
             self._keep_expiration_per_message()
         self._window.restore(
@@ -1064,39 +1074,9 @@ class Queue:
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _end_lease(self, p: int, verb: Verb, now: float, events: list[Event]) -> bool:
-        """Cancel, lease expiry or broken lease: back to the queue, or expired when over a
-        limit (then True)."""
-        end = _LEASE_ENDS[verb]
-        state = self._move(p, verb, _LEASED)
-        leases = self._leases
-        lease = leases.end(p)
-        events.append(end.event(p, leases.cancel(p) if end.cancels else 0))
-        self._counters.add(end.counter)
-        reasons = leases.limit_reasons(p, lease.published_at, now)
-        if self._stamped and self._stamped.due(p, now) and ExpiryReason.TIME_LIMIT not in reasons:
-            reasons = (ExpiryReason.TIME_LIMIT, *reasons)  # its own expiry (queue/expiry.py rule 2)
-        if reasons:
-            self._transitions.step(p, Verb.EXPIRE, state)
-            self._expire_gone(p, reasons, events)
-            return True
-        owner = self._replica.leaving(p)
-        if owner is not None:
-            # Its ownership moved away while it was leased here (queue/replica.py rule 3).
-            self._transitions.step(p, Verb.TRANSFER_OUT, state)
-            self._replica.add(p, owner, lease.published_at, lease.key, now)
-            self._counters.transferred_out += 1
-            return False
-        self._order.put_back(p, lease.published_at, lease.key)
-        self._seats.came_back(lease.key, self._order.store.__contains__, now)
-        return False
-
-    def _expire_gone(self, p: int, reasons: tuple[str, ...], events: list[Event]) -> None:
-        """Bookkeeping for a message that has just moved to EXPIRED."""
-        self._leases.forget(p)
-        self._replica.forget(p)
-        events.append(Expired(p, reasons))
-        self._counters.expired += 1
+    def _in_queue(self, p: int) -> bool:
+        """Whether ``p`` is in the queue here: available, held, leased or owned elsewhere."""
+        return p in self._order.store or p in self._leases.leased or p in self._replica or p in self._returns
 
     def _matches(self, flt: Callable[[object, float], bool], p: int, now: float) -> bool:
         # A filter (or load) that raises is "no match", counted in filter_errors: one bad

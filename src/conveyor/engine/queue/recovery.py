@@ -32,10 +32,16 @@ transitions and the other parts' methods. The engine reaches these verbs as
    during the replay as live; a replayed acknowledgement or expiry of an inactive
    position is a deferred ack again; any other event for an inactive position raises
    :class:`QueueStateError`.
+7. Delayed retries (queue/returns.py rule 2): a replayed ``Cancelled`` with a
+   ``not_before`` later than the replay's ``now`` holds its message again until then
+   (it wakes with the first live ``expire`` at or after that time; one whose time has
+   passed is available at once, as it was before the restart or soon would have been); a later replayed delivery of it means its delay
+   had ended: it is back in the order first. Its failure reason is noted again.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable
 
 from conveyor.engine.queue.events import Event, ExpiryReason
@@ -44,6 +50,7 @@ from conveyor.engine.queue.state import MessageState, QueueStateError, Transitio
 if TYPE_CHECKING:
     from conveyor.engine.queue.leases import LeaseTable
     from conveyor.engine.queue.order import DeliveryOrder
+    from conveyor.engine.queue.returns import Returns
     from conveyor.engine.queue.seats import Seats
     from conveyor.engine.queue.transfers import Transfers
     from conveyor.engine.queue.window import ActiveWindow
@@ -59,7 +66,7 @@ class QueueReplayer:
 
     __slots__ = (
         "due", "_limit_events", "_name", "_at_least_once", "_state_of", "_transitions", "_order",
-        "_leases", "_window", "_seats", "_expired", "_transfers",
+        "_leases", "_window", "_seats", "_expired", "_transfers", "_returns",
     )
 
     def __init__(
@@ -75,6 +82,7 @@ class QueueReplayer:
         seats: Seats,
         expired: Callable[[int, tuple[str, ...], list[Event]], None],
         transfers: Transfers,
+        returns: Returns,
     ) -> None:
         self.due = False  # a replay happened: the limit check of rule 4 is due
         self._limit_events: list[Event] = []  # events of that check not yet handed out
@@ -88,6 +96,7 @@ class QueueReplayer:
         self._seats = seats
         self._expired = expired
         self._transfers = transfers
+        self._returns = returns
 
     @property
     def has_events(self) -> bool:
@@ -109,6 +118,8 @@ class QueueReplayer:
             # lease ended with the restart anyway; its counts travelled with the transfer.
             return
         step = self._transitions.step
+        if position in self._returns:
+            self._returns.put_back(position)  # its delay had ended (rule 7)
         if self._at_least_once:
             step(position, Verb.RETURN, step(position, Verb.LEASE, state))
             self._leases.set_deliveries(position, count)
@@ -129,11 +140,17 @@ class QueueReplayer:
         """BarrierDelivered: the barrier left the queue for good (rule 5)."""
         self._removal(position, Verb.DELIVER_BARRIER)
 
-    def cancelled(self, position: int, *, cancels: int | None = None) -> None:
-        """The lease it cancelled has already ended (see :meth:`delivered`): only the
-        cancel count changes (``cancels`` from the event, else one more)."""
+    def cancelled(self, position: int, *, cancels: int | None = None, not_before: float = 0.0,
+                  reason: str = "", now: float = -math.inf) -> None:
+        """The lease it cancelled has already ended (see :meth:`delivered`): the cancel
+        count changes (``cancels`` from the event, else one more), the failure reason is
+        noted, and a delayed retry holds the message until ``not_before`` (rule 7)."""
         if self._state(position) is _AVAILABLE:
             self._leases.set_cancels(position, cancels)
+            if reason:
+                self._leases.note(position, None, reason)
+            if not_before > now and position not in self._returns:
+                self._returns.hold_back(position, not_before)
 
     def returned(self, position: int) -> None:
         """LeaseExpired / Returned: nothing to do, the replayed lease has already ended.
@@ -163,7 +180,10 @@ class QueueReplayer:
             self._window.defer_ack(position)
             return
         self._transitions.step(position, verb, state)
-        self._order.remove(position)
+        if position in self._returns:
+            self._returns.take(position)
+        else:
+            self._order.remove(position)
         self._leases.forget(position)
 
     # --- the end of a replay -------------------------------------------------------------------

@@ -6,6 +6,7 @@ queue's cumulative counters are read through ``counts()``."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from bisect import bisect_left
 from typing import Any, Callable, Iterable
@@ -18,6 +19,7 @@ from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.priority import priority_of_key
 from conveyor.engine.queue.replica import Replica
+from conveyor.engine.queue.returns import Returns
 from conveyor.engine.queue.seats import Seat, Seats
 from conveyor.engine.queue.state import MessageState
 from conveyor.engine.queue.store import MessageStore
@@ -32,7 +34,7 @@ class QueueReport:
     def __init__(self, config: QueueConfig, *, order: DeliveryOrder, leases: LeaseTable, seats: Seats,
                  window: ActiveWindow, replica: Replica, stamped: MessageExpiry, counts: Callable[[], dict[str, Any]],
                  state_of: Callable[[int], MessageState], load: Callable[[int], object],
-                 expiration: Callable[[], float | None], active: Callable[[], int]) -> None:
+                 expiration: Callable[[], float | None], active: Callable[[], int], returns: Returns) -> None:
         """``expiration``: the queue's Expiration now (None once it is kept per message,
         queue/expiry.py rule 4); ``active``: messages in its active part."""
         self._config = config
@@ -48,6 +50,7 @@ class QueueReport:
         self._load = load
         self._expiration = expiration
         self._active = active
+        self._returns = returns  # held for a delayed retry (queue/returns.py)
 
     def activity(self) -> tuple[int, int, int, int, int]:
         """(queue depth, in flight, enqueued, delivered, acknowledged): the figures the
@@ -55,7 +58,7 @@ class QueueReport:
         whole :class:`QueueStats` per queue (the depth as ``statistics`` counts it)."""
         leases, counts = self._leases, self._counts()
         leased = len(leases.leased)
-        depth = len(self._order.store) + leased + len(self._replica)
+        depth = len(self._order.store) + len(self._returns) + leased + len(self._replica)
         return depth, leased + len(leases.consumed), counts["enqueued"], counts["delivered"], counts["acknowledged"]
 
     def statistics(self, now: float | None = None) -> QueueStats:
@@ -69,14 +72,15 @@ class QueueReport:
             assert head_time is not None  # the store is not empty
             oldest.append(head_time)
         cfg = self._config
-        owned, elsewhere = len(store) + len(leased), len(self._replica)
+        available = len(store) + len(self._returns)  # held for a delayed retry too
+        owned, elsewhere = available + len(leased), len(self._replica)
         return QueueStats(
             name=cfg.name,
             semantics=cfg.semantics.value,
             # Messages another instance owns are in the queue here too, never delivered
             # here: counted in its depth (docs/replication.md, "What every instance sees").
             queue_depth=owned + elsewhere,
-            available=len(store),
+            available=available,
             backlog=len(leased),
             awaiting_ack=len(self._leases.consumed),
             consumers=len(self._seats),
@@ -125,6 +129,12 @@ class QueueReport:
                     away.owner, None, priority_of_key(away.key) if self._priority else None,
                 )
             )
+        for p, t, key in self._returns.export()[1]:
+            rows.append(MessageDetail(p, "available", t, leases.deliveries_of(p), leases.cancels_of(p), None, None,
+                                      priority_of_key(key) if self._priority else None,
+                                      not_before=self._returns.not_before(p)))
+        if leases.reasons():
+            rows = [_with_reason(r, leases.note_of(r.position)) for r in rows]
         rows.sort(key=lambda r: r.position)
         return QueueDetails(
             messages=tuple(rows),
@@ -146,6 +156,10 @@ class QueueReport:
         lease = leases.leased.get(position)
         consumed = leases.consumed.get(position)
         published_at = lease.published_at if lease is not None else order.store.time_of(position)
+        not_before = self._returns.not_before(position)
+        if not_before is not None:
+            published_at = self._returns.time_of(position)
+        note = leases.note_of(position)
         barriers = order.barriers
         before = bisect_left(barriers, position)
         is_barrier = before < len(barriers) and barriers[before] == position
@@ -170,6 +184,7 @@ class QueueReport:
             expires_at=own_expiry if own_expiry is not None else
             None if expiration is None or published_at is None else published_at + expiration,
             seats=tuple(seats), owner=self._replica.owner_of(position),
+            not_before=not_before, reason=note[0] if note is not None else "",
         )
 
     def check_invariants(self) -> None:
@@ -187,7 +202,11 @@ class QueueReport:
         ):
             wrong = [p for p in positions if self._state_of(p) is not state]
             _require(not wrong, f"state_of does not say {state.value} for {wrong[:5]}")
-        leases.check(lambda p: p in store or p in leases.leased)
+        held = self._returns
+        _require(not [p for p, _ in held.items() if p in store or p in leases.leased], "held and available at once")
+        wrong = [p for p, _ in held.items() if self._state_of(p) is not _AVAILABLE]
+        _require(not wrong, f"state_of does not say available for held {wrong[:5]}")
+        leases.check(lambda p: p in store or p in leases.leased or p in held)
         for seat in self._seats.every():
             for p in seat.held:
                 lease = leases.leased.get(p)
@@ -202,6 +221,11 @@ class QueueReport:
             all(value >= 0 for value in self._counts().values()),
             "a counter below 0",
         )
+
+
+def _with_reason(row: MessageDetail, note: tuple[str, object] | None) -> MessageDetail:
+    """``row`` with the application's failure reason, if one was given."""
+    return row if note is None or not note[0] else dataclasses.replace(row, reason=note[0])
 
 
 def _require(ok: bool, what: str) -> None:

@@ -112,6 +112,10 @@ class QueueSnapshot(msgspec.Struct, frozen=True):
     left: bytes = b""  # recent leavers, oldest first, the same columns
     ownership: OwnershipState = OwnershipState()  # tombstones and transfers (engine/replication/ownership.py)
     expiries: bytes = b""  # messages with an expiry of their own: positions 'q' + expiry times 'd'
+    # delayed retries (queue/returns.py rule 2): positions 'q' + not-before times 'd' (each
+    # also among ``returned``), and the applications' failure reasons by position
+    delays: bytes = b""
+    failure_reasons: dict[int, str] = {}
     # a paged priority index (rule 5): per epoch, the numeric and the NaN run's chunks
     # (queue_priority.Segment: first rank and position, page offset or -1 when inline,
     # count, crc); an epoch without paged-out chunks has none
@@ -173,6 +177,8 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
         owners=owners,
         elsewhere_priorities=[priority_of_key(a[3]) for a in away] if config.priority is not None else [],
         expiries=_pack(array("q", [p for p, _ in state.expiries]), array("d", [t for _, t in state.expiries])),
+        delays=_pack(array("q", [p for p, _ in state.delays]), array("d", [t for _, t in state.delays])),
+        failure_reasons=dict(state.reasons),
     )
 
 
@@ -196,6 +202,8 @@ def check(snap: QueueSnapshot, config: QueueConfig, file: PageFile | None) -> No
         raise SnapshotInvalid("a message owned elsewhere has no priority")
     if len(snap.expiries) % 16:
         raise SnapshotInvalid("its message expiries are cut short")
+    if len(snap.delays) % 16:
+        raise SnapshotInvalid("its delayed retries are cut short")
     if len(snap.idents) % 24 or len(snap.left) % 24:
         raise SnapshotInvalid("its message identities are cut short")
     _check_epoch_pages(snap)
@@ -259,6 +267,8 @@ def state(snap: QueueSnapshot) -> QueueState:
         leased_keys=tuple(order_key(q, p) for q, p in zip(snap.returned_priorities, positions)),
         elsewhere=_elsewhere(snap),
         expiries=tuple(zip(*_unpack(snap.expiries, "q", "d"))),
+        delays=tuple(zip(*_unpack(snap.delays, "q", "d"))),
+        reasons=tuple(sorted(snap.failure_reasons.items())),
     )
 
 

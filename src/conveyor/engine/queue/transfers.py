@@ -30,6 +30,7 @@ from conveyor.engine.queue.expiry import MessageExpiry
 from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.replica import Replica
+from conveyor.engine.queue.returns import Returns
 from conveyor.engine.queue.seats import Seats
 from conveyor.engine.queue.state import MessageState, Transitions, Verb
 
@@ -46,6 +47,7 @@ class Transfers:
         self, *, priority: bool, transitions: Transitions, replica: Replica, order: DeliveryOrder,
         leases: LeaseTable, seats: Seats, stamped: MessageExpiry, count: Callable[[str], None],
         state_of: Callable[[int], MessageState], matches: Callable[[Callable[[object, float], bool], int, float], bool],
+        returns: Returns,
     ) -> None:
         self._priority = priority
         self._transitions = transitions
@@ -57,6 +59,7 @@ class Transfers:
         self._count = count  # adds one to a counter of the queue's statistics
         self._state_of = state_of
         self._matches = matches
+        self._returns = returns  # held for a delayed retry: moves when its delay ends, as a lease
 
     def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
         """Rule 1: ELSEWHERE --TRANSFER_IN--> AVAILABLE. False when it is not ELSEWHERE
@@ -85,7 +88,7 @@ class Transfers:
         if state is _ELSEWHERE:
             self._replica.set_owner(position, owner)
             return True
-        if state is _LEASED:
+        if state is _LEASED or position in self._returns:
             self._replica.owned_away_while_leased(position, owner)
             return True
         if state is not _AVAILABLE or self._order.is_barrier(position):
@@ -124,6 +127,8 @@ class Transfers:
         self._transitions.step(position, Verb.EXPIRE if expire else Verb.ACKNOWLEDGE, state)
         if state is _ELSEWHERE:
             self._replica.take(position)
+        elif position in self._returns:
+            self._returns.take(position)
         elif state is _AVAILABLE:
             self._order.remove(position)
         else:
@@ -167,4 +172,4 @@ class Transfers:
 
     def available_here(self) -> int:
         """Available messages this instance owns (the ones waiting for a consumer here)."""
-        return len(self._order.store)
+        return len(self._order.store) + len(self._returns)
