@@ -3,6 +3,13 @@
 The payload lives in the journal (the queue keeps only positions); this cache holds the
 most recently recorded messages up to a byte budget, least recently used first out.
 A miss reads the record back from the journal through the injected ``read``.
+
+The budget counts what an entry really costs: its body, plus
+:data:`_ENTRY_OVERHEAD_BYTES` measured with tracemalloc (the ``Entry``, its node in the
+ordered dict, its position and sequence ints, its timestamp, the body's bytes header).
+Topic names are shared: each entry keeps the cache's one copy of its topic's name
+(a decoded publish brings a fresh string of its own, 50 bytes and more a message), for at
+most :data:`TOPICS_SHARED_MAX` names.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from conveyor.engine import poison
 from conveyor.protocol.payload import BodyRefused, decode_json
 
 CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory stays flat
-_ENTRY_OVERHEAD_BYTES = 200  # rough cost of the entry itself, counted against the budget
+#: What an entry costs beside its body's bytes: measured 330 for 100,000 entries of 100
+#: bytes each with a shared topic name (Python 3.11, 64-bit).
+_ENTRY_OVERHEAD_BYTES = 330
+TOPICS_SHARED_MAX = 10_000  # topic names shared between entries; past it the table starts again
 #: An entry whose body is not decoded yet. Not the entry itself: a reference to itself
 #: would put every entry in a reference cycle, freed only by the cyclic collector, so
 #: entries the cache let go (a large query reads millions) would pile up between its
@@ -70,6 +80,7 @@ class MessageCache:
         self._read = read
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._bytes = 0
+        self._topics: dict[str, str] = {}  # one copy of each topic name (module header)
         self.bytes_max = bytes_max
         self.misses = 0
 
@@ -77,6 +88,12 @@ class MessageCache:
         old = self._entries.get(position)
         if old is not None:
             self._bytes -= len(old.data) + _ENTRY_OVERHEAD_BYTES
+        topic = self._topics.get(entry.topic)
+        if topic is None:
+            if len(self._topics) >= TOPICS_SHARED_MAX:
+                self._topics.clear()
+            topic = self._topics[entry.topic] = entry.topic
+        entry.topic = topic
         self._entries[position] = entry
         self._bytes += len(entry.data) + _ENTRY_OVERHEAD_BYTES
         while self._bytes > self.bytes_max and self._entries:
