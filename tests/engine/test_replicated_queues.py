@@ -578,3 +578,24 @@ def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch,
         assert "WorkQ" not in c.nodes["B"].engine.checkpoint().snapshots
     assert [r.getMessage() for r in caplog.records].count(
         "queue WorkQ holds 22 messages, over 0: its last snapshot is kept, not retaken, until it holds fewer") == 1
+
+
+def test_a_delayed_retry_keeps_its_time_when_the_message_is_transferred():
+    """queue/returns.py rule 2 across instances: a message A's worker cancelled with a
+    delay is held on A; B asks for it and A grants it (no subscriber of A's can take it
+    now); the transfer carries its time, so B holds it too and offers it only then."""
+    c = cluster()
+    wa = worker(c, "A", backlog=1)
+    publish(c, "A", 1)
+    (msg,) = c.nodes["A"].messages(wa, "WorkQ")
+    c.nodes["A"].ack(wa, "WorkQ", msg, options="cancel,delay=60")
+    c.settle()
+    c.nodes["A"].handle(wa, m.Unsubscribe(sub_id="all"))
+    wb = worker(c, "B")
+    wait_and_tick(c)  # B asks, A grants while the message waits out its delay
+    assert stats(c, "B").transferred_in == 1
+    assert got(c, "B", wb) == []  # held on B until its time
+    wait_and_tick(c, 30)
+    assert got(c, "B", wb) == []
+    wait_and_tick(c, 31)
+    assert got(c, "B", wb) == [1]

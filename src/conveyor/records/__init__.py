@@ -220,6 +220,9 @@ class TransferRec(_Rec, tag=15, frozen=True):
     origin: str = ""
     origin_group: str = ""
     path: list[str] = []
+    # When each message may be offered again (a delayed retry held at the granter:
+    # queue/returns.py rule 2); empty when none of them is held.
+    not_before: list[float] = []
 
 
 class ConsumerReplicatedRec(_Rec, tag=17, frozen=True):

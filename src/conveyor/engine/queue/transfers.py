@@ -61,9 +61,11 @@ class Transfers:
         self._matches = matches
         self._returns = returns  # held for a delayed retry: moves when its delay ends, as a lease
 
-    def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0) -> bool:
+    def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0,
+                    not_before: float = 0.0) -> bool:
         """Rule 1: ELSEWHERE --TRANSFER_IN--> AVAILABLE. False when it is not ELSEWHERE
-        (already here, or done)."""
+        (already here, or done). ``not_before``: the granter held it for a delayed
+        retry until then; so does this instance (queue/returns.py rule 2)."""
         if position not in self._replica:
             return False
         self._transitions.move(position, Verb.TRANSFER_IN, _ELSEWHERE)
@@ -73,7 +75,9 @@ class Transfers:
             leases.set_deliveries(position, deliveries)
         if cancels > leases.cancels_of(position):
             leases.set_cancels(position, cancels)
-        if self._order.insert(position, away.published_at, away.key) or not self._priority:
+        if not_before > now:
+            self._returns.hold(position, not_before, away.published_at, away.key)
+        elif self._order.insert(position, away.published_at, away.key) or not self._priority:
             self._seats.came_back(away.key, self._order.store.__contains__, now)
         if self._stamped:
             self._stamped.again(position)  # its own expiry may have passed while it was away
@@ -111,6 +115,10 @@ class Transfers:
         self._replica.take(position)
         self._leases.forget(position)
         return True
+
+    def not_before_of(self, position: int) -> float:
+        """When a message held for a delayed retry may be offered again (0: not held)."""
+        return self._returns.not_before(position) or 0.0
 
     def counts_of(self, position: int) -> tuple[int, int]:
         """(deliveries, cancels) of a message, as they travel with a transfer."""

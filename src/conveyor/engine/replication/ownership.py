@@ -71,6 +71,7 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Callable, Collection
@@ -331,14 +332,16 @@ class QueueOwnership:
         return grants, onward
 
     def _transfer(self, messages: list[tuple[Ident, int]], to: str, *, proxied: bool) -> records.TransferRec:
-        epochs, deliveries, cancels = [], [], []
+        epochs, deliveries, cancels, not_before = [], [], [], []
         for ident, position in messages:
             epochs.append((self._replica.epoch(ident) or (0, "", ""))[0] + 1)
             d, c = self.queue.transfers.counts_of(position)
             deliveries.append(d)
             cancels.append(c)
+            not_before.append(self.queue.transfers.not_before_of(position))
         return records.TransferRec(self.name, [i[0] for i, _ in messages], [i[1] for i, _ in messages], to,
-                                   self.instance, epochs, deliveries, cancels, proxied)
+                                   self.instance, epochs, deliveries, cancels, proxied,
+                                   not_before=not_before if any(not_before) else [])
 
     def transfer(self, rec: records.TransferRec, now: float) -> bool:
         """Rule 5: apply a transfer (ours, received, or replayed) to each of its messages;
@@ -346,8 +349,9 @@ class QueueOwnership:
         applied = False
         owner, granter, mine = rec.owner, rec.granter, rec.owner == self.instance
         queue, replica = self.queue, self._replica
-        for ident, epoch, deliveries, cancels in zip(zip(rec.publishers, rec.seqs), rec.epochs, rec.deliveries,
-                                                     rec.cancels):
+        held = rec.not_before or itertools.repeat(0.0)
+        for ident, epoch, deliveries, cancels, not_before in zip(zip(rec.publishers, rec.seqs), rec.epochs,
+                                                                 rec.deliveries, rec.cancels, held):
             current = replica.epoch(ident)
             if current is not None and not (epoch > current[0] or (epoch == current[0] and granter < current[2])):
                 continue
@@ -358,7 +362,8 @@ class QueueOwnership:
                 continue  # the message has not arrived here yet: it enters owned by ``owner``
             replica.answered(ident)
             if mine:
-                queue.transfers.transfer_in(position, now, deliveries=deliveries, cancels=cancels)
+                queue.transfers.transfer_in(position, now, deliveries=deliveries, cancels=cancels,
+                                            not_before=not_before)
             else:
                 queue.transfers.transfer_out(position, owner, now)
         return applied
