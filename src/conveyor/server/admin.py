@@ -16,6 +16,8 @@ an administrative action asks for. Routes (docs/operations.md has the full list)
                                                        whether it can
 ``/amps/administrator/replication/catch_up[/end]``     the wait for the sync peers after a
                                                        start: report it (``/end``: end it)
+``/amps/administrator/dead_letters/T``                 list dead letters of topic T (a read);
+``.../T/redrive?job=N``, ``.../jobs[/N[/cancel]]``     re-drive jobs (server/redrive.py)
 ``/api/...``                                           short aliases (``/api/queues``,
                                                        ``/api/queues/Q/details``, ``/api/history``)
 ``/metrics``                                           Prometheus text format
@@ -60,7 +62,7 @@ import msgspec
 
 from conveyor import errors
 from conveyor.config.model import Admin
-from conveyor.server import admin_metrics, admin_tree
+from conveyor.server import admin_metrics, admin_tree, redrive
 from conveyor.server.admin_http import HttpServer, Request, Response
 from conveyor.server.net import bind_problem
 
@@ -78,7 +80,18 @@ _OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 def _is_action(path: str) -> bool:
     """An administrative action (the Admin grant ``full``), not a read."""
-    return path.startswith("/amps/administrator/") or path.startswith("/api/admin/")
+    if not (path.startswith("/amps/administrator/") or path.startswith("/api/admin/")):
+        return False
+    dead = _dead_letter_parts(path)
+    return dead is None or dead[-1] in ("redrive", "cancel")
+
+
+def _dead_letter_parts(path: str) -> list[str] | None:
+    """The parts after ``dead_letters/`` of a dead-letter route (server/redrive.py), else None."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) > 3 and parts[2] == "dead_letters" and parts[:2] in (["amps", "administrator"], ["api", "admin"]):
+        return parts[3:]
+    return None
 _STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -149,6 +162,7 @@ class AdminInterface:
         self._authenticated = authenticate is not None or server.auth.required
         self._tls = ssl is not None
         self._registry = admin_metrics.registry(server)
+        self.redrive = redrive.Redrive(server)
 
     @property
     def url(self) -> str:
@@ -183,6 +197,7 @@ class AdminInterface:
             await self.http.serve()
         finally:
             sampler.cancel()
+            self.redrive.cancel_all()  # a job resumes when it is run again (server/redrive.py rule 2)
 
     async def _sample(self) -> None:
         while True:
@@ -216,6 +231,9 @@ class AdminInterface:
                 ready = self.server.ready
                 return _json_response({"ready": ready}, 200 if ready else 503)
             path = _ALIASES.get(path, path)
+            dead = _dead_letter_parts(path)
+            if dead is not None:
+                return await self._dead_letters(request, dead)
             if _is_action(path):
                 return self._action(request, path)
             if request.method == "POST":
@@ -337,6 +355,36 @@ class AdminInterface:
                 ended = server.end_catch_up(f"an administrator ({who})")
                 return _json_response({**admin_tree.catch_up(server, server.clock()), "ended": ended})
         raise AdminError(404, "unknown_action", f"no administrative action at {request.path}")
+
+    async def _dead_letters(self, request: Request, parts: list[str]) -> Response:
+        """Dead letters: the listing (a read) and the re-drive jobs (server/redrive.py)."""
+        jobs = self.redrive
+        if parts[-1] in ("redrive", "cancel") and request.headers.get("sec-fetch-site") == "cross-site":
+            raise AdminError(403, "forbidden", "administrative actions are refused from another site")
+        try:
+            match parts:
+                case ["jobs"]:
+                    return _json_response(jobs.view())
+                case ["jobs", name]:
+                    job = jobs.jobs.get(name)
+                    if job is None:
+                        raise AdminError(404, "unknown_job", f"no re-drive job {name!r}")
+                    return _json_response(job.view())
+                case ["jobs", name, "cancel"]:
+                    log.info("admin: re-drive job %r cancelled by %s", name, request.identity or _peer(request))
+                    return _json_response(jobs.cancel(name).view())
+                case [*topic, "redrive"] if topic:
+                    user = request.identity if isinstance(request.identity, str) else None
+                    job = jobs.start("/".join(topic), request.arg("job"), request.arg,
+                                     str(request.identity or _peer(request)), user)
+                    return _json_response(job.view(), 202)
+            sel = redrive.selection("/".join(parts), request.arg, self.server.clock())
+            listing = await redrive.list_dead_letters(self.server, sel, redrive.limit_of(request.arg("limit")))
+            return _json_response(redrive.listing_json(listing))
+        except redrive.RedriveError as exc:
+            return _json_response({"error": exc.code, "message": str(exc)}, exc.status)
+        except errors.ServerError as exc:
+            return _json_response({"error": exc.code, "message": str(exc)}, 500)
 
     def _dump(self, request: Request) -> dict:
         """The queue-state dump, logged at info level and returned."""
