@@ -121,7 +121,7 @@ def test_options():
     opts = parse_options("subscribe", "max_backlog=10,replace")
     assert opts.get("max_backlog") == 10 and opts.has("replace")
     assert parse_options("heartbeat", "start,5").get("start") == 5
-    with pytest.raises(errors.UnknownOption, match="supported: max_backlog, pause, replace, resume, timestamp"):
+    with pytest.raises(errors.UnknownOption, match="supported: fenced_acks, max_backlog, pause, replace, resume, timestamp"):
         parse_options("subscribe", "max_backlg=3")
     with pytest.raises(errors.InvalidOption):
         parse_options("subscribe", "max_backlog=ten")

@@ -17,6 +17,8 @@ reconnection backoff) and turns the core's pending commands into futures. Rules:
    and :meth:`~AsyncClient.before_resume` let it follow persisted acks and feed what it
    queued before a reconnection resumes. The blocking :class:`~conveyor.client.Client`
    is built on exactly these.
+5. **Acknowledgements** (batches, refusals, ``ack(confirm=True)``) are
+   client/acking.py's: :class:`~conveyor.client.acking.AsyncAcking` is a base of the client.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from conveyor.client.core import (
     parse_uri,
 )
 from conveyor.client.endpoints import Endpoint
-from conveyor.client.message import Acker, AckVerb, Settlement, to_bytes
+from conveyor.client.acking import AsyncAcking
+from conveyor.client.message import Acker, to_bytes
 from conveyor.client.state import UNSET, ConnectionState, ReconnectPolicy, StateChange, make_policy
 from conveyor.client.store import PublishStore
 from conveyor.client.subscription import DeliveryMode, Handler, SubState, SubscriptionBase, sub_ids
@@ -139,7 +142,7 @@ class AsyncSubscription(SubscriptionBase):
                 await finishing
 
 
-class AsyncClient:
+class AsyncClient(AsyncAcking):
     """The asyncio client. See docs/client.md.
 
     ``publish_store``: a :class:`PublishStore` (default, in memory) or a
@@ -700,6 +703,7 @@ class AsyncClient:
                     continue
                 raise
         await self.wait_persisted(timeout=max(0.001, deadline - loop.time()))
+        self._raise_ack_error()
 
     # --- subscribing ---------------------------------------------------------------------
 
@@ -767,6 +771,7 @@ class AsyncClient:
         the rest of :class:`SubState`'s arguments (``filter``, ``options``,
         ``bookmark``, ``max_backlog``, ``mode``)."""
         sub_id = sub_id or f"sub-{self.core.new_cid()}"
+        spec.setdefault("confirm", self._confirm_started)  # rule 5 (the blocking face brings its own)
         return SubState(sub_id, topic, auto_ack=self.auto_ack if auto_ack is None else auto_ack, **spec)
 
     async def subscribe_state(
@@ -909,33 +914,3 @@ class AsyncClient:
 
         ack = await self._request(build)
         return ack.records_deleted or 0
-
-    # --- acknowledging -------------------------------------------------------------------
-
-    def ack(self, queue: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
-        """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
-        cancel or expire, as :class:`Message`'s verbs); sent when the batch fills or
-        after ack_batch_seconds. For a message in hand, call ``msg.ack()`` instead."""
-        self._ack(None, queue, bookmark, AckVerb(verb))
-
-    def _ack(self, sub_id: str | None, queue: str, bookmark: str, verb: Settlement) -> None:
-        self._acked(self.core.ack(queue, bookmark, verb, sub_id))
-
-    def _ack_many(self, sub_id: str | None, queue: str, bookmarks: list[str], verb: Settlement) -> None:
-        self._acked(self.core.ack_many(queue, bookmarks, verb, sub_id))
-
-    def _acked(self, send_now: bool) -> None:
-        if send_now:
-            self._send_acks()
-        elif self._ack_timer is None and self.loop is not None:
-            self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)
-
-    def _send_acks(self) -> None:
-        self._cancel_ack_timer()
-        self.core.flush_acks()
-        self._kick()
-
-    def _cancel_ack_timer(self) -> None:
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None

@@ -20,7 +20,12 @@ the faces feed it bytes, tell it when a connection opens or is lost, and send wh
    to a batch per (queue, verb); a batch becomes one ``sow_delete`` that asks for a
    ``persisted`` ack, and stays in ``acks_unconfirmed`` until that ack arrives. A lost
    connection loses no acknowledgement: unconfirmed batches are sent again after
-   logon (acks are idempotent on the server).
+   logon (acks are idempotent on the server). A batch the server refuses, in whole or
+   in part (a stale delivery, ``Leasing=strict``: docs/queues.md, "Stale
+   acknowledgements"), is not sent again: the refusal (``NotLeaseHolder``, naming the
+   refused bookmarks in ``details["refused"]``) goes to ``ack_refused_listeners`` and waits in
+   ``ack_errors`` for the face's next ``flush()`` to raise it; the subscriptions forget
+   those bookmarks as acknowledged (subscription.py rule 3).
 4. **A lost connection** fails the commands awaiting their ack (except a pause or a
    resume: the resubscription carries it, subscription.py rule 8), drops unsent
    frames (publishes and acks are kept elsewhere and resent), resets the frame decoder
@@ -48,7 +53,7 @@ from typing import Any, Callable
 
 from conveyor import errors
 from conveyor.client.endpoints import URI_SCHEMES, Endpoint, parse_endpoint
-from conveyor.client.message import AckVerb, Message, Settlement, to_bytes
+from conveyor.client.message import AckVerb, Message, Settlement, split_deliveries, to_bytes
 from conveyor.client.state import ConnectionMachine, ConnectionState, ReconnectPolicy
 from conveyor.client.store import FilePublishStore, PublishStore
 from conveyor.client.subscription import SubState
@@ -66,6 +71,7 @@ log = logging.getLogger("conveyor.client")
 
 ACK_BATCH_SIZE_DEFAULT = 100  # acknowledgements per sow_delete frame
 ACK_BATCH_SECONDS_DEFAULT = 0.05  # longest an acknowledgement waits to be sent
+ACK_ERRORS_KEPT_MAX = 100  # refused acknowledgements kept for flush() (rule 3)
 PUBLISH_WARNINGS_LOGGED_MAX = 100  # distinct publish warnings logged per client (each counted)
 #: Codes of the connection notices after which the client does not reconnect (rule 6).
 FINAL_CODES = frozenset({errors.ClientReplaced.code, errors.DisconnectedByAdmin.code})
@@ -166,6 +172,10 @@ class ClientCore:
         self._subs_with_acks: set[SubState] = set()
         self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
         self.acks_refused = 0
+        #: Rule 3: refused acknowledgements, until the face's flush() raises the first
+        #: (at most ACK_ERRORS_KEPT_MAX kept), and who hears of each at once.
+        self.ack_errors: list[errors.ConveyorError] = []
+        self.ack_refused_listeners: list[Callable[[str, list[str], errors.ConveyorError], None]] = []
         self.publishes_refused = 0
         self.publish_warnings = 0  # publishes accepted with a warning (reached no one)
         self.publish_warnings_seen: set[str] = set()
@@ -387,7 +397,11 @@ class ClientCore:
         if self.acks:
             for (queue, verb), bookmarks in self.acks.items():
                 cid = self.new_cid()
-                cmd = m.SowDelete(topic=queue, bookmark=",".join(bookmarks), options=verb.option, cid=cid, ack_type="persisted")
+                joined, deliveries = split_deliveries(bookmarks)  # message.py rule 4
+                options = verb.option
+                if deliveries is not None:
+                    options = f"{options},{deliveries}" if options else deliveries
+                cmd = m.SowDelete(topic=queue, bookmark=joined, options=options, cid=cid, ack_type="persisted")
                 self.acks_unconfirmed[cid] = cmd
                 self.ack_batches += 1
                 if self.online:
@@ -467,12 +481,13 @@ class ClientCore:
             return  # unsubscribed while it was on the way
         if item.queue is not None:
             sub.outstanding += 1
-        sub.sink(self._message(item, sub.acker))
+        sub.sink(self._message(item, sub.acker, sub.confirm))
 
-    def _message(self, item: m.Message, acker: Any) -> Message:
+    def _message(self, item: m.Message, acker: Any, confirm: Any = None) -> Message:
         return Message(
             item.topic, item.data, item.bookmark, item.sub_id, item.seq, item.timestamp,
             item.lease_deadline, item.correlation_id, item.queue, acker, None, self.epoch, item.sow_key,
+            None, item.delivery, confirm,
         )
 
     def _on_ack(self, ack: m.Ack, done: list[PendingCommand]) -> None:
@@ -512,8 +527,7 @@ class ClientCore:
         batch = self.acks_unconfirmed.pop(cid, None)
         if batch is not None:
             if ack.status == "failure":
-                self.acks_refused += 1
-                log.warning("acknowledgement of %s refused: %s", batch.topic, ack.reason)
+                self._ack_refused(batch, ack)
             return
         pending = self.awaiting_ack.get(cid)
         if pending is None:
@@ -530,6 +544,40 @@ class ClientCore:
         pending.done = True
         del self.awaiting_ack[cid]
         done.append(pending)
+
+    def _ack_refused(self, batch: m.SowDelete, ack: m.Ack) -> None:
+        """Rule 3: a batch of acknowledgements refused, in whole or for the bookmarks the
+        failure names (``details["refused"]``)."""
+        self.acks_refused += 1
+        log.warning("acknowledgement of %s refused: %s", batch.topic, ack.reason)
+        details = dict(ack.details or {})
+        named = details.get("refused")
+        refused = str(named).split(",") if named else (batch.bookmark or "").split(",")
+        details.setdefault("refused", ",".join(refused))
+        details.setdefault("queue", batch.topic)
+        error = errors.error_for_code(ack.code or "server_error", ack.reason or "", **details)
+        for sub in self.subscriptions.values():
+            sub.forget_acks(refused)
+        if len(self.ack_errors) < ACK_ERRORS_KEPT_MAX:
+            self.ack_errors.append(error)
+        for listener in list(self.ack_refused_listeners):
+            try:
+                listener(batch.topic, refused, error)
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the reading of replies
+                log.exception("an ack-refused listener raised")
+
+    def confirmed_ack(self, sub_id: str | None, bookmark: str) -> None:
+        """An ``ack(confirm=True)`` goes out at once (message.py rule 3): one message of
+        ``sub_id`` fewer held, remembered as acknowledged (subscription.py rule 3)."""
+        sub = self.subscriptions.get(sub_id) if sub_id is not None else None
+        if sub is not None:
+            sub.confirmed(bookmark)
+
+    def refused_confirmed(self, sub_id: str | None, bookmark: str) -> None:
+        """An ``ack(confirm=True)`` the server refused: not acknowledged (subscription.py rule 3)."""
+        sub = self.subscriptions.get(sub_id) if sub_id is not None else None
+        if sub is not None:
+            sub.forget_acks([bookmark])
 
     def _publish_warning(self, reason: str) -> None:
         """A publish the server accepted with a warning (say, to a topic that is not

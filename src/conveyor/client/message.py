@@ -11,7 +11,15 @@ Rules kept here:
    ``sow``) have nothing to settle: the three verbs do nothing on them, so the same
    code can consume a topic or a queue.
 3. Settling only hands the message's bookmark to its client's acker (:data:`Acker`),
-   which batches it; nothing here waits or touches the network.
+   which batches it; nothing here waits or touches the network. The one exception is
+   the opt-in ``ack(confirm=True)``, which hands it to the face's confirmer (sent at
+   once, answered by the server: docs/client.md, "Stale acknowledgements").
+4. **A numbered delivery is settled by number.** A queue message that carries its
+   delivery count (``delivery``: ``Leasing=strict``, or a subscription made with
+   ``fenced_acks``) hands ``"<bookmark>@<delivery>"`` to the acker (:func:`with_delivery`),
+   so that the batch's ``sow_delete`` names the delivery it settles
+   (``deliveries=[...]``) and the server refuses it once stale (docs/queues.md,
+   "Stale acknowledgements"). The mark never reaches the wire in a bookmark.
 """
 
 from __future__ import annotations
@@ -92,6 +100,32 @@ _ACK, _CANCEL, _EXPIRE, _TOUCH = AckVerb.ACK, AckVerb.CANCEL, AckVerb.EXPIRE, Ac
 
 #: ``acker(queue, bookmark, verb)``: how a message reaches its client's ack batch.
 Acker = Callable[[str, str, Settlement], None]
+#: ``confirmer(queue, bookmark, delivery, sub_id)``: an acknowledgement sent at once, whose
+#: answer (True: applied, False: refused) the face hands back (an awaitable, or the bool).
+Confirmer = Callable[[str, str, "int | None", "str | None"], Any]
+
+#: Rule 4: what separates a bookmark from the delivery it settles, between a message and
+#: its client's batch (a bookmark is ``publisher|seq|position``: digits and bars).
+DELIVERY_MARK = "@"
+
+
+def with_delivery(bookmark: str, delivery: int | None) -> str:
+    """Rule 4: the bookmark as the acker takes it (marked with the delivery, if any)."""
+    return bookmark if delivery is None else f"{bookmark}{DELIVERY_MARK}{delivery}"
+
+
+def split_deliveries(marked: list[str]) -> tuple[str, str | None]:
+    """A batch's bookmarks as a ``sow_delete`` carries them: (the comma list of
+    bookmarks, the ``deliveries=[...]`` option or None when none is named)."""
+    joined = ",".join(marked)
+    if DELIVERY_MARK not in joined:
+        return joined, None
+    bookmarks, numbers = [], []
+    for item in marked:
+        bookmark, _, n = item.partition(DELIVERY_MARK)
+        bookmarks.append(bookmark)
+        numbers.append(n or "0")
+    return ",".join(bookmarks), f"deliveries=[{','.join(numbers)}]"
 
 
 def to_bytes(data: Any) -> bytes:
@@ -111,7 +145,9 @@ class Message:
 
     ``queue`` is set on queue deliveries: it is the queue to acknowledge to.
     ``lease_deadline`` (epoch seconds) is when an at-least-once lease ends (``math.inf``
-    under a queue whose LeasePeriod is infinite, the default).
+    under a queue whose LeasePeriod is infinite, the default). ``delivery``: the
+    message's delivery count (1 the first time), under ``Leasing=strict`` or on a
+    subscription made with ``fenced_acks`` (rule 4); None otherwise.
     """
 
     topic: str
@@ -130,6 +166,8 @@ class Message:
     #: An out-of-focus notice (docs/sow-and-views.md): why the record ``sow_key`` no longer
     #: qualifies (``match``, ``deleted``, ``expired``); None for an ordinary message.
     oof: str | None = None
+    delivery: int | None = None  # rule 4
+    _confirm: Confirmer | None = field(default=None, repr=False)  # rule 3's exception
 
     def json(self) -> Any:
         """The body decoded as JSON."""
@@ -144,10 +182,24 @@ class Message:
         """True once :meth:`ack`, :meth:`cancel` or :meth:`expire` settled this queue message."""
         return self._settled is not None
 
-    def ack(self) -> None:
+    def ack(self, *, confirm: bool = False) -> Any:
         """Done: the message leaves the queue. Batched by the client (``flush()`` sends
-        at once). Raises AlreadyAcknowledged if the message was settled before."""
-        self._settle(_ACK)
+        at once); a refusal (a stale delivery, ``Leasing=strict``) is raised by the next
+        ``flush()``. Raises AlreadyAcknowledged if the message was settled before.
+
+        ``confirm=True``: sent at once, and the server's answer comes back: True when
+        the acknowledgement was applied, False when it was refused (a stale delivery, or
+        a message leased to another subscriber under ``Leasing=strict``). The asyncio
+        client returns an awaitable of it (``await msg.ack(confirm=True)``), the blocking
+        client waits and returns it. None for a message that did not come from a queue."""
+        if not confirm:
+            self._settle(_ACK)
+            return None
+        if self._confirm is None or self.queue is None or self.bookmark is None:
+            return None  # rule 2
+        self._check_unsettled(_ACK)
+        self._settled = _ACK
+        return self._confirm(self.queue, self.bookmark, self.delivery, self.sub_id)
 
     def cancel(self, *, delay: float | None = None, reason: str | None = None) -> None:
         """Give the message back: the queue redelivers it (it counts toward the queue's
@@ -177,6 +229,13 @@ class Message:
     def _settle(self, verb: Settlement) -> None:
         if self._acker is None or self.queue is None or self.bookmark is None:
             return  # rule 2
+        self._check_unsettled(verb)
+        self._settled = verb if type(verb) is AckVerb else verb.verb  # type: ignore[union-attr]
+        bookmark = self.bookmark if self.delivery is None else with_delivery(self.bookmark, self.delivery)
+        self._acker(self.queue, bookmark, verb)
+
+    def _check_unsettled(self, verb: Settlement) -> None:
+        """Rule 1."""
         if self._settled is not None:
             raise errors.AlreadyAcknowledged(
                 f"message {self.bookmark} of queue {self.queue} was already settled "
@@ -185,5 +244,3 @@ class Message:
                 queue=self.queue,
                 settled=self._settled.value,
             )
-        self._settled = verb if type(verb) is AckVerb else verb.verb  # type: ignore[union-attr]
-        self._acker(self.queue, self.bookmark, verb)

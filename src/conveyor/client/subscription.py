@@ -13,7 +13,9 @@ Rules kept here (shared by both faces; the faces only move messages between thre
 3. **An acknowledged message is never handed out again.** The bookmarks the
    application acknowledged recently are remembered; a redelivery of one (the lease was
    broken before the ack reached the server, which the resent ack then settles) is
-   dropped. ``cancel`` is not remembered: a cancelled message is meant to come back.
+   dropped. ``cancel`` is not remembered: a cancelled message is meant to come back,
+   nor is an acknowledgement the server refused (:meth:`SubState.forget_acks`): the
+   message is still in the queue, and may come back.
 4. **Auto-ack.** Iterator: asking for the next message acknowledges the previous one.
    Handler: returning acknowledges, raising cancels (so the message is redelivered).
    A message the application settled itself is left as it is.
@@ -65,7 +67,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Sequence
 
 from conveyor import errors
-from conveyor.client.message import Acker, AckVerb, AckWith, Message, Settlement
+from conveyor.client.message import DELIVERY_MARK, Acker, AckVerb, AckWith, Confirmer, Message, Settlement
 from conveyor.protocol import messages as m
 
 log = logging.getLogger("conveyor.client")
@@ -148,6 +150,7 @@ class SubState:
         command: str = "subscribe",
         orderby: str | None = None,
         paused: bool = False,
+        confirm: Confirmer | None = None,
     ) -> None:
         refuse_replace_option(options)
         if command not in _COMMANDS:
@@ -165,6 +168,8 @@ class SubState:
         self.paused = paused  # rule 8: resubscribed paused
         self.sink: Callable[[Message], None] = _drop  # the face's buffer or callback
         self.acker: Acker | None = None
+        #: ``ack(confirm=True)`` of its messages: the face's confirmer (message.py rule 3)
+        self.confirm = confirm
         self.last_bookmark: str | None = None  # last handed to the application
         self.last_timestamp: float | None = None  # its publish time (rule 7)
         self._latest: dict[str, str] = {}  # rule 7: publisher -> "seq|position" of its last message handed out
@@ -242,12 +247,24 @@ class SubState:
 
         def acker(queue: str, bookmark: str, verb: Settlement) -> None:
             if verb is not _CANCEL and not (type(verb) is AckWith and verb.verb is _CANCEL):
-                self._note_ack(bookmark)
+                self.note_ack(bookmark.partition(DELIVERY_MARK)[0])  # message.py rule 4
             ack(queue, bookmark, verb)
 
         return acker
 
-    def _note_ack(self, bookmark: str) -> None:
+    def confirmed(self, bookmark: str) -> None:
+        """An ``ack(confirm=True)`` sent at once (not batched): one message fewer held,
+        remembered as acknowledged (rule 3)."""
+        self.outstanding = max(0, self.outstanding - 1)
+        self.note_ack(bookmark)
+
+    def forget_acks(self, bookmarks: Sequence[str]) -> None:
+        """Rule 3: acknowledgements the server refused; a redelivery of them is handed out."""
+        recent = self._recent
+        for bookmark in bookmarks:
+            recent.pop(bookmark, None)
+
+    def note_ack(self, bookmark: str) -> None:
         recent = self._recent
         recent[bookmark] = None
         if len(recent) > self._recent_max:

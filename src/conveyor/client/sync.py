@@ -27,6 +27,9 @@ the asyncio client uses; this module only carries calls across threads. Rules:
    the loop's answer are slices of :data:`SIGNAL_POLL_S`: a SIGINT whose handler ran just
    before the thread went to sleep (or on another thread) is raised as KeyboardInterrupt
    within one slice, instead of when the next message arrives, which may be never.
+8. **A confirmed acknowledgement waits for its answer** (``msg.ack(confirm=True)``,
+   docs/client.md, "Stale acknowledgements"): on the caller's thread, after what was
+   handed over before it (rule 1), and returns True (applied) or False (refused).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import uvloop
 from conveyor import errors
 from conveyor.client.aio import AsyncClient
 from conveyor.client.core import ClientCore, ClientStatistics, Message
-from conveyor.client.message import Acker, AckVerb, Settlement
+from conveyor.client.message import Acker, AckVerb, Settlement, with_delivery
 from conveyor.client.state import ConnectionState, StateChange
 from conveyor.client.subscription import DeliveryMode, SubscriptionBase
 
@@ -232,6 +235,13 @@ class Client:
     def on_state(self, callback: Callable[[StateChange], None]) -> Callable[[StateChange], None]:
         """Call ``callback(change)`` on every connection state change (on the loop thread)."""
         return self._aio.on_state(callback)
+
+    def on_ack_refused(
+        self, callback: Callable[[str, list[str], errors.ConveyorError], None]
+    ) -> Callable[[str, list[str], errors.ConveyorError], None]:
+        """Call ``callback(queue, bookmarks, error)`` (on the loop thread) each time the
+        server refuses batched acknowledgements (:meth:`AsyncClient.on_ack_refused`)."""
+        return self._aio.on_ack_refused(callback)
 
     # --- connection ----------------------------------------------------------------------
 
@@ -432,7 +442,7 @@ class Client:
         state = self._aio.subscription_state(
             topic, filter=filter, options=options, bookmark=bookmark, max_backlog=max_backlog, sub_id=sub_id,
             auto_ack=auto_ack, mode=DeliveryMode.HANDLER if handler is not None else DeliveryMode.ITERATOR,
-            command=command, orderby=orderby, paused=paused,
+            command=command, orderby=orderby, paused=paused, confirm=self._confirm_blocking,  # rule 8
         )
         sub = Subscription(self, state)
         self._call(self._aio.subscribe_state(sub, relay=self._relay))
@@ -480,7 +490,23 @@ class Client:
         return self._call(self._aio.sow_delete(topic, bookmarks=bookmarks, filter=filter, options=options,
                                                sow_keys=sow_keys, data=data))
 
-    def ack(self, queue_name: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK) -> None:
+    def ack(self, queue_name: str, bookmark: str, verb: AckVerb | str = AckVerb.ACK, *,
+            delivery: int | None = None) -> None:
         """Batch an acknowledgement of a queue message by its bookmark (``verb``: ack,
-        cancel or expire). For a message in hand, call ``msg.ack()`` instead."""
-        self._hand_over_ack(self._ack_by_bookmark, queue_name, bookmark, AckVerb(verb))
+        cancel or expire; ``delivery``: the delivery it settles, refused once stale).
+        For a message in hand, call ``msg.ack()`` instead."""
+        self._hand_over_ack(self._ack_by_bookmark, queue_name, with_delivery(bookmark, delivery), AckVerb(verb))
+
+    def _confirm_blocking(self, queue_name: str, bookmark: str, delivery: int | None, sub_id: str | None) -> bool:
+        return self.confirm_ack(queue_name, bookmark, delivery, sub_id=sub_id)
+
+    def confirm_ack(self, queue_name: str, bookmark: str, delivery: int | None = None, *,
+                    sub_id: str | None = None) -> bool:
+        """Acknowledge one queue message at once and wait for the server's answer: True
+        when applied, False when refused (rule 8; :meth:`AsyncClient.confirm_ack`)."""
+
+        async def confirm() -> bool:
+            self._drain_handover()  # what was handed over before it goes first (rule 1)
+            return await self._aio.confirm_ack(queue_name, bookmark, delivery, sub_id=sub_id)
+
+        return bool(self._call(confirm()))

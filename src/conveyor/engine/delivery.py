@@ -36,11 +36,21 @@ Rules:
    from a state whose records are not appended. One queue and one option per batch: a
    message is then named by at most one event of the batch (an acknowledged or
    cancelled message is not leased any more when a later command of the batch names it).
+   An acknowledgement that names a superseded delivery of its message (``deliveries``)
+   is refused before the queue sees it (rule 8).
 7. **The queue view is a snapshot produced as it is read** (engine/sow_query.py rules 4
    to 8): a ``sow`` lists the positions available in the step of its command, in
    delivery order; their messages (a position's message never changes) are read and
    sent a turn at a time as the connection drains them, so leases, acknowledgements
    and publishes meanwhile change nothing in the result.
+8. **Stale acknowledgements are refused and reported** (docs/queues.md, "Stale
+   acknowledgements"). A queue delivery carries its delivery count (``dn``) under
+   ``Leasing=strict`` and to a subscription made with ``fenced_acks``; an ack may name
+   it per bookmark (``deliveries=[n,...]``, 0: none). One that names a delivery of
+   which a later one was made (queue/leases.py rule 7) is refused for that message,
+   as a ``Leasing=strict`` refusal is: the rest of the command takes effect and the
+   failure (``not_lease_holder``) lists the refused bookmarks (``refused``) and the
+   stale ones among them (``stale``).
 """
 
 from __future__ import annotations
@@ -49,12 +59,12 @@ import logging
 from typing import TYPE_CHECKING, Callable, Hashable, Iterator, cast
 
 from conveyor import errors, records
-from conveyor.config.model import Semantics
+from conveyor.config.model import Leasing, Semantics
 from conveyor.engine import poison
 from conveyor.engine.queue import journal as queue_journal
 from conveyor.engine.actions import ExpiryActions, Failure
 from conveyor.engine.explain import consumer_label
-from conveyor.protocol.bookmarks import bookmark_positions, format_bookmark
+from conveyor.protocol.bookmarks import bookmark_position, bookmark_positions, format_bookmark
 from conveyor.engine.cache import MessageCache
 from conveyor.engine.filters import compile_filter, entitled, filter_cost_ticks
 from conveyor.engine.outbox import Outbox
@@ -62,7 +72,7 @@ from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.queue import AckOption, Consumer, Delivery, Event
 from conveyor.engine.queue.bindings import QueueBinding, QueueBindings, consumer_predicate
-from conveyor.engine.queue.events import Expired
+from conveyor.engine.queue.events import AckResult, Expired
 from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen_positions, query_failed
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
@@ -100,6 +110,7 @@ class QueueDelivery:
         self._action_publisher = action_publisher
         self._dirty: set[QueueBinding] = set()
         self._attached: dict[Hashable, _Attachment] = {}
+        self._fenced: set[Hashable] = set()  # rule 8: consumers made with ``fenced_acks``
         self.unreadable = 0  # deliveries and dead letters a damaged record stopped (rule 5)
         self._refill_damaged: set[str] = set()  # queues whose refill met a damaged record
         # Rule 6: the acknowledgements applied and not yet journaled, and their replies.
@@ -172,6 +183,15 @@ class QueueDelivery:
             self._dirty.add(binding)
         att.detached = tuple(n for n in known if n not in names)
         att.queues = tuple(names)
+
+    def fence_acks(self, key: Hashable, fenced: bool) -> None:
+        """Rule 8: whether the deliveries to consumer ``key`` carry their delivery count
+        (the subscribe option ``fenced_acks``; kept across a pause, dropped with the
+        subscription)."""
+        if fenced:
+            self._fenced.add(key)
+        else:
+            self._fenced.discard(key)
 
     def detach(self, consumer: Consumer, now: float) -> None:
         """Unsubscribe or disconnect: break the consumer's leases everywhere."""
@@ -271,9 +291,12 @@ class QueueDelivery:
     ) -> list[tuple[int, m.Message]]:
         """The messages of ``sends``, leaving out those whose record is damaged (rule 5)."""
         out = []
+        fenced = self._fenced
+        strict = not at_most_once and self._bindings.by_name[name].config.leasing is Leasing.STRICT
         for d, consumer in sends:
             try:
-                out.append(self._message(name, d, consumer, at_most_once))
+                numbered = strict or (bool(fenced) and consumer is not None and consumer.key in fenced)
+                out.append(self._message(name, d, consumer, at_most_once, numbered))
             except errors.JournalCorrupt as exc:
                 self.unreadable += 1
                 log.error(
@@ -286,7 +309,8 @@ class QueueDelivery:
                                "its delivery (offered again when its lease runs out, unless at-most-once)")
         return out
 
-    def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool) -> tuple[int, m.Message]:
+    def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool,
+                 numbered: bool = False) -> tuple[int, m.Message]:
         if TYPE_CHECKING:  # a subscription's key (subscribing.py); no cast call at run time: once a message
             conn_id, sub_id = cast("tuple[int, str]", consumer.key)
         else:
@@ -303,6 +327,8 @@ class QueueDelivery:
             correlation_id=entry.correlation_id,
             queue=None if d.barrier else name,  # a barrier needs no acknowledgement
             barrier=d.barrier,
+            # rule 8: the delivery an ack names (a lease only: not a barrier, not at-most-once)
+            delivery=d.delivery_count if numbered and d.lease_deadline is not None else None,
         )
         return conn_id, msg
 
@@ -440,10 +466,16 @@ class QueueDelivery:
         option = AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire") else AckOption.NONE
         delay, reason = _retry_options(opts, option)
         queue = binding.queue
+        named = opts.list("deliveries")
+        stale: list[int] = []
         if cmd.bookmark:
             positions = bookmark_positions(cmd.bookmark)
+            if named is not None:  # rule 8
+                positions, stale = queue.stale_acks(positions, _deliveries(named, len(positions)))
             self._open_acks(binding, option, now)
             result = queue.acknowledge(positions, by=conn_id, option=option, now=now, delay=delay, reason=reason)
+        elif named is not None:
+            raise errors.InvalidOption("deliveries goes with bookmarks, one per bookmark", option="deliveries")
         elif cmd.filter:
             predicate = consumer_predicate(compile_filter(cmd.filter))
             assert predicate is not None  # a filter that is not empty compiles to one (or raises)
@@ -458,9 +490,9 @@ class QueueDelivery:
             self.mark_consumer(key)
         # A bookmark ack names messages: a refusal is an error. A filter ack spares the
         # messages leased to others quietly (Leasing=strict), as a query would.
-        refused = result.error() if cmd.bookmark else None
+        refused = _refusal(result, stale, cmd.bookmark) if cmd.bookmark else None
         if refused is not None:
-            # Leasing=strict: the rest of the batch took effect; this says what did not.
+            # Leasing=strict, stale acks: the rest of the batch took effect; this says what did not.
             refused.details["records_deleted"] = result.deleted
             raise refused
         acks = ack_types(cmd.ack_type)
@@ -476,8 +508,9 @@ class QueueDelivery:
         queue's LeasePeriod from now, or ``touch=N`` seconds (at most LeasePeriod: a long
         job touches again). Nothing is journaled (no lease survives a restart); the reply
         counts the messages the connection held (``matches``)."""
-        if opts.has("cancel") or opts.has("expire") or opts.texts or opts.seconds:
-            raise errors.InvalidOption("touch cannot be combined with cancel, expire, delay or reason", option="touch")
+        if opts.has("cancel") or opts.has("expire") or opts.texts or opts.seconds or opts.lists:
+            raise errors.InvalidOption("touch cannot be combined with cancel, expire, delay, reason or deliveries",
+                                       option="touch")
         if not cmd.bookmark:
             raise errors.InvalidOption("touch names its messages by bookmark", option="touch")
         period = binding.config.lease_period_s
@@ -576,3 +609,39 @@ def _retry_options(opts: Options, option: AckOption) -> tuple[float | None, str]
     if reason is not None and option is AckOption.NONE:
         raise errors.InvalidOption("reason goes with cancel or expire only", option="reason")
     return delay, reason or ""
+
+
+def _deliveries(items: tuple[str, ...], count: int) -> list[int]:
+    """Rule 8: the ``deliveries=[...]`` option, one whole number per bookmark (0: none)."""
+    if len(items) != count:
+        raise errors.InvalidOption(f"deliveries names {len(items)} deliveries for {count} bookmark(s): "
+                                   "give one per bookmark (0: none)", option="deliveries")
+    try:
+        numbers = [int(item) for item in items]
+    except ValueError:
+        raise errors.InvalidOption("deliveries holds whole numbers, e.g. deliveries=[2,1]", option="deliveries") from None
+    if any(n < 0 for n in numbers):
+        raise errors.InvalidOption("deliveries must not be negative", option="deliveries")
+    return numbers
+
+
+def _refusal(result: AckResult, stale: list[int], bookmarks: str) -> errors.NotLeaseHolder | None:
+    """Rule 8: what a bookmark ack reports of the messages it did not settle: those
+    ``Leasing=strict`` refused (``result.error()``, as before) and the ``stale`` ones,
+    with their bookmarks in ``refused`` (and the stale ones again in ``stale``), comma lists."""
+    strict = result.error()
+    if strict is None and not stale:
+        return None
+    named = {bookmark_position(b): b.strip() for b in bookmarks.split(",") if b.strip()}
+    others = result.refused_positions
+    if strict is not None and not stale:
+        error = strict
+    else:
+        what = f"{len(stale)} stale (the message was delivered again since the delivery acknowledged)"
+        if others:
+            what += f", {len(others)} leased to another subscriber"
+        error = errors.NotLeaseHolder(f"acknowledgement refused for {len(stale) + len(others)} message(s): {what}",
+                                      positions=tuple(stale) + tuple(others),
+                                      stale=",".join(named[p] for p in stale))
+    error.details["refused"] = ",".join(named[p] for p in sorted(set(stale) | set(others)))
+    return error

@@ -55,6 +55,10 @@ journal (:class:`~conveyor.engine.topics.Topics`), any other is live pub/sub. Ru
 
    Pausing a paused subscription, or resuming a running one, changes nothing. A
    ``replace`` keeps the subscription paused or running.
+10. ``fenced_acks`` (a queue subscription; docs/queues.md, "Stale acknowledgements"):
+    its deliveries carry their delivery count, so its acks can name it and a stale one
+    is refused (engine/delivery.py rule 8). Kept across a pause; a ``replace`` sets it
+    as its own options say; ignored on other subscriptions.
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ class Subscriptions:
                 self._subscribe_replay(session, sub_id, cmd, flt, bookmark, names)
             elif names:
                 self._subscribe_queue(session, sub_id, cmd, flt, opts.get("max_backlog"), names, now)
+                if opts.has("fenced_acks"):  # docs/queues.md, "Stale acknowledgements"
+                    self._delivery.fence_acks(session.subs[sub_id].consumer.key, True)
             else:
                 sub = SessionSubscription(sub_id, session.conn_id, cmd.topic,
                                           self._topic_matcher(session, cmd.topic, Permission.SUBSCRIBE),
@@ -317,6 +323,8 @@ class Subscriptions:
                 f"replace of bookmark subscription {sub_id!r} with a bookmark: a replace keeps the replay's "
                 "place in the log; send it without a bookmark, or unsubscribe and subscribe again to restart")
         self._retarget(session, sub, cmd.topic, own, opts.get("max_backlog"), now)
+        if sub.kind is SubKind.QUEUE:  # the replace's options say whether its acks are fenced
+            self._delivery.fence_acks(sub.consumer.key, opts.has("fenced_acks"))
 
     def _retarget(self, session: Session, sub: SessionSubscription, topic: str, own: Expression | None,
                   requested: int | None, now: float) -> None:
@@ -476,6 +484,7 @@ class Subscriptions:
         session.subs.pop(sub.sub_id, None)
         if sub.kind is SubKind.QUEUE:
             self._delivery.detach(sub.consumer, now)
+            self._delivery.fence_acks(sub.consumer.key, False)
         elif sub.kind is SubKind.RECORDS:
             assert self._records is not None  # only the StateOfTheWorld makes RECORDS subscriptions
             self._records.remove(sub)

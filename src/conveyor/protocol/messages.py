@@ -337,7 +337,10 @@ class Message(_Msg, tag="p", frozen=True):
     query_id: str | None = None
     queue: str | None = field(default=None, name="q")  # set on queue deliveries (ack target)
     barrier: bool = False
-    delivery: int | None = field(default=None, name="dn")  # delivery number d (Fetch)
+    # Fetch: the delivery number d. A queue delivery under Leasing=strict or to a
+    # ``fenced_acks`` subscription: the message's delivery count, which its ack names
+    # (``deliveries=[...]``; docs/queues.md, "Stale acknowledgements").
+    delivery: int | None = field(default=None, name="dn")
     publisher: int | None = field(default=None, name="pb")  # publisher id (Fetch)
     sow_key: str | None = field(default=None, name="k")  # the record's SowKey (SOW topics, views)
 

@@ -42,8 +42,11 @@ _AGGREGATED = {"projection": _LIST, "grouping": _LIST}
 _QUERY = {"top_n": _INT, "skip_n": _INT}
 
 # What every subscription accepts: ``pause`` and ``resume`` act on the subscriptions
-# its ``sub_id`` names, or make a new one paused (engine/subscribing.py rule 9).
-_SUBSCRIBE = {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, "pause": _FLAG, "resume": _FLAG}
+# its ``sub_id`` names, or make a new one paused (engine/subscribing.py rule 9);
+# ``fenced_acks``: a queue subscription's messages carry their delivery number, and its
+# acks that name one are fenced (docs/queues.md, "Stale acknowledgements").
+_SUBSCRIBE = {"max_backlog": _INT, "replace": _FLAG, "timestamp": _FLAG, "pause": _FLAG, "resume": _FLAG,
+              "fenced_acks": _FLAG}
 
 KNOWN: dict[str, dict[str, str]] = {
     "subscribe": _SUBSCRIBE,
@@ -51,7 +54,11 @@ KNOWN: dict[str, dict[str, str]] = {
     "sow_and_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow_and_delta_subscribe": {**_SUBSCRIBE, **_QUERY, **_RECORDS, **_AGGREGATED},
     "sow": {"timestamp": _FLAG, **_QUERY, **_AGGREGATED},
-    "sow_delete": {"cancel": _FLAG, "expire": _FLAG, "touch": _FLAG_OR_INT, "delay": _SECONDS, "reason": _TEXT},
+    # ``deliveries=[n,...]``: the delivery each bookmark's ack names, in the order of the
+    # bookmarks (0: none); an ack of a superseded delivery is refused (docs/queues.md,
+    # "Stale acknowledgements").
+    "sow_delete": {"cancel": _FLAG, "expire": _FLAG, "touch": _FLAG_OR_INT, "delay": _SECONDS, "reason": _TEXT,
+                   "deliveries": _LIST},
     "heartbeat": {"start": _INT, "beat": _FLAG},
 }
 

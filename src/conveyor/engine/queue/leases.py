@@ -25,12 +25,17 @@ happened; the table itself knows no message state. Rules:
 6. Failure notes (queue/returns.py rule 3): for a message whose lease ended other than
    by an ack, the application's last failure reason and the last consumer; kept and
    forgotten with the counts (rule 4).
+7. Stale acknowledgements (docs/queues.md, "Stale acknowledgements"): a delivery is
+   (position, delivery count). An ack that names delivery ``n`` of a message that has
+   been delivered again since (its count is above ``n``, whoever holds it now) is stale:
+   :meth:`stale` sets it apart, before the queue looks at the ack. An ack that names no
+   delivery (0), or the latest one, goes on as before.
 """
 
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 
@@ -209,6 +214,16 @@ class LeaseTable:
 
     def deliveries_of(self, p: int) -> int:
         return self._deliveries.get(p, 0)
+
+    def stale(self, positions: Sequence[int], deliveries: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Rule 7: (the positions whose ack goes on, the stale ones), each in the order
+        given; ``deliveries[i]`` is the delivery the ack of ``positions[i]`` names (0: none)."""
+        counts = self._deliveries
+        fresh: list[int] = []
+        stale: list[int] = []
+        for p, n in zip(positions, deliveries):
+            (stale if n and counts.get(p, 0) > n else fresh).append(p)
+        return fresh, stale
 
     def cancels_of(self, p: int) -> int:
         return self._cancels.get(p, 0)

@@ -679,6 +679,10 @@ class Queue:
         hits.sort()
         return self.acknowledge(hits, by=by, option=option, now=now, delay=delay, reason=reason)
 
+    def stale_acks(self, positions: list[int], deliveries: list[int]) -> tuple[list[int], list[int]]:
+        """(positions to acknowledge, stale ones): queue/leases.py rule 7."""
+        return self._leases.stale(positions, deliveries)
+
     def _ack_one(
         self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally, delay: float | None,
         reason: str,

@@ -1,0 +1,206 @@
+"""Stale acknowledgements (docs/queues.md, "Leasing", "Stale acknowledgements";
+engine/delivery.py rule 8, queue/leases.py rule 7), through the Engine.
+
+A delivery is (bookmark, delivery count). Under ``Leasing=strict``, and for a
+subscription made with ``fenced_acks`` under the default ``sublet``, each delivery
+carries its count (``dn``); an ack naming it (``deliveries=[n,...]``) after the message
+was delivered again is refused and reported. Without either, nothing changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.protocol import messages as m
+
+from .engine_harness import Harness, config_xml, decode, queue_xml
+
+LEASE_S = 5.0
+
+
+def one_queue(**elements) -> Harness:
+    elements.setdefault("LeasePeriod", f"{LEASE_S:g}s")
+    elements.setdefault("MaxPerSubscriptionBacklog", "10")
+    return Harness(config_xml(queue_xml("Q", **elements), topics=("Work",)))
+
+
+def worker(h: Harness, name: str, options: str | None = None) -> int:
+    conn = h.connect(name)
+    h.subscribe(conn, "Q", "s", options=options)
+    (ack,) = h.acks(conn)
+    assert ack.status == "success", ack
+    return conn
+
+
+def publish(h: Harness, values) -> None:
+    pub = h.connect("pub")
+    for v in values:
+        h.publish(pub, "Work", {"i": v})
+    h.commit()
+
+
+def ack(h: Harness, conn: int, msg: m.Message, delivery: int | None, **kw) -> m.Ack:
+    options = None if delivery is None else f"deliveries=[{delivery}]"
+    h.ack(conn, "Q", msg, options=options, ack_type="processed", **kw)
+    (reply,) = h.acks(conn)
+    return reply
+
+
+def lease_expires_to_b(h: Harness, options_a: str | None, options_b: str | None) -> tuple[int, int, m.Message, m.Message]:
+    """``a`` leases message 0; its lease runs out; ``b`` gets it again."""
+    a = worker(h, "a", options_a)
+    publish(h, [0])
+    (first,) = h.messages(a)
+    b = worker(h, "b", options_b)
+    h.advance(LEASE_S + 1)  # a's lease runs out: the message goes to a or b again
+    got_a, got_b = h.messages(a), h.messages(b)
+    # the round-robin may give it back to a: then it is a's delivery 2
+    second = (got_a + got_b)[0]
+    if got_a:  # make b the holder for the test: a unsubscribes, which returns it to b
+        h.unsubscribe(a)
+        h.acks(a)
+        h.advance(0.0)
+        (second,) = h.messages(b)
+    return a, b, first, second
+
+
+def test_strict_deliveries_carry_their_count_and_a_stale_ack_is_refused_and_reported():
+    h = one_queue(Leasing="strict")
+    a, b, first, second = lease_expires_to_b(h, None, None)
+    assert first.delivery == 1 and second.delivery >= 2
+    assert decode(second)["i"] == 0
+    reply = ack(h, a, first, first.delivery)
+    assert reply.status == "failure" and reply.code == "not_lease_holder"
+    assert reply.details["refused"] == first.bookmark and reply.details["stale"] == first.bookmark
+    assert "stale" in reply.reason
+    assert h.stats("Q").backlog == 1  # b's lease holds
+    reply = ack(h, b, second, second.delivery)
+    assert reply.status == "success" and reply.records_deleted == 1
+    assert h.stats("Q").queue_depth == 0
+
+
+def test_strict_refuses_the_same_connections_ack_of_an_older_delivery():
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a")
+    publish(h, [0])
+    (first,) = h.messages(a)
+    h.advance(LEASE_S + 1)  # the lease runs out; a, the only subscriber, gets it again
+    (second,) = h.messages(a)
+    assert (first.delivery, second.delivery) == (1, 2)
+    reply = ack(h, a, first, 1)
+    assert reply.status == "failure" and reply.details["stale"] == first.bookmark
+    assert ack(h, a, second, 2).status == "success"
+    assert h.stats("Q").queue_depth == 0
+
+
+def test_sublet_with_fenced_acks_refuses_the_stale_ack_and_takes_the_holders():
+    h = one_queue()
+    a, b, first, second = lease_expires_to_b(h, "fenced_acks", None)
+    assert first.delivery == 1
+    assert second.delivery is None  # b did not opt in: its deliveries carry no count
+    reply = ack(h, a, first, first.delivery)
+    assert reply.status == "failure" and reply.code == "not_lease_holder"
+    assert reply.details["refused"] == first.bookmark
+    assert h.stats("Q").backlog == 1
+    assert ack(h, b, second, None).status == "success"
+    assert h.stats("Q").queue_depth == 0
+
+
+def test_sublet_without_opt_in_takes_the_late_ack_as_before():
+    h = one_queue()
+    a, b, first, second = lease_expires_to_b(h, None, None)
+    assert first.delivery is None and second.delivery is None
+    reply = ack(h, a, first, None)
+    assert reply.status == "success" and reply.records_deleted == 1  # the reference's sublet
+    assert h.stats("Q").queue_depth == 0
+
+
+def test_a_late_ack_of_the_latest_delivery_is_taken():
+    """The lease ran out but nobody got the message again: the ack is not stale."""
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a")
+    publish(h, [0])
+    (first,) = h.messages(a)
+    h.unsubscribe(a)  # returned to the queue, delivered to no one since
+    h.acks(a)
+    assert ack(h, a, first, first.delivery).status == "success"
+    assert h.stats("Q").queue_depth == 0
+
+
+def test_a_batch_refuses_only_its_stale_acks():
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a", "max_backlog=10")
+    publish(h, [0, 1])
+    first = h.messages(a)
+    assert [x.delivery for x in first] == [1, 1]
+    h.advance(LEASE_S + 1)
+    again = h.messages(a)
+    assert [x.delivery for x in again] == [2, 2]
+    # acks of (0, delivery 1: stale) and (1, delivery 2: the latest)
+    h.ack(a, "Q", [first[0], again[1]], options="deliveries=[1,2]", ack_type="processed")
+    (reply,) = h.acks(a)
+    assert reply.status == "failure" and reply.details["refused"] == first[0].bookmark
+    assert reply.details["records_deleted"] == 1
+    assert h.stats("Q").backlog == 1
+
+
+def test_a_stale_cancel_is_refused_too():
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a")
+    publish(h, [0])
+    (first,) = h.messages(a)
+    h.advance(LEASE_S + 1)
+    (second,) = h.messages(a)
+    h.ack(a, "Q", first, options="cancel,deliveries=[1]", ack_type="processed")
+    (reply,) = h.acks(a)
+    assert reply.status == "failure" and reply.details["stale"] == first.bookmark
+    assert h.stats("Q").backlog == 1 and h.stats("Q").cancelled == 0
+
+
+@pytest.mark.parametrize("options, why", [
+    ("deliveries=[1,2]", "one per bookmark"),
+    ("deliveries=[x]", "whole numbers"),
+    ("touch,deliveries=[1]", "touch cannot be combined"),
+])
+def test_bad_deliveries_are_refused(options, why):
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a")
+    publish(h, [0])
+    (first,) = h.messages(a)
+    h.ack(a, "Q", first, options=options, ack_type="processed")
+    (reply,) = h.acks(a)
+    assert reply.status == "failure" and reply.code == "invalid_option" and why in reply.reason
+    assert h.stats("Q").backlog == 1
+
+
+def test_deliveries_with_a_filter_are_refused():
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a")
+    h.ack_filter(a, "Q", "/i = 0", options="deliveries=[1]", ack_type="processed")
+    (reply,) = h.acks(a)
+    assert reply.status == "failure" and reply.code == "invalid_option"
+
+
+def test_fenced_acks_is_kept_across_a_pause_and_dropped_by_a_replace_without_it():
+    h = one_queue()
+    a = worker(h, "a", "fenced_acks")
+    h.handle(a, m.Subscribe(topic="Q", sub_id="s", options="pause", ack_type="processed"))
+    h.handle(a, m.Subscribe(topic="Q", sub_id="s", options="resume", ack_type="processed"))
+    h.acks(a)
+    publish(h, [0])
+    (first,) = h.messages(a)
+    assert first.delivery == 1
+    h.ack(a, "Q", first)
+    h.handle(a, m.Subscribe(topic="Q", sub_id="s", options="replace", ack_type="processed"))
+    h.acks(a)
+    publish(h, [1])
+    (second,) = h.messages(a)
+    assert second.delivery is None
+
+
+def test_at_most_once_deliveries_carry_no_count():
+    h = one_queue(Leasing="strict", Semantics="at-most-once", LeasePeriod=None)
+    a = worker(h, "a")
+    publish(h, [0])
+    (first,) = h.messages(a)
+    assert first.delivery is None
