@@ -53,6 +53,8 @@ class MMsg:
     barrier: bool = False
     active: bool = True  # False: beyond TargetQueueDepth
     not_before: float = 0.0  # held for a delayed retry until then (0: not held)
+    key: str | None = None  # OrderingKey (docs/queues.md, "Per-key ordering")
+    key_held: bool = False  # beyond the first MaxInFlightPerKey unfinished messages of its key
     reason: str = ""  # the application's last failure reason
 
 
@@ -100,7 +102,8 @@ class ModelQueue:
     def inactive(self) -> list[int]:
         return [p for p, m in self.msgs.items() if not m.active]
 
-    def enqueue(self, p: int, t: float, priority: int | None = None, barrier: bool = False) -> bool:
+    def enqueue(self, p: int, t: float, priority: int | None = None, barrier: bool = False,
+                key: str | None = None) -> bool:
         assert p > self.last_position
         self.last_position = p
         target = self.config.target_queue_depth
@@ -110,8 +113,31 @@ class ModelQueue:
             return False
         t = max(t, self.last_time)
         self.last_time = t
-        self.msgs[p] = MMsg(p, t, priority=None if barrier else priority, barrier=barrier)
+        self.msgs[p] = m = MMsg(p, t, priority=None if barrier else priority, barrier=barrier,
+                                key=None if barrier else key)
+        # Per-key ordering: "at most N messages of one key ... in publish order"
+        m.key_held = m.key is not None and self._ahead(m) >= self.config.max_in_flight_per_key
         return True
+
+    def _ahead(self, m: MMsg) -> int:
+        """Unfinished messages of m's key before it."""
+        return sum(1 for x in self.msgs.values() if x.key == m.key and x.position < m.position)
+
+    def releasable(self) -> list[int]:
+        """Held messages now among the first N unfinished of their key."""
+        n = self.config.max_in_flight_per_key
+        return [p for p, m in self.msgs.items() if m.key_held and self._ahead(m) < n]
+
+    def release(self) -> None:
+        for p in self.releasable():
+            self.msgs[p].key_held = False
+
+    def check_keys(self, leased: set[int]) -> None:
+        """No key has more than N leased, and the leased ones are its oldest unfinished."""
+        n = self.config.max_in_flight_per_key
+        for m in self.msgs.values():
+            if m.key is not None and m.position in leased:
+                assert self._ahead(m) < n, f"{m.position} of key {m.key!r} leased with {self._ahead(m)} before it"
 
     def wants(self) -> int:
         target = self.config.target_queue_depth
@@ -156,13 +182,15 @@ class ModelQueue:
         return [
             m.position
             for m in sorted(
-                (m for m in self.msgs.values() if m.holder is None and m.active and not m.not_before), key=order
+                (m for m in self.msgs.values() if m.holder is None and m.active and not m.not_before
+                 and not m.key_held), key=order
             )
         ]
 
     # --- consumers --------------------------------------------------------------------------
 
     def add(self, c: MConsumer) -> None:
+        self.release()
         self.attached[c.key] = c
         self.consumers.append(c)
 
@@ -224,6 +252,7 @@ class ModelQueue:
         )
 
     def dispatch(self, now: float, limit: int | None) -> list[MDelivery]:
+        self.release()
         out: list[MDelivery] = []
         while limit is None or len(out) < limit:
             b = self.first_barrier()
@@ -237,7 +266,7 @@ class ModelQueue:
             # nothing after a barrier that has not been delivered.
             for m in sorted(self.msgs.values(), key=_rank):
                 p = m.position
-                if m.holder is not None or not m.active or m.barrier or m.not_before:
+                if m.holder is not None or not m.active or m.barrier or m.not_before or m.key_held:
                     continue
                 if b is not None and p > b:
                     continue
@@ -309,6 +338,7 @@ class ModelQueue:
 
     def acknowledge(self, positions, by, option: AckOption, now: float, delay: float | None = None,
                     reason: str = "") -> dict:
+        self.release()
         strict = self.config.leasing is Leasing.STRICT
         r = dict(
             acknowledged=0, cancelled=0, expired=0, released=0, refused=0, ignored=0,
@@ -383,12 +413,14 @@ class ModelQueue:
                              reason: str = "") -> dict:
         # "A sow_delete that uses a filter will only apply to the messages in the queue
         # that are currently deliverable."
+        self.release()
         hits = [p for p, m in self.msgs.items() if m.active and predicate(self.load(p), now)]
         return self.acknowledge(sorted(hits), by, option, now, delay, reason)
 
     # --- time -----------------------------------------------------------------------------
 
     def expire(self, now: float) -> list:
+        self.release()
         events: list = []
         due = sorted(
             (m.deadline, p) for p, m in self.msgs.items() if m.holder is not None and m.deadline <= now
@@ -405,19 +437,23 @@ class ModelQueue:
         exp = self.config.expiration_s
         if exp is not None:
             for p, m in list(self.msgs.items()):
-                if m.holder is None and m.active and not m.not_before and now >= m.published_at + exp:
+                if m.holder is None and m.active and not m.not_before and not m.key_held \
+                        and now >= m.published_at + exp:
                     del self.msgs[p]
                     events.append(Expired(p, ("time_limit",), m.reason))
         return events
 
     def next_deadline(self) -> float | None:
+        if self.releasable():
+            return -math.inf  # a release is due: expire first
         d = [m.deadline for m in self.msgs.values() if m.holder is not None]
+        d += [math.inf for m in self.msgs.values() if m.key_held]  # held behind its key: no time
         d += [m.not_before for m in self.msgs.values() if m.not_before]
         exp = self.config.expiration_s
         if exp is not None:
             d += [
                 m.published_at + exp for m in self.msgs.values()
-                if m.holder is None and m.active and not m.not_before
+                if m.holder is None and m.active and not m.not_before and not m.key_held
             ]
         return min(d) if d else None
 
@@ -448,6 +484,7 @@ class ModelQueue:
         self.consumers.clear()
         self.attached.clear()
         self.rr_next = 0
+        self.release()
         return events
 
     def rows(self) -> list[tuple]:

@@ -10,6 +10,10 @@ the last stored recovery point, while the model applies "every lease is broken".
 Queues are FIFO, priority, barrier, priority with barriers, or TargetQueueDepth ones
 (the simulation plays the engine: it computes each message's priority and barrier flag
 at publish and refills the active window from its journal, live and during replay).
+About a third of the at-least-once ones that are not TargetQueueDepth have an
+``OrderingKey`` (per-key ordering, N of 1 to 3; some messages have no key), checked
+against the model and by the invariant that a key's leased messages are always among
+its first N unfinished ones (so never more than N).
 
 Each call is checked against :mod:`tests.engine.queue_model` (same deliveries, same
 events, same state), and these invariants are checked independently of the model:
@@ -64,10 +68,15 @@ PRIORITIES = (-1, 0, 1, 2, 7, 2**64 - 1)
 KINDS = (("fifo", 10), ("priority", 4), ("barrier", 3), ("priority+barrier", 2), ("tqd", 4))
 
 
-def _random_config(rng: random.Random, name: str) -> QueueConfig:
+def _random_config(rng: random.Random, name: str, seed: int = 0) -> QueueConfig:
     alo = rng.random() < 0.7
     kind = rng.choices([k for k, _ in KINDS], [w for _, w in KINDS])[0]
+    # Drawn apart, so the seeds' other draws stay what they were before per-key ordering.
+    krng = random.Random(f"{seed}/{name}")
+    keyed = alo and kind != "tqd" and krng.random() < 0.35
     return QueueConfig(
+        ordering_key="/g" if keyed else None,
+        max_in_flight_per_key=krng.choice([1, 1, 2, 3]),
         priority="/p" if "priority" in kind else None,
         barrier_expression="/b = 1" if "barrier" in kind else None,
         target_queue_depth=rng.choice([1, 2, 3, 5]) if kind == "tqd" else None,
@@ -198,22 +207,32 @@ class World:
             "p": self.rng.choice(PRIORITIES),
             "b": int(self.rng.random() < 0.12),
         }
+        g = (p * 2654435761 + self.seed) % 5  # the ordering key: not drawn from rng (see _random_config)
+        if g < 3:
+            self.data[p]["g"] = g
         self.journal.append(("pub", tuple(qids), p, self.now))
         for qid in qids:
-            args = self.message_args(qid, p)
-            got = self.queues[qid].enqueue(p, self.now, *args)
-            want = self.models[qid].enqueue(p, self.now, *args)
+            got = self.enqueue(self.queues[qid], qid, p, self.now)
+            want = self.models[qid].enqueue(p, self.now, *self.message_args(qid, p))
             self.expect(got == want, f"q{qid} enqueue {p}: active {got} != {want}")
             self.enqueued[qid].add(p)
 
     def message_args(self, qid: int, p: int) -> tuple:
-        """(priority, barrier) as the engine computes them from the queue's expressions."""
+        """(priority, barrier, ordering key) as the engine computes them from the queue's
+        expressions (a barrier has no key; no g field, no key)."""
         cfg = self.configs[qid]
         d = self.data[p]
+        barrier = cfg.barrier_expression is not None and d["b"] == 1
+        g = d.get("g")
         return (
             d["p"] if cfg.priority is not None else None,
-            cfg.barrier_expression is not None and d["b"] == 1,
+            barrier,
+            None if cfg.ordering_key is None or barrier or g is None else str(g),
         )
+
+    def enqueue(self, q: Queue, qid: int, p: int, t: float) -> bool:
+        prio, barrier, key = self.message_args(qid, p)
+        return q.enqueue(p, t, prio, barrier, ordering_key=key)
 
     def add_consumer(self) -> None:
         qids = self.rng.choice([{0}, {1}, {0, 1}]) if len(self.queues) == 2 else {0}
@@ -288,7 +307,7 @@ class World:
         self.refill()  # the engine refills before it dispatches
         for qid in qids:
             q, m = self.queues[qid], self.models[qid]
-            before = m.available()
+            before = m.available() + m.releasable()  # a dispatch releases held messages first
             awaiting = [p for p, _ in q.details().awaiting_ack]
             got = self.dispatch_in_turns(q, limit)
             want = m.dispatch(self.now, limit)
@@ -311,7 +330,7 @@ class World:
             )
 
     def _rank(self, qid: int, p: int) -> tuple:
-        prio, _ = self.message_args(qid, p)
+        prio = self.message_args(qid, p)[0]
         prio = -1 if prio is None else prio
         return (prio < 0, -prio, p)
 
@@ -436,7 +455,7 @@ class World:
             for rec in records:
                 if rec[0] == "pub":
                     if qid in rec[1]:
-                        q.enqueue(rec[2], rec[3], *self.message_args(qid, rec[2]))
+                        self.enqueue(q, qid, rec[2], rec[3])
                 elif rec[1] == qid:
                     if lossy:
                         _replay_lossy(q, rec[2], self.now)
@@ -455,6 +474,23 @@ class World:
 
     # --- checks after every step ---------------------------------------------------------
 
+    def check_keys(self, qid: int, rows: list[tuple]) -> None:
+        """Per-key ordering, from the queue's own rows: the leased messages of a key are
+        among its first N unfinished ones (so no key has more than N leased)."""
+        n = self.configs[qid].max_in_flight_per_key
+        lines: dict[str, list[tuple]] = {}
+        for r in rows:  # in position order
+            key = self.message_args(qid, r[0])[2]
+            if key is not None:
+                lines.setdefault(key, []).append(r)
+        for key, line in lines.items():
+            late = [r[0] for r in line[n:] if r[1] == "leased"]
+            self.expect(not late, f"q{qid} key {key}: {late} leased beyond the first {n} of {[r[0] for r in line]}")
+            if any(r[1] == "leased" for r in line):
+                self.see("keyed lease")
+            if len(line) > n:
+                self.see("key held")
+
     def check(self) -> None:
         for qid, (q, m) in enumerate(zip(self.queues, self.models)):
             q.check_invariants()  # the parts agree with each other (AssertionError if not)
@@ -469,6 +505,9 @@ class World:
                 for r in q.details().messages
             ]
             self.expect(rows == m.rows(), f"q{qid} state: {rows} != {m.rows()}")
+            if q.keys is not None:
+                q.keys.check()
+                self.check_keys(qid, rows)
             waiting = [p for p, _ in q.details().awaiting_ack]
             self.expect(waiting == sorted(m.consumed), f"q{qid} awaiting ack differs")
             self.expect(
@@ -564,7 +603,7 @@ OPS = [
 def run_seed(seed: int, steps: int = STEPS) -> World:
     rng = random.Random(seed)
     n = 2 if rng.random() < 0.4 else 1
-    world = World(seed, rng, [_random_config(rng, f"Q{i}") for i in range(n)])
+    world = World(seed, rng, [_random_config(rng, f"Q{i}", seed) for i in range(n)])
     names = [o for o, _ in OPS]
     weights = [w for _, w in OPS]
     for _ in range(steps):
@@ -601,5 +640,6 @@ def test_simulation_exercises_every_path() -> None:
     } <= kinds, kinds
     assert all(
         seen.get(k, 0) >= 5
-        for k in ("barrier", "activated", "deferred ack", "deferred ack consumed", "dispatch_cut_short")
+        for k in ("barrier", "activated", "deferred ack", "deferred ack consumed", "dispatch_cut_short",
+                  "keyed lease", "key held")
     ), seen

@@ -365,6 +365,11 @@ class QueueConfig:
     # <RetryBackoff>: how long a cancelled message waits before it is offered again, by
     # its cancel count (the last value repeats; docs/queues.md, "Delayed retry"); (): at once
     retry_backoff_s: tuple[float, ...] = ()
+    # <OrderingKey>: an expression over the message (as a SOW Key) naming its key; at most
+    # <MaxInFlightPerKey> messages of one key delivered at a time, in publish order
+    # (docs/queues.md, "Per-key ordering"); None: no per-key ordering
+    ordering_key: str | None = None
+    max_in_flight_per_key: int = 1
 
     @property
     def underlying(self) -> str:

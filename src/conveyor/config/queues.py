@@ -31,6 +31,10 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
   take it.
 - ``Priority``, ``BarrierExpression`` and ``Filter`` stay text: the engine compiles them
   and reports errors with ``QueueConfig.path``.
+- ``OrderingKey`` (per-key ordering, docs/queues.md) must compile here; ``MaxInFlightPerKey``
+  (a positive integer, default 1) needs it. Refused with it: at-most-once,
+  ``GroupLocalQueue``, ``TargetQueueDepth``, ``FileBackedMetadata`` (and a replicated
+  ``Queue``: the engine refuses it at start-up, engine/queue/bindings.py).
 """
 
 from __future__ import annotations
@@ -93,11 +97,14 @@ _QUEUE = {
     "InitialOwner": OPTIONAL,
     "GroupLocalQueueDomain": OPTIONAL,
     "RetryBackoff": OPTIONAL,
+    "OrderingKey": OPTIONAL,
+    "MaxInFlightPerKey": OPTIONAL,
 }
 _POSITIVE_INTS = {
     "MaxBacklog": "max_backlog",
     "MaxPerSubscriptionBacklog": "max_per_subscription_backlog",
     "TargetQueueDepth": "target_queue_depth",
+    "MaxInFlightPerKey": "max_in_flight_per_key",
 }
 #: 0 means "no maximum", as in the reference's queue table.
 _LIMITS_ZERO_UNLIMITED = {
@@ -111,6 +118,7 @@ _TEXTS = {
     "Filter": "filter",
     "InitialOwner": "initial_owner",
     "GroupLocalQueueDomain": "group_local_queue_domain",
+    "OrderingKey": "ordering_key",
 }
 _FILE_BACKED = {"enabled": True, "disabled": False, "true": True, "false": False}
 
@@ -252,6 +260,7 @@ def read_queue(doc: Document, node: Node, kind: QueueKind) -> QueueConfig:
         values["retry_backoff_s"] = _retry_backoff(doc, n)
 
     _check_target_queue_depth(doc, node, kids.one("TargetQueueDepth"), kids)
+    _check_ordering_key(doc, node, kind, semantics, kids)
     _check_group_local(doc, node, kind, kids)
     return QueueConfig(**values)  # type: ignore[arg-type]
 
@@ -329,6 +338,44 @@ def _check_target_queue_depth(doc: Document, queue: Node, depth: Node | None, ki
                 f"<TargetQueueDepth> cannot be combined with <{tag}>",
                 f"remove <TargetQueueDepth> or <{tag}> from this queue",
             )
+
+
+#: What a queue with an OrderingKey cannot have, and why (docs/queues.md, "Per-key ordering").
+_NOT_WITH_ORDERING_KEY = {
+    "TargetQueueDepth": "an inactive message has no queue state, so its key could not hold it back",
+    "FileBackedMetadata": "a paged queue's snapshot does not carry the messages' keys",
+}
+
+
+def _check_ordering_key(doc: Document, queue: Node, kind: QueueKind, semantics: Semantics, kids) -> None:
+    """``OrderingKey`` compiles as an expression, ``MaxInFlightPerKey`` needs it, and
+    the combinations per-key ordering cannot honour are refused."""
+    from conveyor import expr
+
+    key = kids.one("OrderingKey")
+    if key is None:
+        if (n := kids.one("MaxInFlightPerKey")) is not None:
+            raise doc.error(n.path, "<MaxInFlightPerKey> needs an <OrderingKey>",
+                            "add <OrderingKey>/field</OrderingKey> naming the key, or remove <MaxInFlightPerKey>")
+        return
+    try:
+        expr.compile(doc.text(key))
+    except expr.ExpressionError as exc:
+        raise doc.error(key.path, f"invalid <OrderingKey>: {exc}",
+                        "write a field path such as /customer, or an expression over the message") from None
+    if semantics is Semantics.AT_MOST_ONCE:
+        raise doc.error(key.path, "<OrderingKey> needs an at-least-once queue: an at-most-once delivery is done "
+                                  "when it is sent, so there is nothing in flight to order",
+                        "remove <OrderingKey>, or make the queue at-least-once")
+    if kind is QueueKind.GROUP_LOCAL:
+        raise doc.error(key.path, f"<OrderingKey> is not available on a <{queue.tag}>: ordering is kept by the "
+                                  "instance that delivers, and a replicated queue's messages move between instances",
+                        "declare the queue with <Queue> or <LocalQueue>, not replicated")
+    for tag, why in _NOT_WITH_ORDERING_KEY.items():
+        n = kids.one(tag)
+        if n is not None and (tag != "FileBackedMetadata" or doc.choice(n, _FILE_BACKED)):
+            raise doc.error(n.path, f"<{tag}> cannot be combined with <OrderingKey>: {why}",
+                            f"remove <{tag}> or <OrderingKey> from this queue")
 
 
 def _check_group_local(doc: Document, queue: Node, kind: QueueKind, kids) -> None:

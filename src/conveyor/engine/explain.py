@@ -20,6 +20,8 @@ this instance owns the queue's messages). Rules, in the order they are checked:
    (``ELSEWHERE``): that instance delivers it, or grants it here on a transfer request.
    **delayed retry**: cancelled with a delay (or the queue's ``RetryBackoff``), it is
    offered to nobody until its time (docs/queues.md, "Delayed retry").
+   **ordering key**: held behind the earlier messages of its ``OrderingKey`` (the first
+   ``MaxInFlightPerKey`` of its key are delivered first; docs/queues.md, "Per-key ordering").
 5. **catching up**: a replicated queue of an instance that restarted delivers nothing
    until its ``sync`` peers have caught it up (engine/replication/catch_up.py), or the
    wait's limit passes.
@@ -91,6 +93,8 @@ class MessageFacts:
     owner: str | None = None  # ELSEWHERE: the instance that owns it
     not_before: float | None = None  # held for a delayed retry until then (queue/returns.py)
     reason: str = ""  # the application's last failure reason (a cancel's or an expire's)
+    ordering: tuple[str, int, int] | None = None  # OrderingKey: (key, unfinished before it, leased of those)
+    ordering_held: bool = False  # held behind the earlier messages of its key (queue/keys.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,9 @@ def explain(
         reasons.append(f"instance {facts.owner} owns it; it comes here only if that instance grants a transfer")
         return done("not_owned", f"owned by instance {facts.owner}, which delivers it; not deliverable here")
     # AVAILABLE from here on
+    if facts.ordering_held and facts.ordering is not None:
+        return done("ordering_key", "waits for the {1} earlier message(s) of its key {0!r} ({2} in flight): at most "
+                                    "MaxInFlightPerKey of one key are delivered at a time".format(*facts.ordering))
     if facts.barrier and facts.unacked_before_barrier:
         return done("barrier_waiting", f"a barrier message: it waits for the {facts.unacked_before_barrier} "
                                        "message(s) before it to be acknowledged")

@@ -20,7 +20,13 @@ Rules:
 5. **A message that fails an expression is skipped there** (engine/poison.py): a
    consumer filter that raises does not match (the queue goes on with the next
    message), a ``Filter`` keeps the message out, a ``Priority`` gives the lowest
-   priority and a ``BarrierExpression`` false, the same at every recovery.
+   priority and a ``BarrierExpression`` false, an ``OrderingKey`` no key (unordered),
+   the same at every recovery.
+6. **OrderingKey** (engine/queue/keys.py) is evaluated at enqueue like ``Priority``, as
+   a SOW ``Key`` is: the scalar result as text, NULL (no such field) for no key. A
+   barrier has no key. The queue can compute a key again from the journal
+   (``key_at``: after a snapshot restore, keys.py rule 5). A replicated queue
+   with an ``OrderingKey`` is refused at start-up (ordering is per delivering instance).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue.queue import Queue
 from conveyor.engine.routes import RouteCache
 from conveyor.expr import Expression
-from conveyor.expr.values import priority_key
+from conveyor.expr.values import priority_key, scalar, to_text
 
 log = logging.getLogger("conveyor.engine")
 
@@ -76,7 +82,7 @@ def _compiled(qc: QueueConfig, element: str, text: str | None) -> Expression | N
 
 class QueueBinding:
     __slots__ = ("queue", "name", "config", "filter", "priority", "barrier", "plain", "barrier_until",
-                 "snapshot_events_from", "ownership")
+                 "snapshot_events_from", "ownership", "ordering_key")
 
     def __init__(self, config: QueueConfig, cache: MessageCache, budget: FilterBudget | None = None, *,
                  replicated_at: str | None = None) -> None:
@@ -87,16 +93,25 @@ class QueueBinding:
         self.filter = _compiled(config, "Filter", config.filter)
         self.priority = _compiled(config, "Priority", config.priority)
         self.barrier = _compiled(config, "BarrierExpression", config.barrier_expression)
-        # No Filter, Priority or BarrierExpression, not replicated: recovery enqueues
-        # without decoding.
-        self.plain = not (config.filter or config.priority or config.barrier_expression or replicated_at)
+        self.ordering_key = _compiled(config, "OrderingKey", config.ordering_key)  # rule 6
+        if self.ordering_key is not None and replicated_at is not None:
+            raise errors.ConfigError(
+                f"queue {config.name!r}: OrderingKey cannot be combined with replication: ordering is kept by the "
+                "instance that delivers, and a replicated queue's messages move between instances",
+                path=f"{config.path}/OrderingKey", hint="remove the queue from the replication destinations' topics, "
+                "or remove <OrderingKey>")
+        # No Filter, Priority, BarrierExpression or OrderingKey, not replicated: recovery
+        # enqueues without decoding.
+        self.plain = not (config.filter or config.priority or config.barrier_expression or config.ordering_key
+                          or replicated_at)
         self.barrier_until = 0  # journal end when this queue's last barrier batch was made
         self.snapshot_events_from: int | None = None  # FileBackedMetadata: events below are in the snapshot
 
         def load(position: int) -> View:
             return cache.get(position), position
 
-        self.queue = Queue(config, load=load, budget=budget, replicated=replicated_at is not None)
+        key_at = None if self.ordering_key is None else (lambda position: self.key_of(cache.get(position)))
+        self.queue = Queue(config, load=load, budget=budget, replicated=replicated_at is not None, key_at=key_at)
         #: A replicated queue's QueueOwnership (engine/replication/ownership.py); None: not replicated.
         self.ownership: QueueOwnership | None = None if replicated_at is None else QueueOwnership(
             replicated_at, self.queue, kind=config.kind, initial_owner=config.initial_owner,
@@ -128,6 +143,7 @@ class QueueBinding:
             return False
         priority = None
         barrier = False
+        key = None if self.ordering_key is None else self.key_of(entry)  # rule 6
         if self.priority is not None or self.barrier is not None:
             data, meta = entry.decoded(), entry.meta(None, entry.timestamp)
             try:
@@ -140,7 +156,8 @@ class QueueBinding:
                 barrier = False
                 priority = None if self.priority is None else priority_key(None)
         if self.ownership is None:
-            self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration)
+            self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration,
+                               ordering_key=None if barrier else key)
             return True
         arrived = entry.timestamp if now is None else now
         ident = (entry.publisher, entry.seq)
@@ -149,6 +166,17 @@ class QueueBinding:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration, owner=owner,
                                arrived=arrived, ident=ident)
         return enters
+
+    def key_of(self, entry: Entry) -> str | None:
+        """The message's OrderingKey (rule 6): the scalar result as text; None without one,
+        or for NULL (no such field), or when the expression fails (rule 5)."""
+        if self.ordering_key is None:
+            return None
+        try:
+            return to_text(scalar(self.ordering_key.evaluate(entry.decoded(), entry.meta(None, entry.timestamp))))
+        except Exception as exc:  # noqa: BLE001 - rule 5: no key, unordered
+            poison.skipped("filter", entry, exc, f"the OrderingKey of queue {self.name!r}")
+            return None
 
     def priority_of(self, entry: Entry) -> int | None:
         """The message's priority, computed as at enqueue (None: not a priority queue)."""

@@ -156,6 +156,7 @@ from conveyor.engine.queue.events import (
     Returned,
     TakeBack,
 )
+from conveyor.engine.queue.keys import KeyedOrder, explained
 from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.paging import PageFile, PagingBudget
@@ -310,12 +311,12 @@ class Queue:
         start: int = 0,
         chunk_slots: int | None = None,
         budget: FilterBudget | None = None,
-        replicated: bool = False,
+        replicated: bool = False, key_at: Callable[[int], str | None] | None = None,
     ) -> None:
         """``start``: the recovery point replay begins at (every message below it is done).
         ``chunk_slots``: messages per chunk of the store (``queue_store.CHUNK_SLOTS``).
         ``budget``: the turn's filter budget (rule 12); None: unbounded. ``replicated``:
-        a replicated queue (rule 11): its replica part learns of every message that leaves."""
+        a replicated queue (rule 11): its replica part learns of every message that leaves. ``key_at``: keys.py."""
         check_queue(config)  # config/validation.py: what this queue cannot honour
         self.config = config
         self._load = load
@@ -356,6 +357,8 @@ class Queue:
             config, order=self._order, leases=self._leases, seats=self._seats, window=self._window,
             replica=self._replica, stamped=self._stamped, counts=self._counters.counts, state_of=self.state_of,
             load=load, expiration=lambda: self._expiration, active=self._active, returns=self._returns)
+        self.keys = self._keys = KeyedOrder.build(  # OrderingKey (queue/keys.py); None without one
+            config, key_at, self._transitions, self._order, self._leases, self._seats, self._returns, self._stamped)
         self.transfers = Transfers(
             priority=self._priority, transitions=self._transitions, replica=self._replica, order=self._order,
             leases=self._leases, seats=self._seats, stamped=self._stamped, count=self._counters.add,
@@ -404,7 +407,7 @@ class Queue:
         *,
         owner: str | None = None,
         arrived: float | None = None,
-        ident: Ident | None = None,
+        ident: Ident | None = None, ordering_key: str | None = None,
     ) -> bool:
         """A message recorded on an underlying topic (queue filter already applied).
 
@@ -423,7 +426,7 @@ class Queue:
         by a SOW topic with Expiration (:mod:`conveyor.engine.queue.expiry`).
         ``owner``: in a replicated queue, the instance that owns the message when it is
         not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here;
-        ``ident``: its (publisher, seq), the name replication gives it.
+        ``ident``: its (publisher, seq), the name replication gives it. ``ordering_key``: its OrderingKey.
         """
         if position <= self._last_position:
             raise PositionOutOfOrder(
@@ -455,7 +458,8 @@ class Queue:
         if self._target is not None:
             self._window.enter(position)
         self._note_expiry(position, published_at, expires_at)
-        if self._order.append(position, published_at, key, barrier):
+        if (self._order.append(position, published_at, key, barrier) if self._keys is None  # or held: keys.py
+                else self._keys.enter(position, published_at, key, barrier, ordering_key)):
             # it may sort before a filtered consumer's cursor; enqueue has no now: the
             # filters decide at the message's publish time
             self._seats.came_back(key, self._order.store.__contains__, published_at)
@@ -789,7 +793,7 @@ class Queue:
 
         Leases go in (deadline, position) order, expirations in position order.
         """
-        events = self.replay.take_events(now)
+        events = self.replay.take_events(now) + (self._keys.take_events(now) if self._keys is not None else [])
         for p, _ in self._leases.due(now):
             self._returns.end_lease(p, Verb.LEASE_EXPIRE, now, events)
         self._returns.wake(now, events)
@@ -824,7 +828,7 @@ class Queue:
     def next_deadline(self) -> float | None:
         """The earliest lease, delayed retry or Expiration deadline: when :meth:`expire` has work
         (``-inf`` after a replay until :meth:`end_replay` or :meth:`expire` ran)."""
-        if self.replay.has_events:
+        if self.replay.has_events or (self._keys is not None and self._keys.has_events):
             return -math.inf
         deadline = self._leases.next_deadline()
         store = self._order.store
@@ -919,7 +923,7 @@ class Queue:
         return self._returns.failure_of(position)
 
     def explain(self, position: int, now: float) -> MessageFacts:
-        return self._report.explain(position, now)
+        return explained(self._keys, self._report.explain(position, now))
 
     def check_invariants(self) -> None:
         self._report.check_invariants()
@@ -983,11 +987,13 @@ class Queue:
         If the engine does not call it, the first live call does the same and
         :meth:`expire` returns the events (:meth:`next_deadline` is then ``-inf``).
         """
-        return self.replay.take_events(now)
+        return self.replay.take_events(now) + (self._keys.take_events(now) if self._keys is not None else [])
 
     def _settle(self, now: float) -> None:
         if self.replay.due:
             self.replay.settle(now)
+        if self._keys is not None:
+            self._keys.release(now)  # queue/keys.py rule 4
 
     # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
 
@@ -1064,6 +1070,8 @@ class Queue:
             acks=state.deferred_acks, last=state.last_position,
         )
         self.replay.restored()
+        if self._keys is not None:
+            self._keys.restored()  # queue/keys.py rule 5
 
     def snapshot(self, *, events_from: int, publishes_from: int) -> queue_snapshot.QueueSnapshot:
         """The state as replaying the journal would rebuild it (queue/snapshot.py rule 1)."""

@@ -132,7 +132,7 @@ class QueueReport:
         for p, t, key in self._returns.export()[1]:
             rows.append(MessageDetail(p, "available", t, leases.deliveries_of(p), leases.cancels_of(p), None, None,
                                       priority_of_key(key) if self._priority else None,
-                                      not_before=self._returns.not_before(p)))
+                                      not_before=_finite(self._returns.not_before(p))))
         if leases.reasons():
             rows = [_with_reason(r, leases.note_of(r.position)) for r in rows]
         rows.sort(key=lambda r: r.position)
@@ -221,6 +221,11 @@ class QueueReport:
             all(value >= 0 for value in self._counts().values()),
             "a counter below 0",
         )
+
+
+def _finite(not_before: float | None) -> float | None:
+    """A delayed retry's time; None for a message held behind its OrderingKey (queue/keys.py)."""
+    return None if not_before == math.inf else not_before
 
 
 def _with_reason(row: MessageDetail, note: tuple[str, object] | None) -> MessageDetail:
