@@ -560,6 +560,16 @@ def test_a_replicated_queue_has_no_target_queue_depth_yet():
             hint="remove <TargetQueueDepth>")
 
 
+def test_a_replicated_queue_has_no_ordering_key():
+    """Rule 8: ordering is kept by the instance that delivers; refused when the
+    configuration loads, so `conveyor config check` refuses it as `conveyor serve` does."""
+    sow = queue_xml("<OrderingKey>/customer</OrderingKey>")
+    refused(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*"))),
+            "AMPSConfig/SOW/Queue[1]/OrderingKey", "queue 'Q' is replicated and has an OrderingKey",
+            hint="remove <OrderingKey>")
+    loads(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic="Work"))))
+
+
 def test_a_queue_replicated_elsewhere_may_keep_its_target_queue_depth():
     sow = queue_xml("<TargetQueueDepth>10</TargetQueueDepth>")
     loads(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic="Work"))))

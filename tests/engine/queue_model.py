@@ -447,7 +447,6 @@ class ModelQueue:
         if self.releasable():
             return -math.inf  # a release is due: expire first
         d = [m.deadline for m in self.msgs.values() if m.holder is not None]
-        d += [math.inf for m in self.msgs.values() if m.key_held]  # held behind its key: no time
         d += [m.not_before for m in self.msgs.values() if m.not_before]
         exp = self.config.expiration_s
         if exp is not None:

@@ -26,7 +26,8 @@ Rules:
    a SOW ``Key`` is: the scalar result as text, NULL (no such field) for no key. A
    barrier has no key. The queue can compute a key again from the journal
    (``key_at``: after a snapshot restore, keys.py rule 5). A replicated queue
-   with an ``OrderingKey`` is refused at start-up (ordering is per delivering instance).
+   with an ``OrderingKey`` is refused at start-up (config/rules.py rule 8: ordering is
+   per delivering instance).
 """
 
 from __future__ import annotations
@@ -94,12 +95,6 @@ class QueueBinding:
         self.priority = _compiled(config, "Priority", config.priority)
         self.barrier = _compiled(config, "BarrierExpression", config.barrier_expression)
         self.ordering_key = _compiled(config, "OrderingKey", config.ordering_key)  # rule 6
-        if self.ordering_key is not None and replicated_at is not None:
-            raise errors.ConfigError(
-                f"queue {config.name!r}: OrderingKey cannot be combined with replication: ordering is kept by the "
-                "instance that delivers, and a replicated queue's messages move between instances",
-                path=f"{config.path}/OrderingKey", hint="remove the queue from the replication destinations' topics, "
-                "or remove <OrderingKey>")
         # No Filter, Priority, BarrierExpression or OrderingKey, not replicated: recovery
         # enqueues without decoding.
         self.plain = not (config.filter or config.priority or config.barrier_expression or config.ordering_key

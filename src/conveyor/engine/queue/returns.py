@@ -33,6 +33,7 @@ dict entry and one heap entry per held message.
 
 from __future__ import annotations
 
+import math
 from heapq import heappop, heappush
 from typing import Callable, Hashable, Iterator, NamedTuple
 
@@ -179,8 +180,11 @@ class Returns:
         return len(self._held)
 
     def hold(self, p: int, not_before: float, published_at: float, key: int) -> None:
+        """Hold ``p`` until ``not_before`` (inf: until released, as an OrderingKey holds
+        a key's later messages: never on the heap, which would keep it after its release)."""
         self._held[p] = (not_before, published_at, key)
-        heappush(self._heap, (not_before, p))
+        if not_before != math.inf:
+            heappush(self._heap, (not_before, p))
 
     def hold_back(self, p: int, not_before: float) -> None:
         """Replay or restore (rule 2): available ``p`` is held until ``not_before``."""
