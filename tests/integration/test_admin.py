@@ -48,6 +48,7 @@ S_SETTINGS = {
     "TargetQueueDepth": None, "Priority": "/p", "BarrierExpression": None, "Filter": "/keep = 1",
     "UnderlyingTopic": "^s(work|direct)$", "DefaultPublishTarget": "sdirect", "RecoveryPoint": None,
     "DeferredAckExpiration": 7200.0, "FileBackedMetadata": False,
+    "RetryBackoff": None, "OrderingKey": None, "MaxInFlightPerKey": None,
 }
 
 
@@ -179,7 +180,8 @@ def expected_settings(env, name: str) -> dict:
         "Priority": cfg.priority, "BarrierExpression": cfg.barrier_expression, "Filter": cfg.filter,
         "UnderlyingTopic": cfg.underlying, "DefaultPublishTarget": cfg.default_publish_target,
         "RecoveryPoint": cfg.recovery_point, "DeferredAckExpiration": seconds(cfg.deferred_ack_expiration_s),
-        "FileBackedMetadata": cfg.file_backed_metadata,
+        "FileBackedMetadata": cfg.file_backed_metadata, "RetryBackoff": list(cfg.retry_backoff_s) or None,
+        "OrderingKey": cfg.ordering_key, "MaxInFlightPerKey": cfg.max_in_flight_per_key if cfg.ordering_key else None,
     }
 
 
@@ -448,6 +450,7 @@ def test_cli_queue_shows_its_settings(env):
         "  MaxCancels 3, MaxDeliveries 4",
         '  Priority "/p", BarrierExpression none, Filter "/keep = 1"',
         "  UnderlyingTopic ^s(work|direct)$, DefaultPublishTarget sdirect, RecoveryPoint epoch, FileBackedMetadata disabled",
+        "  RetryBackoff none, OrderingKey none, MaxInFlightPerKey none",
     ]
     # a queue with no options: its defaults, whatever this version's are (null: infinite, unlimited)
     proc = cli(env, "queues", "F")

@@ -53,7 +53,8 @@ QUEUES = """
 NULL_SHOWN = {"LeasePeriod": "infinite", "Expiration": "never", "DeferredAckExpiration": "never",
               "MaxBacklog": "unlimited", "MaxPerSubscriptionBacklog": "unlimited", "MaxCancels": "unlimited",
               "MaxDeliveries": "unlimited", "TargetQueueDepth": "none", "Priority": "none",
-              "BarrierExpression": "none", "Filter": "none", "DefaultPublishTarget": "none", "RecoveryPoint": "epoch"}
+              "BarrierExpression": "none", "Filter": "none", "DefaultPublishTarget": "none", "RecoveryPoint": "epoch",
+              "RetryBackoff": "none", "OrderingKey": "none", "MaxInFlightPerKey": "none"}
 
 
 def chromium(url: str, profile: Path, *args: str) -> str:

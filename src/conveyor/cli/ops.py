@@ -269,9 +269,10 @@ _SETTINGS_LINES = (
     (("Priority", "none"), ("BarrierExpression", "none"), ("Filter", "none")),
     (("UnderlyingTopic", None), ("DefaultPublishTarget", "none"), ("RecoveryPoint", "epoch"),
      ("FileBackedMetadata", None)),
+    (("RetryBackoff", "none"), ("OrderingKey", "none"), ("MaxInFlightPerKey", "none")),
 )
 _SETTING_DURATIONS = frozenset({"LeasePeriod", "Expiration", "DeferredAckExpiration"})
-_SETTING_EXPRESSIONS = frozenset({"Priority", "BarrierExpression", "Filter"})
+_SETTING_EXPRESSIONS = frozenset({"Priority", "BarrierExpression", "Filter", "OrderingKey"})
 
 
 def _settings_lines(settings: dict) -> list[str]:
@@ -299,6 +300,8 @@ def _setting(key: str, value: Any, none: str | None) -> str:
         return "enabled" if value else "disabled"
     if key in _SETTING_DURATIONS and isinstance(value, (int, float)):
         return _duration(value)
+    if key == "RetryBackoff" and isinstance(value, list):
+        return ",".join(_duration(v) for v in value)
     if key in _SETTING_EXPRESSIONS:
         return json.dumps(value, ensure_ascii=False)
     return str(value)

@@ -182,6 +182,9 @@ def queue_settings(cfg: QueueConfig) -> dict:
         "RecoveryPoint": cfg.recovery_point,  # null: epoch, the whole log
         "DeferredAckExpiration": _seconds(cfg.deferred_ack_expiration_s),
         "FileBackedMetadata": cfg.file_backed_metadata,
+        "RetryBackoff": list(cfg.retry_backoff_s) or None,  # null: a cancelled message returns at once
+        "OrderingKey": cfg.ordering_key,  # null: no per-key ordering
+        "MaxInFlightPerKey": cfg.max_in_flight_per_key if cfg.ordering_key else None,
     }
 
 

@@ -90,6 +90,7 @@ const SETTINGS = [
   ["MaxCancels", "unlimited"], ["MaxDeliveries", "unlimited"],
   ["Priority", "none"], ["BarrierExpression", "none"], ["Filter", "none"],
   ["UnderlyingTopic"], ["DefaultPublishTarget", "none"], ["RecoveryPoint", "epoch"], ["FileBackedMetadata"],
+  ["RetryBackoff", "none", "durs"], ["OrderingKey", "none"], ["MaxInFlightPerKey", "none"],
 ];
 
 function settingsList(settings) {
@@ -99,7 +100,8 @@ function settingsList(settings) {
     const v = settings[k];
     const text = v === null || v === undefined ? (none || "none")
       : typeof v === "boolean" ? (v ? "enabled" : "disabled")
-      : kind === "dur" ? fmt.dur(v) : typeof v === "number" ? fmt.n(v) : String(v);
+      : kind === "dur" ? fmt.dur(v) : kind === "durs" ? v.map(fmt.dur).join(", ")
+      : typeof v === "number" ? fmt.n(v) : String(v);
     return h("div", { "data-setting": k }, h("dt", {}, k), h("dd", { class: v === null ? "muted" : "" }, text));
   }));
 }
