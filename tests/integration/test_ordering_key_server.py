@@ -9,6 +9,7 @@ import threading
 import time
 
 from conveyor import Client
+from tests.integration.test_admin import get
 from tests.serverproc import ServerProcess, write_config
 
 QUEUES = """
@@ -21,7 +22,7 @@ PER_KEY = 12
 
 
 def test_two_workers_process_each_key_in_publish_order_one_at_a_time(tmp_path):
-    server = ServerProcess(write_config(tmp_path, queues=QUEUES)).start()
+    server = ServerProcess(write_config(tmp_path, queues=QUEUES, admin=True)).start()
     log: list[tuple[str, str, int, str]] = []  # (event, customer, n, worker)
     lock = threading.Lock()
     total = len(KEYS) * PER_KEY
@@ -31,6 +32,8 @@ def test_two_workers_process_each_key_in_publish_order_one_at_a_time(tmp_path):
             for c in KEYS:
                 publisher.publish("orders", {"customer": c, "n": n})
         publisher.flush()
+        stats = get(server.admin_url + "/amps/instance/queues/K")[1]
+        assert (stats["available"], stats["held_by_key"]) == (total, total - len(KEYS))  # all but each key's first
 
         def work(name: str) -> None:
             client = Client(name).connect(server.uri)

@@ -203,6 +203,8 @@ def queue(server: Server, name: str, now: float) -> dict:
         expiration=_seconds(cfg.expiration_s),
         in_flight=out["backlog"] + out["awaiting_ack"],
         paged_chunks=q.paged_chunks,
+        # held behind earlier messages of their OrderingKey (counted in ``available``)
+        held_by_key=q.keys.held_count() if q.keys is not None else 0,
         **replicated_queue_metrics(server, name),
         settings=queue_settings(cfg),
     )
