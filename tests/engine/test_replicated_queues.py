@@ -599,3 +599,33 @@ def test_a_delayed_retry_keeps_its_time_when_the_message_is_transferred():
     assert got(c, "B", wb) == []
     wait_and_tick(c, 31)
     assert got(c, "B", wb) == [1]
+
+
+def test_a_held_message_granted_away_is_not_offered_again_after_a_restart_from_a_snapshot():
+    """queue/returns.py rule 2 across a restart: A grants a message it holds for a delayed
+    retry, so it only waits here for its delay to end before it leaves for B. A queue
+    snapshot keeps it as held only; restarted from that snapshot, A must still let it go
+    (the transfer that won names B) rather than offer it at its time: B offers it then,
+    and it is processed once (the replicated-queue simulation's restart check found this)."""
+    c = cluster()
+    wa = worker(c, "A", backlog=1)
+    publish(c, "A", 1)
+    (msg,) = c.nodes["A"].messages(wa, "WorkQ")
+    c.nodes["A"].ack(wa, "WorkQ", msg, options="cancel,delay=60")
+    c.settle()
+    c.nodes["A"].handle(wa, m.Unsubscribe(sub_id="all"))
+    wb = worker(c, "B")
+    wait_and_tick(c)  # B asks, A grants while the message waits out its delay
+    assert stats(c, "B").transferred_in == 1
+    c.nodes["A"].checkpoint()  # with WorkQ's snapshot: the message is held in it
+    c.settle()
+    assert "WorkQ" in c.nodes["A"].written_checkpoint.snapshots
+    c.crash("A")
+    c.restart("A")
+    c.connect_all()
+    c.settle()
+    wa = worker(c, "A")
+    wait_and_tick(c, 61)
+    assert got(c, "A", wa) == []
+    assert got(c, "B", wb) == [1]
+    assert stats(c, "A").transferred_out == 1

@@ -12,7 +12,9 @@ queue's parts what happened (the replica part, the order, the leases, the seats)
    looked at again (it may have passed while it was away).
 2. **Out.** An available message whose ownership goes away leaves the order exactly (a
    priority index must not keep its key); one leased here keeps its lease and goes when
-   the lease ends (queue/replica.py rule 3); a barrier never moves.
+   the lease ends (queue/replica.py rule 3), one held for a delayed retry goes when its
+   delay ends (a snapshot keeps it as held: the restore marks it again from the
+   transfer that won, engine/replication/ownership.py); a barrier never moves.
 3. **Removed.** A message that left the queue on another instance leaves here too,
    whatever its state, as an acknowledgement or an expiry; the engine does not journal
    these events (the record it received is the journal's).
@@ -115,6 +117,10 @@ class Transfers:
         self._replica.take(position)
         self._leases.forget(position)
         return True
+
+    def held(self) -> list[int]:
+        """The messages held here for a delayed retry (queue/returns.py rule 2)."""
+        return [p for p, _ in self._returns.items()]
 
     def not_before_of(self, position: int) -> float:
         """When a message held for a delayed retry may be offered again (0: not held)."""

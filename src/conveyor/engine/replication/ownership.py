@@ -411,6 +411,16 @@ class QueueOwnership:
         left_positions, left_idents = queue_snapshot.triples(snap.left)
         self._replica.restore_identities(positions, idents, left_positions, left_idents)
         self.restore(snap.ownership, now)
+        # A message held here for a delayed retry and granted away before the snapshot
+        # (queue/transfers.py rule 2) leaves for its new owner when its delay ends, as
+        # replaying the grant would have noted; the snapshot keeps it only as held, and
+        # the transfer that won names its owner.
+        replica = self._replica
+        for position in self.queue.transfers.held():
+            ident = replica.ident(position)
+            won = replica.epoch(ident) if ident is not None else None
+            if won is not None and won[1] != self.instance:
+                replica.owned_away_while_leased(position, won[1])
 
     def restore(self, state: OwnershipState, now: float) -> None:
         """Tombstones and transfers from a checkpoint or a snapshot (both may hold the
