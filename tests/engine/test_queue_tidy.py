@@ -31,3 +31,20 @@ def test_queue_functions_fit_on_a_screen():
     assert len(modules) >= 10  # the glob found the queue's modules
     found = [f for path in modules for f in long_functions(path)]
     assert not found, "over the limit of %d lines:\n%s" % (FUNCTION_LINES_MAX, "\n".join(found))
+
+
+#: A Queue's attributes at run time, whatever its configuration, fit a shared key table
+#: (tests/test_attribute_tables.py says why; that test reads the source, this one counts).
+QUEUE_ATTRIBUTES_MAX = 29
+
+
+def test_a_queue_keeps_few_enough_attributes_for_a_shared_key_table():
+    from conveyor.config.model import QueueConfig
+    from conveyor.engine.queue.queue import Queue
+
+    for config, replicated in ((QueueConfig(name="F", message_type="json"), False),
+                               (QueueConfig(name="P", message_type="json", priority="/p"), False),
+                               (QueueConfig(name="K", message_type="json", ordering_key="/k"), False),
+                               (QueueConfig(name="R", message_type="json"), True)):
+        queue = Queue(config, load=lambda position: None, replicated=replicated)
+        assert len(vars(queue)) <= QUEUE_ATTRIBUTES_MAX, sorted(vars(queue))

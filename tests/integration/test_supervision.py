@@ -17,6 +17,7 @@ import pytest
 
 from conveyor import errors
 from conveyor.config import load_file
+from conveyor.journal import Journal
 from conveyor.protocol import MessageDecoder, encode_frame
 from conveyor.protocol import messages as m
 from conveyor.server.server import Server
@@ -53,7 +54,7 @@ def persisted_acks(items: list) -> list:
     return [x for x in items if isinstance(x, m.Ack) and x.ack_type == "persisted"]
 
 
-def test_a_failing_write_batch_fails_the_server_and_acknowledges_nothing(tmp_path, caplog):
+def test_a_failing_write_batch_fails_the_server_and_acknowledges_nothing(tmp_path, caplog, monkeypatch):
     config = load_file(write_config(tmp_path, recorded="t"))
 
     async def scenario() -> None:
@@ -65,7 +66,8 @@ def test_a_failing_write_batch_fails_the_server_and_acknowledges_nothing(tmp_pat
             written.append(batch)
             raise RuntimeError("injected: the disk controller is on fire")
 
-        server.journal.write_batch = write_batch
+        # on the class: a Journal has slots, so not on the instance (this process has one)
+        monkeypatch.setattr(Journal, "write_batch", lambda journal, batch: write_batch(batch))
         serving = asyncio.create_task(server.run_until(asyncio.Event()))
         reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
         writer.write(encode_frame([m.Logon(client_name="pub", cid="logon", ack_type="processed")]))
@@ -89,7 +91,7 @@ def test_a_failing_write_batch_fails_the_server_and_acknowledges_nothing(tmp_pat
     assert any(r.levelno == logging.CRITICAL and r.exc_info for r in caplog.records)  # logged with its traceback
 
 
-def test_stop_during_a_failing_writer_returns_in_bounded_time(tmp_path):
+def test_stop_during_a_failing_writer_returns_in_bounded_time(tmp_path, monkeypatch):
     """stop() while the writer is failing: it neither spins nor writes anything more."""
     config = load_file(write_config(tmp_path, recorded="t"))
 
@@ -102,7 +104,8 @@ def test_stop_during_a_failing_writer_returns_in_bounded_time(tmp_path):
             attempted.set()
             raise OSError(5, "Input/output error")
 
-        server.journal.write_batch = write_batch
+        # on the class: a Journal has slots, so not on the instance (this process has one)
+        monkeypatch.setattr(Journal, "write_batch", lambda journal, batch: write_batch(batch))
         reader, writer = await asyncio.open_connection("127.0.0.1", server.ports[0])
         writer.write(encode_frame([m.Logon(client_name="pub", cid="logon", ack_type="processed")]) + publishes(10))
         assert await asyncio.get_running_loop().run_in_executor(None, attempted.wait, STOP_S_MAX)

@@ -145,6 +145,17 @@ class ClientStatistics:
 
 
 class ClientCore:
+    # Slots: with 30 attributes or more a CPython 3.11 instance has a dict of its own (no
+    # shared keys) and every attribute load is a dict lookup; a slot is a fixed offset.
+    __slots__ = (
+        "_cids", "_head", "_subs_with_acks", "ack_batch_size", "ack_batches", "ack_errors",
+        "ack_refused_listeners", "acks", "acks_count", "acks_refused", "acks_unconfirmed", "awaiting_ack",
+        "client_name", "commands_sent", "decoder", "endpoints", "epoch", "final", "frames_sent", "machine",
+        "next_seq", "on_heartbeat", "on_persisted", "online", "outgoing", "persisted_seq", "publish_errors",
+        "publish_warnings", "publish_warnings_seen", "publishes_refused", "reconnect", "reconnects",
+        "server_index", "server_journal", "servers", "store", "subscriptions",
+    )
+
     def __init__(
         self,
         *,

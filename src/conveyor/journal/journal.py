@@ -166,6 +166,18 @@ def _extend_tail(tail: tuple[int, int, int, int] | None, piece: Piece) -> tuple[
 class Journal:
     """A file-backed transaction log. Use :meth:`open`; see the module header."""
 
+    # Slots, not a __dict__: an instance with 30 attributes or more gets a dict of its own
+    # in CPython 3.11 (no shared keys), and every attribute load on the append path is a
+    # dict lookup; slots make each a fixed offset.
+    __slots__ = (
+        "_bases", "_batch_start", "_batches_written", "_buf", "_buf_create", "_buf_rec0", "_buf_start",
+        "_bytes_written", "_closed", "_disk_last", "_fast_limit", "_fsyncs", "_index", "_index_next",
+        "_pieces", "_read_hint", "_recent_bytes", "_recent_frames", "_recent_starts", "_records",
+        "_records_written", "_saved_tail", "_sealing", "_seg_base", "_seg_limit", "_segment_bytes", "_segs",
+        "_storage", "_tail", "_write_error", "_written_end", "durable_end", "end", "first_position",
+        "recovery", "on_seal",
+    )
+
     end: int  # the position the next append() gets
     durable_end: int  # every record before it is on disk (and fsynced)
     first_position: int  # the first retained position
@@ -173,8 +185,8 @@ class Journal:
     #: ``on_seal(path, base, end)``, called on the loop thread by :meth:`mark_durable`
     #: once segment ``base`` is sealed and its last record durable, so the file has its
     #: final size. Must be quick and must not raise: the server sets it to write segment
-    #: summaries on its I/O thread (index.py).
-    on_seal: Callable[[str, int, int], None] | None = None
+    #: summaries on its I/O thread (index.py). None (set in __init__): nothing is called.
+    on_seal: Callable[[str, int, int], None] | None
 
     @classmethod
     def open(
@@ -214,6 +226,7 @@ class Journal:
 
     def _setup(self, storage: FileStorage | MemoryStore, report: RecoveryReport,
                segments: list[tuple[int, int, array[int]]], segment_bytes: int) -> None:
+        self.on_seal = None
         self._storage = storage
         self._segment_bytes = segment_bytes
         self.recovery = report

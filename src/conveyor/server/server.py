@@ -124,6 +124,16 @@ def _encode_each(conn_id: int, msgs: list) -> list[bytes]:
 
 
 class Server:
+    # Slots: with 30 attributes or more a CPython 3.11 instance has a dict of its own (no
+    # shared keys) and every attribute load is a dict lookup; a slot is a fixed offset.
+    __slots__ = (
+        "_config_stamp", "_conn_ids", "_frames_in", "_hold_clients", "_io", "_links", "_new_journal",
+        "_recovered", "_servers", "_stopped", "_writer_task", "admin", "admin_authenticator",
+        "admin_ssl_context", "auth", "clock", "commit", "commit_stats", "config", "connections", "disk",
+        "durable", "engine", "gate", "housekeeping", "journal", "output", "pacing", "pages", "ports",
+        "started_at", "supervisor", "tls",
+    )
+
     def __init__(self, config: Config, *, clock: Callable[[], float] = time.time,
                  no_clients_until_replicated: bool = False) -> None:
         """``no_clients_until_replicated`` (``conveyor serve --no-clients-until-replicated``):

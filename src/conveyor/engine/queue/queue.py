@@ -346,26 +346,26 @@ class Queue:
             max_deliveries=config.max_deliveries,
         )
         self._window = ActiveWindow(self._target, start)
-        self.replica = self._replica = Replica()  # rule 11: ownership rules read it, transitions feed it
+        self.replica = Replica()  # rule 11: ownership rules read it, transitions feed it
         if replicated:
-            self._transitions.on_leave(self._replica.left)
+            self._transitions.on_leave(self.replica.left)
         self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
         self._returns = Returns(
             config.retry_backoff_s, transitions=self._transitions, order=self._order, leases=self._leases,
-            seats=self._seats, replica=self._replica, stamped=self._stamped, count=self._counters.add)
+            seats=self._seats, replica=self.replica, stamped=self._stamped, count=self._counters.add)
         self._report = QueueReport(
             config, order=self._order, leases=self._leases, seats=self._seats, window=self._window,
-            replica=self._replica, stamped=self._stamped, counts=self._counters.counts, state_of=self.state_of,
+            replica=self.replica, stamped=self._stamped, counts=self._counters.counts, state_of=self.state_of,
             load=load, expiration=lambda: self._expiration, active=self._active, returns=self._returns)
-        self.keys = self._keys = KeyedOrder.build(  # OrderingKey (queue/keys.py); None without one
+        self.keys = KeyedOrder.build(  # OrderingKey (queue/keys.py); None without one
             config, key_at, self._transitions, self._order, self._leases, self._seats, self._returns, self._stamped)
         self.transfers = Transfers(
-            priority=self._priority, transitions=self._transitions, replica=self._replica, order=self._order,
+            priority=self._priority, transitions=self._transitions, replica=self.replica, order=self._order,
             leases=self._leases, seats=self._seats, stamped=self._stamped, count=self._counters.add,
             state_of=self.state_of, matches=self._matches, returns=self._returns)
         self.named = NamedLeases(
             config.name, at_least_once=self._at_least_once, priority=self._priority, transitions=self._transitions,
-            seats=self._seats, order=self._order, leases=self._leases, replica=self._replica,
+            seats=self._seats, order=self._order, leases=self._leases, replica=self.replica,
             count=self._counters.add, state_of=self.state_of, settle=self._settle,
         )
         self.replay = QueueReplayer(
@@ -441,7 +441,7 @@ class Queue:
                else _order_key(self.name, self._priority, position, priority, barrier))
         self._counters.enqueued += 1
         if ident is not None:
-            self._replica.entered(position, ident)
+            self.replica.entered(position, ident)
         if owner is not None:
             self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived)
             return True
@@ -458,8 +458,8 @@ class Queue:
         if self._target is not None:
             self._window.enter(position)
         self._note_expiry(position, published_at, expires_at)
-        if (self._order.append(position, published_at, key, barrier) if self._keys is None  # or held: keys.py
-                else self._keys.enter(position, published_at, key, barrier, ordering_key)):
+        if (self._order.append(position, published_at, key, barrier) if self.keys is None  # or held: keys.py
+                else self.keys.enter(position, published_at, key, barrier, ordering_key)):
             # it may sort before a filtered consumer's cursor; enqueue has no now: the
             # filters decide at the message's publish time
             self._seats.came_back(key, self._order.store.__contains__, published_at)
@@ -475,7 +475,7 @@ class Queue:
         published_at = max(published_at, self._last_time)
         self._last_position = position
         self._last_time = published_at
-        self._replica.add(position, owner, published_at, key, published_at if arrived is None else arrived)
+        self.replica.add(position, owner, published_at, key, published_at if arrived is None else arrived)
 
     def _note_expiry(self, position: int, published_at: float, expires_at: float) -> None:
         """A message entering the queue: its own expiry overrides the queue's Expiration,
@@ -488,7 +488,7 @@ class Queue:
         assert self._expiration is not None
         self._stamped.keep_expiration(self._expiration, itertools.chain(
             self._order.store.items(), ((p, lease.published_at) for p, lease in self._leases.leased.items()),
-            ((p, away.published_at) for p, away in self._replica.items()), self._returns.items()))
+            ((p, away.published_at) for p, away in self.replica.items()), self._returns.items()))
         self._expiration = None  # no head-of-queue check: every message has its entry
         self._leases.expire_by_stamps()
 
@@ -679,7 +679,7 @@ class Queue:
         matches = self._matches
         hits = [p for p, _ in self._order.store.items() if matches(predicate, p, now)]
         hits += [p for p in self._leases.leased if matches(predicate, p, now)]
-        hits += [p for p, _ in itertools.chain(self._replica.items(), self._returns.items()) if matches(predicate, p, now)]
+        hits += [p for p, _ in itertools.chain(self.replica.items(), self._returns.items()) if matches(predicate, p, now)]
         hits.sort()
         return self.acknowledge(hits, by=by, option=option, now=now, delay=delay, reason=reason)
 
@@ -703,7 +703,7 @@ class Queue:
             if option is AckOption.NONE:
                 self._move(p, Verb.ACKNOWLEDGE, _LEASED)
                 leases.acknowledge(p)
-                self._replica.forget(p)
+                self.replica.forget(p)
                 tally.events.append(Acknowledged(p))
                 tally.acknowledged += 1
                 self._counters.acknowledged += 1
@@ -732,7 +732,7 @@ class Queue:
         if p in self._order.store or p in self._returns:
             self._ack_available(p, option, tally, reason)
             return
-        if p in self._replica and option is not AckOption.CANCEL:
+        if p in self.replica and option is not AckOption.CANCEL:
             # An acknowledgement on any instance removes the message everywhere (rule 11);
             # expiring one is its owner's business (exactly one dead letter).
             if option is AckOption.EXPIRE:
@@ -777,7 +777,7 @@ class Queue:
 
     def _held_before(self, b: int) -> bool:
         """A message before barrier ``b`` is owned elsewhere, or held for a delayed retry."""
-        first = self._replica.first() if self._replica else None
+        first = self.replica.first() if self.replica else None
         held = self._returns.first() if self._returns else None
         return (first is not None and first < b) or (held is not None and held < b)
 
@@ -793,7 +793,7 @@ class Queue:
 
         Leases go in (deadline, position) order, expirations in position order.
         """
-        events = self.replay.take_events(now) + (self._keys.take_events(now) if self._keys is not None else [])
+        events = self.replay.take_events(now) + (self.keys.take_events(now) if self.keys is not None else [])
         for p, _ in self._leases.due(now):
             self._returns.end_lease(p, Verb.LEASE_EXPIRE, now, events)
         self._returns.wake(now, events)
@@ -814,7 +814,7 @@ class Queue:
         if stamped:
             leased = self._leases.leased
             for p in list(stamped.pop_due(now)):
-                if p in leased or p in self._replica or p in self._returns:
+                if p in leased or p in self.replica or p in self._returns:
                     # due: it expires when its lease or delay ends, or when it is transferred
                     # here (its owner expires it; queue/expiry.py rule 2)
                     stamped.hold(p)
@@ -822,13 +822,13 @@ class Queue:
                     self._move(p, Verb.EXPIRE, _AVAILABLE)
                     self._order.remove(p)
                     self._returns.expire_gone(p, _TIME_LIMIT, events)
-            stamped.sweep(self._in_queue, self._active() + len(self._replica))
+            stamped.sweep(self._in_queue, self._active() + len(self.replica))
         return events
 
     def next_deadline(self) -> float | None:
         """The earliest lease, delayed retry or Expiration deadline: when :meth:`expire` has work
         (``-inf`` after a replay until :meth:`end_replay` or :meth:`expire` ran)."""
-        if self.replay.has_events or (self._keys is not None and self._keys.has_events):
+        if self.replay.has_events or (self.keys is not None and self.keys.has_events):
             return -math.inf
         deadline = self._leases.next_deadline()
         store = self._order.store
@@ -854,9 +854,9 @@ class Queue:
         after the messages before it), leased and inactive ones excluded. Read-only; do
         not change the queue while iterating (RuntimeError). A replicated queue lists the
         messages other instances own after its own (rule 11)."""
-        if not self._replica:
+        if not self.replica:
             return iter(self._order)
-        return itertools.chain(iter(self._order), [p for p, _ in self._replica.items()])
+        return itertools.chain(iter(self._order), [p for p, _ in self.replica.items()])
 
     def state_of(self, position: int) -> MessageState:
         """Where the message is. ABSENT for messages never enqueued, before the recovery
@@ -871,7 +871,7 @@ class Queue:
             return MessageState.CONSUMED
         # A message is in one place only; ELSEWHERE (a dict) is asked before the store (a
         # search), as most messages a non-owner is asked about are owned elsewhere.
-        if position in self._replica:
+        if position in self.replica:
             return _ELSEWHERE
         if position in self._order.store or position in self._returns:
             return _AVAILABLE
@@ -899,7 +899,7 @@ class Queue:
             refill_from = self._window.refill_from()
             assert refill_from is not None  # messages are inactive
             low.append(refill_from)
-        for part in (self._replica, self._returns):
+        for part in (self.replica, self._returns):
             first = part.first() if part else None
             if first is not None:  # messages are elsewhere, or held for a delayed retry
                 low.append(first)
@@ -923,7 +923,7 @@ class Queue:
         return self._returns.failure_of(position)
 
     def explain(self, position: int, now: float) -> MessageFacts:
-        return explained(self._keys, self._report.explain(position, now))
+        return explained(self.keys, self._report.explain(position, now))
 
     def check_invariants(self) -> None:
         self._report.check_invariants()
@@ -987,13 +987,13 @@ class Queue:
         If the engine does not call it, the first live call does the same and
         :meth:`expire` returns the events (:meth:`next_deadline` is then ``-inf``).
         """
-        return self.replay.take_events(now) + (self._keys.take_events(now) if self._keys is not None else [])
+        return self.replay.take_events(now) + (self.keys.take_events(now) if self.keys is not None else [])
 
     def _settle(self, now: float) -> None:
         if self.replay.due:
             self.replay.settle(now)
-        if self._keys is not None:
-            self._keys.release(now)  # queue/keys.py rule 4
+        if self.keys is not None:
+            self.keys.release(now)  # queue/keys.py rule 4
 
     # --- FileBackedMetadata (queue_paging, queue_snapshot) -----------------------------------
 
@@ -1011,7 +1011,7 @@ class Queue:
         chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
-        away, leased = self._replica.export(sorted(self._leases.leased.items()))
+        away, leased = self.replica.export(sorted(self._leases.leased.items()))
         delays, held = self._returns.export()  # held messages: in ``leased`` (queue/returns.py rule 2)
         held_rows = sorted([(p, lease.published_at, lease.key) for p, lease in leased] + held)
         return QueueState(
@@ -1052,7 +1052,7 @@ class Queue:
         for (p, t), key in zip(state.leased, keys):
             self._order.put_back(p, t, key)
         for p, owner, t, key, arrived in state.elsewhere:
-            self._replica.add(p, owner, t, key, arrived)
+            self.replica.add(p, owner, t, key, arrived)
         self._start = state.start
         self._last_position = state.last_position
         self._last_time = state.last_time
@@ -1070,8 +1070,8 @@ class Queue:
             acks=state.deferred_acks, last=state.last_position,
         )
         self.replay.restored()
-        if self._keys is not None:
-            self._keys.restored()  # queue/keys.py rule 5
+        if self.keys is not None:
+            self.keys.restored()  # queue/keys.py rule 5
 
     def snapshot(self, *, events_from: int, publishes_from: int) -> queue_snapshot.QueueSnapshot:
         """The state as replaying the journal would rebuild it (queue/snapshot.py rule 1)."""
@@ -1088,7 +1088,7 @@ class Queue:
 
     def _in_queue(self, p: int) -> bool:
         """Whether ``p`` is in the queue here: available, held, leased or owned elsewhere."""
-        return p in self._order.store or p in self._leases.leased or p in self._replica or p in self._returns
+        return p in self._order.store or p in self._leases.leased or p in self.replica or p in self._returns
 
     def _matches(self, flt: Callable[[object, float], bool], p: int, now: float) -> bool:
         # A filter (or load) that raises is "no match", counted in filter_errors: one bad
