@@ -580,10 +580,9 @@ def test_a_restart_from_the_snapshot_keeps_what_other_instances_own(monkeypatch,
         "queue WorkQ holds 22 messages, over 0: its last snapshot is kept, not retaken, until it holds fewer") == 1
 
 
-def test_a_delayed_retry_keeps_its_time_when_the_message_is_transferred():
-    """queue/returns.py rule 2 across instances: a message A's worker cancelled with a
-    delay is held on A; B asks for it and A grants it (no subscriber of A's can take it
-    now); the transfer carries its time, so B holds it too and offers it only then."""
+def held_on_a_and_granted_to_b() -> tuple[Cluster, int]:
+    """A's worker cancels a message with a 60 s delay and leaves; a worker on B asks for
+    it and A grants it while it waits out its delay. (cluster, B's worker)."""
     c = cluster()
     wa = worker(c, "A", backlog=1)
     publish(c, "A", 1)
@@ -592,8 +591,16 @@ def test_a_delayed_retry_keeps_its_time_when_the_message_is_transferred():
     c.settle()
     c.nodes["A"].handle(wa, m.Unsubscribe(sub_id="all"))
     wb = worker(c, "B")
-    wait_and_tick(c)  # B asks, A grants while the message waits out its delay
+    wait_and_tick(c)
     assert stats(c, "B").transferred_in == 1
+    return c, wb
+
+
+def test_a_delayed_retry_keeps_its_time_when_the_message_is_transferred():
+    """queue/returns.py rule 2 across instances: a message A's worker cancelled with a
+    delay is held on A; B asks for it and A grants it (no subscriber of A's can take it
+    now); the transfer carries its time, so B holds it too and offers it only then."""
+    c, wb = held_on_a_and_granted_to_b()
     assert got(c, "B", wb) == []  # held on B until its time
     wait_and_tick(c, 30)
     assert got(c, "B", wb) == []
@@ -607,16 +614,7 @@ def test_a_held_message_granted_away_is_not_offered_again_after_a_restart_from_a
     snapshot keeps it as held only; restarted from that snapshot, A must still let it go
     (the transfer that won names B) rather than offer it at its time: B offers it then,
     and it is processed once (the replicated-queue simulation's restart check found this)."""
-    c = cluster()
-    wa = worker(c, "A", backlog=1)
-    publish(c, "A", 1)
-    (msg,) = c.nodes["A"].messages(wa, "WorkQ")
-    c.nodes["A"].ack(wa, "WorkQ", msg, options="cancel,delay=60")
-    c.settle()
-    c.nodes["A"].handle(wa, m.Unsubscribe(sub_id="all"))
-    wb = worker(c, "B")
-    wait_and_tick(c)  # B asks, A grants while the message waits out its delay
-    assert stats(c, "B").transferred_in == 1
+    c, wb = held_on_a_and_granted_to_b()
     c.nodes["A"].checkpoint()  # with WorkQ's snapshot: the message is held in it
     c.settle()
     assert "WorkQ" in c.nodes["A"].written_checkpoint.snapshots

@@ -20,7 +20,6 @@ from typing import Any
 
 from conveyor import errors
 from conveyor.cli import ops
-from conveyor.client.endpoints import PASSWORD_ENV, USER_ENV
 
 POLL_S = 0.2
 BODY_CHARS = 60
@@ -163,13 +162,7 @@ def _status_or_cancel(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--admin", "-a", metavar="URL",
-                       help=f"admin interface address (default: ${ops.ADMIN_ENV}, else {ops.DEFAULT_ADMIN})")
-        p.add_argument("--json", action="store_true", help="print the admin interface's JSON")
-        p.add_argument("--user", help=f"admin user (default ${USER_ENV}); the password comes from the address "
-                                      f"or ${PASSWORD_ENV}")
-        p.add_argument("--ca-file", help="CA certificates (PEM) that sign an HTTPS admin port's certificate")
+    common = ops.admin_arguments
 
     def selection(p: argparse.ArgumentParser) -> None:
         p.add_argument("--reason", help="system reasons (max_cancels, max_deliveries, time_limit, forced_expire; "

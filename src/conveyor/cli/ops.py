@@ -385,14 +385,18 @@ def cmd_disconnect(args: argparse.Namespace) -> int:
     return 0
 
 
+def admin_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of every command that talks to the admin interface."""
+    p.add_argument("--admin", "-a", metavar="URL",
+                   help=f"admin interface address (default: ${ADMIN_ENV}, else {DEFAULT_ADMIN})")
+    p.add_argument("--json", action="store_true", help="print the admin interface's JSON")
+    p.add_argument("--user", help=f"admin user (default ${USER_ENV}); the password comes from the address "
+                                  f"or ${PASSWORD_ENV}")
+    p.add_argument("--ca-file", help="CA certificates (PEM) that sign an HTTPS admin port's certificate")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--admin", "-a", metavar="URL",
-                       help=f"admin interface address (default: ${ADMIN_ENV}, else {DEFAULT_ADMIN})")
-        p.add_argument("--json", action="store_true", help="print the admin interface's JSON")
-        p.add_argument("--user", help=f"admin user (default ${USER_ENV}); the password comes from the address "
-                                      f"or ${PASSWORD_ENV}")
-        p.add_argument("--ca-file", help="CA certificates (PEM) that sign an HTTPS admin port's certificate")
+    common = admin_arguments
 
     p = sub.add_parser("stats", help="instance overview: state, clients, journal, queues, replication")
     common(p)
