@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from conveyor import errors, records
+from conveyor.config._invalid import Invalid
 from conveyor.config.model import QueueConfig, is_regex_topic
+from conveyor.config.units import duration_s
 from conveyor.engine.dead_letters import DeadLetter, Listing, Selection, TemplateFields
 from conveyor.engine.filters import compile_filter
 from conveyor.protocol import messages as m
@@ -73,8 +75,6 @@ TICK_S = 0.05
 JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 REPORT_MAX = 1000  # dead letters a job lists as not re-drivable or failed (all are counted)
 JOBS_KEPT = 64  # finished jobs remembered (the oldest are forgotten first)
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class RedriveError(errors.ClientError):
@@ -103,15 +103,17 @@ class UnknownJob(RedriveError):
 
 def parse_time(text: str, now: float, what: str) -> float:
     """Epoch seconds, an ISO 8601 time (``2025-01-31T12:00:00Z``; no zone: UTC), or a
-    duration ago (``90s``, ``15m``, ``2h``, ``1d``)."""
+    duration ago, written as the configuration writes durations (``90s``, ``15m``,
+    ``1h30m``, ``1d``)."""
     text = text.strip()
     try:
         return float(text)
     except ValueError:
         pass
-    d = _DURATION.fullmatch(text)
-    if d:
-        return now - float(d.group(1)) * _UNITS[d.group(2)]
+    try:
+        return now - duration_s(text)  # the configuration's durations (config/units.py)
+    except Invalid:
+        pass
     try:
         t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
