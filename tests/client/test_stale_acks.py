@@ -4,7 +4,8 @@ and docs/queues.md, "Stale acknowledgements"): subscriber A's lease runs out (Le
 (``flush()`` raises ``NotLeaseHolder`` naming the bookmark; ``msg.ack(confirm=True)``
 answers False) under ``Leasing=strict``, and under the default ``sublet`` when A's
 subscription opted in with ``fenced_acks``; B's acknowledgement is applied. Without
-either, the late acknowledgement is taken as before."""
+either, the late acknowledgement is taken as before. A's late ``msg.touch()`` is fenced
+and reported the same way."""
 
 from __future__ import annotations
 
@@ -83,3 +84,21 @@ def test_sublet_without_opt_in_takes_the_late_ack_as_before(server_factory, face
     assert a.statistics().acks_refused == 0
     assert confirm(b, second) is True  # already gone: nothing refused
     assert b.sow_delete("Sublet", filter="/n = 1") == 0
+
+
+@pytest.mark.parametrize("queue, options", [("Strict", None), ("Sublet", "fenced_acks")])
+def test_a_long_jobs_touch_after_the_lease_went_to_another_is_refused_and_reported(server_factory, face, queue,
+                                                                                     options):
+    """A's job outlasted its lease and B has the message now: A's ``msg.touch()`` names
+    its delivery, renews nothing, and is reported as a stale ack is."""
+    a, b, first, second = lease_runs_out_to_b(server_factory, face, queue, options)
+    refused = []
+    a.client.on_ack_refused(lambda q, bookmarks, error: refused.append((q, bookmarks)))
+    first.touch()
+    with pytest.raises(errors.NotLeaseHolder) as caught:
+        a.flush()
+    assert caught.value.details["refused"] == caught.value.details["stale"] == first.bookmark
+    assert refused == [(queue, [first.bookmark])] and not first.acked
+    assert a.statistics().acks_refused == 1
+    assert confirm(b, second) is True  # B's lease stood
+    assert b.sow_delete(queue, filter="/n = 1") == 0

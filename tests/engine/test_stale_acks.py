@@ -3,8 +3,9 @@ engine/delivery.py rule 8, queue/leases.py rule 7), through the Engine.
 
 A delivery is (bookmark, delivery count). Under ``Leasing=strict``, and for a
 subscription made with ``fenced_acks`` under the default ``sublet``, each delivery
-carries its count (``dn``); an ack naming it (``deliveries=[n,...]``) after the message
-was delivered again is refused and reported. Without either, nothing changes.
+carries its count (``dn``); an ack or a touch naming it (``deliveries=[n,...]``) after
+the message was delivered again, or (a replicated queue) after another instance took it
+over, is refused and reported. Without either, nothing changes.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def test_a_stale_cancel_is_refused_too():
 @pytest.mark.parametrize("options, why", [
     ("deliveries=[1,2]", "one per bookmark"),
     ("deliveries=[x]", "whole numbers"),
-    ("touch,deliveries=[1]", "touch cannot be combined"),
+    ("touch,deliveries=[1,2]", "one per bookmark"),
+    ("touch,delay=1", "touch cannot be combined"),
 ])
 def test_bad_deliveries_are_refused(options, why):
     h = one_queue(Leasing="strict")
@@ -204,3 +206,81 @@ def test_at_most_once_deliveries_carry_no_count():
     publish(h, [0])
     (first,) = h.messages(a)
     assert first.delivery is None
+
+
+def touch(h: Harness, conn: int, messages, deliveries: str) -> m.Ack:
+    h.ack(conn, "Q", messages, options=f"touch,deliveries=[{deliveries}]", ack_type="processed")
+    (reply,) = h.acks(conn)
+    return reply
+
+
+def test_a_touch_of_a_stale_delivery_renews_nothing_and_is_reported():
+    """A touch is fenced as an ack is: of (0, delivery 1: stale) and (1, delivery 2: the
+    latest), both held by ``a`` now, only 1's lease is renewed; 0 is reported stale."""
+    h = one_queue(Leasing="strict")
+    a = worker(h, "a", "max_backlog=10")
+    publish(h, [0, 1])
+    first = h.messages(a)
+    h.advance(LEASE_S + 1)
+    again = h.messages(a)
+    assert [x.delivery for x in again] == [2, 2]
+    h.advance(LEASE_S / 2)
+    reply = touch(h, a, [first[0], again[1]], "1,2")
+    assert reply.status == "failure" and reply.code == "not_lease_holder"
+    assert reply.details["refused"] == reply.details["stale"] == first[0].bookmark
+    assert reply.details["matches"] == 1 and "touch refused" in reply.reason
+    h.advance(LEASE_S * 3 / 4)  # past the untouched lease, within the renewed one
+    (third,) = h.messages(a)
+    assert (decode(third)["i"], third.delivery) == (0, 3)
+    assert h.stats("Q").backlog == 2
+
+
+def test_a_touch_of_the_latest_delivery_renews_it():
+    h = one_queue()
+    a = worker(h, "a", "fenced_acks")
+    publish(h, [0])
+    (first,) = h.messages(a)
+    h.advance(LEASE_S * 3 / 4)
+    reply = touch(h, a, first, "1")
+    assert reply.status == "success" and reply.matches == 1
+    h.advance(LEASE_S / 2)  # past the first deadline, within the renewed one
+    assert h.messages(a) == [] and ack(h, a, first, 1).records_deleted == 1
+
+
+# --- replicated queues: a message another instance owns now -------------------------------
+
+
+def test_a_fenced_ack_of_a_message_another_instance_took_over_is_refused():
+    """A's lease ran out and B was granted the message (it is ELSEWHERE on A): A's late
+    ack naming its delivery is stale and leaves B's lease alone; one naming no delivery
+    removes the message everywhere, as before (the reference's sublet)."""
+    from .cluster import Cluster, destination, instance_xml
+    from .engine_harness import queue_xml
+    from conveyor.engine.replication.ownership import WAIT_DEFAULT_S
+
+    sow = queue_xml("Q", underlying="Work", LeasePeriod=f"{LEASE_S:g}s")
+    c = Cluster({n: instance_xml(n, [destination(d) for d in "AB" if d != n], sow=sow) for n in "AB"})
+    c.connect_all()
+    a, b = c.nodes["A"], c.nodes["B"]
+    wa = worker(a, "wa", "fenced_acks,max_backlog=1")
+    publish(a, [0])
+    c.settle()
+    (first,) = a.messages(wa)
+    assert first.delivery == 1
+    a.handle(wa, m.Subscribe(topic="Q", sub_id="s", options="pause", ack_type="processed"))
+    a.acks(wa)
+    wb = worker(b, "wb", "max_backlog=1")
+    c.advance(LEASE_S + WAIT_DEFAULT_S + 1)  # A's lease runs out; B asks for the message, A grants it
+    c.settle()
+    (taken,) = b.messages(wb)
+    assert decode(taken)["i"] == 0 and a.stats("Q").elsewhere == 1
+    reply = ack(a, wa, first, first.delivery)
+    assert reply.status == "failure" and reply.code == "not_lease_holder"
+    assert reply.details["stale"] == first.bookmark
+    c.settle()
+    assert (a.stats("Q").elsewhere, b.stats("Q").backlog) == (1, 1)  # B's lease stands
+    assert touch(a, wa, first, "1").details["stale"] == first.bookmark  # a touch too
+    reply = ack(a, wa, first, None)  # names no delivery: taken, as before
+    assert reply.status == "success" and reply.records_deleted == 1
+    c.settle()
+    assert a.stats("Q").elsewhere == 0 and b.stats("Q").queue_depth == 0

@@ -17,8 +17,8 @@ Rules kept here:
 4. **A numbered delivery is settled by number.** A queue message that carries its
    delivery count (``delivery``: ``Leasing=strict``, or a subscription made with
    ``fenced_acks``) hands ``"<bookmark>@<delivery>"`` to the acker (:func:`with_delivery`),
-   so that the batch's ``sow_delete`` names the delivery it settles
-   (``deliveries=[...]``) and the server refuses it once stale (docs/queues.md,
+   so that the batch's ``sow_delete`` names the delivery it settles, or touches
+   (``deliveries=[...]``), and the server refuses it once stale (docs/queues.md,
    "Stale acknowledgements"). The mark never reaches the wire in a bookmark.
 """
 
@@ -221,10 +221,13 @@ class Message:
         from when it gets the touch (sent at once, not batched), so a long job keeps its
         message by touching it well before ``lease_deadline``, as often as it needs. The
         message stays unsettled; a settled one is not touched. ``lease_deadline`` is not
-        updated (the server answers with how many of the messages it still held)."""
+        updated (the server answers with how many of the messages it still held). A
+        numbered delivery (rule 4) is touched by number: once stale, the server renews
+        nothing and the refusal is reported as a refused ack is (the next ``flush()``)."""
         if self._acker is None or self.queue is None or self.bookmark is None or self._settled is not None:
             return
-        self._acker(self.queue, self.bookmark, _TOUCH)
+        bookmark = self.bookmark if self.delivery is None else with_delivery(self.bookmark, self.delivery)
+        self._acker(self.queue, bookmark, _TOUCH)
 
     def _settle(self, verb: Settlement) -> None:
         if self._acker is None or self.queue is None or self.bookmark is None:

@@ -14,8 +14,8 @@ Rules kept here (shared by both faces; the faces only move messages between thre
    application acknowledged recently are remembered; a redelivery of one (the lease was
    broken before the ack reached the server, which the resent ack then settles) is
    dropped. ``cancel`` is not remembered: a cancelled message is meant to come back,
-   nor is an acknowledgement the server refused (:meth:`SubState.forget_acks`): the
-   message is still in the queue, and may come back.
+   nor is a touch (it settles nothing), nor an acknowledgement the server refused
+   (:meth:`SubState.forget_acks`): the message is still in the queue, and may come back.
 4. **Auto-ack.** Iterator: asking for the next message acknowledges the previous one.
    Handler: returning acknowledges, raising cancels (so the message is redelivered).
    A message the application settled itself is left as it is.
@@ -130,7 +130,7 @@ def sub_ids(sub_id: str | Sequence[str]) -> list[str]:
 
 _ITERATOR = DeliveryMode.ITERATOR  # per-message checks: a global, not an enum lookup
 _COMMANDS = ("subscribe", "delta_subscribe", "sow_and_subscribe", "sow_and_delta_subscribe")
-_CANCEL = AckVerb.CANCEL
+_CANCEL, _TOUCH = AckVerb.CANCEL, AckVerb.TOUCH
 
 
 class SubState:
@@ -246,7 +246,7 @@ class SubState:
         """The acker messages of this subscription carry: remember, then batch."""
 
         def acker(queue: str, bookmark: str, verb: Settlement) -> None:
-            if verb is not _CANCEL and not (type(verb) is AckWith and verb.verb is _CANCEL):
+            if verb is not _CANCEL and verb is not _TOUCH and not (type(verb) is AckWith and verb.verb is _CANCEL):
                 self.note_ack(bookmark.partition(DELIVERY_MARK)[0])  # message.py rule 4
             ack(queue, bookmark, verb)
 

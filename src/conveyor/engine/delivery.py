@@ -37,7 +37,7 @@ Rules:
    message is then named by at most one event of the batch (an acknowledged or
    cancelled message is not leased any more when a later command of the batch names it).
    An acknowledgement that names a superseded delivery of its message (``deliveries``)
-   is refused before the queue sees it (rule 8).
+   is refused before the queue sees it (rule 8), and so is a touch.
 7. **The queue view is a snapshot produced as it is read** (engine/sow_query.py rules 4
    to 8): a ``sow`` lists the positions available in the step of its command, in
    delivery order; their messages (a position's message never changes) are read and
@@ -47,10 +47,12 @@ Rules:
    acknowledgements"). A queue delivery carries its delivery count (``dn``) under
    ``Leasing=strict`` and to a subscription made with ``fenced_acks``; an ack may name
    it per bookmark (``deliveries=[n,...]``, 0: none). One that names a delivery of
-   which a later one was made (queue/leases.py rule 7) is refused for that message,
-   as a ``Leasing=strict`` refusal is: the rest of the command takes effect and the
+   which a later one was made, or of a replicated queue's message that another
+   instance owns now (queue/leases.py rule 7), is refused for that message, as a
+   ``Leasing=strict`` refusal is: the rest of the command takes effect and the
    failure (``not_lease_holder``) lists the refused bookmarks (``refused``) and the
-   stale ones among them (``stale``).
+   stale ones among them (``stale``). A touch is fenced the same way: a stale
+   delivery's lease is not renewed, the others are, and the stale ones are reported.
 """
 
 from __future__ import annotations
@@ -507,16 +509,25 @@ class QueueDelivery:
         working on the messages it names; each of them it holds stays leased for the
         queue's LeasePeriod from now, or ``touch=N`` seconds (at most LeasePeriod: a long
         job touches again). Nothing is journaled (no lease survives a restart); the reply
-        counts the messages the connection held (``matches``)."""
-        if opts.has("cancel") or opts.has("expire") or opts.texts or opts.seconds or opts.lists:
-            raise errors.InvalidOption("touch cannot be combined with cancel, expire, delay, reason or deliveries",
-                                       option="touch")
+        counts the messages the connection held (``matches``). With ``deliveries``, a
+        stale delivery's lease is not renewed and is reported as a stale ack is (rule 8)."""
+        if opts.has("cancel") or opts.has("expire") or opts.texts or opts.seconds:
+            raise errors.InvalidOption("touch cannot be combined with cancel, expire, delay or reason", option="touch")
         if not cmd.bookmark:
             raise errors.InvalidOption("touch names its messages by bookmark", option="touch")
+        positions = bookmark_positions(cmd.bookmark)
+        named = opts.list("deliveries")
+        stale: list[int] = []
+        if named is not None:  # rule 8
+            positions, stale = binding.queue.stale_acks(positions, _deliveries(named, len(positions)))
         period = binding.config.lease_period_s
         asked = opts.get("touch")
-        held = binding.queue.touch(bookmark_positions(cmd.bookmark), by=conn_id,
+        held = binding.queue.touch(positions, by=conn_id,
                                    deadline=now + (period if asked is None else min(float(asked), period)))
+        refused = _refusal(AckResult(), stale, cmd.bookmark, "touch")
+        if refused is not None:  # the others were renewed; this says which were not
+            refused.details["matches"] = held
+            raise refused
         for kind in ack_types(cmd.ack_type) & {"processed", "stats", "persisted", "completed"}:
             self._outbox.send(conn_id, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=0, matches=held))
 
@@ -625,10 +636,11 @@ def _deliveries(items: tuple[str, ...], count: int) -> list[int]:
     return numbers
 
 
-def _refusal(result: AckResult, stale: list[int], bookmarks: str) -> errors.NotLeaseHolder | None:
-    """Rule 8: what a bookmark ack reports of the messages it did not settle: those
-    ``Leasing=strict`` refused (``result.error()``, as before) and the ``stale`` ones,
-    with their bookmarks in ``refused`` (and the stale ones again in ``stale``), comma lists."""
+def _refusal(result: AckResult, stale: list[int], bookmarks: str,
+             verb: str = "acknowledgement") -> errors.NotLeaseHolder | None:
+    """Rule 8: what a bookmark ack (or touch: ``verb``) reports of the messages it did not
+    settle: those ``Leasing=strict`` refused (``result.error()``, as before) and the ``stale``
+    ones, with their bookmarks in ``refused`` (and the stale ones again in ``stale``), comma lists."""
     strict = result.error()
     if strict is None and not stale:
         return None
@@ -637,10 +649,10 @@ def _refusal(result: AckResult, stale: list[int], bookmarks: str) -> errors.NotL
     if strict is not None and not stale:
         error = strict
     else:
-        what = f"{len(stale)} stale (the message was delivered again since the delivery acknowledged)"
+        what = f"{len(stale)} stale (delivered again, or moved to another instance, since that delivery)"
         if others:
             what += f", {len(others)} leased to another subscriber"
-        error = errors.NotLeaseHolder(f"acknowledgement refused for {len(stale) + len(others)} message(s): {what}",
+        error = errors.NotLeaseHolder(f"{verb} refused for {len(stale) + len(others)} message(s): {what}",
                                       positions=tuple(stale) + tuple(others),
                                       stale=",".join(named[p] for p in stale))
     error.details["refused"] = ",".join(named[p] for p in sorted(set(stale) | set(others)))

@@ -28,14 +28,16 @@ happened; the table itself knows no message state. Rules:
 7. Stale acknowledgements (docs/queues.md, "Stale acknowledgements"): a delivery is
    (position, delivery count). An ack that names delivery ``n`` of a message that has
    been delivered again since (its count is above ``n``, whoever holds it now) is stale:
-   :meth:`stale` sets it apart, before the queue looks at the ack. An ack that names no
-   delivery (0), or the latest one, goes on as before.
+   :meth:`stale` sets it apart, before the queue looks at the ack (or touch). So is
+   one that names a delivery of a message ``elsewhere`` (a replicated queue's message
+   that another instance owns now: its lease here ended), whatever its count here. An
+   ack that names no delivery (0), or the latest one here, goes on as before.
 """
 
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
-from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Protocol, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 
@@ -46,6 +48,12 @@ if TYPE_CHECKING:
 #: outnumber the live ones by this factor, so the heap stays O(leases).
 HEAP_SLACK = 2
 HEAP_SLACK_MIN = 64
+
+
+class Positions(Protocol):
+    """Rule 7's ``elsewhere``: the positions owned by another instance (a queue's replica part)."""
+
+    def __contains__(self, position: int, /) -> bool: ...
 
 
 class Lease:
@@ -215,14 +223,16 @@ class LeaseTable:
     def deliveries_of(self, p: int) -> int:
         return self._deliveries.get(p, 0)
 
-    def stale(self, positions: Sequence[int], deliveries: Sequence[int]) -> tuple[list[int], list[int]]:
+    def stale(self, positions: Sequence[int], deliveries: Sequence[int],
+              elsewhere: Positions = frozenset()) -> tuple[list[int], list[int]]:
         """Rule 7: (the positions whose ack goes on, the stale ones), each in the order
-        given; ``deliveries[i]`` is the delivery the ack of ``positions[i]`` names (0: none)."""
+        given; ``deliveries[i]`` is the delivery the ack of ``positions[i]`` names (0: none);
+        ``elsewhere``: the messages another instance owns now."""
         counts = self._deliveries
         fresh: list[int] = []
         stale: list[int] = []
         for p, n in zip(positions, deliveries):
-            (stale if n and counts.get(p, 0) > n else fresh).append(p)
+            (stale if n and (counts.get(p, 0) > n or p in elsewhere) else fresh).append(p)
         return fresh, stale
 
     def cancels_of(self, p: int) -> int:

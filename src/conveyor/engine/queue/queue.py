@@ -685,7 +685,7 @@ class Queue:
 
     def stale_acks(self, positions: list[int], deliveries: list[int]) -> tuple[list[int], list[int]]:
         """(positions to acknowledge, stale ones): queue/leases.py rule 7."""
-        return self._leases.stale(positions, deliveries)
+        return self._leases.stale(positions, deliveries, self.replica)
 
     def _ack_one(
         self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally, delay: float | None,
