@@ -560,14 +560,10 @@ def test_a_replicated_queue_has_no_target_queue_depth_yet():
             hint="remove <TargetQueueDepth>")
 
 
-def test_a_replicated_queue_has_no_ordering_key():
-    """Rule 8: ordering is kept by the instance that delivers; refused when the
-    configuration loads, so `conveyor config check` refuses it as `conveyor serve` does."""
+def test_a_replicated_queue_may_have_an_ordering_key():
+    """Per-key ordering holds across instances (queue/keys.py rule 6): accepted."""
     sow = queue_xml("<OrderingKey>/customer</OrderingKey>")
-    refused(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*"))),
-            "AMPSConfig/SOW/Queue[1]/OrderingKey", "queue 'Q' is replicated and has an OrderingKey",
-            hint="remove <OrderingKey>")
-    loads(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic="Work"))))
+    loads(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*"))))
 
 
 def test_a_queue_replicated_elsewhere_may_keep_its_target_queue_depth():

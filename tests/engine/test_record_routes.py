@@ -28,7 +28,7 @@ def test_replication_sends_every_record_type_and_receives_what_it_sends():
     assert send | {records.PublishRec} == ALL
     # What can be sent as a record of its own (not a publish) has a row where it arrives.
     assert receive == {records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec,
-                       records.ConsumerReplicatedRec, records.SowDeletedRec}
+                       records.ConsumerReplicatedRec, records.SowDeletedRec, records.QueueCancelledRec}
 
 
 def test_a_peer_sending_a_record_that_is_not_replicated_is_a_protocol_error():

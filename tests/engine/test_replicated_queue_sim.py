@@ -12,7 +12,9 @@ more acknowledgements turned into cancels, a ``delay=N`` on most cancels (``dela
 too: at once, whatever the backoff), a ``reason="..."`` (with quotes, a backslash,
 non-ASCII) on a third, and a worker that often leaves after its cancel, so that another
 instance asks for the message while it waits out its delay and gets it with its time
-(``TransferRec.not_before``). Checked on every delivery and every acknowledgement:
+(``TransferRec.not_before``). The same generator gives a third of the seeds an
+``OrderingKey`` with 1 or 2 in flight per key, each key published on one instance.
+Checked on every delivery and every acknowledgement:
 
 - a message is never delivered while a lease on it is held, on this instance or on
   another (leases end by an ack, a cancel, the worker leaving, a crash, or the deadline);
@@ -23,6 +25,9 @@ instance asks for the message while it waits out its delay and gets it with its 
   fsynced loses its delay too, and the check with it;
 - a message is never acknowledged (persisted) twice, anywhere; every cancel (with a
   reason or a delay) is accepted, and the instance shows its reason at once;
+- with an ``OrderingKey``, after every step: each running instance's key lines hold
+  (queue/keys.py ``check``), and no key has more than its N messages leased across all
+  running instances;
 - at most one running instance owns a message (checked after every step); an owner
   that granted a message it holds for a delayed retry keeps it, held, only until its
   time, and does not count;
@@ -45,6 +50,7 @@ tests/engine/test_replicated_queue_sim.py``; more seeds: ``CONVEYOR_SIM_SEEDS=20
 from __future__ import annotations
 
 import copy
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -92,11 +98,17 @@ class Sim:
         self.rd = rd = random.Random(f"{seed}/retries")
         backoff = rd.choice(BACKOFFS)
         self.backoff = tuple(float(x.rstrip("s")) for x in backoff.split(",")) if backoff else ()
+        # Per-key ordering (queue/keys.py rule 6) for a third of the seeds, from the same
+        # generator: each key is published on one instance (its order is the same everywhere).
+        self.per_key = rd.choice([1, 2]) if rd.random() < 1 / 3 else 0
         sow = queue_xml("WorkQ", underlying="Work", LeasePeriod=f"{LEASE_S:g}s",
-                        Priority="/v % 7" if priority else None, RetryBackoff=backoff)
+                        Priority="/v % 7" if priority else None, RetryBackoff=backoff,
+                        OrderingKey="/k" if self.per_key else None,
+                        MaxInFlightPerKey=self.per_key if self.per_key else None)
         pass_through = ".*" if len(names) == 3 else None
         self.kind = (f"{len(names)} instances, {'sync' if sync else 'async'}{', priority' if priority else ''}"
-                     f"{f', RetryBackoff {backoff}' if backoff else ''}")
+                     f"{f', RetryBackoff {backoff}' if backoff else ''}"
+                     f"{f', OrderingKey, {self.per_key} per key' if self.per_key else ''}")
         self.c = Cluster({
             n: instance_xml(n, [destination(d, sync=sync, pass_through=pass_through) for d in names if d != n], sow=sow)
             for n in names
@@ -180,6 +192,30 @@ class Sim:
                             self.fail(f"{ident} acknowledged by {w.name} after {self.acked[ident]} did")
                         self.acked[ident] = w.name
         self.check_one_owner()
+        if self.per_key:
+            self.check_keys()
+
+    def check_keys(self) -> None:
+        """queue/keys.py rules 2 and 6: on each running instance its lines hold (none of
+        its leased messages beyond its key's first N, every message of its own beyond
+        them held), and across the instances no key has more than N messages leased."""
+        out: dict[str, list[str]] = {}
+        for n in self.names:
+            if n in self.c.down:
+                continue
+            h = self.c.nodes[n]
+            q = h.engine.queues["WorkQ"]
+            try:
+                q.keys.check()
+            except AssertionError as exc:
+                self.fail(f"on {n}: {exc}")
+            for row in q.details().messages:
+                if row.state == "leased":
+                    key = json.loads(h.engine.cache.get(row.position).data)["k"]
+                    out.setdefault(key, []).append(n)
+        for key, where in out.items():
+            if len(where) > self.per_key:
+                self.fail(f"key {key!r} has {len(where)} messages leased (on {', '.join(where)}), over {self.per_key}")
 
     def check_one_owner(self) -> None:
         """At most one running instance owns a message at any time (every publisher here
@@ -292,7 +328,10 @@ class Sim:
             h = c.nodes[n]
             if self.publishers[n] is None or self.publishers[n] not in h.conns:
                 self.publishers[n] = h.connect(f"pub-{n}")
-            h.publish(self.publishers[n], "Work", {"v": self.next_value})
+            body = {"v": self.next_value}
+            if self.per_key:
+                body["k"] = f"{n}{self.rd.randrange(3)}"
+            h.publish(self.publishers[n], "Work", body)
             self.trace.append(f"publish @{n}")
             self.next_value += 1
         elif roll < 0.40 and up:

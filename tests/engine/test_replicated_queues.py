@@ -7,7 +7,11 @@ of tests/engine/cluster.py, in virtual time.
 
 from __future__ import annotations
 
+import json
 import logging
+
+import msgspec
+import pytest
 
 from conveyor import records
 from conveyor.engine import recovery
@@ -627,3 +631,186 @@ def test_a_held_message_granted_away_is_not_offered_again_after_a_restart_from_a
     assert got(c, "A", wa) == []
     assert got(c, "B", wb) == [1]
     assert stats(c, "A").transferred_out == 1
+
+
+def cancelled_on_a_and_a_down(*, revision_b: int | None = None) -> Cluster:
+    """A's worker cancels message 1 with a 60 s delay and a reason; A goes down before
+    the delay ends and proxied transfer is switched on at B. ``revision_b``: B speaks
+    that protocol revision (0: an instance that predates replicated cancels)."""
+    c = Cluster({n: instance_xml(n, [destination(d) for d in "AB" if d != n], sow=QUEUE) for n in "AB"})
+    if revision_b is not None:
+        repl = c.nodes["B"].engine.replication
+        repl.profile = repl.sink._profile = repl.source._profile = msgspec.structs.replace(
+            repl.profile, revision=revision_b)
+    c.connect_all()
+    wa = worker(c, "A", backlog=1)
+    publish(c, "A", 1)
+    (msg,) = c.nodes["A"].messages(wa, "WorkQ")
+    c.nodes["A"].ack(wa, "WorkQ", msg, options='cancel,delay=60,reason="db down"')
+    c.settle()
+    c.crash("A")
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    return c
+
+
+def restart_b(c: Cluster, checkpoint: bool) -> None:
+    """B crashes and restarts: from its journal, or (``checkpoint``) from a queue snapshot."""
+    b = c.nodes["B"]
+    if checkpoint:
+        b.checkpoint()
+        c.settle()
+        assert "WorkQ" in b.written_checkpoint.snapshots
+    c.crash("B")
+    c.restart("B")
+
+
+def b_copy(c: Cluster):
+    (row,) = c.nodes["B"].engine.queues["WorkQ"].details().messages
+    return row
+
+
+def test_a_delayed_retry_and_its_reason_survive_the_owners_failure():
+    """ownership.py rule 10: A's cancel with a delay and a reason reaches B by identity;
+    B keeps both with its copy, and when it takes the message over by proxied transfer
+    (A is down) it holds it until A would have offered it, with A's reason."""
+    c = cancelled_on_a_and_a_down()
+    row = b_copy(c)
+    assert (row.state, row.holder, row.reason) == ("elsewhere", "A", "db down")
+    assert row.not_before == pytest.approx(c.now + 60, abs=1)
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert stats(c, "B").transferred_in == 1 and ownership_stats(c, "B").proxied_claims == 1
+    assert got(c, "B", wb) == []  # held on B as on A
+    row = b_copy(c)
+    assert (row.state, row.reason) == ("available", "db down") and row.not_before is not None
+    wait_and_tick(c, 30)
+    assert got(c, "B", wb) == []
+    wait_and_tick(c, 31)
+    assert got(c, "B", wb) == [1]
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["journal", "snapshot"])
+def test_a_hold_on_the_owner_survives_a_restart_of_the_other_instance(checkpoint):
+    """Rule 10 across B's restart: B journaled A's cancel, and its queue snapshot keeps
+    the time of a message owned elsewhere among its delays."""
+    c = cancelled_on_a_and_a_down()
+    restart_b(c, checkpoint)
+    c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
+    row = b_copy(c)
+    assert (row.state, row.reason) == ("elsewhere", "db down") and row.not_before is not None
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert stats(c, "B").transferred_in == 1 and got(c, "B", wb) == []
+    wait_and_tick(c, 30)
+    assert got(c, "B", wb) == []
+    wait_and_tick(c, 31)
+    assert got(c, "B", wb) == [1]
+
+
+def test_a_peer_of_revision_0_is_not_sent_cancels_and_its_link_stays_up():
+    """protocol/replication.py rule 6: a destination that predates replicated cancels
+    (revision 0) would refuse the record kind; A sends it none, so the link streams on and
+    B, not knowing of the delay, offers the message as soon as it takes it over."""
+    c = cancelled_on_a_and_a_down(revision_b=0)
+    assert b_copy(c).not_before is None
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [1]
+
+
+KEYED = queue_xml("WorkQ", underlying="Work", OrderingKey="/k")
+
+
+def keyed(names=("A", "B")) -> Cluster:
+    return cluster(names, sow=KEYED)
+
+
+def publish_keyed(c: Cluster, node: str, *items: tuple[str, int]) -> None:
+    h = c.nodes[node]
+    conn = h.connect(f"pub-{node}-{h._next_conn}")
+    for k, n in items:
+        h.publish(conn, "Work", {"k": k, "n": n})
+    c.settle()
+
+
+def leased_everywhere(c: Cluster) -> list[int]:
+    """The ``n`` of every message leased on a running instance."""
+    out = []
+    for name, h in c.nodes.items():
+        if name in c.down:
+            continue
+        for row in h.engine.queues["WorkQ"].details().messages:
+            if row.state == "leased":
+                out.append(decode_at(h, row.position)["n"])
+    return sorted(out)
+
+
+def decode_at(h, position: int) -> dict:
+    return json.loads(h.engine.cache.get(position).data)
+
+
+def test_a_key_has_one_message_out_across_instances_and_moves_on_when_it_finishes():
+    """queue/keys.py rule 6: A's messages of one key wait behind its first one on every
+    instance; B takes the second by a transfer but holds it behind the first (leased on
+    A) until A's acknowledgement reaches it; the other key flows meanwhile."""
+    c = keyed()
+    wa = worker(c, "A", backlog=1)
+    publish_keyed(c, "A", ("x", 1), ("x", 2), ("y", 3))
+    (m1,) = c.nodes["A"].messages(wa, "WorkQ")
+    assert decode(m1)["n"] == 1
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [3]  # key y flows; x's second waits for its first
+    assert leased_everywhere(c) == [1, 3]
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [] and leased_everywhere(c) == [1, 3]
+    ack_all(c, "A", wa, [m1])
+    wait_and_tick(c)
+    assert sorted(got(c, "A", wa) + got(c, "B", wb)) == [2]
+    for name in "AB":
+        c.nodes[name].engine.queues["WorkQ"].keys.check()
+
+
+def test_a_message_transferred_behind_its_key_is_held_and_released_in_order():
+    """queue/transfers.py rule 1 and keys.py rule 6: with A's worker busy on x's first
+    message, B asks for x's second and A grants it; B holds it behind the first (still
+    leased on A), and only A's acknowledgement releases it there."""
+    c = keyed()
+    wa = worker(c, "A", backlog=1)
+    publish_keyed(c, "A", ("x", 1), ("x", 2))
+    (m1,) = c.nodes["A"].messages(wa, "WorkQ")
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    wait_and_tick(c)
+    qb = c.nodes["B"].engine.queues["WorkQ"]
+    assert stats(c, "B").transferred_in == 1 and got(c, "B", wb) == []
+    first, second = qb.details().messages
+    assert (first.state, second.state) == ("elsewhere", "available") and qb.keys.held(second.position)
+    assert qb.keys.held_count() == 1
+    ack_all(c, "A", wa, [m1])
+    wait_and_tick(c)
+    wait_and_tick(c)
+    assert sorted(got(c, "A", wa) + got(c, "B", wb)) == [2]
+    for name in "AB":
+        c.nodes[name].engine.queues["WorkQ"].keys.check()
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["journal", "snapshot"])
+def test_key_lines_with_messages_owned_elsewhere_survive_a_restart(checkpoint):
+    """keys.py rules 5 and 6: B restarted (from its journal or its queue snapshot) still
+    counts A's unfinished messages in their keys' lines, so a message B owns of the same
+    key still waits for them."""
+    c = keyed()
+    wa = worker(c, "A", backlog=1)
+    publish_keyed(c, "A", ("x", 1))
+    (m1,) = c.nodes["A"].messages(wa, "WorkQ")
+    publish_keyed(c, "B", ("x", 2))  # B owns it; A's first of x is unfinished
+    restart_b(c, checkpoint)
+    c.connect_all()
+    c.settle()
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [] and c.nodes["B"].engine.queues["WorkQ"].keys.held_count() == 1
+    ack_all(c, "A", wa, [m1])
+    wait_and_tick(c)
+    assert got(c, "B", wb) == [2]

@@ -19,8 +19,7 @@ typed values, and name the element that has to change:
 7. A ``FileBackedMetadata`` queue cannot take from a SOW topic with ``Expiration``: its
    snapshots do not keep the per-message expiration stamped on such messages.
 8. A replicated queue (a ``Queue`` or ``GroupLocalQueue`` a destination replicates) has
-   no ``TargetQueueDepth`` yet, no ``OrderingKey`` (ordering is kept by the instance that
-   delivers, and each delivers what it owns), and does not take from a view: a view's records are
+   no ``TargetQueueDepth`` yet, and does not take from a view: a view's records are
    computed on every instance and never replicated, so each instance would hold its own
    copies of the same work under different identities. ``conveyor config check`` and
    ``conveyor serve`` refuse these alike.
@@ -229,13 +228,6 @@ def _check_replicated_queues(
                 f"{queue.path}/TargetQueueDepth",
                 f"queue {queue.name!r} is replicated and has a TargetQueueDepth: not supported together yet",
                 "remove <TargetQueueDepth>, or replicate only its underlying topics",
-            )
-        if queue.ordering_key is not None:
-            raise doc.error(
-                f"{queue.path}/OrderingKey",
-                f"queue {queue.name!r} is replicated and has an OrderingKey: not supported together (ordering is "
-                "kept by the instance that delivers, and each instance delivers what it owns)",
-                "remove <OrderingKey>, or replicate only its underlying topics",
             )
         over_view = next((v.name for v in views if topic_matcher(queue.underlying)(v.name)), None)
         if over_view is not None:

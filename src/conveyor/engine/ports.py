@@ -62,7 +62,7 @@ class JournalPort(Protocol):
 # them, even for types; mypy checks each implementation where the engine hands it over.
 
 #: The records of a replicated queue's ownership that replication carries.
-QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
+QueueRecord = records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec | records.QueueCancelledRec
 
 
 class QueueIdentity(Protocol):

@@ -68,8 +68,10 @@ log = logging.getLogger("conveyor.engine")
 #: rather than pause the engine for longer.
 REPLICATED_SNAPSHOT_MESSAGES_MAX = 200_000
 
-_OWNERSHIP_RECORDS = (records.QueueRemovedRec, records.TransferRec, records.TransferRequestRec)
-OwnershipRecord = records.QueueRemovedRec | records.TransferRec | records.TransferRequestRec
+_OWNERSHIP_RECORDS = (records.QueueRemovedRec, records.TransferRec, records.TransferRequestRec,
+                      records.QueueCancelledRec)
+OwnershipRecord = (records.QueueRemovedRec | records.TransferRec | records.TransferRequestRec
+                   | records.QueueCancelledRec)
 
 
 @dataclass

@@ -35,6 +35,14 @@ length, then a MessagePack array of entries). Rules:
    instance floods what it learns, so every instance knows which owners its requests
    reach through chains of PassThrough links (engine/replication/reach.py). Peers that
    predate the field ignore it.
+6. **Versions.** ``Profile.version`` is the incompatible step: a destination refuses a
+   source whose version is above its own. ``Profile.revision`` is the compatible one:
+   it names the record kinds a peer can take beyond those of revision 0, and a source
+   sends a record kind only to a destination whose revision has it (what an older
+   destination lacks it does without, as before). Revision 1:
+   :class:`~conveyor.records.QueueCancelledRec` (a delayed retry or failure reason on a
+   replicated queue, so it survives a failover). Older peers send no revision (0) and
+   ignore the field.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import msgspec
 from conveyor.protocol.codec import FRAME_BYTES_MAX_DEFAULT, _Decoder
 
 PROTOCOL_VERSION = 1
+PROTOCOL_REVISION = 1  # rule 6
 
 
 class QueueProfile(msgspec.Struct, frozen=True):
@@ -79,6 +88,7 @@ class Profile(msgspec.Struct, frozen=True):
     version: int = PROTOCOL_VERSION
     queues: list[QueueProfile] = []
     destinations: list[DestinationProfile] = []
+    revision: int = 0  # rule 6; 0: a peer that predates the field
 
 
 class _Repl(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="c"):

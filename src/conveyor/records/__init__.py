@@ -225,6 +225,25 @@ class TransferRec(_Rec, tag=15, frozen=True):
     not_before: list[float] = []
 
 
+class QueueCancelledRec(_Rec, tag=18, frozen=True):
+    """Messages of replicated ``queue`` cancelled on their owner with a delayed retry or
+    a failure reason (docs/queues.md, "Delayed retry"): ``zip(publishers, seqs)`` are
+    not offered before ``not_before[i]`` (0: at once), and failed for ``reasons[i]``
+    ("": none given). Recorded where it is received, so an instance that takes a
+    message over from an owner that is down (a proxied transfer) holds it as its owner
+    did. Sent only to peers whose replication revision has it (protocol/replication.py
+    rule 6). Carries where it was first recorded and the instances it passed."""
+
+    queue: str
+    publishers: list[int]
+    seqs: list[int]
+    not_before: list[float]
+    reasons: list[str]
+    origin: str = ""
+    origin_group: str = ""
+    path: list[str] = []
+
+
 class ConsumerReplicatedRec(_Rec, tag=17, frozen=True):
     """A named consumer's record of a replicated queue from another instance
     (docs/spark.md, "Failover between instances"): ``kind`` is ``lease`` (deliveries
@@ -278,7 +297,7 @@ class SowDeletedRec(_Rec, tag=16, frozen=True):
 Record = Union[
     PublishRec, LeasedRec, DeliveredRec, AckedRec, CancelledRec, ExpiredRec, ReturnedRec, BarrierRec,
     ConsumerLeasedRec, ConsumerAckedRec, ConsumerClaimedRec, ReceivedRec, QueueRemovedRec, TransferRequestRec,
-    TransferRec, SowDeletedRec, ConsumerReplicatedRec,
+    TransferRec, SowDeletedRec, ConsumerReplicatedRec, QueueCancelledRec,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -30,6 +30,7 @@ OPS: dict[type, str] = {
     r.TransferRec: "transfer",
     r.SowDeletedRec: "sow_delete",
     r.ConsumerReplicatedRec: "consumer_replicated",
+    r.QueueCancelledRec: "queue_cancelled",
 }
 OP_NAMES: tuple[str, ...] = tuple(OPS.values())
 

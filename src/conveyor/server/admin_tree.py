@@ -261,6 +261,9 @@ def details(server: Server, name: str, now: float, limit: int = DETAILS_MESSAGES
             # the instance that owns it: another for a message owned elsewhere, this one
             # for the rest of a replicated queue, none for a queue that is not replicated
             "owner": r.holder if r.state == "elsewhere" else here,
+            # a delayed retry (docs/queues.md): not offered before then (for a message owned
+            # elsewhere, its owner's time); the application's last failure reason
+            "not_before": r.not_before, "reason": r.reason or None,
         })
     cursors = [
         {"subscriber": consumer_label(key), "client": client(key), "outstanding": outstanding,

@@ -285,6 +285,8 @@ CELLS: dict[type, dict[str, Callable]] = {
     r.QueueRemovedRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"),
                         "seqs": attrgetter("seqs"), "reasons": attrgetter("kind"),
                         "consumer": _when(_positive, attrgetter("origin"))},
+    r.QueueCancelledRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"),
+                          "seqs": attrgetter("seqs"), "consumer": _when(_positive, attrgetter("origin"))},
     r.TransferRequestRec: {"queue": attrgetter("queue"), "publishers": attrgetter("publishers"),
                            "seqs": attrgetter("seqs"), "consumer": attrgetter("requester"),
                            "counts": attrgetter("attempts")},

@@ -159,7 +159,7 @@ class QueueBinding:
         enters, owner = self.ownership.entering(ident, origin, barrier, arrived)
         if enters:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration, owner=owner,
-                               arrived=arrived, ident=ident)
+                               arrived=arrived, ident=ident, ordering_key=None if barrier else key)
         return enters
 
     def key_of(self, entry: Entry) -> str | None:

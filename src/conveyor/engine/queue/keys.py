@@ -37,6 +37,16 @@ reaches it as ``queue._keys`` (``queue.keys`` for the engine; None without
    line. A snapshot does not carry keys: after one is restored, :meth:`restored`
    computes the key of every message it holds again (``key_at``, given by the engine:
    one read of the message each) and holds or releases as rule 2 says.
+6. **Replicated queues.** A message another instance owns (ELSEWHERE) is in its key's
+   line, unfinished, like any other (:meth:`enter_elsewhere`), but neither offered nor
+   held here: its owner decides. Finishing it anywhere removes it here too (rule 3), so
+   the next of its key is released on whichever instance owns that one. A message that
+   comes here by a transfer waits behind its key as a new one would (:meth:`behind`;
+   queue/transfers.py rule 1), and one held behind its key leaves at once when it is
+   granted away. Every instance orders the messages of one origin alike (replication
+   keeps each source's order), so for a key published on one instance no more than N
+   are leased across all instances, always among its first N unfinished ones: an
+   instance sees a finish only after it happened, never before.
 
 Complexity: O(1) per enqueue of a keyed message (a dict entry and a deque slot: about
 100 bytes per unfinished keyed message), O(N) per finish (its place in the first N of
@@ -50,6 +60,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import replace
+from itertools import islice
 from typing import TYPE_CHECKING, Callable
 
 from conveyor.engine.queue.events import Event
@@ -89,7 +100,7 @@ class KeyedOrder:
         self._seats = seats
         self._returns = returns
         self._stamped = stamped
-        transitions.on_leave(self.left)  # rule 3 (a replicated queue cannot have an OrderingKey)
+        transitions.on_leave(self.left)  # rule 3, for messages owned elsewhere too (rule 6)
 
     @classmethod
     def build(cls, config: QueueConfig, key_at: Callable[[int], str | None] | None, transitions: Transitions,
@@ -110,17 +121,34 @@ class KeyedOrder:
     def enter(self, p: int, t: float, order_key: int, barrier: bool, key: str | None) -> bool:
         """A new message (``key``: rule 1): into the delivery order, as ``DeliveryOrder.append``
         (whose answer it returns), or held behind its key (False)."""
-        if key is not None and not barrier:
-            self._key_of[p] = key
-            line = self._lines.get(key)
-            if line is None:
-                self._lines[key] = deque((p,))
-            else:
-                line.append(p)
-                if len(line) > self.n:
-                    self._returns.hold(p, HELD, t, order_key)
-                    return False
+        if key is not None and not barrier and self._join(p, key) > self.n:
+            self._returns.hold(p, HELD, t, order_key)
+            return False
         return self._order.append(p, t, order_key, barrier)
+
+    def enter_elsewhere(self, p: int, key: str | None) -> None:
+        """Rule 6: a message another instance owns joins its key's line (``key``: rule 1)."""
+        if key is not None:
+            self._join(p, key)
+
+    def _join(self, p: int, key: str) -> int:
+        """``p`` at the end of its key's line (rule 2); the line's length now."""
+        self._key_of[p] = key
+        line = self._lines.get(key)
+        if line is None:
+            self._lines[key] = deque((p,))
+            return 1
+        line.append(p)
+        return len(line)
+
+    def behind(self, p: int) -> bool:
+        """Rule 6: whether ``p`` is beyond the first N of its key's line (a message
+        transferred here then waits as a new one would)."""
+        key = self._key_of.get(p)
+        if key is None:
+            return False
+        line = self._lines[key]
+        return len(line) > self.n and p not in islice(line, self.n)
 
     def left(self, p: int) -> None:
         """``p`` left the queue for good (rule 3): the next of its key may be released."""
@@ -176,9 +204,9 @@ class KeyedOrder:
         key_at = self.key_at
         if key_at is None:
             raise QueueStateError("a queue with an OrderingKey restores a snapshot only with its key_at")
-        returns, order = self._returns, self._order
+        returns, order, replica = self._returns, self._order, self._returns.replica
         positions = sorted([p for p, _ in order.store.items() if p not in order.barriers]
-                           + [p for p, _ in returns.items()])
+                           + [p for p, _ in returns.items()] + [p for p, _ in replica.items()])
         for p in positions:
             key = key_at(p)
             if key is None:
@@ -186,6 +214,8 @@ class KeyedOrder:
             self._key_of[p] = key
             line = self._lines.setdefault(key, deque())
             line.append(p)
+            if p in replica:
+                continue  # its owner holds or offers it (rule 6)
             if len(line) > self.n:
                 if p not in returns:
                     returns.hold_back(p, HELD)
@@ -204,18 +234,19 @@ class KeyedOrder:
         return key, len(ahead), sum(1 for q in ahead if q in leased)
 
     def held_count(self) -> int:
-        """Messages held behind their key now (O(keys))."""
-        n = self.n
-        return sum(len(line) - n for line in self._lines.values() if len(line) > n)
+        """Messages held behind their key here now (O(keys + held); not those owned elsewhere)."""
+        n, held = self.n, self.held
+        return sum(sum(1 for p in islice(line, n, None) if held(p)) for line in self._lines.values() if len(line) > n)
 
     def check(self) -> None:
         """Rule 2's invariant (AssertionError): no key has more than N leased, and a key's
         leased messages are among its first N unfinished ones; held ones are after them."""
-        leased = self._leases.leased
+        leased, replica = self._leases.leased, self._returns.replica
         for key, line in self._lines.items():
             for i, p in enumerate(line):
                 assert i < self.n or p not in leased, f"key {key!r}: {p} leased beyond the first {self.n}"
-                assert i < self.n or self.held(p), f"key {key!r}: {p} beyond the first {self.n} but not held"
+                assert i < self.n or self.held(p) or p in replica, \
+                    f"key {key!r}: {p} beyond the first {self.n} but not held"
 
 
 def _before(line: deque[int], p: int) -> list[int]:

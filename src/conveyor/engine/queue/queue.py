@@ -362,7 +362,7 @@ class Queue:
         self.transfers = Transfers(
             priority=self._priority, transitions=self._transitions, replica=self.replica, order=self._order,
             leases=self._leases, seats=self._seats, stamped=self._stamped, count=self._counters.add,
-            state_of=self.state_of, matches=self._matches, returns=self._returns)
+            state_of=self.state_of, matches=self._matches, returns=self._returns, keys=self.keys)
         self.named = NamedLeases(
             config.name, at_least_once=self._at_least_once, priority=self._priority, transitions=self._transitions,
             seats=self._seats, order=self._order, leases=self._leases, replica=self.replica,
@@ -414,15 +414,11 @@ class Queue:
         ``priority``: for a queue with ``Priority``, the value of the expression for this
         message (``Expression.priority``: 0 .. 2**64 - 1, or -1 for NULL / non-numeric,
         the lowest); required there (except for a barrier), refused elsewhere.
-        ``barrier``: the message matches the queue's ``BarrierExpression``.
-
-        Returns False when the message is inactive (TargetQueueDepth, rule 9): the queue
-        only counted it, and the engine need not keep it in memory.
-
-        Publish times are clamped to never decrease along positions, so the oldest
-        message is always the first one (a clock that steps back cannot reorder expiry).
-
-        ``expires_at``: the absolute time the message itself expires (0: never), stamped
+        ``barrier``: the message matches the queue's ``BarrierExpression``. Returns False
+        when the message is inactive (TargetQueueDepth, rule 9): the queue only counted it,
+        and the engine need not keep it in memory. Publish times are clamped to never
+        decrease along positions, so the oldest message is always the first one (a clock
+        that steps back cannot reorder expiry). ``expires_at``: the absolute time the message itself expires (0: never), stamped
         by a SOW topic with Expiration (:mod:`conveyor.engine.queue.expiry`).
         ``owner``: in a replicated queue, the instance that owns the message when it is
         not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here;
@@ -443,7 +439,7 @@ class Queue:
         if ident is not None:
             self.replica.entered(position, ident)
         if owner is not None:
-            self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived)
+            self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived, ordering_key)
             return True
         step = self._transitions.step  # ABSENT, derived: nothing is held above the last position
         if self._target is not None and self._window.holds_back(self._active()):
@@ -466,8 +462,8 @@ class Queue:
         return True
 
     def _enqueue_elsewhere(self, position: int, published_at: float, key: int, barrier: bool, expires_at: float,
-                           owner: str, arrived: float | None) -> None:
-        """Rule 11: a message another instance owns is recorded ELSEWHERE."""
+                           owner: str, arrived: float | None, ordering_key: str | None) -> None:
+        """Rule 11: a message another instance owns is recorded ELSEWHERE (in its key's line: queue/keys.py)."""
         self._note_expiry(position, published_at, expires_at)  # it expires here if it is transferred here
         if barrier:
             raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
@@ -476,6 +472,8 @@ class Queue:
         self._last_position = position
         self._last_time = published_at
         self.replica.add(position, owner, published_at, key, published_at if arrived is None else arrived)
+        if self.keys is not None:
+            self.keys.enter_elsewhere(position, ordering_key)
 
     def _note_expiry(self, position: int, published_at: float, expires_at: float) -> None:
         """A message entering the queue: its own expiry overrides the queue's Expiration,

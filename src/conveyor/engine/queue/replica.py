@@ -28,6 +28,9 @@ transfers, tombstones) over what this part holds. Rules:
    (``(epoch, owner, granter)``; kept also for a message that has not arrived yet, so it
    enters owned by the winner) and this instance's unanswered request. Both go when the
    message leaves.
+6. **Held by its owner.** A message ELSEWHERE that its owner cancelled with a delayed
+   retry keeps that time here (queue/transfers.py rule 5) until it leaves ELSEWHERE;
+   the owner's later cancel replaces it.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class Away(NamedTuple):
 
 
 class Replica:
-    __slots__ = ("_away", "_unasked", "_leaving", "_idents", "_positions", "_left", "_epochs", "_requested")
+    __slots__ = ("_away", "_unasked", "_leaving", "_idents", "_positions", "_left", "_epochs", "_requested",
+                 "_held")
 
     def __init__(self) -> None:
         self._away: dict[int, Away] = {}
@@ -97,6 +101,7 @@ class Replica:
         self._epochs: dict[Ident, Epoch] = {}  # rule 5
         # (when, attempt) of our last request, in the order asked (oldest leave first).
         self._requested: OrderedDict[Ident, tuple[float, int]] = OrderedDict()
+        self._held: dict[int, float] = {}  # rule 6: position -> not before (ELSEWHERE only)
 
     def __contains__(self, position: int) -> bool:
         """Whether the message is ELSEWHERE (owned by another instance)."""
@@ -126,6 +131,8 @@ class Replica:
             left.popitem(last=False)
         self._requested.pop(ident, None)
         self._epochs.pop(ident, None)
+        if self._held:
+            self._held.pop(position, None)
 
     @property
     def size(self) -> int:
@@ -154,6 +161,7 @@ class Replica:
 
     def take(self, position: int) -> Away:
         self._unasked.pop(position, None)
+        self._held.pop(position, None)
         return self._away.pop(position)
 
     def get(self, position: int) -> Away | None:
@@ -173,6 +181,21 @@ class Replica:
         away = self._away[position] = self._away[position]._replace(owner=owner)
         if position in self._unasked:
             self._unasked[position] = away
+
+    def hold(self, position: int, not_before: float) -> None:
+        """Rule 6: its owner holds ``position`` until ``not_before`` (0: no more)."""
+        if not_before:
+            self._held[position] = not_before
+        else:
+            self._held.pop(position, None)
+
+    def held_until(self, position: int) -> float:
+        """Rule 6: until when its owner holds ``position`` (0: it does not)."""
+        return self._held.get(position, 0.0)
+
+    def holds(self) -> list[tuple[int, float]]:
+        """Rule 6's times, (position, not before) in position order (for a snapshot)."""
+        return sorted(self._held.items())
 
     def first(self) -> int | None:
         """The lowest position held here (O(n): barriers and recovery points only)."""

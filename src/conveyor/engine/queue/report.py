@@ -127,6 +127,7 @@ class QueueReport:
                 MessageDetail(
                     p, "elsewhere", away.published_at, leases.deliveries_of(p), leases.cancels_of(p),
                     away.owner, None, priority_of_key(away.key) if self._priority else None,
+                    not_before=self._replica.held_until(p) or None,  # its owner's (queue/transfers.py rule 5)
                 )
             )
         for p, t, key in self._returns.export()[1]:

@@ -186,8 +186,17 @@ class Returns:
         if not_before != math.inf:
             heappush(self._heap, (not_before, p))
 
+    @property
+    def replica(self) -> Replica:
+        """The queue's replica part (the messages owned elsewhere), for the key lines."""
+        return self._replica
+
     def hold_back(self, p: int, not_before: float) -> None:
-        """Replay or restore (rule 2): available ``p`` is held until ``not_before``."""
+        """Replay or restore (rule 2): available ``p`` is held until ``not_before``; or,
+        a restore of ``p`` ELSEWHERE, its owner holds it (queue/transfers.py rule 5)."""
+        if p in self._replica:
+            self._replica.hold(p, not_before)
+            return
         key = self._order.key_of(p)
         self.hold(p, not_before, self._order.take(key), key)
 
@@ -222,10 +231,13 @@ class Returns:
         return ((p, entry[1]) for p, entry in self._held.items())
 
     def export(self) -> tuple[list[tuple[int, float]], list[tuple[int, float, int]]]:
-        """For a snapshot: (position, not before) and (position, publish time, key), in
-        position order."""
+        """For a snapshot: (position, not before), also of the messages ELSEWHERE that
+        their owner holds (:meth:`hold_back` tells them apart again), and (position,
+        publish time, key) of those held here, in position order."""
         rows = sorted(self._held.items())
-        return [(p, e[0]) for p, e in rows], [(p, e[1], e[2]) for p, e in rows]
+        delays = [(p, e[0]) for p, e in rows]
+        away = self._replica.holds()
+        return sorted(delays + away) if away else delays, [(p, e[1], e[2]) for p, e in rows]
 
     def next_deadline(self) -> float | None:
         heap, held = self._heap, self._held

@@ -9,18 +9,26 @@ queue's parts what happened (the replica part, the order, the leases, the seats)
 1. **In.** A message whose ownership comes here goes ELSEWHERE -> AVAILABLE with the
    delivery and cancel counts it had on its previous owner (never lower than its counts
    here), and is offered to the filtered consumers it is behind; its own expiry is
-   looked at again (it may have passed while it was away).
+   looked at again (it may have passed while it was away). Beyond the first N of its
+   key's line (OrderingKey) it is held behind its key, as a new message would be
+   (queue/keys.py rule 6); else, held for a delayed retry until the later of the
+   granter's time and its owner's last delayed cancel (rule 5), it waits for it here.
 2. **Out.** An available message whose ownership goes away leaves the order exactly (a
    priority index must not keep its key); one leased here keeps its lease and goes when
    the lease ends (queue/replica.py rule 3), one held for a delayed retry goes when its
    delay ends (a snapshot keeps it as held: the restore marks it again from the
-   transfer that won, engine/replication/ownership.py); a barrier never moves.
+   transfer that won, engine/replication/ownership.py); one held behind its key was
+   offered to nobody, so it goes at once; a barrier never moves.
 3. **Removed.** A message that left the queue on another instance leaves here too,
    whatever its state, as an acknowledgement or an expiry; the engine does not journal
    these events (the record it received is the journal's).
 4. **Room.** The ownership rules ask how much the consumers here could take (free
    backlog, capacity, slots freed so far) and whether one could take a given message:
    an owner grants a transfer only when none of its own can.
+5. **Cancelled on its owner.** A delayed retry's time and the failure reason of a
+   message cancelled on the instance that owns it (ownership.py rule 10) are kept with
+   it here while it is ELSEWHERE (the time by the replica part, the reason among the
+   lease notes), so a transfer this instance grants, or takes, carries them.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Callable
 
 from conveyor.engine.queue.events import Acknowledged, Event, Expired
 from conveyor.engine.queue.expiry import MessageExpiry
+from conveyor.engine.queue.keys import HELD, KeyedOrder
 from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.replica import Replica
@@ -49,7 +58,7 @@ class Transfers:
         self, *, priority: bool, transitions: Transitions, replica: Replica, order: DeliveryOrder,
         leases: LeaseTable, seats: Seats, stamped: MessageExpiry, count: Callable[[str], None],
         state_of: Callable[[int], MessageState], matches: Callable[[Callable[[object, float], bool], int, float], bool],
-        returns: Returns,
+        returns: Returns, keys: KeyedOrder | None = None,
     ) -> None:
         self._priority = priority
         self._transitions = transitions
@@ -62,6 +71,7 @@ class Transfers:
         self._state_of = state_of
         self._matches = matches
         self._returns = returns  # held for a delayed retry: moves when its delay ends, as a lease
+        self._keys = keys  # OrderingKey (queue/keys.py rule 6); None without one
 
     def transfer_in(self, position: int, now: float, *, deliveries: int = 0, cancels: int = 0,
                     not_before: float = 0.0) -> bool:
@@ -71,13 +81,16 @@ class Transfers:
         if position not in self._replica:
             return False
         self._transitions.move(position, Verb.TRANSFER_IN, _ELSEWHERE)
+        not_before = max(not_before, self._replica.held_until(position))  # rule 5
         away = self._replica.take(position)
         leases = self._leases
         if deliveries > leases.deliveries_of(position):
             leases.set_deliveries(position, deliveries)
         if cancels > leases.cancels_of(position):
             leases.set_cancels(position, cancels)
-        if not_before > now:
+        if self._keys is not None and self._keys.behind(position):
+            self._returns.hold(position, HELD, away.published_at, away.key)  # its key's turn first (rule 1)
+        elif now < not_before < HELD:
             self._returns.hold(position, not_before, away.published_at, away.key)
         elif self._order.insert(position, away.published_at, away.key) or not self._priority:
             self._seats.came_back(away.key, self._order.store.__contains__, now)
@@ -94,16 +107,20 @@ class Transfers:
         if state is _ELSEWHERE:
             self._replica.set_owner(position, owner)
             return True
-        if state is _LEASED or position in self._returns:
+        held_by_key = self._returns.not_before(position) == HELD
+        if state is _LEASED or (position in self._returns and not held_by_key):
             self._replica.owned_away_while_leased(position, owner)
             return True
         if state is not _AVAILABLE or self._order.is_barrier(position):
             return False
         self._transitions.move(position, Verb.TRANSFER_OUT, _AVAILABLE)
-        key = self._order.key_of(position)
-        # Exact removal, as a delivery's: a lazy one would leave its key in a priority
-        # index, and a transfer back here would add it a second time.
-        t = self._order.take(key)
+        if held_by_key:
+            t, key = self._returns.take_key(position)
+        else:
+            key = self._order.key_of(position)
+            # Exact removal, as a delivery's: a lazy one would leave its key in a priority
+            # index, and a transfer back here would add it a second time.
+            t = self._order.take(key)
         self._replica.add(position, owner, t, key, now)
         self._count("transferred_out")
         return True
@@ -123,8 +140,22 @@ class Transfers:
         return [p for p, _ in self._returns.items()]
 
     def not_before_of(self, position: int) -> float:
-        """When a message held for a delayed retry may be offered again (0: not held)."""
-        return self._returns.not_before(position) or 0.0
+        """When a message held for a delayed retry (here, or by its owner: rule 5) may be
+        offered again (0: not held). One held behind its key has no time: where it goes,
+        its place in its key's line decides (queue/keys.py rule 6)."""
+        held = self._returns.not_before(position)
+        return self._replica.held_until(position) if held is None or held == HELD else held
+
+    def cancelled_elsewhere(self, position: int, not_before: float, reason: str) -> bool:
+        """Rule 5: the owner of ``position`` cancelled it with a delayed retry until
+        ``not_before`` (0: none) or a ``reason`` ("": none). False when it is not
+        ELSEWHERE here (then its owner is this instance, or it is gone)."""
+        if position not in self._replica:
+            return False
+        self._replica.hold(position, not_before)
+        if reason:
+            self._leases.note(position, None, reason)
+        return True
 
     def counts_of(self, position: int) -> tuple[int, int]:
         """(deliveries, cancels) of a message, as they travel with a transfer."""

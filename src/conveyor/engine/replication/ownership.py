@@ -67,6 +67,13 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    ``sync`` peers have caught it up (their removals and transfers made while it was
    down are applied first), or ``RecoveryCatchUpTimeout`` passes: ``catch_up.py`` and
    ``held_delivery.py``. Requests, grants and removals go on meanwhile.
+10. **Delayed retries and failure reasons travel.** A cancel on the owner with a delay
+   or a reason is replicated by identity (:class:`~conveyor.records.QueueCancelledRec`,
+   to peers of protocol revision 1 and later). Every other instance keeps the time and
+   the reason with its copy (owned elsewhere); a transfer it grants carries the time
+   (``TransferRec.not_before``), and when the message becomes its own it holds it until
+   then and keeps the reason for its dead letter. So a proxied transfer after the owner
+   went down does not offer a message earlier than its owner would have.
 """
 
 from __future__ import annotations
@@ -368,6 +375,17 @@ class QueueOwnership:
                 queue.transfers.transfer_out(position, owner, now)
         return applied
 
+    def cancelled_elsewhere(self, rec: records.QueueCancelledRec) -> bool:
+        """Rule 10: the owner cancelled these messages with a delayed retry or a reason;
+        each one here and owned elsewhere keeps both (False: none is)."""
+        replica, transfers = self._replica, self.queue.transfers
+        kept = False
+        for ident, not_before, reason in zip(zip(rec.publishers, rec.seqs), rec.not_before, rec.reasons):
+            position = replica.position(ident)
+            if position is not None and transfers.cancelled_elsewhere(position, not_before, reason):
+                kept = True
+        return kept
+
     def conflict(self, ident: Ident, other_origin: str, now: float) -> records.TransferRec | None:
         """Rule 7: a copy of a message this instance recorded arrived from another origin."""
         position = self._replica.position(ident)
@@ -584,6 +602,8 @@ class ReplicatedQueues:
                 self._delivery.mark(self._bindings.by_name[rec.queue])
                 return rec
             return None
+        if type(rec) is records.QueueCancelledRec:
+            return rec if own.cancelled_elsewhere(rec) else None
         # a TransferRequestRec: each message's attempt is answered once, whatever the path
         assert type(rec) is records.TransferRequestRec  # the other two returned above
         seen = self._seen_requests
@@ -686,6 +706,8 @@ class ReplicatedQueues:
                 own.removed(ident, rec.kind, now)
         elif type(rec) is records.TransferRec:
             own.transfer(rec, now)
+        elif type(rec) is records.QueueCancelledRec:
+            own.cancelled_elsewhere(rec)
 
     def export_state(self) -> dict[str, OwnershipState]:
         return {name: own.export_state() for name, own in self.by_queue.items()}

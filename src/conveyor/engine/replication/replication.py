@@ -33,6 +33,7 @@ class Replication:
             instance=self.instance,
             group=self.group,
             journal_id=journal_id,
+            revision=p.PROTOCOL_REVISION,
             queues=[
                 p.QueueProfile(q.name, q.kind.value, q.underlying, q.filter, q.initial_owner,
                                group=configured_queue_group(q, config) if q.kind is QueueKind.GROUP_LOCAL else None)

@@ -230,6 +230,7 @@ class ReplicationSink:
             records.QueueRemovedRec: self._record_queue_record,
             records.TransferRequestRec: self._record_queue_record,
             records.TransferRec: self._record_queue_record,
+            records.QueueCancelledRec: self._record_queue_record,
             records.ConsumerReplicatedRec: self._record_consumer_record,
             records.SowDeletedRec: self._record_sow_delete,
         }

@@ -138,10 +138,19 @@ class OutLink:
     def holds_persisted(self) -> bool:
         return self.sync and not self.downgraded
 
+    @property
+    def revision(self) -> int:
+        """The protocol revision of the connected destination (protocol/replication.py
+        rule 6): which record kinds it can take."""
+        return self.peer.revision if self.peer is not None else 0
+
 
 
 OwnershipRecord = (records.QueueRemovedRec | records.TransferRequestRec | records.TransferRec
-                   | records.ConsumerReplicatedRec)
+                   | records.ConsumerReplicatedRec | records.QueueCancelledRec)
+#: The protocol revision a destination needs to take a record kind (protocol/replication.py
+#: rule 6); kinds not listed are revision 0.
+REVISION_OF: dict[type, int] = {records.QueueCancelledRec: 1}
 RemovalRecord = (records.AckedRec | records.DeliveredRec | records.ConsumerAckedRec | records.ConsumerLeasedRec
                  | records.ConsumerClaimedRec)
 #: A row of the send table: ``send(link, record, payload, peer, payloads)``.
@@ -216,8 +225,8 @@ class ReplicationSource:
         link.acked = link.sent = resume
         link.last_error = None
         self._by_conn[conn_id] = link
-        log.info("replication to %s (%s, group %s): streaming from position %d%s", link.name, peer.instance,
-                 peer.group, resume, " (sync)" if link.sync else "")
+        log.info("replication to %s (%s, group %s, revision %d): streaming from position %d%s", link.name,
+                 peer.instance, peer.group, peer.revision, resume, " (sync)" if link.sync else "")
 
     def link_down(self, destination: str, reason: str | None, now: float) -> None:
         link = self.links[destination]
@@ -322,10 +331,11 @@ class ReplicationSource:
         """What each kind of record (other than a publish) sends to a destination, one
         row per type, None for "nothing" (rules 6-8); a type with no row stops the link."""
         table: dict[type, Send | None] = dict.fromkeys(
-            (records.LeasedRec, records.CancelledRec, records.ReturnedRec, records.BarrierRec, records.ReceivedRec))
+            (records.LeasedRec, records.ReturnedRec, records.BarrierRec, records.ReceivedRec))
         table[records.SowDeletedRec] = self._sow_delete
+        table[records.CancelledRec] = self._cancelled_record
         for t in (records.QueueRemovedRec, records.TransferRequestRec, records.TransferRec,
-                  records.ConsumerReplicatedRec):
+                  records.ConsumerReplicatedRec, records.QueueCancelledRec):
             table[t] = self._ownership_record
         table[records.ExpiredRec] = self._expired_record
         for removal in (records.AckedRec, records.DeliveredRec, records.ConsumerAckedRec, records.ConsumerLeasedRec,
@@ -341,11 +351,26 @@ class ReplicationSource:
                           payloads: list[bytes]) -> None:
         """Rule 6: the ownership records (and a named consumer's replicated ones) travel
         as they are."""
-        if not self._owned(link, rec.queue):
+        if not self._owned(link, rec.queue) or link.revision < REVISION_OF.get(type(rec), 0):
             return
         if rec.origin and not travels_on(link.pass_through, rec.origin, rec.origin_group, rec.path, peer):
             return
         payloads.append(payload)
+
+    def _cancelled_record(self, link: OutLink, rec: records.CancelledRec, payload: bytes, peer: str,
+                          payloads: list[bytes]) -> None:
+        """Rule 6: a cancel with a delayed retry or a failure reason goes by identity
+        (to a destination that takes it: protocol/replication.py rule 6), so an instance
+        that takes the message over from this one while it is down holds it as well; a
+        plain cancel changes nothing another instance keeps."""
+        if (not (rec.not_before or rec.reasons) or not self._owned(link, rec.queue)
+                or link.revision < REVISION_OF[records.QueueCancelledRec] or self.queues is None):
+            return
+        idents = [self.queues.identify(p) for p in rec.positions]
+        n = len(idents)
+        payloads.append(records.encode(records.QueueCancelledRec(
+            rec.queue, [i[0] for i in idents], [i[1] for i in idents],
+            rec.not_before or [0.0] * n, rec.reasons or [""] * n)))
 
     def _expired_record(self, link: OutLink, rec: records.ExpiredRec, payload: bytes, peer: str,
                         payloads: list[bytes]) -> None:
