@@ -7,7 +7,11 @@ survives a server restart."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+import urllib.request
 
 QUEUE = """
 <Queue>
@@ -34,8 +38,36 @@ ACTIONS = """
 """
 
 
-def start(server_factory):
-    return server_factory(queues=QUEUE, root_extra=ACTIONS)
+def start(server_factory, **kwargs):
+    return server_factory(queues=QUEUE, root_extra=ACTIONS, **kwargs)
+
+
+def test_the_cli_and_the_admin_details_show_the_delay_and_the_reason(server_factory, face):
+    """``conveyor queues Jobs`` (and the admin details it reads) while a message waits out
+    its delay: how long it still waits and the reason its worker gave."""
+    server = start(server_factory, admin=True)
+    worker = face("worker").connect(server.uri)
+    worker.publish("jobs", {"n": 1})
+    worker.flush()
+    jobs = worker.subscribe("Jobs", max_backlog=1)
+    msg = jobs.get(10)
+    msg.cancel(delay=60, reason="db timeout")
+    worker.flush()
+    env = {**os.environ, "CONVEYOR_ADMIN": server.admin_url}
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(server.admin_url + "/amps/instance/queues/Jobs/details", timeout=10) as reply:
+            (row,) = json.load(reply)["messages"]
+        if row["reason"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert row["reason"] == "db timeout" and 50 < row["not_before"] - time.time() <= 60, row
+    proc = subprocess.run([sys.executable, "-m", "conveyor", "queues", "Jobs"], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    header, line = [x for x in proc.stdout.splitlines() if "BOOKMARK" in x or msg.bookmark in x]
+    assert "RETRY IN" in header and "FAILURE REASON" in header
+    assert "db timeout" in line and "available" in line, proc.stdout
 
 
 def test_a_delayed_cancel_comes_back_after_its_delay_while_the_next_message_flows(server_factory, face):

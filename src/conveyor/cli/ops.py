@@ -248,9 +248,9 @@ def _queue_details(args: argparse.Namespace) -> int:
     print()
     _table(
         [[m["bookmark"] or m["position"], m["state"], m["holder_client"] or m["holder"],
-          _lease_left(m, now), m["deliveries"],
+          _lease_left(m, now), m["deliveries"], _retry_in(m, now), m.get("reason"),
           _when(m["published_at"])] for m in details["messages"]],
-        ["BOOKMARK", "STATE", "HOLDER", "LEASE LEFT", "DELIVERIES", "PUBLISHED"],
+        ["BOOKMARK", "STATE", "HOLDER", "LEASE LEFT", "DELIVERIES", "RETRY IN", "FAILURE REASON", "PUBLISHED"],
     )
     if details["messages_truncated"]:
         matching = " matching the filter" if args.filter else " available"
@@ -322,6 +322,13 @@ def _lease_left(message: dict, now: float) -> str | None:
     if message["state"] == "leased":
         return "infinite"  # an endless lease (LeasePeriod infinite): no deadline
     return None
+
+
+def _retry_in(message: dict, now: float) -> str | None:
+    """How long a delayed retry still waits (docs/queues.md, "Delayed retry"); for a
+    message owned elsewhere, its owner's."""
+    not_before = message.get("not_before")
+    return _seconds(round(max(0.0, not_before - now), 1)) if not_before else None
 
 
 def cmd_clients(args: argparse.Namespace) -> int:
