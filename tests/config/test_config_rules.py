@@ -551,13 +551,10 @@ def test_pass_through_must_compile():
             "is not a valid regular expression", hint="regex of group names")
 
 
-def test_a_replicated_queue_has_no_target_queue_depth_yet():
-    """Rule 8, checked when the configuration loads (so `conveyor config check` refuses
-    it as `conveyor serve` does)."""
+def test_a_replicated_queue_may_have_a_target_queue_depth():
+    """Replicated queues keep their window (engine/queue/bindings.py rule 7)."""
     sow = queue_xml("<TargetQueueDepth>10</TargetQueueDepth>")
-    refused(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*"))),
-            "AMPSConfig/SOW/Queue[1]/TargetQueueDepth", "queue 'Q' is replicated and has a TargetQueueDepth",
-            hint="remove <TargetQueueDepth>")
+    loads(config_xml(sow + _replication(_DEST.format(sync="async", addr="h:1", topic=".*"))))
 
 
 def test_a_replicated_queue_may_have_an_ordering_key():

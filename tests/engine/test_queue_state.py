@@ -83,10 +83,11 @@ def test_each_event_is_one_verb_and_has_a_record_and_a_replay():
         BarrierDelivered: V.DELIVER_BARRIER,
     }
     assert set(verbs) == set(get_args(Event))
-    # ENQUEUE, HOLD and ENQUEUE_ELSEWHERE are the publish record itself; ACTIVATE is it,
-    # read again; the transfers are the engine's TransferRec (replicated queues).
+    # ENQUEUE, HOLD and ENQUEUE_ELSEWHERE are the publish record itself; ACTIVATE (and, in a
+    # replicated queue, ACTIVATE_ELSEWHERE) is it, read again; the transfers are the
+    # engine's TransferRec (replicated queues).
     assert set(verbs.values()) == set(Verb) - {
-        V.ENQUEUE, V.HOLD, V.ACTIVATE, V.ENQUEUE_ELSEWHERE, V.TRANSFER_IN, V.TRANSFER_OUT,
+        V.ENQUEUE, V.HOLD, V.ACTIVATE, V.ACTIVATE_ELSEWHERE, V.ENQUEUE_ELSEWHERE, V.TRANSFER_IN, V.TRANSFER_OUT,
     }
 
 
@@ -94,13 +95,15 @@ def test_each_event_is_one_verb_and_has_a_record_and_a_replay():
 def test_barrier_and_window_transitions(semantics):
     """Synchronizing Work with Barrier Messages: a delivered barrier is acknowledged at
     once. Limiting Currently Deliverable Messages: inactive messages enter the active part
-    (ACTIVATE) or, acknowledged before that, never do."""
+    (ACTIVATE; ACTIVATE_ELSEWHERE in a replicated queue, owned by another instance) or,
+    acknowledged before that, never do."""
     t = TRANSITIONS[semantics]
     assert t[(S.AVAILABLE, V.DELIVER_BARRIER)] is S.ACKNOWLEDGED
     assert t[(S.ABSENT, V.HOLD)] is S.INACTIVE
     assert t[(S.INACTIVE, V.ACTIVATE)] is S.AVAILABLE
     assert t[(S.INACTIVE, V.ACKNOWLEDGE)] is S.ACKNOWLEDGED
-    assert {v for (frm, v) in t if frm is S.INACTIVE} == {V.ACTIVATE, V.ACKNOWLEDGE}
+    assert t[(S.INACTIVE, V.ACTIVATE_ELSEWHERE)] is S.ELSEWHERE
+    assert {v for (frm, v) in t if frm is S.INACTIVE} == {V.ACTIVATE, V.ACTIVATE_ELSEWHERE, V.ACKNOWLEDGE}
 
 
 def test_events_are_frozen_and_encodable():

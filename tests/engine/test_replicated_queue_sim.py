@@ -101,14 +101,17 @@ class Sim:
         # Per-key ordering (queue/keys.py rule 6) for a third of the seeds, from the same
         # generator: each key is published on one instance (its order is the same everywhere).
         self.per_key = rd.choice([1, 2]) if rd.random() < 1 / 3 else 0
+        # TargetQueueDepth (bindings.py rule 7) for a third of the others (not with Priority)
+        self.window = rd.choice([2, 3, 5]) if not self.per_key and not priority and rd.random() < 1 / 3 else None
         sow = queue_xml("WorkQ", underlying="Work", LeasePeriod=f"{LEASE_S:g}s",
                         Priority="/v % 7" if priority else None, RetryBackoff=backoff,
                         OrderingKey="/k" if self.per_key else None,
-                        MaxInFlightPerKey=self.per_key if self.per_key else None)
+                        MaxInFlightPerKey=self.per_key if self.per_key else None, TargetQueueDepth=self.window)
         pass_through = ".*" if len(names) == 3 else None
         self.kind = (f"{len(names)} instances, {'sync' if sync else 'async'}{', priority' if priority else ''}"
                      f"{f', RetryBackoff {backoff}' if backoff else ''}"
-                     f"{f', OrderingKey, {self.per_key} per key' if self.per_key else ''}")
+                     f"{f', OrderingKey, {self.per_key} per key' if self.per_key else ''}"
+                     f"{f', TargetQueueDepth {self.window}' if self.window else ''}")
         self.c = Cluster({
             n: instance_xml(n, [destination(d, sync=sync, pass_through=pass_through) for d in names if d != n], sow=sow)
             for n in names

@@ -814,3 +814,61 @@ def test_key_lines_with_messages_owned_elsewhere_survive_a_restart(checkpoint):
     ack_all(c, "A", wa, [m1])
     wait_and_tick(c)
     assert got(c, "B", wb) == [2]
+
+
+WINDOWED = queue_xml("WorkQ", underlying="Work", TargetQueueDepth=3)
+
+
+def test_a_replicated_window_holds_back_on_both_instances_and_drains_once():
+    """bindings.py rule 7: with TargetQueueDepth 3, each instance has 3 messages active
+    (those owned elsewhere count); workers on B drain A's messages by transfers, the
+    window moving on both as acknowledgements travel; each message once."""
+    c = cluster(sow=WINDOWED)
+    publish(c, "A", *range(10))
+    for node in "AB":
+        st = stats(c, node)
+        assert (st.queue_depth, st.inactive_message_count) == (3, 7), (node, st)
+    wb = worker(c, "B", backlog=5)
+    seen: list[int] = []
+    for _ in range(40):
+        wait_and_tick(c)
+        msgs = c.nodes["B"].messages(wb, "WorkQ")
+        seen += [decode(x)["n"] for x in msgs]
+        if msgs:
+            ack_all(c, "B", wb, msgs)
+        if len(seen) == 10:
+            break
+    assert sorted(seen) == list(range(10)) and len(seen) == 10
+    wait_and_tick(c)
+    for node in "AB":
+        st = stats(c, node)
+        assert (st.queue_depth, st.inactive_message_count) == (0, 0), (node, st)
+
+
+def test_a_request_for_a_message_inactive_at_its_owner_is_granted_from_the_journal():
+    """ownership.py rule 11: B's window runs ahead of A's. B processes its own x1-x3 while
+    its link to A is down, so its window takes in A's message and B asks for it. When the
+    link comes back, A gets the removals and the request in one batch, before its window
+    has taken the message in: A finds it in its journal and grants it at once (not on a
+    retry one wait later), without activating it; it lets it in later, owned by B."""
+    c = cluster(sow=WINDOWED)
+    publish(c, "B", 1, 2, 3)
+    publish(c, "A", 4)
+    for node in "AB":
+        assert stats(c, node).inactive_message_count == 1
+    c.cut("B", "A")
+    wb = worker(c, "B", backlog=5)
+    wait_and_tick(c)
+    mine = c.nodes["B"].messages(wb, "WorkQ")
+    assert sorted(decode(x)["n"] for x in mine) == [1, 2, 3]
+    ack_all(c, "B", wb, mine)
+    wait_and_tick(c)  # B's copy of 4 has waited: B asks (the request waits for the link)
+    assert got(c, "B", wb) == [] and ownership_stats(c, "B").requests_sent == 1
+    assert c.connect("B", "A")
+    c.settle()
+    assert got(c, "B", wb) == [4]
+    assert ownership_stats(c, "A").grants == 1
+    c.advance(0.01)
+    c.settle()
+    st = stats(c, "A")
+    assert (st.inactive_message_count, st.elsewhere) == (0, 1)  # let in since, owned by B

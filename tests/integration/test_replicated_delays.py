@@ -15,7 +15,7 @@ from datetime import datetime
 
 from conveyor import Client
 from tests.integration.instances import Instance, instances  # noqa: F401
-from tests.integration.test_replicated_queues import QUEUE, TOPICS, explained, publish_n
+from tests.integration.test_replicated_queues import explained, pair, publish_n
 
 DELAY_S = 10.0  # long enough to see B hold it after the takeover, short enough for a quick test
 REASON = "db down"
@@ -39,12 +39,7 @@ def test_a_delayed_retry_and_its_reason_survive_the_owners_sigkill(instances):
     the others; once B has applied all of it, A is SIGKILLed and an operator enables
     proxied transfer on B. B takes the message over but holds it until A's time (its
     explain says so, with A's time), then delivers it once, with A's reason kept."""
-    a = instances("A", queues=QUEUE, topics=TOPICS, admin=True)
-    b = instances("B", queues=QUEUE, topics=TOPICS, admin=True)
-    a.replicate_to(b)
-    b.replicate_to(a)
-    a.start()
-    b.start()
+    a, b = pair(instances, admin=True)
     publish_n(a.uri, 3)
     b.wait_for_queue(3)
 

@@ -25,9 +25,10 @@ QUEUE = ("<Queue><Name>WorkQ</Name><MessageType>json</MessageType><UnderlyingTop
 TOPICS = ("Work", "WorkQ")
 
 
-def pair(instances, *, sync: bool = False, queues: str = QUEUE) -> tuple[Instance, Instance]:
-    a = instances("A", queues=queues, topics=TOPICS)
-    b = instances("B", queues=queues, topics=TOPICS)
+def pair(instances, *, sync: bool = False, queues: str = QUEUE, admin: bool = False) -> tuple[Instance, Instance]:
+    """A and B replicating the queue both ways, started (``admin``: with admin interfaces)."""
+    a = instances("A", queues=queues, topics=TOPICS, admin=admin)
+    b = instances("B", queues=queues, topics=TOPICS, admin=admin)
     a.replicate_to(b, sync=sync)
     b.replicate_to(a, sync=sync)
     a.start()

@@ -33,8 +33,8 @@ SOW topics and views are read by :mod:`conveyor.config.sow`):
   and reports errors with ``QueueConfig.path``.
 - ``OrderingKey`` (per-key ordering, docs/queues.md) must compile here; ``MaxInFlightPerKey``
   (a positive integer, default 1) needs it. Refused with it: at-most-once,
-  ``GroupLocalQueue``, ``TargetQueueDepth``, ``FileBackedMetadata`` (and a replicated
-  ``Queue``: the engine refuses it at start-up, engine/queue/bindings.py).
+  ``GroupLocalQueue``, ``TargetQueueDepth``, ``FileBackedMetadata`` (a replicated
+  ``Queue`` may have one: engine/queue/keys.py rule 6).
 """
 
 from __future__ import annotations

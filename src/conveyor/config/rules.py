@@ -18,11 +18,10 @@ typed values, and name the element that has to change:
    its records are a fold over the log (docs/sow-and-views.md).
 7. A ``FileBackedMetadata`` queue cannot take from a SOW topic with ``Expiration``: its
    snapshots do not keep the per-message expiration stamped on such messages.
-8. A replicated queue (a ``Queue`` or ``GroupLocalQueue`` a destination replicates) has
-   no ``TargetQueueDepth`` yet, and does not take from a view: a view's records are
-   computed on every instance and never replicated, so each instance would hold its own
-   copies of the same work under different identities. ``conveyor config check`` and
-   ``conveyor serve`` refuse these alike.
+8. A replicated queue (a ``Queue`` or ``GroupLocalQueue`` a destination replicates) does
+   not take from a view: a view's records are computed on every instance and never
+   replicated, so each instance would hold its own copies of the same work under
+   different identities. ``conveyor config check`` and ``conveyor serve`` refuse it alike.
 9. A destination that replicates a queue (a ``Queue`` or ``GroupLocalQueue`` whose name
    one of its ``Topic`` elements matches) must replicate the queue's underlying topic too (a
    ``Topic`` whose name is the ``UnderlyingTopic``, or a regex that matches it): the
@@ -223,12 +222,6 @@ def _check_replicated_queues(
     for queue in queues:
         if queue.name not in replicated:
             continue
-        if queue.target_queue_depth is not None:
-            raise doc.error(
-                f"{queue.path}/TargetQueueDepth",
-                f"queue {queue.name!r} is replicated and has a TargetQueueDepth: not supported together yet",
-                "remove <TargetQueueDepth>, or replicate only its underlying topics",
-            )
         over_view = next((v.name for v in views if topic_matcher(queue.underlying)(v.name)), None)
         if over_view is not None:
             raise doc.error(

@@ -489,7 +489,7 @@ class NamedConsumers:
                 if p >= point:
                     queue.replay.acknowledged(p)
         if binding.config.target_queue_depth is not None:
-            binding.refill(self._journal, upto=pos)
+            binding.refill(self._journal, upto=pos, now=now)
 
     def _replay_state(self, rec: ConsumerRecord) -> None:
         key = (rec.queue, rec.consumer)

@@ -224,14 +224,14 @@ class QueueDelivery:
             deadline = queue.next_deadline()
             if deadline is not None and deadline <= now:
                 self.journal_events(binding, queue.expire(now), now)
-            self._refill(binding)
+            self._refill(binding, now)
             deliveries = queue.dispatch(now)
             while deliveries:
                 self._deliver(binding, deliveries, now)
                 if queue.cut_short or queue.wants() <= 0:
                     break
                 # delivered messages left the active window (at-most-once): refill it
-                self._refill(binding)
+                self._refill(binding, now)
                 deliveries = queue.dispatch(now)
             if queue.cut_short:
                 self._cut_short.add(binding)  # the turn's filter budget ran out (queue rule 12)
@@ -248,13 +248,13 @@ class QueueDelivery:
         self._cut_short = set()
         self.dispatch(now)
 
-    def _refill(self, binding: QueueBinding) -> None:
+    def _refill(self, binding: QueueBinding, now: float) -> None:
         """TargetQueueDepth refill; a damaged record on the way stops this queue's refill
         until a restart (rule 5), never the dispatch of others."""
         if binding.name in self._refill_damaged:
             return
         try:
-            binding.refill(self._journal)
+            binding.refill(self._journal, now=now)
         except errors.JournalCorrupt as exc:
             self._refill_damaged.add(binding.name)
             self.unreadable += 1

@@ -275,7 +275,7 @@ class Recovery:
         for b in self._bindings:
             # Messages already at MaxCancels / MaxDeliveries expire now, journaled (rule 5).
             self._delivery.journal_events(b, b.queue.end_replay(now), now)
-            b.refill(journal)
+            b.refill(journal, now=now)
             self._delivery.mark(b)
         self._named.lease_after_restart(now)
         if sow is not None:
@@ -326,6 +326,9 @@ class Recovery:
         queues = self._queues
         if queues is not None and pos >= self._ownership_from(rec.queue, scan.points):
             queues.replay(rec, now)
+            b = self._bindings.get(rec.queue)
+            if b is not None and b.config.target_queue_depth is not None:
+                b.refill(self._journal, upto=pos, now=now)  # a removal frees room, as live
 
     def _sow_deleted_record(self, pos: int, rec: records.SowDeletedRec, scan: _Scan, now: float) -> None:
         if self._sow is not None:
@@ -386,7 +389,7 @@ class Recovery:
             if rec.expired_position >= points[dead.name] if since is None else pos >= since:
                 dead.queue.replay.expired(rec.expired_position)
                 if dead.config.target_queue_depth is not None:
-                    dead.refill(self._journal, upto=pos)  # as after any queue record: room freed
+                    dead.refill(self._journal, upto=pos, now=now)  # as after any queue record: room freed
 
     def _queue_record(self, pos: int, rec: queue_journal.QueueRec, scan: _Scan, now: float) -> None:
         points = scan.points
@@ -400,7 +403,7 @@ class Recovery:
         else:
             queue_journal.replay(b.queue, rec, now, points[b.name])
         if b.config.target_queue_depth is not None:
-            b.refill(self._journal, upto=pos)
+            b.refill(self._journal, upto=pos, now=now)
 
     # --- FileBackedMetadata (rule 4) -----------------------------------------------------------
 

@@ -25,9 +25,15 @@ Rules:
 6. **OrderingKey** (engine/queue/keys.py) is evaluated at enqueue like ``Priority``, as
    a SOW ``Key`` is: the scalar result as text, NULL (no such field) for no key. A
    barrier has no key. The queue can compute a key again from the journal
-   (``key_at``: after a snapshot restore, keys.py rule 5). A replicated queue
-   with an ``OrderingKey`` is refused at start-up (config/rules.py rule 8: ordering is
-   per delivering instance).
+   (``key_at``: after a snapshot restore, keys.py rule 5); in a replicated queue a
+   message owned elsewhere has its key too (keys.py rule 6).
+7. **TargetQueueDepth on a replicated queue.** A message beyond the window is inactive
+   on every instance alike (messages owned elsewhere count in the window): its owner
+   is decided only when it becomes active (``ownership.entering`` then, so a removal
+   or a transfer that reached this instance meanwhile decides it, and a removal makes
+   it consumed there, as a deferred acknowledgement). A transfer request for one of
+   its messages that is inactive here is answered from the log (:meth:`find_inactive`,
+   engine/replication/ownership.py rule 11).
 """
 
 from __future__ import annotations
@@ -150,7 +156,7 @@ class QueueBinding:
                 poison.skipped("filter", entry, exc, f"the Priority or BarrierExpression of queue {self.name!r}")
                 barrier = False
                 priority = None if self.priority is None else priority_key(None)
-        if self.ownership is None:
+        if self.ownership is None or self.queue.would_hold():  # rule 7: inactive, its owner decided later
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration,
                                ordering_key=None if barrier else key)
             return True
@@ -182,29 +188,67 @@ class QueueBinding:
         except Exception:  # noqa: BLE001 - as at enqueue (rule 5), which counted it
             return priority_key(None)
 
-    def refill(self, journal: JournalPort, upto: int | None = None) -> None:
+    def refill(self, journal: JournalPort, upto: int | None = None, now: float = 0.0) -> None:
         """TargetQueueDepth: activate inactive messages read back from the journal until
-        the active part is full again (rule 2)."""
-        queue = self.queue
+        the active part is full again (rule 2); ``now``: when (a replicated queue's
+        messages owned elsewhere arrive then: rule 7)."""
+        queue, ownership = self.queue, self.ownership
         while queue.wants() > 0:
             start = queue.refill_from()
             if start is None:
                 return
             activated = False
-            for pos, payload in journal.scan(start, upto):
-                rec = records.decode(payload)
-                if type(rec) is not records.PublishRec or not self.config.takes_from(rec.topic):
-                    continue
-                entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)
-                if not self.takes(entry):
-                    continue
-                queue.activate(pos, rec.timestamp, rec.expiration)
+            for pos, rec in self._inactive(journal, start, upto):
+                if ownership is None:
+                    queue.activate(pos, rec.timestamp, rec.expiration)
+                else:
+                    self._activate_replicated(pos, rec, ownership, now)
                 activated = True
                 if queue.wants() <= 0:
                     return
             if not activated:
                 log.error("queue %s: %d inactive messages not found in the journal", self.name, queue.wants())
                 return
+
+    def _inactive(self, journal: JournalPort, start: int, upto: int | None) -> Iterator[tuple[int, records.PublishRec]]:
+        """The messages of this queue in the journal from ``start`` (a record boundary)."""
+        for pos, payload in journal.scan(start, upto):
+            rec = records.decode(payload)
+            if type(rec) is not records.PublishRec or not self.config.takes_from(rec.topic):
+                continue
+            if self.takes(Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id)):
+                yield pos, rec
+
+    def _activate_replicated(self, pos: int, rec: records.PublishRec, ownership: QueueOwnership, now: float) -> None:
+        """Rule 7: the owner is decided now; a message removed on another instance while it
+        was inactive is consumed as a deferred acknowledgement would be."""
+        queue = self.queue
+        ident = (rec.publisher, rec.seq)
+        enters, owner = ownership.entering(ident, rec.origin, False, now)
+        # Owned elsewhere, it counts as waiting here since it was published (it was in the
+        # log, inactive): a request for it need not wait for the owner's acks all over again.
+        arrived = min(now, rec.timestamp)
+        if queue.activate(pos, rec.timestamp, rec.expiration, owner=owner, arrived=arrived, removed=not enters):
+            queue.replica.entered(pos, ident)
+
+    def find_inactive(self, journal: JournalPort, wanted: set[tuple[int, int]],
+                      limit: int) -> dict[tuple[int, int], tuple[int, str]]:
+        """Rule 7: where in the inactive part the messages ``wanted`` (by identity) are,
+        with their origin, reading at most ``limit`` journal records from its start."""
+        start = self.queue.refill_from()
+        found: dict[tuple[int, int], tuple[int, str]] = {}
+        if start is None or not wanted:
+            return found
+        for read, (pos, payload) in enumerate(journal.scan(start)):
+            if read >= limit:
+                break
+            rec = records.decode(payload)
+            # the requester's queue is this one (the handshake checked): its messages pass the same Filter
+            if type(rec) is records.PublishRec and (rec.publisher, rec.seq) in wanted:
+                found[(rec.publisher, rec.seq)] = (pos, rec.origin)
+                if len(found) == len(wanted):
+                    break
+        return found
 
 
 class QueueBindings:

@@ -438,21 +438,20 @@ class Queue:
         self._counters.enqueued += 1
         if ident is not None:
             self.replica.entered(position, ident)
-        if owner is not None:
-            self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived, ordering_key)
-            return True
         step = self._transitions.step  # ABSENT, derived: nothing is held above the last position
-        if self._target is not None and self._window.holds_back(self._active()):
+        if self.would_hold():  # a replicated queue's engine asks first: the owner is decided on activation
             step(position, Verb.HOLD, _ABSENT)
             self._window.hold(position)
             self._last_position = position
             return False
-        step(position, Verb.ENQUEUE, _ABSENT)
-        published_at = max(published_at, self._last_time)
-        self._last_position = position
-        self._last_time = published_at
         if self._target is not None:
             self._window.enter(position)
+        if owner is not None:
+            self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived, ordering_key)
+            return True
+        step(position, Verb.ENQUEUE, _ABSENT)
+        published_at = self._last_time = max(published_at, self._last_time)
+        self._last_position = position
         self._note_expiry(position, published_at, expires_at)
         if (self._order.append(position, published_at, key, barrier) if self.keys is None  # or held: keys.py
                 else self.keys.enter(position, published_at, key, barrier, ordering_key)):
@@ -468,9 +467,8 @@ class Queue:
         if barrier:
             raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
         self._transitions.step(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)  # ABSENT: above the last position
-        published_at = max(published_at, self._last_time)
+        published_at = self._last_time = max(published_at, self._last_time)
         self._last_position = position
-        self._last_time = published_at
         self.replica.add(position, owner, published_at, key, published_at if arrived is None else arrived)
         if self.keys is not None:
             self.keys.enter_elsewhere(position, ordering_key)
@@ -491,8 +489,12 @@ class Queue:
         self._leases.expire_by_stamps()
 
     def _active(self) -> int:
-        """Messages in the active part: available (held ones too) and leased (TargetQueueDepth)."""
-        return len(self._order.store) + len(self._leases.leased) + len(self._returns)
+        """Messages in the active part (TargetQueueDepth): available (held ones too), leased, owned elsewhere."""
+        return len(self._order.store) + len(self._leases.leased) + len(self._returns) + len(self.replica)
+
+    def would_hold(self) -> bool:
+        """Whether a message enqueued now would be inactive (TargetQueueDepth, queue/window.py rule 2)."""
+        return self._target is not None and self._window.holds_back(self._active())
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -943,36 +945,37 @@ class Queue:
         None when nothing is inactive."""
         return self._window.refill_from()
 
-    def activate(self, position: int, published_at: float, expires_at: float = 0.0) -> bool:
-        """Offer the message at ``position``, read back from the log (queue/window.py rule 3).
-        True if it became active; False if it was offered before (ignored) or an
-        acknowledgement was waiting for it (consumed: it never becomes active)."""
+    def activate(self, position: int, published_at: float, expires_at: float = 0.0, *, owner: str | None = None,
+                 arrived: float = 0.0, removed: bool = False) -> bool:
+        """Offer the message at ``position``, read back from the log (queue/window.py rule 3):
+        True if it became active; False if offered before (ignored) or consumed by a deferred
+        ack. A replicated queue's: ``owner``, when another instance owns it (it becomes
+        ELSEWHERE, ``arrived`` here then); ``removed`` on another instance meanwhile (consumed)."""
         window = self._window
         if self._target is None:
             raise QueueStateError(f"queue {self.name!r} has no TargetQueueDepth")
         if position <= window.offered:
             return False
         if not window.is_inactive(position):
-            raise QueueStateError(
-                f"queue {self.name!r}: position {position} is not an inactive message",
-                position=position,
-            )
+            raise QueueStateError(f"queue {self.name!r}: {position} is not an inactive message", position=position)
         if published_at != published_at:
             raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
         if not window.acked(position):
-            if self._active() >= self._target:
-                raise QueueStateError(
-                    f"queue {self.name!r}: no room to activate {position} (check wants())",
-                    position=position,
-                )
-            self._move(position, Verb.ACTIVATE, _INACTIVE)
+            if self._active() >= self._target and not removed:
+                raise QueueStateError(f"queue {self.name!r}: no room to activate {position} (check wants())",
+                                      position=position)
+            self._move(position, Verb.ACKNOWLEDGE if removed else Verb.ACTIVATE if owner is None
+                       else Verb.ACTIVATE_ELSEWHERE, _INACTIVE)
+            if removed:
+                window.defer_ack(position)
         if not window.offer(position):
             return False
-        if published_at < self._last_time:
-            published_at = self._last_time
-        self._last_time = published_at
+        published_at = self._last_time = max(published_at, self._last_time)
         self._note_expiry(position, published_at, expires_at)
-        self._order.append(position, published_at, position, False)
+        if owner is None:
+            self._order.append(position, published_at, position, False)
+        else:
+            self.replica.add(position, owner, published_at, position, arrived)
         return True
 
     # --- recovery (queue/recovery.py: the replay verbs are ``queue.replay``'s) -----------------

@@ -31,6 +31,7 @@ EXPIRE           AVAILABLE, LEASED    EXPIRED                  Expired
 DELIVER_BARRIER  AVAILABLE            ACKNOWLEDGED             BarrierDelivered
 HOLD             ABSENT               INACTIVE                 (the publish itself)
 ACTIVATE         INACTIVE             AVAILABLE                (none: re-read from the log)
+ACTIVATE_ELSEWHERE INACTIVE           ELSEWHERE                (none: re-read, owned elsewhere)
 ACKNOWLEDGE      INACTIVE             ACKNOWLEDGED             Acknowledged (deferred)
 ENQUEUE_ELSEWHERE ABSENT              ELSEWHERE                (the publish itself)
 TRANSFER_IN      ELSEWHERE            AVAILABLE                (TransferRec, by the engine)
@@ -108,6 +109,7 @@ class Verb(enum.Enum):
     DELIVER_BARRIER = "deliver_barrier"  # a barrier message, to every current subscriber
     HOLD = "hold"  # enqueued beyond TargetQueueDepth: inactive
     ACTIVATE = "activate"  # read back from the log into the active part of the queue
+    ACTIVATE_ELSEWHERE = "activate_elsewhere"  # the same, in a replicated queue: owned by another instance
     ENQUEUE_ELSEWHERE = "enqueue_elsewhere"  # replicated queue: enters owned by another instance
     TRANSFER_IN = "transfer_in"  # its ownership was transferred to this instance
     TRANSFER_OUT = "transfer_out"  # its ownership was transferred to another instance
@@ -125,6 +127,7 @@ _COMMON: dict[tuple[MessageState, Verb], MessageState] = {
     (S.AVAILABLE, V.DELIVER_BARRIER): S.ACKNOWLEDGED,
     (S.ABSENT, V.HOLD): S.INACTIVE,
     (S.INACTIVE, V.ACTIVATE): S.AVAILABLE,
+    (S.INACTIVE, V.ACTIVATE_ELSEWHERE): S.ELSEWHERE,
     (S.INACTIVE, V.ACKNOWLEDGE): S.ACKNOWLEDGED,
     (S.ABSENT, V.ENQUEUE_ELSEWHERE): S.ELSEWHERE,
     (S.ELSEWHERE, V.TRANSFER_IN): S.AVAILABLE,

@@ -74,6 +74,16 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    (``TransferRec.not_before``), and when the message becomes its own it holds it until
    then and keeps the reason for its dead letter. So a proxied transfer after the owner
    went down does not offer a message earlier than its owner would have.
+11. **TargetQueueDepth.** Messages beyond the window are inactive on every instance (those
+   owned elsewhere count in it); an inactive message's owner is decided when it becomes
+   active (engine/queue/bindings.py rule 7). A request for a message that is inactive
+   here is answered from the journal (at most :data:`READ_AHEAD_RECORDS_MAX` records read
+   from the inactive part's start): if this instance owns it (or proxies for its
+   unreachable owner), the grant is journaled while it stays inactive, so it becomes
+   active here owned by the requester, and nothing else is activated ahead of the
+   window. (The reference reads ahead into the queue up to the message and transfers
+   it; granting it without activating the messages before it gives the requester the
+   same message and keeps this instance's active part within TargetQueueDepth.)
 """
 
 from __future__ import annotations
@@ -106,6 +116,7 @@ REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over
 REQUESTS_PER_ROOM = 16  # messages asked for or granted and waiting here, per backlog slot
 REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many: a grant takes a round trip
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
+READ_AHEAD_RECORDS_MAX = 65_536  # journal records read to find requested inactive messages (rule 11)
 
 
 class OwnershipStats(msgspec.Struct, frozen=True):
@@ -349,6 +360,25 @@ class QueueOwnership:
         return records.TransferRec(self.name, [i[0] for i, _ in messages], [i[1] for i, _ in messages], to,
                                    self.instance, epochs, deliveries, cancels, proxied,
                                    not_before=not_before if any(not_before) else [])
+
+    def grant_inactive(self, rec: records.TransferRequestRec, found: dict[Ident, tuple[int, str]],
+                       reachable: Callable[[str], bool]) -> tuple[list[records.TransferRec], set[Ident]]:
+        """Rule 11: the grants for the requested messages ``found`` inactive here (identity ->
+        (position, origin)), and the messages they grant."""
+        ours: list[tuple[Ident, int]] = []
+        proxied: list[tuple[Ident, int]] = []
+        for ident, (position, origin) in found.items():
+            if ident in self._tombstones:
+                continue  # removed elsewhere: it will never enter
+            won = self._replica.epoch(ident)
+            owner = self.owner_for(origin, False) if won is None else (None if won[1] == self.instance else won[1])
+            if owner is None:
+                ours.append((ident, position))
+            elif self.proxied and not reachable(owner):
+                proxied.append((ident, position))
+        self.grants += len(ours) + len(proxied)
+        grants = [self._transfer(g, rec.requester, proxied=p) for g, p in ((ours, False), (proxied, True)) if g]
+        return grants, {ident for ident, _ in ours + proxied}
 
     def transfer(self, rec: records.TransferRec, now: float) -> bool:
         """Rule 5: apply a transfer (ours, received, or replayed) to each of its messages;
@@ -620,6 +650,14 @@ class ReplicatedQueues:
             return None
         rec = _narrowed(rec, fresh)
         grants, onward = own.request(rec, now, self._reachable)
+        binding = self._bindings.by_name[rec.queue]
+        if onward and binding.queue.refill_from() is not None:  # rule 11: some may be inactive here
+            asked = _narrowed(rec, onward)
+            found = binding.find_inactive(self._journal, set(zip(asked.publishers, asked.seqs)), READ_AHEAD_RECORDS_MAX)
+            if found:
+                more, granted = own.grant_inactive(asked, found, self._reachable)
+                grants += more
+                onward = [i for i in onward if (rec.publishers[i], rec.seqs[i]) not in granted]
         for grant in grants:
             self._journal_transfer(own, grant, now)  # answered here: the grant travels instead
         return _narrowed(rec, onward) if onward else None
