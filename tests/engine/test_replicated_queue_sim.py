@@ -489,6 +489,9 @@ def queue_image(h: Harness) -> dict:
         "not_before": {r.position: r.not_before for r in rows if r.not_before},
         "leaving": dict(replica._leaving),  # held (or leased) here, granted to another instance
         "reasons": {r.position: r.reason for r in rows if r.reason},
+        # OrderingKey: the messages held behind their key, and each key's line (keys.py rule 6)
+        "held_by_key": sorted(r.position for r in rows if q.keys is not None and q.keys.held(r.position)),
+        "lines": {r.position: q.keys.line_of(r.position) for r in rows} if q.keys is not None else {},
         # not the last position: a message whose removal came first (a tombstone) never
         # entered the queue live, nor after a snapshot; a full replay that starts after
         # that removal lets it in, then removes it again
