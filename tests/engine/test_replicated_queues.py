@@ -633,11 +633,12 @@ def test_a_held_message_granted_away_is_not_offered_again_after_a_restart_from_a
     assert stats(c, "A").transferred_out == 1
 
 
-def cancelled_on_a_and_a_down(*, revision_b: int | None = None) -> Cluster:
-    """A's worker cancels message 1 with a 60 s delay and a reason; A goes down before
-    the delay ends and proxied transfer is switched on at B. ``revision_b``: B speaks
-    that protocol revision (0: an instance that predates replicated cancels)."""
-    c = Cluster({n: instance_xml(n, [destination(d) for d in "AB" if d != n], sow=QUEUE) for n in "AB"})
+def cancelled_on_a_and_a_down(*, revision_b: int | None = None, options: str = 'cancel,delay=60,reason="db down"',
+                              sow: str = QUEUE) -> Cluster:
+    """A's worker cancels message 1 with a 60 s delay and a reason (``options``); A goes
+    down before the delay ends and proxied transfer is switched on at B. ``revision_b``:
+    B speaks that protocol revision (0: an instance that predates replicated cancels)."""
+    c = Cluster({n: instance_xml(n, [destination(d) for d in "AB" if d != n], sow=sow) for n in "AB"})
     if revision_b is not None:
         repl = c.nodes["B"].engine.replication
         repl.profile = repl.sink._profile = repl.source._profile = msgspec.structs.replace(
@@ -646,7 +647,7 @@ def cancelled_on_a_and_a_down(*, revision_b: int | None = None) -> Cluster:
     wa = worker(c, "A", backlog=1)
     publish(c, "A", 1)
     (msg,) = c.nodes["A"].messages(wa, "WorkQ")
-    c.nodes["A"].ack(wa, "WorkQ", msg, options='cancel,delay=60,reason="db down"')
+    c.nodes["A"].ack(wa, "WorkQ", msg, options=options)
     c.settle()
     c.crash("A")
     c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
@@ -675,7 +676,7 @@ def test_a_delayed_retry_and_its_reason_survive_the_owners_failure():
     (A is down) it holds it until A would have offered it, with A's reason."""
     c = cancelled_on_a_and_a_down()
     row = b_copy(c)
-    assert (row.state, row.holder, row.reason) == ("elsewhere", "A", "db down")
+    assert (row.state, row.holder, row.reason, row.deliveries, row.cancels) == ("elsewhere", "A", "db down", 1, 1)
     assert row.not_before == pytest.approx(c.now + 60, abs=1)
     wb = worker(c, "B")
     wait_and_tick(c)
@@ -687,6 +688,19 @@ def test_a_delayed_retry_and_its_reason_survive_the_owners_failure():
     assert got(c, "B", wb) == []
     wait_and_tick(c, 31)
     assert got(c, "B", wb) == [1]
+
+
+def test_max_cancels_counts_the_owners_cancels_after_a_takeover():
+    """ownership.py rules 8 and 10: the counts travel with A's cancel, so with MaxCancels
+    2 the first cancel on B, after it took the message over, is the second: it expires."""
+    sow = queue_xml("WorkQ", underlying="Work", MaxCancels=2)
+    c = cancelled_on_a_and_a_down(options='cancel,reason="flaky"', sow=sow)
+    wb = worker(c, "B")
+    wait_and_tick(c)
+    (msg,) = c.nodes["B"].messages(wb, "WorkQ")
+    c.nodes["B"].ack(wb, "WorkQ", msg, options="cancel")
+    c.settle()
+    assert stats(c, "B").expired == 1 and stats(c, "B").queue_depth == 0
 
 
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["journal", "snapshot"])

@@ -73,6 +73,10 @@ class QueueIdentity(Protocol):
         """(publisher, seq) of the message published at ``position``."""
         ...
 
+    def counts_of(self, queue: str, position: int) -> tuple[int, int]:
+        """(deliveries, cancels) of a message of replicated ``queue`` here (0, 0 once gone)."""
+        ...
+
 
 class ReplicaQueues(QueueIdentity, Protocol):
     """The replicated queues, as the replication sink feeds them."""

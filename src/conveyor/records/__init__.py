@@ -231,7 +231,9 @@ class QueueCancelledRec(_Rec, tag=18, frozen=True):
     not offered before ``not_before[i]`` (0: at once), and failed for ``reasons[i]``
     ("": none given). Recorded where it is received, so an instance that takes a
     message over from an owner that is down (a proxied transfer) holds it as its owner
-    did. Sent only to peers whose replication revision has it (protocol/replication.py
+    did. ``deliveries`` and ``cancels``: each message's counts on its owner as the record
+    left it (empty: not known), so MaxDeliveries and MaxCancels count across a takeover.
+    Sent only to peers whose replication revision has it (protocol/replication.py
     rule 6). Carries where it was first recorded and the instances it passed."""
 
     queue: str
@@ -242,6 +244,8 @@ class QueueCancelledRec(_Rec, tag=18, frozen=True):
     origin: str = ""
     origin_group: str = ""
     path: list[str] = []
+    deliveries: list[int] = []
+    cancels: list[int] = []
 
 
 class ConsumerReplicatedRec(_Rec, tag=17, frozen=True):

@@ -25,10 +25,11 @@ queue's parts what happened (the replica part, the order, the leases, the seats)
 4. **Room.** The ownership rules ask how much the consumers here could take (free
    backlog, capacity, slots freed so far) and whether one could take a given message:
    an owner grants a transfer only when none of its own can.
-5. **Cancelled on its owner.** A delayed retry's time and the failure reason of a
-   message cancelled on the instance that owns it (ownership.py rule 10) are kept with
-   it here while it is ELSEWHERE (the time by the replica part, the reason among the
-   lease notes), so a transfer this instance grants, or takes, carries them.
+5. **Cancelled on its owner.** A delayed retry's time, the failure reason and the
+   delivery and cancel counts of a message cancelled on the instance that owns it
+   (ownership.py rule 10) are kept with it here while it is ELSEWHERE (the time by the
+   replica part, the reason and the counts by the leases), so a transfer this instance
+   grants, or takes, carries them.
 """
 
 from __future__ import annotations
@@ -146,15 +147,22 @@ class Transfers:
         held = self._returns.not_before(position)
         return self._replica.held_until(position) if held is None or held == HELD else held
 
-    def cancelled_elsewhere(self, position: int, not_before: float, reason: str) -> bool:
+    def cancelled_elsewhere(self, position: int, not_before: float, reason: str, deliveries: int = 0,
+                            cancels: int = 0) -> bool:
         """Rule 5: the owner of ``position`` cancelled it with a delayed retry until
-        ``not_before`` (0: none) or a ``reason`` ("": none). False when it is not
-        ELSEWHERE here (then its owner is this instance, or it is gone)."""
+        ``not_before`` (0: none) or a ``reason`` ("": none); its counts there were
+        ``deliveries`` and ``cancels``. False when it is not ELSEWHERE here (then its owner
+        is this instance, or it is gone)."""
         if position not in self._replica:
             return False
         self._replica.hold(position, not_before)
+        leases = self._leases
         if reason:
-            self._leases.note(position, None, reason)
+            leases.note(position, None, reason)
+        if deliveries > leases.deliveries_of(position):
+            leases.set_deliveries(position, deliveries)
+        if cancels > leases.cancels_of(position):
+            leases.set_cancels(position, cancels)
         return True
 
     def counts_of(self, position: int) -> tuple[int, int]:

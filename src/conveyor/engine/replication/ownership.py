@@ -69,10 +69,11 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    ``held_delivery.py``. Requests, grants and removals go on meanwhile.
 10. **Delayed retries and failure reasons travel.** A cancel on the owner with a delay
    or a reason is replicated by identity (:class:`~conveyor.records.QueueCancelledRec`,
-   to peers of protocol revision 1 and later). Every other instance keeps the time and
-   the reason with its copy (owned elsewhere); a transfer it grants carries the time
-   (``TransferRec.not_before``), and when the message becomes its own it holds it until
-   then and keeps the reason for its dead letter. So a proxied transfer after the owner
+   to peers of protocol revision 1 and later), with the message's delivery and cancel
+   counts. Every other instance keeps the time, the reason and the counts with its copy
+   (owned elsewhere); a transfer it grants carries the time (``TransferRec.not_before``)
+   and the counts (rule 8), and when the message becomes its own it holds it until then,
+   counts on from there and keeps the reason for its dead letter. So a proxied transfer after the owner
    went down does not offer a message earlier than its owner would have.
 11. **TargetQueueDepth.** Messages beyond the window are inactive on every instance (those
    owned elsewhere count in it); an inactive message's owner is decided when it becomes
@@ -410,9 +411,12 @@ class QueueOwnership:
         each one here and owned elsewhere keeps both (False: none is)."""
         replica, transfers = self._replica, self.queue.transfers
         kept = False
-        for ident, not_before, reason in zip(zip(rec.publishers, rec.seqs), rec.not_before, rec.reasons):
+        counts = zip(rec.deliveries, rec.cancels) if rec.deliveries else itertools.repeat((0, 0))
+        for ident, not_before, reason, (deliveries, cancels) in zip(zip(rec.publishers, rec.seqs), rec.not_before,
+                                                                    rec.reasons, counts):
             position = replica.position(ident)
-            if position is not None and transfers.cancelled_elsewhere(position, not_before, reason):
+            if position is not None and transfers.cancelled_elsewhere(position, not_before, reason, deliveries,
+                                                                      cancels):
                 kept = True
         return kept
 
@@ -615,6 +619,10 @@ class ReplicatedQueues:
     def identify(self, position: int) -> Ident:
         entry = self._cache.get(position)
         return entry.publisher, entry.seq
+
+    def counts_of(self, queue: str, position: int) -> tuple[int, int]:
+        own = self.by_queue.get(queue)
+        return own.queue.transfers.counts_of(position) if own is not None else (0, 0)
 
     # --- what replication brings ---------------------------------------------------------------
 

@@ -366,11 +366,14 @@ class ReplicationSource:
         if (not (rec.not_before or rec.reasons) or not self._owned(link, rec.queue)
                 or link.revision < REVISION_OF[records.QueueCancelledRec] or self.queues is None):
             return
-        idents = [self.queues.identify(p) for p in rec.positions]
+        queues = self.queues
+        idents = [queues.identify(p) for p in rec.positions]
+        counts = [queues.counts_of(rec.queue, p) for p in rec.positions]  # as they are now: they only grow
         n = len(idents)
         payloads.append(records.encode(records.QueueCancelledRec(
             rec.queue, [i[0] for i in idents], [i[1] for i in idents],
-            rec.not_before or [0.0] * n, rec.reasons or [""] * n)))
+            rec.not_before or [0.0] * n, rec.reasons or [""] * n,
+            deliveries=[c[0] for c in counts], cancels=[c[1] for c in counts])))
 
     def _expired_record(self, link: OutLink, rec: records.ExpiredRec, payload: bytes, peer: str,
                         payloads: list[bytes]) -> None:
