@@ -10,14 +10,24 @@ ordered dict, its position and sequence ints, its timestamp, the body's bytes he
 Topic names are shared: each entry keeps the cache's one copy of its topic's name
 (a decoded publish brings a fresh string of its own, 50 bytes and more a message), for at
 most :data:`TOPICS_SHARED_MAX` names.
+
+**Read-ahead.** A queue with a backlog larger than the budget delivers in position order
+what the cache let go first, so each delivery would miss and read its record with a
+pread and a CRC pass of its own. A miss at most a span after the previous miss (a
+reader moving forward through the journal) reads the journal from there in one
+sequential scan instead and keeps the publishes of the next
+:data:`READ_AHEAD_SPAN_BYTES` of journal (those not cached already), at most an eighth
+of the budget's worth (what it adds stays until it is read), so the next deliveries hit.
+Any other miss (the first, a priority queue's, a lookup by position) reads its record
+alone.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterator
 
-from conveyor import records
+from conveyor import errors, records
 from conveyor.engine import poison
 from conveyor.protocol.payload import BodyRefused, decode_json
 
@@ -26,6 +36,7 @@ CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory
 #: bytes each with a shared topic name (Python 3.11, 64-bit).
 _ENTRY_OVERHEAD_BYTES = 330
 TOPICS_SHARED_MAX = 10_000  # topic names shared between entries; past it the table starts again
+READ_AHEAD_SPAN_BYTES = 256 * 1024  # journal bytes one sequential miss reads and keeps (module header)
 #: An entry whose body is not decoded yet. Not the entry itself: a reference to itself
 #: would put every entry in a reference cycle, freed only by the cyclic collector, so
 #: entries the cache let go (a large query reads millions) would pile up between its
@@ -76,8 +87,14 @@ class Entry:
 
 
 class MessageCache:
-    def __init__(self, read: Callable[[int], bytes], *, bytes_max: int = CACHE_BYTES_MAX_DEFAULT) -> None:
+    def __init__(self, read: Callable[[int], bytes], *, bytes_max: int = CACHE_BYTES_MAX_DEFAULT,
+                 scan: Callable[[int, int], Iterator[tuple[int, bytes]]] | None = None) -> None:
+        """``read(position)``: one record's payload; ``scan(start, end)``: the records in
+        ``[start, end)`` in order, for the read-ahead (None: none)."""
         self._read = read
+        self._scan = scan
+        self._keep = bytes_max // 8  # what one read-ahead adds at most: it stays until it is read
+        self._last_miss = -(1 << 62)  # no miss yet: the first one reads its record alone
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._bytes = 0
         self._topics: dict[str, str] = {}  # one copy of each topic name (module header)
@@ -104,9 +121,48 @@ class MessageCache:
         entry = self._entries.get(position)
         if entry is not None:
             return entry
+        last, self._last_miss = self._last_miss, position
+        if self._scan is not None and last < position <= last + READ_AHEAD_SPAN_BYTES:
+            return self._read_ahead(position)
         entry = self._load(position)
         self.put(position, entry)
         return entry
+
+    def _read_ahead(self, position: int) -> Entry:
+        """A miss just after the previous one: ``position`` and the publishes after it,
+        one sequential read (module header)."""
+        assert self._scan is not None  # get() asks only then
+        self.misses += 1
+        found = None
+        last = position
+        added, keep = 0, self._keep
+        entries, decode, publish = self._entries, records.decode, records.PublishRec
+        try:
+            for pos, payload in self._scan(position, position + READ_AHEAD_SPAN_BYTES):
+                if added > keep:
+                    break
+                last = pos
+                if pos in entries:
+                    continue
+                rec = decode(payload)
+                if type(rec) is publish:
+                    entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id,
+                                  rec.expiration)
+                    self.put(pos, entry)
+                    added += len(rec.data) + _ENTRY_OVERHEAD_BYTES
+                    if pos == position:
+                        found = entry
+                elif pos == position:
+                    raise LookupError(f"position {position} is not a published message")
+        except errors.JournalError:
+            # A damaged record on the way is the business of whoever reads it; this one's
+            # own read (below, when the scan did not reach it) reports it if it is damaged.
+            pass
+        if found is None:  # the scan did not bring it: past the durable end, or damaged
+            found = self._load(position)
+            self.put(position, found)
+        self._last_miss = last  # the next miss past what this read continues the run
+        return found
 
     def peek(self, position: int) -> Entry:
         """The message at ``position`` as :meth:`get` gives it, but one read from the

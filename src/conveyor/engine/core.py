@@ -143,7 +143,7 @@ class Engine:
         self.instance = config.name
         self.sessions: dict[int, Session] = {}
         self._names: dict[str, int] = {}  # client name -> connection (rule 3)
-        self.cache = MessageCache(journal.read, bytes_max=cache_bytes_max)
+        self.cache = MessageCache(journal.read, bytes_max=cache_bytes_max, scan=journal.scan)
         self.outbox = Outbox(journal)
         repl = config.replication
         # Rule 4 of replication: a sync destination holds back persisted acknowledgements.

@@ -1,0 +1,90 @@
+"""The message cache's read-ahead (engine/cache.py, "Read-ahead"): a reader moving
+forward through the journal past what the cache holds reads it sequentially, not one
+record at a time; any other miss reads its record alone; a damaged record further on
+does not fail the one asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor import errors, records
+from conveyor.engine import cache as cache_mod
+from conveyor.engine.cache import MessageCache
+from conveyor.journal import MemoryJournal
+
+
+def journal_of(n: int, every: int = 0) -> tuple[MemoryJournal, list[int]]:
+    """``n`` publishes (a lease record after every ``every``-th), durable; their positions."""
+    j = MemoryJournal()
+    positions = []
+    for i in range(n):
+        positions.append(j.append(records.encode_publish("t", 1, i + 1, 1000.0 + i, b'{"i":%d}' % i, None)))
+        if every and i % every == 0:
+            j.append(records.encode(records.LeasedRec("Q", [positions[-1]], [1])))
+    j.commit()
+    return j, positions
+
+
+class Counting:
+    def __init__(self, j: MemoryJournal) -> None:
+        self.j, self.reads, self.scans = j, 0, 0
+
+    def read(self, position: int) -> bytes:
+        self.reads += 1
+        return self.j.read(position)
+
+    def scan(self, start: int, end: int):
+        self.scans += 1
+        return self.j.scan(start, end)
+
+
+def test_a_forward_reader_reads_sequentially_and_then_hits():
+    j, positions = journal_of(2000, every=7)
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan)
+    for i, p in enumerate(positions):
+        assert cache.get(p).seq == i + 1
+    # the first miss alone, then one scan per READ_AHEAD_SPAN_BYTES of journal
+    assert io.reads == 1 and 1 <= io.scans <= 1 + j.end // cache_mod.READ_AHEAD_SPAN_BYTES
+    assert cache.misses == io.reads + io.scans
+
+
+def test_a_miss_that_is_not_the_next_reads_its_record_alone():
+    j, positions = journal_of(3000)
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan)
+    for p in reversed(positions[::500]):  # backwards: never just after the last miss
+        cache.get(p)
+    assert io.scans == 0 and io.reads == 6
+
+
+def test_a_damaged_record_further_on_does_not_fail_the_one_asked_for():
+    j, positions = journal_of(100)
+    def damaged(start: int, end: int):
+        yield from j.scan(start, positions[5])
+        raise errors.JournalCorrupt("a damaged record")
+
+    cache = MessageCache(j.read, scan=damaged)
+    cache.get(positions[0])
+    assert cache.get(positions[1]).seq == 2  # read ahead to the damage, no further
+    assert cache.get(positions[4]).seq == 5
+
+
+def test_a_read_ahead_at_a_record_that_is_not_a_publish_is_refused():
+    j, positions = journal_of(10, every=1)
+    cache = MessageCache(j.read, scan=j.scan)
+    cache.get(positions[0])
+    lease = j.position_after(positions[0])
+    with pytest.raises(LookupError):
+        cache.get(lease)
+
+
+def test_a_small_budget_reads_ahead_less_than_it_holds():
+    """A span never larger than an eighth of the budget, so what a read-ahead brings is
+    still there when the reader gets to it: one read per span, not per message."""
+    j, positions = journal_of(5000)
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan, bytes_max=64 * 1024)
+    for p in positions:
+        cache.get(p)
+    assert io.reads == 1 and io.scans <= 1 + 5000 * (len(b"{\"i\":1234}") + 330) // (64 * 1024 // 8)
