@@ -78,6 +78,8 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     # replicated queues: removals, a transfer request and a (proxied) grant
     add(r.QueueRemovedRec("Q1", [101, 101], [3, 4], "ack", origin="east-1"))
     add(r.TransferRequestRec("Q1", [101, 101], [5, 6], "west-1", [2, 1]))
+    add(r.QueueCancelledRec("Q1", [101], [7], [1_700_000_060.5], ["db down"], origin="east-1", deliveries=[2],
+                            cancels=[1]))
     add(r.TransferRec("Q1", [101], [5], "west-1", "east-2", [3], [1], [2], proxied=True))
     add(r.SowDeletedRec("orders", ["4611686018427387904"], [128]))  # records deleted from a SOW topic
     add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication

@@ -93,6 +93,10 @@ def test_every_op_is_decoded(spark, journal):
             assert (row.publishers, row.seqs, row.reasons, row.consumer) == (rec.publishers, rec.seqs, rec.kind, rec.origin)
             assert row.positions is None
             continue
+        if isinstance(rec, r.QueueCancelledRec):
+            assert (row.publishers, row.seqs, row.consumer) == (rec.publishers, rec.seqs, rec.origin)
+            assert (row.counts, row.cancels, row.positions) == (rec.deliveries, rec.cancels, None)
+            continue
         if isinstance(rec, r.TransferRequestRec):
             assert (row.publishers, row.seqs, row.consumer, row.counts) == (rec.publishers, rec.seqs, rec.requester, rec.attempts)
             continue
