@@ -369,8 +369,8 @@ class QueueOwnership:
         ours: list[tuple[Ident, int]] = []
         proxied: list[tuple[Ident, int]] = []
         for ident, (position, origin) in found.items():
-            if ident in self._tombstones:
-                continue  # removed elsewhere: it will never enter
+            if ident in self._tombstones or self.queue.state_of(position).value != "inactive":
+                continue  # removed elsewhere (it will never enter), or acknowledged here while inactive
             won = self._replica.epoch(ident)
             owner = self.owner_for(origin, False) if won is None else (None if won[1] == self.instance else won[1])
             if owner is None:
