@@ -42,14 +42,20 @@ def start(server_factory, **kwargs):
     return server_factory(queues=QUEUE, root_extra=ACTIONS, **kwargs)
 
 
+def jobs_of(server, face, *bodies):
+    """A worker that published ``bodies`` to jobs, and its subscription to Jobs (backlog 1)."""
+    worker = face("worker").connect(server.uri)
+    for body in bodies:
+        worker.publish("jobs", body)
+    worker.flush()
+    return worker, worker.subscribe("Jobs", max_backlog=1)
+
+
 def test_the_cli_and_the_admin_details_show_the_delay_and_the_reason(server_factory, face):
     """``conveyor queues Jobs`` (and the admin details it reads) while a message waits out
     its delay: how long it still waits and the reason its worker gave."""
     server = start(server_factory, admin=True)
-    worker = face("worker").connect(server.uri)
-    worker.publish("jobs", {"n": 1})
-    worker.flush()
-    jobs = worker.subscribe("Jobs", max_backlog=1)
+    worker, jobs = jobs_of(server, face, {"n": 1})
     msg = jobs.get(10)
     msg.cancel(delay=60, reason="db timeout")
     worker.flush()
@@ -72,11 +78,7 @@ def test_the_cli_and_the_admin_details_show_the_delay_and_the_reason(server_fact
 
 def test_a_delayed_cancel_comes_back_after_its_delay_while_the_next_message_flows(server_factory, face):
     server = start(server_factory)
-    worker = face("worker").connect(server.uri)
-    worker.publish("jobs", {"n": 1})
-    worker.publish("jobs", {"n": 2})
-    worker.flush()
-    jobs = worker.subscribe("Jobs", max_backlog=1)
+    worker, jobs = jobs_of(server, face, {"n": 1}, {"n": 2})
     first = jobs.get(10)
     assert first is not None and first.json() == {"n": 1}
     first.cancel(delay=1, reason="db timeout")
@@ -96,10 +98,7 @@ def test_a_delayed_cancel_comes_back_after_its_delay_while_the_next_message_flow
 
 def test_expire_with_a_reason_lands_on_the_dead_letter_topic(server_factory, face):
     server = start(server_factory)
-    worker = face("worker").connect(server.uri)
-    worker.publish("jobs", {"n": 7})
-    worker.flush()
-    jobs = worker.subscribe("Jobs", max_backlog=1)
+    worker, jobs = jobs_of(server, face, {"n": 7})
     msg = jobs.get(10)
     assert msg is not None
     msg.expire(reason='bad "schema"')
@@ -114,10 +113,7 @@ def test_expire_with_a_reason_lands_on_the_dead_letter_topic(server_factory, fac
 
 def test_a_delay_survives_a_restart(server_factory, face):
     server = start(server_factory)
-    worker = face("worker").connect(server.uri)
-    worker.publish("jobs", {"n": 1})
-    worker.flush()
-    jobs = worker.subscribe("Jobs", max_backlog=1)
+    worker, jobs = jobs_of(server, face, {"n": 1})
     msg = jobs.get(10)
     assert msg is not None
     msg.cancel(delay=4)

@@ -32,6 +32,7 @@ import json
 from collections import defaultdict
 from typing import Any, Iterable
 
+from conveyor import records
 from conveyor.config import Config, load_text
 from conveyor.engine.core import Checkpoint, Engine
 from conveyor.journal import MemoryJournal
@@ -207,6 +208,12 @@ class Harness:
                 return
             if self.journal.end == self.journal.durable_end:
                 return
+
+    def published(self, topic: str) -> list[Any]:
+        """The JSON bodies of the durable publishes to ``topic``, in journal order (dead
+        letters, for instance)."""
+        return [json.loads(rec.data) for _, payload in self.journal.scan()
+                if type(rec := records.decode(payload)) is records.PublishRec and rec.topic == topic]
 
     def journal_commit(self) -> None:
         """The writer's half of a commit: the journal is durable up to its end. A taken

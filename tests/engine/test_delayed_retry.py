@@ -7,10 +7,8 @@ an expire is kept with the message and lands on its dead letter. Virtual time
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
-from conveyor import records
 from conveyor.config import load_text
 from conveyor.errors import ConfigError
 
@@ -48,12 +46,7 @@ def got(h: Harness, conn: int) -> list[int]:
 
 
 def dead_letters(h: Harness) -> list[dict]:
-    out = []
-    for _, payload in h.journal.scan():
-        rec = records.decode(payload)
-        if isinstance(rec, records.PublishRec) and rec.topic == "Dead":
-            out.append(msgspec.json.decode(rec.data))
-    return out
+    return h.published("Dead")
 
 
 def cancel_first(h: Harness, w: int, options: str) -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conveyor import records
 from tests.engine.engine_harness import Harness
 
 EXAMPLE = (Path(__file__).resolve().parent.parent / "config" / "examples" / "jobs_actions.xml").read_text()
@@ -21,12 +20,7 @@ def jobs(**replace) -> Harness:
 
 
 def dead_letters(h: Harness) -> list[dict]:
-    out = []
-    for _, payload in h.journal.scan():
-        rec = records.decode(payload)
-        if isinstance(rec, records.PublishRec) and rec.topic == "FailedJobs":
-            out.append(msgspec.json.decode(rec.data))
-    return out
+    return h.published("FailedJobs")
 
 
 def take_one(h: Harness, conn: int) -> "object":

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.engine.replication.ownership import WAIT_DEFAULT_S
 from conveyor.protocol import messages as m
 
+from .cluster import Cluster, destination, instance_xml
 from .engine_harness import Harness, config_xml, decode, queue_xml
 
 LEASE_S = 5.0
@@ -45,6 +47,15 @@ def ack(h: Harness, conn: int, msg: m.Message, delivery: int | None, **kw) -> m.
     h.ack(conn, "Q", msg, options=options, ack_type="processed", **kw)
     (reply,) = h.acks(conn)
     return reply
+
+
+def leased_one(options: str | None = None, **elements) -> tuple[Harness, int, m.Message]:
+    """Queue Q (``elements``), worker ``a`` (``options``) holding message 0's first delivery."""
+    h = one_queue(**elements)
+    a = worker(h, "a", options)
+    publish(h, [0])
+    (first,) = h.messages(a)
+    return h, a, first
 
 
 def lease_expires_to_b(h: Harness, options_a: str | None, options_b: str | None) -> tuple[int, int, m.Message, m.Message]:
@@ -118,10 +129,7 @@ def test_sublet_without_opt_in_takes_the_late_ack_as_before():
 
 def test_a_late_ack_of_the_latest_delivery_is_taken():
     """The lease ran out but nobody got the message again: the ack is not stale."""
-    h = one_queue(Leasing="strict")
-    a = worker(h, "a")
-    publish(h, [0])
-    (first,) = h.messages(a)
+    h, a, first = leased_one(Leasing="strict")
     h.unsubscribe(a)  # returned to the queue, delivered to no one since
     h.acks(a)
     assert ack(h, a, first, first.delivery).status == "success"
@@ -146,10 +154,7 @@ def test_a_batch_refuses_only_its_stale_acks():
 
 
 def test_a_stale_cancel_is_refused_too():
-    h = one_queue(Leasing="strict")
-    a = worker(h, "a")
-    publish(h, [0])
-    (first,) = h.messages(a)
+    h, a, first = leased_one(Leasing="strict")
     h.advance(LEASE_S + 1)
     (second,) = h.messages(a)
     h.ack(a, "Q", first, options="cancel,deliveries=[1]", ack_type="processed")
@@ -165,10 +170,7 @@ def test_a_stale_cancel_is_refused_too():
     ("touch,delay=1", "touch cannot be combined"),
 ])
 def test_bad_deliveries_are_refused(options, why):
-    h = one_queue(Leasing="strict")
-    a = worker(h, "a")
-    publish(h, [0])
-    (first,) = h.messages(a)
+    h, a, first = leased_one(Leasing="strict")
     h.ack(a, "Q", first, options=options, ack_type="processed")
     (reply,) = h.acks(a)
     assert reply.status == "failure" and reply.code == "invalid_option" and why in reply.reason
@@ -201,10 +203,7 @@ def test_fenced_acks_is_kept_across_a_pause_and_dropped_by_a_replace_without_it(
 
 
 def test_at_most_once_deliveries_carry_no_count():
-    h = one_queue(Leasing="strict", Semantics="at-most-once", LeasePeriod=None)
-    a = worker(h, "a")
-    publish(h, [0])
-    (first,) = h.messages(a)
+    h, a, first = leased_one(Leasing="strict", Semantics="at-most-once", LeasePeriod=None)
     assert first.delivery is None
 
 
@@ -236,10 +235,7 @@ def test_a_touch_of_a_stale_delivery_renews_nothing_and_is_reported():
 
 
 def test_a_touch_of_the_latest_delivery_renews_it():
-    h = one_queue()
-    a = worker(h, "a", "fenced_acks")
-    publish(h, [0])
-    (first,) = h.messages(a)
+    h, a, first = leased_one("fenced_acks")
     h.advance(LEASE_S * 3 / 4)
     reply = touch(h, a, first, "1")
     assert reply.status == "success" and reply.matches == 1
@@ -254,10 +250,6 @@ def test_a_fenced_ack_of_a_message_another_instance_took_over_is_refused():
     """A's lease ran out and B was granted the message (it is ELSEWHERE on A): A's late
     ack naming its delivery is stale and leaves B's lease alone; one naming no delivery
     removes the message everywhere, as before (the reference's sublet)."""
-    from .cluster import Cluster, destination, instance_xml
-    from .engine_harness import queue_xml
-    from conveyor.engine.replication.ownership import WAIT_DEFAULT_S
-
     sow = queue_xml("Q", underlying="Work", LeasePeriod=f"{LEASE_S:g}s")
     c = Cluster({n: instance_xml(n, [destination(d) for d in "AB" if d != n], sow=sow) for n in "AB"})
     c.connect_all()

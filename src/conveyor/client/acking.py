@@ -26,7 +26,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from conveyor import errors
-from conveyor.client.core import ClientCore, CommandKind, PendingCommand
+from conveyor.client.core import ClientCore, CommandKind, PendingCommand, raise_first
 from conveyor.client.message import AckVerb, Settlement, with_delivery
 from conveyor.protocol import messages as m
 
@@ -65,11 +65,7 @@ class AsyncAcking:
 
     def _raise_ack_error(self) -> None:
         """Rule 2: report an acknowledgement the server refused (once)."""
-        refused = self.core.ack_errors
-        if refused:
-            first = refused[0]
-            refused.clear()
-            raise first
+        raise_first(self.core.ack_errors)
 
     def _confirm_started(self, queue: str, bookmark: str, delivery: int | None, sub_id: str | None) -> asyncio.Task[bool]:
         """Rule 3, the confirmer of this face's messages: started at once (on the loop);

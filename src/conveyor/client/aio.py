@@ -42,6 +42,7 @@ from conveyor.client.core import (
     Message,
     PendingCommand,
     parse_uri,
+    raise_first,
 )
 from conveyor.client.endpoints import Endpoint
 from conveyor.client.acking import AsyncAcking
@@ -670,11 +671,7 @@ class AsyncClient(AsyncAcking):
 
     def _raise_publish_error(self) -> None:
         """Report a publish the server refused (once): it was not and will not be persisted."""
-        failures = self.core.publish_errors
-        if failures:
-            first = failures[0]
-            failures.clear()
-            raise first
+        raise_first(self.core.publish_errors)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send batched acks, then wait until the server has processed and persisted

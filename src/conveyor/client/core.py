@@ -78,6 +78,15 @@ FINAL_CODES = frozenset({errors.ClientReplaced.code, errors.DisconnectedByAdmin.
 __all__ += ["URI_SCHEMES"]
 
 
+def raise_first(failures: list[errors.ConveyorError]) -> None:
+    """Raise the first of ``failures`` the server reported since the last time, once:
+    the list is emptied (the others were for the same flush)."""
+    if failures:
+        first = failures[0]
+        failures.clear()
+        raise first
+
+
 def parse_uri(uri: str) -> tuple[str, int]:
     """``tcp://host:port`` (or ``host:port``, ``tcps://...``) -> (host, port); ClientError
     if malformed (:func:`conveyor.client.endpoints.parse_endpoint` gives the rest)."""

@@ -418,12 +418,11 @@ class Queue:
         when the message is inactive (TargetQueueDepth, rule 9): the queue only counted it,
         and the engine need not keep it in memory. Publish times are clamped to never
         decrease along positions, so the oldest message is always the first one (a clock
-        that steps back cannot reorder expiry). ``expires_at``: the absolute time the message itself expires (0: never), stamped
-        by a SOW topic with Expiration (:mod:`conveyor.engine.queue.expiry`).
-        ``owner``: in a replicated queue, the instance that owns the message when it is
-        not this one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here;
-        ``ident``: its (publisher, seq), the name replication gives it. ``ordering_key``: its OrderingKey.
-        """
+        that steps back cannot reorder expiry). ``expires_at``: when the message itself
+        expires (0: never), stamped by a SOW topic with Expiration (queue/expiry.py).
+        ``owner``: in a replicated queue, the instance that owns the message when not this
+        one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here; ``ident``:
+        its (publisher, seq), the name replication gives it; ``ordering_key``: its OrderingKey."""
         if position <= self._last_position:
             raise PositionOutOfOrder(
                 f"queue {self.name!r}: position {position} is not above {self._last_position}",

@@ -170,11 +170,15 @@ class QueueOwnership:
         self._trim_tombstones(now)
         if self._tombstones.pop(ident, None) is not None:
             return False, None
-        owner = self.owner_for(origin, barrier)
+        return True, self._owner_now(ident, origin, barrier)
+
+    def _owner_now(self, ident: Ident, origin: str, barrier: bool) -> str | None:
+        """Who owns a message not in the queue here yet: the winner of the transfers seen
+        for it (rule 5), else its initial owner (rule 1); None: this instance."""
         transferred = self._replica.epoch(ident)
-        if transferred is not None and not barrier:
-            owner = None if transferred[1] == self.instance else transferred[1]
-        return True, owner
+        if transferred is None or barrier:
+            return self.owner_for(origin, barrier)
+        return None if transferred[1] == self.instance else transferred[1]
 
     def _trim_tombstones(self, now: float) -> None:
         """Drop the tombstones older than DeferredAckExpiration (rule 3): oldest first."""
@@ -371,8 +375,7 @@ class QueueOwnership:
         for ident, (position, origin) in found.items():
             if ident in self._tombstones or self.queue.state_of(position).value != "inactive":
                 continue  # removed elsewhere (it will never enter), or acknowledged here while inactive
-            won = self._replica.epoch(ident)
-            owner = self.owner_for(origin, False) if won is None else (None if won[1] == self.instance else won[1])
+            owner = self._owner_now(ident, origin, False)
             if owner is None:
                 ours.append((ident, position))
             elif self.proxied and not reachable(owner):
