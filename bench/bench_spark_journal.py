@@ -8,9 +8,13 @@ as the median of 3 runs each, rows per second of:
   the reader costs without Spark);
 - ``spark.read.format("conveyor-journal").load(dir).count()`` in ``local[2]``, with
   Arrow batches (the default) and with tuples (``output=rows``);
-- pushed-down filters: ``publisher = 3`` (applied to rows, no segment pruned),
-  ``topic = 't3'`` (segments pruned by their summaries) and an ``lsn`` range (segments
-  pruned by name). Rows/s counts every record of the journal, so pruning shows as speed.
+- pushed-down filters (``pushdown=true``): ``publisher = 3`` (applied to rows, no
+  segment pruned), ``topic = 't3'`` (segments pruned by their summaries) and an ``lsn``
+  range (segments pruned by name). Rows/s counts every record of the journal, so
+  pruning shows as speed;
+- the same ``count()`` and ``topic = 't3'`` over the network: ``conveyor serve`` on the
+  same journal, read with ``.option("server", uri)`` (the executors stream the segments
+  from the server and verify every frame's checksum themselves).
 
 ``--write`` replaces the "Spark journal reader" section of docs/benchmarks.md.
 """
@@ -19,11 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
 
+from pathlib import Path
+
+from bench.bench_spark import start_server
 from bench.report import git_rev, machine, write_section
 from conveyor.records.facts import describe_record
 from conveyor.records import encode_publish
@@ -80,7 +88,8 @@ def main() -> None:
 
     from conveyor.spark.journal_source import JournalDataSource
 
-    with tempfile.TemporaryDirectory(prefix="bench-spark-journal-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-spark-journal-") as workdir:
+        tmp = os.path.join(workdir, "journal")  # the server's {journal}
         write_journal(tmp, records, 256 * 1024 if args.quick else 16 * 1024 * 1024)
         summarize(tmp)
         segments = len([n for n in os.listdir(tmp) if n.endswith(".log")])
@@ -105,6 +114,8 @@ def main() -> None:
         spark.dataSource.register(JournalDataSource)
 
         def load(**options):
+            if "server" in options:
+                return spark.read.format("conveyor-journal").options(**options).load()
             return spark.read.format("conveyor-journal").options(**options).load(tmp)
 
         load().count()  # warm up the JVM and the Python workers
@@ -112,12 +123,23 @@ def main() -> None:
         cases = [
             ("Spark count(), Arrow batches", lambda: load().count()),
             ("Spark count(), tuples (output=rows)", lambda: load(output="rows").count()),
-            ("Spark, publisher = 3 (row filter, no pruning)", lambda: load().filter("publisher = 3").count()),
-            ("Spark, topic = 't3' (summary pruning)", lambda: load().filter("topic = 't3'").count()),
-            ("Spark, lsn < 10% of the log (name pruning)", lambda: load().filter(f"lsn < {last_base // 10}").count()),
+            ("Spark, publisher = 3 (row filter, no pruning)",
+             lambda: load(pushdown="true").filter("publisher = 3").count()),
+            ("Spark, topic = 't3' (summary pruning)", lambda: load(pushdown="true").filter("topic = 't3'").count()),
+            ("Spark, lsn < 10% of the log (name pruning)",
+             lambda: load(pushdown="true").filter(f"lsn < {last_base // 10}").count()),
         ]
         for label, fn in cases:
             measure(label, fn)
+        server, uri = start_server(Path(workdir))
+        try:
+            load(server=uri).count()  # warm up
+            measure("Spark count() over the network (server option)", lambda: load(server=uri).count())
+            measure("Spark, topic = 't3' over the network (summary pruning)",
+                    lambda: load(server=uri, pushdown="true").filter("topic = 't3'").count())
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
         spark.stop()
 
     lines = [

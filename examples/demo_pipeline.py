@@ -109,10 +109,9 @@ def run_pipeline(spark, uri: str, checkpoint: str) -> None:
 
 def audit(spark, journal: Path, uri: str) -> None:
     try:
-        journal_df = (
-            spark.read.format("conveyor-journal").option("pushdown", "false").option("includeOpen", "true")
-            .load(str(journal))
-        )
+        # Over the network (the server option): executors on other machines need no copy of
+        # the journal directory; .load(str(journal)) reads the same rows from the directory.
+        journal_df = spark.read.format("conveyor-journal").option("server", uri).option("includeOpen", "true").load()
     except Exception as exc:  # the journal reader ships separately (conveyor.spark.journal_source)
         print(f"journal audit skipped: {exc}")
         return
@@ -131,8 +130,8 @@ def audit(spark, journal: Path, uri: str) -> None:
     totals.selectExpr("to_json(struct(*)) AS value").write.format("conveyor") \
         .option("server", uri).option("topic", "RegionTotals").mode("append").save()
     print("totals per region published to RegionTotals (one transaction); read back from the journal:")
-    spark.read.format("conveyor-journal").option("pushdown", "false").option("includeOpen", "true") \
-        .load(str(journal)).where("op = 'publish' AND topic = 'RegionTotals'") \
+    spark.read.format("conveyor-journal").option("server", uri).option("includeOpen", "true").load() \
+        .where("op = 'publish' AND topic = 'RegionTotals'") \
         .selectExpr("CAST(payload AS STRING) AS total").show(truncate=False)
     check = spark.sql("""
         SELECT count(*) AS results, count(DISTINCT get_json_object(CAST(payload AS STRING), '$.order')) AS distinct_orders

@@ -70,8 +70,8 @@ SECURE_USERS = {"spark": "spark-pw", "feed": "feed-pw"}
 def secure_server(directory, pki) -> ServerProcess:
     """A server with only a ``tcps`` transport (certificates from ``pki``, the security
     tests' fixture), a users file and grants for the pipeline: ``spark`` may run the
-    named consumers of the queue, transactions, and publish and replay ``out``; ``feed``
-    may publish ``in``. Its ``tls_uri`` is set."""
+    named consumers of the queue, transactions, publish and replay ``out`` and read the
+    journal; ``feed`` may publish ``in``. Its ``tls_uri`` is set."""
     from tests.security.helpers import make_users, tls_elements
 
     users = make_users(directory / "users", SECURE_USERS)
@@ -86,7 +86,7 @@ def secure_server(directory, pki) -> ServerProcess:
       <Entitlement>
         <Grant><User>feed</User><Publish>in</Publish></Grant>
         <Grant><User>spark</User><NamedConsumers>{QUEUE}</NamedConsumers><Publish>out</Publish>
-          <Replay>out</Replay><Transactions>true</Transactions></Grant>
+          <Replay>out</Replay><Transactions>true</Transactions><ReadJournal>true</ReadJournal></Grant>
       </Entitlement></AMPSConfig>""")
     server = ServerProcess(path).start()
     server.tls_uri = f"tcps://127.0.0.1:{server.port}"

@@ -14,6 +14,26 @@ import os
 import sys
 
 
+def session(master: str, conf: list[str]):
+    """A SparkSession on ``master`` with ``conf`` (``key=value`` items), the formats registered."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from conveyor.spark import register
+
+    builder = (
+        SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    for item in conf:
+        key, _, value = item.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--server", required=True)
@@ -30,22 +50,9 @@ def main() -> None:
     p.add_argument("--conf", action="append", default=[], help="key=value, for the SparkSession")
     a = p.parse_args()
     assert os.getpgid(0) == os.getpid(), "run me with start_new_session=True (the kill hook kills my group)"
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from conveyor.spark import register
     from tests.spark import pipeline
 
-    builder = (
-        SparkSession.builder.master(a.master).config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-    )
-    for item in a.conf:
-        key, _, value = item.partition("=")
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = session(a.master, a.conf)
     faults = {"testFaults": a.faults, "testFaultDir": a.fault_dir, "testKillPgid": str(os.getpgid(0))}
     query = pipeline.start(
         spark, uri=a.server, consumer=a.consumer, checkpoint=a.checkpoint, mode=a.mode,

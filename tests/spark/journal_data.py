@@ -110,6 +110,9 @@ def journal(tmp_path_factory):
 
 
 def load(spark, directory, **options):
+    """A new DataFrame, with ``pushdown=true`` unless told otherwise: these tests check
+    the pushdown reader too, one query per DataFrame (docs/spark-journal.md, "Filters")."""
+    options.setdefault("pushdown", "true")
     return spark.read.format("conveyor-journal").options(**options).load(directory)
 
 

@@ -325,6 +325,18 @@ class RpcClient:
     def consumer_info(self, queue: str, consumer: str) -> r.ConsumerInfoReply:
         return self._reply(m.ConsumerInfo(queue=queue, consumer=consumer, cid=self._cid()), r.ConsumerInfoReply)
 
+    # --- the journal over the network (docs/spark-journal.md) ---------------------------
+
+    def journal_segments(self) -> r.JournalSegmentsReply:
+        """The journal's identity and its segment files as the server can serve them."""
+        return self._reply(m.JournalSegments(cid=self._cid()), r.JournalSegmentsReply)
+
+    def journal_read(self, base: int, offset: int, n: int, journal: str) -> bytes:
+        """Up to ``n`` bytes of segment ``base`` from file offset ``offset`` (fewer at its
+        readable end, and at most the server's chunk per call), from journal ``journal``."""
+        cmd = m.JournalRead(base=base, offset=offset, n=n, journal=journal, cid=self._cid())
+        return self._reply(cmd, r.JournalChunk).data
+
     # --- staged transactions ----------------------------------------------------------
 
     def stage(self, txn: str, topic: str, rows: Sequence[bytes]) -> int:

@@ -640,6 +640,7 @@ class Grant:
     transactions: bool = False  # stage, commit_txn, abort_txn (rows still need publish)
     admin: str | None = None  # "read" or "full"
     replicate: bool = False  # may log on to the incoming replication transport
+    read_journal: bool = False  # journal_segments, journal_read: every record, over the client port
     #: An entitlement filter: the read permissions above (subscribe, sow, replay, consume)
     #: allow only the messages it matches on the names they list (None: all of them).
     filter: str | None = None

@@ -13,7 +13,7 @@ Rules:
    grant names ``User``\\s and ``Group``\\s and lists what they may do: ``Publish``,
    ``Subscribe``, ``Sow``, ``Replay`` (topics), ``Consume``, ``Acknowledge``, ``Purge``,
    ``NamedConsumers`` (queues), each a literal name or a regex matched against the
-   whole name, and ``Transactions``, ``Admin`` (``read`` or ``full``), ``Replicate``.
+   whole name, and ``Transactions``, ``Admin`` (``read`` or ``full``), ``Replicate``, ``ReadJournal``.
    Every regex is compiled here, so a bad one is refused with its path. A grant to an
    unknown group is refused. A grant's ``Filter`` (an entitlement filter) restricts its
    ``Subscribe``, ``Sow``, ``Replay`` and ``Consume`` to the messages it matches; it
@@ -63,7 +63,8 @@ _NAME_LISTS = {
     "Consume": "consume", "Acknowledge": "acknowledge", "Purge": "purge", "NamedConsumers": "named_consumers",
 }
 _GRANT = {"User": MANY, "Group": MANY, **{tag: MANY for tag in _NAME_LISTS},
-          "Transactions": OPTIONAL, "Admin": OPTIONAL, "Replicate": OPTIONAL, "Filter": OPTIONAL}
+          "Transactions": OPTIONAL, "Admin": OPTIONAL, "Replicate": OPTIONAL, "ReadJournal": OPTIONAL,
+          "Filter": OPTIONAL}
 #: What a grant's ``Filter`` restricts: the permissions that read messages.
 _FILTERED_LISTS = ("Subscribe", "Sow", "Replay", "Consume")
 _ADMIN_LEVELS = {"read": "read", "full": "full", "true": "full", "false": None}
@@ -139,6 +140,8 @@ def _read_grant(doc: Document, node: Node, groups: dict[str, tuple[str, ...]]) -
         values["admin"] = doc.choice(n, _ADMIN_LEVELS)
     if (n := kids.one("Replicate")) is not None:
         values["replicate"] = doc.boolean(n)
+    if (n := kids.one("ReadJournal")) is not None:
+        values["read_journal"] = doc.boolean(n)
     if (n := kids.one("Filter")) is not None:
         values["filter"] = _grant_filter(doc, n, kids)
     return Grant(**values)  # type: ignore[arg-type]

@@ -284,6 +284,9 @@ class Engine:
     def take_closes(self) -> list[tuple[int, str]]:
         return self.outbox.take_closes()
 
+    def take_shell_commands(self) -> list[tuple[int, msgspec.Struct]]:
+        return self.outbox.take_shell_commands()
+
     # --- commands ------------------------------------------------------------------------------
 
     def handle(self, conn_id: int, commands: Iterable[m.Command | errors.ConveyorError], now: float) -> None:
@@ -396,6 +399,8 @@ class Engine:
             case m.Stage() | m.CommitTxn() | m.AbortTxn():
                 # Staged handles and transaction publishers belong to the user (rule 3).
                 self.transactions.handle(conn, cmd, now, owner=session.user_id if session.authenticated else None)
+            case m.JournalSegments() | m.JournalRead():
+                self.outbox.to_shell(conn, cmd)  # file work: server/journal_reads.py
             case m.Heartbeat():
                 parse_options("heartbeat", cmd.options)
                 if "processed" in ack_types(cmd.ack_type):

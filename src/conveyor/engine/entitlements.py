@@ -59,10 +59,12 @@ class Permission(enum.Enum):
     ADMIN_READ = "admin_read"  # the admin interface: read
     ADMIN_FULL = "admin_full"  # the admin interface: actions
     REPLICATE = "replicate"  # log on to the incoming replication transport
+    READ_JOURNAL = "read_journal"  # journal_segments, journal_read (the Spark journal reader)
 
 
 #: Permissions that name nothing: the grant is a yes or no.
-FLAGS = frozenset({Permission.TRANSACTIONS, Permission.ADMIN_READ, Permission.ADMIN_FULL, Permission.REPLICATE})
+FLAGS = frozenset({Permission.TRANSACTIONS, Permission.ADMIN_READ, Permission.ADMIN_FULL, Permission.REPLICATE,
+                   Permission.READ_JOURNAL})
 _NAMED = tuple(p for p in Permission if p not in FLAGS)
 #: The permissions that read messages: what a grant's ``Filter`` restricts (rule 6).
 READS = (Permission.SUBSCRIBE, Permission.SOW, Permission.REPLAY, Permission.CONSUME)
@@ -105,6 +107,7 @@ class Grants:
             Permission.ADMIN_READ: any(g.admin in ("read", "full") for g in grants),
             Permission.ADMIN_FULL: any(g.admin == "full" for g in grants),
             Permission.REPLICATE: any(g.replicate for g in grants),
+            Permission.READ_JOURNAL: any(g.read_journal for g in grants),
         }
         self._cache: dict[Permission, dict[str, bool]] = {p: {} for p in _NAMED}
         #: The publish decisions (rule 4), for the engine's hot path to read directly:
@@ -254,6 +257,8 @@ def required(cmd: m.Command) -> list[tuple[Permission, str]]:
             return [(_P.TRANSACTIONS, ""), *((_P.NAMED_CONSUMERS, f.queue) for f in cmd.fences)]
         case m.AbortTxn():
             return [(_P.TRANSACTIONS, "")]
+        case m.JournalSegments() | m.JournalRead():
+            return [(_P.READ_JOURNAL, "")]  # every record of every topic, payloads included
         case m.Logon() | m.Unsubscribe() | m.Heartbeat() | m.Flush():  # FREE_COMMANDS
             return []
         case _:

@@ -61,6 +61,7 @@ class Outbox:
         self._held: deque[tuple[int, int, msgspec.Struct]] = deque()  # (threshold, conn_id, message)
         self._held_persisted: deque[tuple[int, int, msgspec.Struct]] = deque()  # the same, for rule 4
         self._closes: list[tuple[int, str]] = []
+        self._shell: list[tuple[int, msgspec.Struct]] = []
         self._persist: dict[int, _PersistMarks] = {}
         self._open: set[int] = set()
         self._persisted_end = 0
@@ -80,6 +81,17 @@ class Outbox:
     def close(self, conn_id: int, reason: str) -> None:
         """Ask the shell to close ``conn_id``, telling the client ``reason``."""
         self._closes.append((conn_id, reason))
+
+    def to_shell(self, conn_id: int, cmd: msgspec.Struct) -> None:
+        """A command the engine allowed and the shell carries out (file work: the journal
+        read, server/journal_reads.py); it answers ``conn_id`` itself."""
+        self._shell.append((conn_id, cmd))
+
+    def take_shell_commands(self) -> list[tuple[int, msgspec.Struct]]:
+        if not self._shell:
+            return self._shell  # the usual case: no list made per engine step
+        taken, self._shell = self._shell, []
+        return taken
 
     # --- sends ------------------------------------------------------------------------
 

@@ -277,15 +277,35 @@ class AbortTxn(_Msg, tag="abort_txn", frozen=True):
     cid: str | None = None
 
 
+class JournalSegments(_Msg, tag="journal_segments", frozen=True):
+    """The journal's segment files, for a reader that plans over the network (the Spark
+    journal reader with ``server``). result: protocol/replies.py ``JournalSegmentsReply``."""
+
+    cid: str | None = None
+
+
+class JournalRead(_Msg, tag="journal_read", frozen=True):
+    """Up to ``n`` bytes of the segment file named by its first position ``base``, from
+    byte ``offset`` of the file (its header included). ``journal``: the identity the
+    reader planned against; another journal (a failover, a new journal) is refused, since
+    positions differ between journals. result: ``JournalChunk``."""
+
+    base: int
+    offset: int = 0
+    n: int = 0
+    journal: str = field(default="", name="j")
+    cid: str | None = None
+
+
 Command = Union[
     Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush,
     Claim, Lease, Fetch, AckThrough, Extend, Reclaim, Head, ConsumerInfo, Stage, CommitTxn, AbortTxn,
-    DeltaPublish, DeltaSubscribe, SowAndDeltaSubscribe,
+    DeltaPublish, DeltaSubscribe, SowAndDeltaSubscribe, JournalSegments, JournalRead,
 ]
 COMMAND_TYPES = (
     Logon, Publish, Subscribe, Sow, SowAndSubscribe, Unsubscribe, SowDelete, Heartbeat, Flush,
     Claim, Lease, Fetch, AckThrough, Extend, Reclaim, Head, ConsumerInfo, Stage, CommitTxn, AbortTxn,
-    DeltaPublish, DeltaSubscribe, SowAndDeltaSubscribe,
+    DeltaPublish, DeltaSubscribe, SowAndDeltaSubscribe, JournalSegments, JournalRead,
 )
 COMMAND_NAMES = frozenset(t.__struct_config__.tag for t in COMMAND_TYPES)
 

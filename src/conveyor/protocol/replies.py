@@ -2,9 +2,9 @@
 
 The server builds one of these structs for each ``claim``, ``lease``, ``fetch``,
 ``ack_through``, ``extend``, ``reclaim``, ``head``, ``consumer_info``, ``stage``,
-``commit_txn`` and ``abort_txn``; on the wire it is the MessagePack map of its fields
-(so replies from servers that wrote plain maps decode the same). Clients turn the map
-back into the struct with :func:`decode`, so a misspelt or missing key fails at the
+``commit_txn``, ``abort_txn``, ``journal_segments`` and ``journal_read``; on the wire
+it is the MessagePack map of its fields (so replies from servers that wrote plain maps
+decode the same). Clients turn the map back into the struct with :func:`decode`, so a misspelt or missing key fails at the
 seam with a clear error instead of as a ``KeyError`` deep inside a Spark executor.
 
 Rules (STYLE 7): fields are only appended, each with a default; a field never changes
@@ -89,6 +89,26 @@ class CommitReply(_Reply, frozen=True):
 
 class AbortReply(_Reply, frozen=True):
     discarded: int = 0
+
+
+class SegmentInfo(_Reply, frozen=True):
+    """One segment file: its first position, the bytes a reader may read (the header
+    included; for the newest segment, up to what is durable), whether it is sealed, and
+    its summary (conveyor.journal.index, as JSON) when a valid one exists."""
+
+    base: int
+    size: int
+    sealed: bool
+    summary: bytes | None = None
+
+
+class JournalSegmentsReply(_Reply, frozen=True):
+    journal: str  # the journal's identity: JournalRead names it
+    segments: list[SegmentInfo] = []
+
+
+class JournalChunk(_Reply, frozen=True):
+    data: bytes = b""
 
 
 R = TypeVar("R", bound=_Reply)

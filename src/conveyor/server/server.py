@@ -81,6 +81,7 @@ from conveyor.server.commit import GroupCommit
 from conveyor.server.connection import Connection
 from conveyor.server.disk import Disk
 from conveyor.server.gate import LogonGate
+from conveyor.server.journal_reads import JournalReads
 from conveyor.server.housekeeping import CHECKPOINT_INTERVAL_S, Housekeeping
 from conveyor.server.links import IncomingReplica, OutgoingLink
 from conveyor.server.output import OutputBudget
@@ -130,8 +131,8 @@ class Server:
         "_config_stamp", "_conn_ids", "_frames_in", "_hold_clients", "_io", "_links", "_new_journal",
         "_recovered", "_servers", "_stopped", "_writer_task", "admin", "admin_authenticator",
         "admin_ssl_context", "auth", "clock", "commit", "commit_stats", "config", "connections", "disk",
-        "durable", "engine", "gate", "housekeeping", "journal", "output", "pacing", "pages", "ports",
-        "started_at", "supervisor", "tls",
+        "durable", "engine", "gate", "housekeeping", "journal", "journal_reads", "output", "pacing", "pages",
+        "ports", "started_at", "supervisor", "tls",
     )
 
     def __init__(self, config: Config, *, clock: Callable[[], float] = time.time,
@@ -155,9 +156,9 @@ class Server:
         else:
             self.journal = MemoryJournal()
         self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
+        jid = journal_id(tlog.journal_directory) if tlog is not None else "memory"
         try:
-            self.engine = Engine(config, self.journal,
-                                 journal_id=journal_id(tlog.journal_directory) if tlog is not None else "memory",
+            self.engine = Engine(config, self.journal, journal_id=jid,
                                  describe_connection=self._describe)  # log lines name the peer's address
         except BaseException:  # a configuration the engine refuses (a queue's Filter...): no trace either
             self.journal.close(commit=False)
@@ -183,6 +184,8 @@ class Server:
         self.output = OutputBudget(self.engine, self.connections, config.limits.output_budget_bytes, clock,
                                    self.supervisor, after_engine=self._after_engine)
         self.disk = Disk(config.transaction_log, self.journal, self._io)  # free space, scrub
+        self.journal_reads = JournalReads(tlog.journal_directory if tlog is not None else None, jid,
+                                          lambda: self.journal.durable_end, self._send_one)  # the Spark journal reader
         # The admin interface (server/admin.py), bound from config.admin. Whoever builds the
         # server may set an authenticator and a TLS context before start().
         self.admin = None
@@ -362,6 +365,7 @@ class Server:
         # After a failure the I/O thread may be stuck on a dead disk: do not wait for it.
         self._io.shutdown(wait=supervisor.failure is None, cancel_futures=supervisor.failure is not None)
         self.auth.close()
+        self.journal_reads.close()
         if supervisor.failure is None:
             log.info("stopped; journal closed at position %d", self.journal.durable_end)
         else:
@@ -432,6 +436,7 @@ class Server:
         if conn.conn_id in self.connections and conn.close_reason is None:
             log.info("connection %d from %s closed by the client", conn.conn_id, conn.address)
         self.gate.forget(conn)
+        self.journal_reads.forget(conn.conn_id)
         if self.connections.pop(conn.conn_id, None) is not None and self.supervisor.failure is None:
             self.engine.disconnect(conn.conn_id, self.clock())
             self._after_engine()
@@ -514,12 +519,20 @@ class Server:
             conn = self.connections.get(conn_id)
             if conn is not None:
                 conn.close(reason)
+        for conn_id, cmd in self.engine.take_shell_commands():
+            self.journal_reads.serve(conn_id, cmd)
         journal = self.journal
         if journal.end != journal.durable_end:
             self.commit.wake()
             self.pacing.journal_appended()
         self.output.pump_if_pending()
         self.housekeeping.wake_by(self.engine.next_deadline())
+
+    def _send_one(self, conn_id: int, message: m.Ack) -> None:
+        """A reply made outside an engine step (server/journal_reads.py)."""
+        conn = self.connections.get(conn_id)
+        if conn is not None:
+            conn.write_frames(encode_frames([message]), messages=0)
 
     def _flush_output(self) -> None:
         out = self.engine.take_output()

@@ -19,10 +19,10 @@ def register(spark, *, filter_pushdown: bool = True) -> list[str]:
     """Register the data sources with ``spark``; returns the format names registered.
 
     ``filter_pushdown`` turns on ``spark.sql.python.filterPushdown.enabled`` (off by
-    default in PySpark 4.x), which the journal reader needs to prune segments: a Python
-    reader that implements ``pushFilters`` fails planning while it is off.
-    Pass False to leave the session's setting alone; then read the journal with
-    ``.option("pushdown", "false")``.
+    default in PySpark 4.x), which the journal reader's opt-in ``pushdown=true`` needs: a
+    Python reader that implements ``pushFilters`` fails planning while it is off. Pass
+    False to leave the session's setting alone (the default journal reader works either
+    way; docs/spark-journal.md says why pushdown is not its default).
     """
     from conveyor.spark.datasource import ConveyorDataSource
     from conveyor.spark.journal_source import JournalDataSource

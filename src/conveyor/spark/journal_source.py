@@ -15,13 +15,21 @@ One row per journal record (docs/spark-journal.md has the schema and examples). 
   which are used only when they match their segment; a segment without one is read
   and its summary written as a by-product (``writeSummaries``), so the next query
   prunes it.
-- **Filters.** With ``pushdown=true`` (the default) the reader implements
-  ``pushFilters``: ranges on ``lsn`` and ``ts``, and ``=``/``IN`` on ``topic``,
-  ``queue``, ``op``, ``publisher``, ``consumer`` and ``lsn`` are applied here, exactly,
-  and are not evaluated again by Spark; everything else is returned to Spark. PySpark
-  refuses a reader with ``pushFilters`` unless ``spark.sql.python.filterPushdown.enabled``
-  is true (default false), so ``pushdown=false`` selects a reader without it (options
-  ``startLsn``, ``endLsn``, ``ops``, ``topics``, ``queues`` still prune).
+- **Filters.** With ``pushdown=true`` the reader implements ``pushFilters``: ranges on
+  ``lsn`` and ``ts``, and ``=``/``IN`` on ``topic``, ``queue``, ``op``, ``publisher``,
+  ``consumer`` and ``lsn`` are applied here, exactly, and are not evaluated again by
+  Spark; everything else is returned to Spark. It is not the default because PySpark
+  4.3.0 keeps the reader a pushdown left on the DataFrame's relation and reuses it for
+  a later query of the same DataFrame (or view) that has no filter to push: that query
+  would read only the rows the earlier filters let through. The default reader has no
+  ``pushFilters``: Spark applies every filter, and only the options (``startLsn``,
+  ``endLsn``, ``ops``, ``topics``, ``queues``) prune, which is safe however often a
+  DataFrame is reused. PySpark refuses a reader with ``pushFilters`` unless
+  ``spark.sql.python.filterPushdown.enabled`` is true (``register`` sets it).
+- **Over the network.** With ``server`` (a client URI) instead of a directory, the
+  driver plans from the server's list of segments and the executors stream them from
+  the server (conveyor.spark.journal_remote): same snapshot, pruning, filters and rows,
+  with no journal directory anywhere but on the server.
 - **Arrow.** ``read()`` yields ``pyarrow.RecordBatch``es (``output=rows`` yields
   tuples instead; slower, kept for the benchmark). There is no column pruning in the
   API, so every column is always produced.
@@ -68,6 +76,7 @@ from conveyor.journal.format import FILE_HEADER_LEN
 from conveyor.journal.index import SummaryBuilder, load_summary, write_summary
 from conveyor.journal.storage import parse_segment_name, segment_name
 from conveyor.journal.tools import scan_segment
+from conveyor.spark import journal_remote
 from conveyor.spark import options as opt
 
 SCHEMA = StructType(
@@ -365,13 +374,20 @@ def _spark_row(row: tuple) -> tuple:
 
 
 class JournalReader(DataSourceReader):
-    """The reader for ``pushdown=false``: options prune, Spark applies every filter."""
+    """The default reader (``pushdown=false``): options prune, Spark applies every filter."""
 
     def __init__(self, options) -> None:
         path = opt.text(options, "path")
-        if not path:
-            raise JournalError('conveyor-journal needs a journal directory: .load("/path/to/journal")')
+        self.server = opt.text(options, "server")
+        if not path and not self.server:
+            raise JournalError('conveyor-journal needs a journal directory, .load("/path/to/journal"), or a '
+                               'server to read it from, .option("server", "tcp://host:port")')
+        if path and self.server:
+            raise JournalError("conveyor-journal reads a directory or a server, not both: drop the path or the "
+                               "server option")
         self.directory = path
+        self.connect = opt.ConnectOptions.parse(options)
+        self.retry_s = opt.seconds(options, "retryTimeout", 60.0)
         self.include_open = opt.flag(options, "includeOpen", False)
         self.write_summaries = opt.flag(options, "writeSummaries", True)
         self.arrow = opt.choice(options, "output", ("arrow", "rows"), "arrow") == "arrow"
@@ -387,7 +403,10 @@ class JournalReader(DataSourceReader):
             if values:
                 c.allow(column, [v.strip() for v in values.split(",")])
 
-    def partitions(self) -> list[JournalSegment]:
+    def partitions(self) -> list[JournalSegment] | list[journal_remote.RemoteSegment]:
+        if self.server:
+            return journal_remote.plan(self.server, self.connect, self.include_open, self.constraints.keeps_segment,
+                                       self.retry_s)
         try:
             names = os.listdir(self.directory)
         except OSError as exc:
@@ -409,15 +428,15 @@ class JournalReader(DataSourceReader):
                 out.append(JournalSegment(path, base, end, sealed, sealed and summary is None and self.write_summaries))
         return out
 
-    def read(self, partition: JournalSegment) -> Iterator:
+    def read(self, partition: JournalSegment | journal_remote.RemoteSegment) -> Iterator:
+        if isinstance(partition, journal_remote.RemoteSegment):
+            yield from self._rows(partition, journal_remote.frames(partition, self.connect, self.retry_s), None)
+            return
         if not isinstance(partition, JournalSegment):
             return  # everything pruned: Spark plans one empty InputPartition(None)
         lo, hi = self.constraints.lsn
-        keep = self.constraints.row_filter()
         # Summarize only a whole sealed segment, as the file was when reading began.
         builder = SummaryBuilder(describe_record) if partition.summarize and lo is None and hi is None else None
-        lo = -1 if lo is None else lo
-        hi = 1 << 63 if hi is None else hi
         try:
             before = os.stat(partition.path)
         except FileNotFoundError:
@@ -426,9 +445,21 @@ class JournalReader(DataSourceReader):
             ) from None
         if before.st_size < FILE_HEADER_LEN + partition.end - partition.base:
             raise JournalError(f"journal segment {partition.path} is shorter than when the query was planned (repair?)")
+        yield from self._rows(partition, scan_segment(partition.path, end=partition.end), builder)
+        if builder is not None:
+            after = os.stat(partition.path)
+            if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
+                write_summary(partition.path, builder.finish(partition.base, before.st_size, before.st_mtime_ns))
+
+    def _rows(self, partition: JournalSegment | journal_remote.RemoteSegment, frames: Iterator[tuple[int, bytes]],
+              builder: SummaryBuilder | None) -> Iterator:
+        """The rows (or Arrow batches) of ``frames``, one segment's records in order."""
+        lo, hi = self.constraints.lsn
+        lo = -1 if lo is None else lo
+        hi = 1 << 63 if hi is None else hi
+        keep = self.constraints.row_filter()
         decode = r.decode
         rows: list[tuple] = []
-        frames = scan_segment(partition.path, end=partition.end)
         try:
             for position, payload in frames:
                 if builder is not None:
@@ -450,10 +481,6 @@ class JournalReader(DataSourceReader):
             # recovery will truncate); what came before it is the snapshot.
         if rows:
             yield from self._emit(rows)
-        if builder is not None:
-            after = os.stat(partition.path)
-            if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
-                write_summary(partition.path, builder.finish(partition.base, before.st_size, before.st_mtime_ns))
 
     def _emit(self, rows: list[tuple]) -> Iterator:
         if self.arrow:
@@ -463,7 +490,8 @@ class JournalReader(DataSourceReader):
 
 
 class PushdownJournalReader(JournalReader):
-    """The default reader: also takes the filters it can apply exactly."""
+    """``pushdown=true``: also takes the filters it can apply exactly (one query per
+    DataFrame: see the module header)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         for f in filters:
@@ -482,7 +510,7 @@ class JournalDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> JournalReader:
-        if opt.flag(self.options, "pushdown", True):
+        if opt.flag(self.options, "pushdown", False):  # not the default: see the module header
             return PushdownJournalReader(self.options)
         return JournalReader(self.options)
 
