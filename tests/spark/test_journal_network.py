@@ -14,6 +14,7 @@ import pytest
 from conveyor import errors
 from conveyor.client.rpc import RpcClient
 from conveyor.journal.tools import scan_segment
+from conveyor.protocol import messages as m
 from conveyor.spark import journal_remote
 from conveyor.spark.journal_source import PushdownJournalReader
 from conveyor.spark.options import ConnectOptions
@@ -126,3 +127,36 @@ def test_over_tls_with_a_user_who_may_read_the_journal(spark, tmp_path, pki):  #
                 rpc.journal_read(0, 0, 100, "")
     finally:
         server.kill()
+
+
+def test_damage_on_the_servers_disk_is_caught_by_the_reader(tmp_path):
+    """The server sends bytes as they are; the executor checks every frame's CRC."""
+    server = ServerProcess(write_config(tmp_path, txlog_extra=SEGMENT)).start()
+    try:
+        publish(server.uri, 9_000)
+        connect = ConnectOptions()
+        first = journal_remote.plan(server.uri, connect, False, lambda *a: True)[0]
+        assert len(list(journal_remote.frames(first, connect, 5.0))) > 1000
+        path = tmp_path / "journal" / f"{first.base:020d}.log"
+        with open(path, "r+b") as segment:  # one byte in the middle of a record's payload
+            segment.seek(500_000)
+            byte = segment.read(1)
+            segment.seek(500_000)
+            segment.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(errors.JournalCorrupt, match="CRC mismatch"):
+            list(journal_remote.frames(first, connect, 5.0))
+    finally:
+        server.kill()
+
+
+def test_a_connection_has_at_most_four_journal_reads_at_once(server):
+    with RpcClient(server.uri) as rpc:
+        listing = rpc.journal_segments()
+        base = listing.segments[0].base
+        commands = [m.JournalRead(base=base, offset=0, n=4 * 1024 * 1024, journal=listing.journal, cid=f"r{i}")
+                    for i in range(12)]
+        rpc._send(commands)  # pipelined in one frame: the server holds at most 4 of them at once
+        answers = [rpc._next_item() for _ in commands]
+    refused = [a for a in answers if a.status == "failure"]
+    assert refused and all(a.code == "limit_exceeded" for a in refused)
+    assert len(refused) <= 8 and sum(a.status == "success" for a in answers) >= 4
