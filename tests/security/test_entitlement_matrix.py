@@ -16,7 +16,8 @@ from tests.security.raw import Raw
 PASSWORD = "pw"
 #: Every grant element, with a name that allows everything (for the "all but one" users).
 EVERYTHING = {"Publish": ".*", "Subscribe": ".*", "Sow": ".*", "Replay": ".*", "Consume": ".*",
-              "Acknowledge": ".*", "Purge": ".*", "NamedConsumers": ".*", "Transactions": "true"}
+              "Acknowledge": ".*", "Purge": ".*", "NamedConsumers": ".*", "Transactions": "true",
+              "ReadJournal": "true"}
 
 SOW = """
 <Topic><Name>prices</Name><MessageType>json</MessageType><Key>/id</Key></Topic>
@@ -94,6 +95,8 @@ ROWS = [
      lambda r: m.CommitTxn(publisher="p", seq=1, txns=[], cid=r.cid(), fences=[m.ConsumerFence("Jobs", "c", 1)]),
      "processed"),
     ("abort_txn", {"Transactions": "true"}, lambda r: m.AbortTxn(txns=["x"], cid=r.cid()), "processed"),
+    ("journal_segments", {"ReadJournal": "true"}, lambda r: m.JournalSegments(cid=r.cid()), "processed"),
+    ("journal_read", {"ReadJournal": "true"}, lambda r: m.JournalRead(base=0, n=16, cid=r.cid()), "processed"),
 ]
 FREE = [
     ("unsubscribe", lambda r: m.Unsubscribe(cid=r.cid(), ack_type="processed")),
