@@ -462,6 +462,13 @@ def main() -> None:
     print(table)
     print(f"conveyor / file source rows/s, {ratio_text.replace('**', '').replace('`', '')}; "
           f"server peak RSS {server_peak:,.0f} MB")
+    figures = {"server_peak_mb": server_peak}
+    for source, sink in results:  # the last line, for bench.ab
+        for field in ("batch_rate", "wall_rate", "lat_p50", "server_us", "spark_us"):
+            value = med((source, sink), field)
+            if value is not None:
+                figures[f"{source}.{sink}.{field}"] = value
+    print(json.dumps(figures))
     if args.write:
         rounds_text = f"{args.rounds} timed round{'s' * (args.rounds > 1)}" + (
             f" after an untimed warm-up round of {args.warmup:,}" if args.warmup else "") + (

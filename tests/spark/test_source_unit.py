@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -58,17 +59,43 @@ def test_offsets_partitions_read_and_ack(conveyor_server):
     parts = r.partitions(start, end)
     assert [(p.lo, p.hi) for p in parts] == [(0, 5), (5, 10)]
     executor = pickle.loads(pickle.dumps(r))  # what Spark ships: no live connection inside
-    assert executor._rpc is None and executor._heartbeat is None and executor.options == r.options
+    assert executor._rpc is None and executor._background is None and executor.options == r.options
     assert rows(executor, parts) == list(range(10))
     batch = next(iter(executor.read(parts[0])))
     assert batch.schema.names == ["data", "topic", "bookmark", "publisher", "sequence", "timestamp", "delivery", "fence"]
     assert batch.column("delivery").to_pylist() == [1, 2, 3, 4, 5]
     assert set(batch.column("fence").to_pylist()) == {fencing.token(QUEUE, "etl", 1, 10)}  # epoch 1, through 10
-    # the next latestOffset acks the previous batch
+    # the next latestOffset acks the previous batch (on the background connection) and
+    # takes the deliveries the early lease made (10 of them, for a limit of 10) plus the rest
     end2 = r.latestOffset(end, ReadAllAvailable())
-    assert end2["d"] == 25 and consumer_info(uri, "etl").acked == 10
+    assert end2["d"] == 25 and soon(uri, lambda c: c.acked >= 10).acked == 10
     assert r.latestOffset(end2, ReadAllAvailable()) is end2  # nothing new: `start` itself
-    assert consumer_info(uri, "etl").acked == 25
+    assert soon(uri, lambda c: c.acked >= 25).acked == 25
+
+
+def soon(uri: str, done, timeout: float = 10.0):
+    """The consumer's info once ``done(info)``: acks and early leases are sent by the
+    driver's background connection, off the critical path."""
+    deadline = time.monotonic() + timeout
+    while not done(info := consumer_info(uri, "etl")):
+        assert time.monotonic() < deadline, f"still {info}"
+        time.sleep(0.02)
+    return info
+
+
+def test_the_next_batch_is_leased_early_and_taken_whole(conveyor_server):
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 30)
+    r = reader(uri)
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    assert soon(uri, lambda c: c.d >= 20).d == 20  # the early lease of 11..20
+    end2 = r.latestOffset(end, ReadMaxRows(10))
+    assert end2["d"] == 20 and soon(uri, lambda c: c.d >= 30).d == 30  # taken, and 21..30 leased early
+    assert rows(r, r.partitions(end, end2)) == list(range(10, 20))
+    # a crash between the early lease and the next batch: a new reader leases 21..30 again (a re-offer)
+    again = reader(uri).latestOffset(end2, ReadMaxRows(10))
+    assert again["d"] == 30
 
 
 def test_crash_after_lease_reoffers_and_replay_keeps_its_split(conveyor_server):

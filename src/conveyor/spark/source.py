@@ -8,7 +8,9 @@ gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d":
    ending at ``start`` is in Spark's commit log, so it acks ``<= start.d`` first
    (``commit(end)`` lags a batch and is skipped for the last one). Async progress
    tracking breaks that ordering and is not supported. The transactional sink acks
-   earlier, in the same server step as its output (the ``fence`` column, rule 6).
+   earlier, in the same server step as its output (the ``fence`` column, rule 6). The
+   ack is handed to the background connection (rule 7): it is sent after the commit,
+   never before, but the next batch does not wait for the server's answer.
 2. **A range always yields the same rows.** ``read()`` is a pure fetch of its range,
    whatever the lease state: safe to retry and to speculate. A lease after a crash
    (``after < D`` on the server) re-offers the deliveries already numbered instead of
@@ -23,12 +25,21 @@ gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d":
    and the lease heartbeat thread are created lazily, in the driver's runner process only.
 6. **Every row carries its fence**: ``[queue, consumer, epoch, through]`` in the
    ``fence`` column (:mod:`conveyor.spark.fencing`), the only way the sink can learn it.
+7. **The next batch is leased while this one runs.** Once ``latestOffset`` has chosen
+   ``end``, the driver's background connection (its own thread, which also renews the
+   leases every ttl/3 and sends the acks) leases the deliveries after ``end``. The next
+   ``latestOffset(end)`` takes that answer if it is for the same ``after``, limit and
+   ``upto`` and is a full batch; otherwise it leases as before, and the server
+   re-offers what the early lease numbered (``after < D``), so an early lease that is
+   not used, or a crash in between, costs a re-offer, never a delivery. One early lease
+   at a time; fenced by the same epoch.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -135,12 +146,12 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._rpc: RpcClient | None = None
         self._claim: replies.ClaimReply | None = None
         self._upto: int | None = None
-        self._heartbeat: _Heartbeat | None = None
+        self._background: _Background | None = None
         self._fresh: tuple[int, int] | None = None  # the range the last lease of this run made
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for key in ("_rpc", "_claim", "_upto", "_heartbeat", "_fresh"):
+        for key in ("_rpc", "_claim", "_upto", "_background", "_fresh"):
             state.pop(key, None)
         return state
 
@@ -171,8 +182,8 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return call()
         except errors.ConveyorError as exc:
             if fencing.is_fenced(exc):
-                if self._heartbeat is not None:
-                    self._heartbeat.stop()
+                if self._background is not None:
+                    self._background.stop()
                 raise fencing.fenced_error(self.options.queue, self.options.consumer, exc) from exc
             raise
 
@@ -208,11 +219,20 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         after = self._check(start)
         o, rpc, epoch = self.options, self._driver(), self._epoch
         most = limit.max_rows if isinstance(limit, ReadMaxRows) else 0
+        background = self._start_background()
+        self._guard(background.check)  # a fenced ack or renewal ends the query here
         if after > 0:
-            # Rule 1: the batch ending at `start` is in Spark's commit log by now.
-            self._guard(lambda: rpc.ack_through(o.queue, o.consumer, after, epoch))
-        got = self._guard(lambda: rpc.lease(o.queue, o.consumer, after, most, o.lease_seconds, self._upto, epoch))
-        self._start_heartbeat()
+            background.ack(after)  # rule 1: the batch ending at `start` is in Spark's commit log by now
+        key = (after, most, self._upto)
+        got = background.take(key, o.timeout)  # rule 7
+        if got is None or (most and got.d - after < most):
+            got = self._guard(lambda: rpc.lease(o.queue, o.consumer, after, most, o.lease_seconds, self._upto, epoch))
+            if got.reoffered and not got.leased and got.d == got.D and (not most or got.d - after < most):
+                # An early lease numbered fewer than this batch may take (another limit, a
+                # queue that filled up since): take them again and lease the rest after them.
+                more, base = (most - (got.d - after) if most else 0), got.d
+                got = self._guard(lambda: rpc.lease(o.queue, o.consumer, base, more, o.lease_seconds, self._upto,
+                                                    epoch))
         end = got.d
         if most:
             end = min(end, after + most)
@@ -220,6 +240,7 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start  # nothing new: `start` itself, or Spark plans an empty batch
         self._fresh = (after, end)
         fault(o.raw, f"source.leased.d{end}")
+        background.lease_early((end, most, self._upto))
         return self._offset(end)
 
     def reportLatestOffset(self):
@@ -241,7 +262,7 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if got.held_elsewhere:
                 log.warning("deliveries %s..%s: %s are held elsewhere (leased to another consumer, or owned by "
                             "another instance after a failover): read as they are", lo, hi, got.held_elsewhere)
-        self._start_heartbeat()
+        self._start_background()
         n = min(int(end.get("np", o.num_partitions)), hi - lo)  # rule 3
         size, extra = divmod(hi - lo, n)
         fence = fencing.token(o.queue, o.consumer, epoch, hi)
@@ -253,20 +274,21 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def commit(self, end: dict) -> None:
-        d = self._check(end)
-        o, rpc, epoch = self.options, self._driver(), self._epoch
-        self._guard(lambda: rpc.ack_through(o.queue, o.consumer, d, epoch))
+        background = self._start_background()
+        self._guard(background.check)
+        background.ack(self._check(end))  # rule 1; sent by the background connection
 
     def stop(self) -> None:  # not reliably called by PySpark: nothing depends on it
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        if self._background is not None:
+            self._background.stop(flush=True)
         if self._rpc is not None:
             self._rpc.close()
 
-    def _start_heartbeat(self) -> None:
-        if self._heartbeat is None:
-            self._heartbeat = _Heartbeat(self.options, self._epoch)
-            self._heartbeat.start()
+    def _start_background(self) -> _Background:
+        if self._background is None:
+            self._background = _Background(self.options, self._epoch)
+            self._background.start()
+        return self._background
 
     # --- executor side --------------------------------------------------------------------
 
@@ -334,32 +356,125 @@ def to_batch(page: list, schema: pa.Schema, data_type: str, fence: str) -> pa.Re
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-class _Heartbeat:
-    """Renews the consumer's leases every ttl/3 on its own connection (driver runner only)."""
+class _Background:
+    """The driver runner's second connection, on a thread of its own (rules 1 and 7):
+    renews the consumer's leases every ttl/3, sends the acks of committed batches (the
+    highest asked for), and leases the next batch early. The work is done in that order
+    of urgency: an ack, then an early lease, then a renewal when due. A fenced answer
+    stops it; :meth:`check` raises it in the driver's next call. Other failures (the
+    server restarting) are logged and retried: an ack stays pending, an early lease is
+    dropped (the driver leases itself)."""
 
     def __init__(self, options: SourceOptions, epoch: int) -> None:
         self.options = options
         self.epoch = epoch
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="conveyor-lease-heartbeat", daemon=True)
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._flush = False
+        self._ack_wanted = 0  # the highest delivery to acknowledge
+        self._ack_sent = 0
+        self._early: tuple | None = None  # (after, most, upto) to lease early
+        self._early_started: tuple | None = None
+        self._early_got: tuple | None = None  # (key, LeaseReply or None when it failed)
+        self._fenced: errors.ConveyorError | None = None
+        self._thread = threading.Thread(target=self._run, name="conveyor-source-background", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def stop(self, flush: bool = False) -> None:
+        """Stop (after sending a pending ack when ``flush``, waiting up to the timeout)."""
+        with self._cond:
+            self._stopped, self._flush = True, flush
+            self._cond.notify_all()
+        if flush and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self.options.timeout)
+
+    def check(self) -> None:
+        if self._fenced is not None:
+            raise self._fenced
+
+    def ack(self, d: int) -> None:
+        with self._cond:
+            if d > self._ack_wanted:
+                self._ack_wanted = d
+                self._cond.notify_all()
+
+    def lease_early(self, key: tuple) -> None:
+        with self._cond:
+            self._early, self._early_got = key, None
+            self._cond.notify_all()
+
+    def take(self, key: tuple, timeout: float) -> replies.LeaseReply | None:
+        """The early lease made for ``key`` (waiting for it if it is under way), or None."""
+        with self._cond:
+            if self._early != key:
+                return None
+            self._cond.wait_for(lambda: self._early_got is not None or self._stopped, timeout)
+            got = self._early_got
+            self._early = self._early_got = None
+            self._cond.notify_all()
+        return got[1] if got is not None and got[0] == key else None
+
+    def _next(self, due: float) -> tuple[int, tuple | None, bool]:
+        """Wait for work: (ack to send or 0, early lease to make or None, renewal due)."""
+        with self._cond:
+            while True:
+                if self._stopped and not (self._flush and self._ack_wanted > self._ack_sent):
+                    raise _Stopped
+                ack = self._ack_wanted if self._ack_wanted > self._ack_sent else 0
+                early = self._early if self._early is not None and self._early_got is None and (
+                    self._early_started != self._early) else None
+                left = due - time.monotonic()
+                if ack or early is not None or left <= 0:
+                    self._early_started = early if early is not None else self._early_started
+                    return ack, early, left <= 0
+                self._cond.wait(left)
 
     def _run(self) -> None:
         o = self.options
         rpc = o.connect.client(o.server, timeout=o.timeout)
+        period = o.lease_seconds / 3
+        due = time.monotonic() + period
         try:
-            while not self._stop.wait(o.lease_seconds / 3):
+            while True:
+                ack, early, renew = self._next(due)
                 try:
-                    rpc.extend(o.queue, o.consumer, o.lease_seconds, self.epoch)
+                    if ack:
+                        rpc.ack_through(o.queue, o.consumer, ack, self.epoch)
+                        with self._cond:
+                            self._ack_sent = max(self._ack_sent, ack)
+                            if self._stopped:
+                                return
+                    if early is not None:
+                        after, most, upto = early
+                        got = None
+                        try:
+                            got = rpc.lease(o.queue, o.consumer, after, most, o.lease_seconds, upto, self.epoch)
+                        finally:
+                            with self._cond:
+                                if self._early == early:
+                                    self._early_got = (early, got)
+                                    self._cond.notify_all()
+                    if renew:
+                        due = time.monotonic() + period
+                        rpc.extend(o.queue, o.consumer, o.lease_seconds, self.epoch)
                 except errors.ConveyorError as exc:
                     if fencing.is_fenced(exc):
-                        log.warning("lease heartbeat: consumer %s fenced out; stopping", o.consumer)
+                        log.warning("consumer %s fenced out: its background connection stops", o.consumer)
+                        self._fenced = exc
                         return
-                    log.warning("lease heartbeat failed (retrying in %.1fs): %s", o.lease_seconds / 3, exc)
+                    log.warning("conveyor source background call failed (retrying): %s", exc)
+                    with self._cond:
+                        self._cond.wait(min(1.0, period))
+        except _Stopped:
+            return
         finally:
+            with self._cond:
+                self._stopped = True
+                self._cond.notify_all()
             rpc.close()
+
+
+class _Stopped(Exception):
+    """Ends the background thread's loop."""
