@@ -73,7 +73,12 @@ def test_publish_batch_dedup_and_conflict(conveyor_server):
         with pytest.raises(errors.ConveyorError) as info:  # same seq, other payload: loud
             rpc.publish_batch("out", [b'{"n": 999}'], first_seq=5)
         assert info.value.code == "duplicate_conflict"
-    assert sorted(r["n"] for r in read_topic(uri, "out", 120)) == list(range(120))
+    with RpcClient(uri, client_name="sink/q/p1", timeout=20) as rpc:
+        started = time.monotonic()
+        with pytest.raises(errors.BadMessage, match="not JSON"):  # refused before the journal: at once
+            rpc.publish_batch("out", [b'{"n": 1000}', b'{"n": 1001} trailing'], first_seq=1)
+        assert time.monotonic() - started < 10
+    assert sorted(r["n"] for r in read_topic(uri, "out", 121)) == [*range(120), 1000]
 
 
 def test_connection_lost_raises_and_next_call_reconnects(conveyor_server):

@@ -406,11 +406,13 @@ class RpcClient:
         at = 0
         while at < n:
             item = self._next_item()
-            if not isinstance(item, m.Ack) or item.ack_type != "persisted":
+            if not isinstance(item, m.Ack):
                 continue
             if item.status == "failure":
+                # Any kind: a publish refused before it is journaled (not JSON, not
+                # entitled...) is answered with a processed ack, never a persisted one.
                 self._raise(item)
-            if item.seq is None:
+            if item.ack_type != "persisted" or item.seq is None:
                 continue
             if item.status == "duplicate":
                 duplicates.add(item.seq)
