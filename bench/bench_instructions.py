@@ -8,7 +8,10 @@ and input. It measures the engine only, in process (no sockets, no fsync, no cli
 - ``publish``: N publishes (256-byte JSON bodies) to a recorded json topic, committed
   every 50;
 - ``queue``: the same with a queue over the topic and one worker (backlog 50) taking and
-  acknowledging every message: publish, dispatch, delivery, acknowledgement.
+  acknowledging every message: publish, dispatch, delivery, acknowledgement;
+- ``named``: the same publishes, then a named consumer (the Spark source's commands)
+  leasing, fetching and acknowledging them in batches of 500: what a Spark micro-batch
+  costs the server per message, on top of its publish.
 
 Each is run with N and with 0 messages; the difference over N is the cost of one
 message (start-up, imports and recovery cancel out). N stays at a few thousand: the
@@ -36,7 +39,7 @@ from tests.engine.engine_harness import Harness, config_xml, queue_xml
 from conveyor.protocol import messages as m
 
 kind, n = sys.argv[1], int(sys.argv[2])
-sow = queue_xml("WorkToDo", underlying="Work") if kind == "queue" else ""
+sow = queue_xml("WorkToDo", underlying="Work") if kind in ("queue", "named") else ""
 h = Harness(config_xml(sow, topics=("Work",)))
 pub = h.connect("pub")
 worker = None
@@ -53,6 +56,17 @@ for i in range(n):
             if got:
                 h.ack(worker, "WorkToDo", got)
 h.commit()
+if kind == "named":
+    spark = h.connect("spark")
+    h.handle(spark, m.Claim(queue="WorkToDo", consumer="etl", token="t", cid="c"))
+    h.commit()
+    for d in range(0, n, 500):
+        h.handle(spark, m.Lease(queue="WorkToDo", consumer="etl", after=d, max=500, ttl=60.0, epoch=1, cid="l"))
+        h.handle(spark, m.Fetch(queue="WorkToDo", consumer="etl", lo=d, hi=min(n, d + 500), cid="f"))
+        h.handle(spark, m.AckThrough(queue="WorkToDo", consumer="etl", d=min(n, d + 500), epoch=1, cid="a"))
+        h.commit()
+    fetched = sum(isinstance(x, m.Message) for x in h.inbox[spark])
+    assert fetched == n, f"fetched {fetched} of {n}: the named workload is not what it claims"
 """
 
 
@@ -91,7 +105,7 @@ def main() -> None:
             subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev], cwd=ROOT, check=True)
             trees[rev] = tree
         try:
-            for kind in ("publish", "queue"):
+            for kind in ("publish", "queue", "named"):
                 a = per_message(trees[args.base], kind, args.messages)
                 b = per_message(trees[args.head], kind, args.messages)
                 rows.append((kind, a, b))

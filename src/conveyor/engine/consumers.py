@@ -334,26 +334,23 @@ class NamedConsumers:
                 f"fetch ({cmd.lo}, {cmd.hi}]: at most {FETCH_DELIVERIES_MAX} deliveries per fetch; page it",
                 lo=cmd.lo, hi=cmd.hi,
             )
-        if GONE in c.positions:
-            gone = [d for d in range(cmd.lo + 1, cmd.hi + 1) if c.position(d) == GONE]
-            if gone:
-                raise errors.BadDeliveryRange(
-                    f"fetch ({cmd.lo}, {cmd.hi}]: the message of delivery {gone[0]} was acknowledged on this "
-                    "instance before the delivery arrived from the instance that made it: read the range there, "
-                    "or acknowledge past it", lo=cmd.lo, hi=cmd.hi,
-                )
-        out: list[m.Message | m.Ack] = []
-        for d in range(cmd.lo + 1, cmd.hi + 1):
-            p = c.position(d)
-            entry = self._cache.get(p)  # the journal keeps the body: retention_floor
-            out.append(m.Message(
-                topic=entry.topic, data=entry.data, bookmark=format_bookmark(entry.publisher, entry.seq, p),
-                seq=entry.seq, timestamp=entry.timestamp, correlation_id=entry.correlation_id,
-                query_id=cmd.cid, queue=c.queue, delivery=d, publisher=entry.publisher,
-            ))
-        out.append(m.Ack(ack_type="processed", cid=cmd.cid, result=replies.FetchDone(count=len(out))))
-        for msg in out:
-            self._outbox.send(conn, msg)
+        positions = c.positions[cmd.lo - c.acked:cmd.hi - c.acked]  # deliveries lo+1..hi
+        if GONE in positions:
+            gone = cmd.lo + 1 + positions.index(GONE)
+            raise errors.BadDeliveryRange(
+                f"fetch ({cmd.lo}, {cmd.hi}]: the message of delivery {gone} was acknowledged on this "
+                "instance before the delivery arrived from the instance that made it: read the range there, "
+                "or acknowledge past it", lo=cmd.lo, hi=cmd.hi,
+            )
+        get, cid, queue = self._cache.get, cmd.cid, c.queue  # the journal keeps the bodies: retention_floor
+        out: list[m.Message | m.Ack] = [
+            m.Message(topic=entry.topic, data=entry.data, bookmark=format_bookmark(entry.publisher, entry.seq, p),
+                      seq=entry.seq, timestamp=entry.timestamp, correlation_id=entry.correlation_id,
+                      query_id=cid, queue=queue, delivery=d, publisher=entry.publisher)
+            for d, p in enumerate(positions, cmd.lo + 1) for entry in (get(p),)
+        ]
+        out.append(m.Ack(ack_type="processed", cid=cid, result=replies.FetchDone(count=len(out))))
+        self._outbox.send_all(conn, out)
 
     # --- helpers ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -101,6 +102,14 @@ class Outbox:
             self._out[conn_id] = [message]
         else:
             box.append(message)
+
+    def send_all(self, conn_id: int, messages: Sequence[msgspec.Struct]) -> None:
+        """``send`` of each of ``messages``, in order (a page of a named consumer's fetch)."""
+        box = self._out.get(conn_id)
+        if box is None:
+            self._out[conn_id] = list(messages)
+        else:
+            box.extend(messages)
 
     def send_when_durable(self, conn_id: int, message: msgspec.Struct, threshold: int | None = None) -> None:
         """Send once every record appended so far (or up to ``threshold``) is on disk."""

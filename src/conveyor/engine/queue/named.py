@@ -37,7 +37,7 @@ class NamedLeases:
 
     def __init__(
         self, name: str, *, at_least_once: bool, priority: bool, transitions: Transitions, seats: Seats,
-        order: DeliveryOrder, leases: LeaseTable, replica: Replica, count: Callable[[str], None],
+        order: DeliveryOrder, leases: LeaseTable, replica: Replica, count: Callable[[str, int], None],
         state_of: Callable[[int], MessageState], settle: Callable[[float], None],
     ) -> None:
         self._name = name
@@ -48,7 +48,7 @@ class NamedLeases:
         self._order = order
         self._leases = leases
         self._replica = replica
-        self._count = count  # adds one to a counter of the queue's statistics
+        self._count = count  # adds n to a counter of the queue's statistics
         self._state_of = state_of
         self._settle = settle  # the end-of-replay limits, if no live call applied them yet
 
@@ -68,10 +68,12 @@ class NamedLeases:
         self._settle(now)
         seat = self._seats.of(consumer)
         out = []
+        lease_to = self._lease_to
         for k in self._order.leasable(n, math.inf if upto is None else upto):
-            p, count = self._lease_to(seat, k, deadline, delivery=True)
-            self._count("delivered")
+            p, count = lease_to(seat, k, deadline, delivery=True)
             out.append(Delivery(consumer, p, deadline, count))
+        if out:
+            self._count("delivered", len(out))
         return out
 
     def renew(self, consumer: Consumer, positions: Iterable[int] | None, deadline: float) -> int:

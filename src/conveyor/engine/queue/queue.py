@@ -243,8 +243,8 @@ class QueueCounters:
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    def add(self, name: str) -> None:
-        setattr(self, name, getattr(self, name) + 1)
+    def add(self, name: str, n: int = 1) -> None:
+        setattr(self, name, getattr(self, name) + n)
 
     def counts(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
