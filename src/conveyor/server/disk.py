@@ -89,13 +89,15 @@ class Disk:
                     self.scrub_bytes += result.bytes
                     for problem in result.problems:
                         self.scrub_problems += 1
+                        # Distrusted before it is reported: whoever reads the error (an
+                        # operator, a test) finds the segment's .verified sidecar gone.
+                        await loop.run_in_executor(self._io, forget_verified, problem.path)
                         log.error(
                             "journal scrub: %s; the records from there on cannot be read, and the next "
                             "start will refuse to open the journal until it is repaired "
                             "(`conveyor journal repair`)",
                             problem.describe(),
                         )
-                        await loop.run_in_executor(self._io, forget_verified, problem.path)
                     await asyncio.sleep(max(0.0, result.bytes / scrub.bytes_per_s - (loop.time() - t0)))
             finally:
                 self._close_on_io(scrubber)
