@@ -383,7 +383,8 @@ class _Background:
         self._thread.start()
 
     def stop(self, flush: bool = False) -> None:
-        """Stop (after sending a pending ack when ``flush``, waiting up to the timeout)."""
+        """Stop (after trying once to send a pending ack when ``flush``, waiting up to the
+        timeout for it)."""
         with self._cond:
             self._stopped, self._flush = True, flush
             self._cond.notify_all()
@@ -464,8 +465,10 @@ class _Background:
                         log.warning("consumer %s fenced out: its background connection stops", o.consumer)
                         self._fenced = exc
                         return
-                    log.warning("conveyor source background call failed (retrying): %s", exc)
                     with self._cond:
+                        if self._stopped:
+                            return  # stopping: a pending ack is not worth waiting for a server
+                        log.warning("conveyor source background call failed (retrying): %s", exc)
                         self._cond.wait(min(1.0, period))
         except _Stopped:
             return
