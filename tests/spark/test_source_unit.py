@@ -134,3 +134,18 @@ def test_checkpoint_of_another_consumer_and_bad_options(conveyor_server):
         SourceOptions.parse({"server": "tcp://h:1", "queue": "q"})
     with pytest.raises(opt.OptionError, match="maxRecordsPerBatch"):
         SourceOptions.parse({"server": "tcp://h:1", "queue": "q", "consumer": "c", "maxrecordsperbatch": "x"})
+
+
+def test_the_same_batch_asked_for_twice_is_leased_early_twice(conveyor_server):
+    """Spark may call latestOffset twice with one start: the second early lease of the
+    same range must be made too, or the next call would wait for it until the timeout."""
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 30)
+    r = reader(uri, timeout="5")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    soon(uri, lambda c: c.d >= 20)  # the early lease of 11..20 is done
+    assert r.latestOffset(start, ReadMaxRows(10)) == end  # the same batch again (a re-offer)
+    started = time.monotonic()
+    assert r.latestOffset(end, ReadMaxRows(10))["d"] == 20
+    assert time.monotonic() - started < 3  # taken from the early lease, not after a wait for it

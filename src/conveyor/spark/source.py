@@ -403,7 +403,9 @@ class _Background:
 
     def lease_early(self, key: tuple) -> None:
         with self._cond:
-            self._early, self._early_got = key, None
+            # A new request, even for the key of one made before (Spark may ask for the
+            # same batch twice): it is leased again, and the server re-offers it.
+            self._early, self._early_got, self._early_started = key, None, None
             self._cond.notify_all()
 
     def take(self, key: tuple, timeout: float) -> replies.LeaseReply | None:
