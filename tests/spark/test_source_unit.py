@@ -47,10 +47,11 @@ def rows(r: ConveyorStreamReader, parts) -> list[int]:
     return out
 
 
-def test_offsets_partitions_read_and_ack(conveyor_server):
+def test_offsets_partitions_read_and_ack(conveyor_server, tmp_path):
     uri = conveyor_server.uri
     publish_numbers(uri, 0, 25)
-    r = reader(uri)
+    # the last ack is slow to be sent: latestOffset with nothing new must wait for it
+    r = reader(uri, testFaults="source.acking.d25=sleep1", testFaultDir=str(tmp_path))
     start = r.initialOffset()
     assert start == r.initialOffset() == {"v": 1, "consumer": "etl", "d": 0, "np": 2}  # deterministic
     assert r.getDefaultReadLimit() == ReadMaxRows(10000)
@@ -70,7 +71,8 @@ def test_offsets_partitions_read_and_ack(conveyor_server):
     end2 = r.latestOffset(end, ReadAllAvailable())
     assert end2["d"] == 25 and soon(uri, lambda c: c.acked >= 10).acked == 10
     assert r.latestOffset(end2, ReadAllAvailable()) is end2  # nothing new: `start` itself
-    assert soon(uri, lambda c: c.acked >= 25).acked == 25
+    # and the query may stop here: what is committed is acknowledged before it returns
+    assert consumer_info(uri, "etl").acked == 25
 
 
 def soon(uri: str, done, timeout: float = 10.0):

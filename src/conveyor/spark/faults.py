@@ -11,7 +11,8 @@ Not for production use. Two options, read by the source and the sink:
   task held still while the test kills the worker it runs on) or ``mark`` (only the
   marker: the test checks that the point was reached).
 * Point names: ``source.leased.d<end>`` (driver, after a lease; ``end`` = the batch's
-  last delivery number), ``read.d<end>.p<partition>`` (executor, halfway through the range),
+  last delivery number), ``source.acking.d<d>`` (driver, its background connection,
+  before it acknowledges through ``d``), ``read.d<end>.p<partition>`` (executor, halfway through the range),
   ``sink.written.b<batch>.p<partition>`` (executor, after staging or publishing),
   ``sink.writing.b<batch>.p<partition>.a<attempt>`` (executor, before staging or
   publishing; ``<attempt>``: the task's attempt number, >0 for a retry or a speculative copy),

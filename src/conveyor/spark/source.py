@@ -10,7 +10,9 @@ gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d":
    tracking breaks that ordering and is not supported. The transactional sink acks
    earlier, in the same server step as its output (the ``fence`` column, rule 6). The
    ack is handed to the background connection (rule 7): it is sent after the commit,
-   never before, but the next batch does not wait for the server's answer.
+   never before, but the next batch does not wait for the server's answer. A
+   ``latestOffset`` that finds nothing new (an idle stream, the end of AvailableNow,
+   where the query may stop) waits until the acks are sent.
 2. **A range always yields the same rows.** ``read()`` is a pure fetch of its range,
    whatever the lease state: safe to retry and to speculate. A lease after a crash
    (``after < D`` on the server) re-offers the deliveries already numbered instead of
@@ -237,7 +239,11 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if most:
             end = min(end, after + most)
         if end <= after:
-            return start  # nothing new: `start` itself, or Spark plans an empty batch
+            # Nothing new (an idle stream, the end of AvailableNow): the query may stop
+            # here, so what is committed is acknowledged before this returns.
+            background.wait_acked(o.timeout)
+            self._guard(background.check)
+            return start  # `start` itself, or Spark plans an empty batch
         self._fresh = (after, end)
         fault(o.raw, f"source.leased.d{end}")
         background.lease_early((end, most, self._upto))
@@ -401,6 +407,11 @@ class _Background:
                 self._ack_wanted = d
                 self._cond.notify_all()
 
+    def wait_acked(self, timeout: float) -> bool:
+        """Wait until every ack asked for is sent (or the connection stopped); whether it was."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._ack_sent >= self._ack_wanted or self._stopped, timeout)
+
     def lease_early(self, key: tuple) -> None:
         with self._cond:
             # A new request, even for the key of one made before (Spark may ask for the
@@ -444,9 +455,12 @@ class _Background:
                 ack, early, renew = self._next(due)
                 try:
                     if ack:
+                        if o.raw:
+                            fault(o.raw, f"source.acking.d{ack}")  # test hook: a slow ack
                         rpc.ack_through(o.queue, o.consumer, ack, self.epoch)
                         with self._cond:
                             self._ack_sent = max(self._ack_sent, ack)
+                            self._cond.notify_all()  # wait_acked
                             if self._stopped:
                                 return
                     if early is not None:
