@@ -144,11 +144,20 @@ def summarize_segment(segment_path: str | os.PathLike[str], describe: Describe) 
     return builder.finish(base, before.st_size, before.st_mtime_ns)
 
 
+def summary_json(summary: SegmentSummary) -> bytes:
+    """The summary as the sidecar holds it (and as ``journal_segments`` sends it)."""
+    return _encoder.encode(summary)
+
+
+def summary_from_json(data: bytes) -> SegmentSummary:
+    return _decoder.decode(data)
+
+
 def write_summary(segment_path: str | os.PathLike[str], summary: SegmentSummary) -> bool:
     """Write the sidecar atomically; False (and nothing written) if that fails."""
     try:
         # Not durable: a lost or stale summary only costs the reader a rescan.
-        write_atomic(summary_path(segment_path), _encoder.encode(summary), durable=False)
+        write_atomic(summary_path(segment_path), summary_json(summary), durable=False)
         return True
     except OSError:
         return False
@@ -158,7 +167,7 @@ def load_summary(segment_path: str | os.PathLike[str]) -> SegmentSummary | None:
     """The sidecar of ``segment_path`` if it exists and matches the segment, else None."""
     try:
         with open(summary_path(segment_path), "rb") as f:
-            summary = _decoder.decode(f.read())
+            summary = summary_from_json(f.read())
         if summary.version != SUMMARY_VERSION or summary.base != _base_of(segment_path):
             return None
         fd = os.open(segment_path, os.O_RDONLY)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -294,21 +294,31 @@ def scan_segment(path: str | os.PathLike[str], *, end: int | None = None) -> Ite
     except OSError as exc:
         raise JournalError(f"cannot open journal segment {path}: {exc.strerror}") from exc
     try:
-        base, problem = decode_header(reader.pread(0, FILE_HEADER_LEN))
-        if problem is not None:
-            raise JournalCorrupt(f"journal segment {path}: {problem}", path=str(path), offset=0)
-        assert base is not None  # decode_header gives a base exactly when there is no problem
-        size = reader.size()
-        limit = size if end is None else min(size, FILE_HEADER_LEN + max(0, end - base))
-        frames = FrameReader(reader.pread, FILE_HEADER_LEN, limit)
-        shift = base - FILE_HEADER_LEN
-        for offset, payload in frames:
-            yield shift + offset, payload
-        if frames.problem is not None:
-            raise JournalCorrupt(
-                f"journal segment {path}: {frames.problem} at offset {frames.offset} "
-                f"(position {shift + frames.offset})",
-                path=str(path), offset=frames.offset, position=shift + frames.offset,
-            )
+        yield from read_segment(reader.pread, reader.size(), f"journal segment {path}", end=end, path=str(path))
     finally:
         reader.close()
+
+
+def read_segment(read: Callable[[int, int], bytes], size: int, where: str, *, end: int | None = None,
+                 base: int | None = None, **details: object) -> Iterator[tuple[int, bytes]]:
+    """``(position, payload)`` of every record of one segment read through ``read(offset,
+    n)``: a file's ``pread``, or a server's ``journal_read`` (the Spark journal reader).
+    ``size``: the bytes readable; ``end`` bounds the positions. The header is checked
+    (and must name ``base`` when given) and so is every frame's CRC: the first invalid one
+    raises JournalCorrupt naming ``where``, with ``details``."""
+    found, problem = decode_header(read(0, FILE_HEADER_LEN))
+    if problem is not None:
+        raise JournalCorrupt(f"{where}: {problem}", offset=0, **details)
+    if base is not None and found != base:
+        raise JournalCorrupt(f"{where}: its header names base {found}, not {base}", offset=0, **details)
+    assert found is not None  # decode_header gives a base exactly when there is no problem
+    limit = size if end is None else min(size, FILE_HEADER_LEN + max(0, end - found))
+    frames = FrameReader(read, FILE_HEADER_LEN, limit)
+    shift = found - FILE_HEADER_LEN
+    for offset, payload in frames:
+        yield shift + offset, payload
+    if frames.problem is not None:
+        raise JournalCorrupt(
+            f"{where}: {frames.problem} at offset {frames.offset} (position {shift + frames.offset})",
+            offset=frames.offset, position=shift + frames.offset, **details,
+        )

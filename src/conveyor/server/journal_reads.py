@@ -33,11 +33,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
-
 from conveyor import errors
 from conveyor.journal.format import FILE_HEADER_LEN
-from conveyor.journal.index import load_summary
+from conveyor.journal.index import load_summary, summary_json
 from conveyor.journal.storage import parse_segment_name, segment_name
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
@@ -45,8 +43,6 @@ from conveyor.protocol import replies
 READ_THREADS = 2
 CHUNK_BYTES_MAX = 4 * 1024 * 1024  # a reply stays far below any client's frame limit
 IN_FLIGHT_MAX = 4
-
-_summary_json = msgspec.json.Encoder()
 
 
 class JournalReads:
@@ -125,7 +121,7 @@ class JournalReads:
             sealed = i + 1 < len(bases) and readable == size
             summary = load_summary(path) if sealed else None
             out.append(replies.SegmentInfo(base=base, size=readable, sealed=sealed,
-                                           summary=_summary_json.encode(summary) if summary is not None else None))
+                                           summary=summary_json(summary) if summary is not None else None))
         return replies.JournalSegmentsReply(journal=self._journal_id, segments=out)
 
     def _read(self, cmd: m.JournalRead, durable: int) -> replies.JournalChunk:

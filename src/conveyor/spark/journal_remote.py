@@ -27,31 +27,38 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-import msgspec
 from pyspark.sql.datasource import InputPartition
 
 from conveyor import errors
-from conveyor.errors import JournalCorrupt, JournalError
-from conveyor.journal.format import FILE_HEADER_LEN, FrameReader, decode_header
-from conveyor.journal.index import SegmentSummary
+from conveyor.errors import JournalError
+from conveyor.journal.format import FILE_HEADER_LEN
+from conveyor.journal.index import SegmentSummary, summary_from_json
+from conveyor.journal.tools import read_segment
 from conveyor.spark.options import ConnectOptions
 
 #: Bytes asked for per ``journal_read`` (the server answers at most its own chunk).
 READ_BYTES = 1024 * 1024
-_summary = msgspec.json.Decoder(SegmentSummary)
 T = TypeVar("T")
 
 
-class RemoteSegment(InputPartition):
-    """One segment as planned: ``[base, end)`` of journal ``journal`` on ``server``."""
+class PlannedSegment(InputPartition):
+    """One segment as planned, wherever it is read from: positions ``[base, end)``, and
+    whether it is sealed (else the snapshot of the open one)."""
 
-    def __init__(self, server: str, journal: str, base: int, end: int, sealed: bool) -> None:
+    def __init__(self, base: int, end: int, sealed: bool) -> None:
         super().__init__(base)
-        self.server = server
-        self.journal = journal
         self.base = base
         self.end = end
         self.sealed = sealed
+
+
+class RemoteSegment(PlannedSegment):
+    """A segment of journal ``journal``, read from ``server``."""
+
+    def __init__(self, server: str, journal: str, base: int, end: int, sealed: bool) -> None:
+        super().__init__(base, end, sealed)
+        self.server = server
+        self.journal = journal
 
 
 def retrying(call: Callable[[], T], retry_s: float, what: str, clock: Callable[[], float] = time.monotonic,
@@ -82,7 +89,7 @@ def plan(server: str, connect: ConnectOptions, include_open: bool,
         if not seg.sealed and not include_open:
             continue
         end = seg.base + seg.size - FILE_HEADER_LEN
-        summary = _summary.decode(seg.summary) if seg.summary is not None else None
+        summary = summary_from_json(seg.summary) if seg.summary is not None else None
         if keeps(seg.base, end, summary):
             out.append(RemoteSegment(server, listing.journal, seg.base, end, seg.sealed))
     return out
@@ -119,22 +126,12 @@ class _Reads:
 
 
 def frames(partition: RemoteSegment, connect: ConnectOptions, retry_s: float) -> Iterator[tuple[int, bytes]]:
-    """``(position, payload)`` of every record of the partition's range (rule 2); an
-    invalid frame raises JournalCorrupt, as for a local file."""
+    """``(position, payload)`` of every record of the partition's range (rule 2): the
+    journal's own segment reader over ``journal_read``, so an invalid frame raises
+    JournalCorrupt, as for a local file."""
     reads = _Reads(partition, connect, retry_s)
     try:
-        base, problem = decode_header(reads(0, FILE_HEADER_LEN))
-        if problem is not None or base != partition.base:
-            raise JournalCorrupt(f"journal segment {partition.base} on {partition.server}: "
-                                 f"{problem or f'its header names base {base}'}", offset=0)
-        limit = FILE_HEADER_LEN + partition.end - partition.base
-        reader = FrameReader(reads, FILE_HEADER_LEN, limit)
-        shift = partition.base - FILE_HEADER_LEN
-        for offset, payload in reader:
-            yield shift + offset, payload
-        if reader.problem is not None:
-            raise JournalCorrupt(f"journal segment {partition.base} on {partition.server}: {reader.problem} at "
-                                 f"position {shift + reader.offset}", offset=reader.offset,
-                                 position=shift + reader.offset)
+        yield from read_segment(reads, FILE_HEADER_LEN + partition.end - partition.base,
+                                f"journal segment {partition.base} on {partition.server}", base=partition.base)
     finally:
         reads.close()

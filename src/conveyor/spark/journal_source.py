@@ -53,7 +53,6 @@ from pyspark.sql.datasource import (
     GreaterThan,
     GreaterThanOrEqual,
     In,
-    InputPartition,
     LessThan,
     LessThanOrEqual,
 )
@@ -240,15 +239,12 @@ class Constraints:
         return lambda row: all(check(row) for check in checks)
 
 
-class JournalSegment(InputPartition):
+class JournalSegment(journal_remote.PlannedSegment):
     """One segment file, as planned: read ``[base, end)`` from ``path``."""
 
     def __init__(self, path: str, base: int, end: int, sealed: bool, summarize: bool) -> None:
-        super().__init__(base)
+        super().__init__(base, end, sealed)
         self.path = path
-        self.base = base
-        self.end = end
-        self.sealed = sealed
         self.summarize = summarize  # no valid summary at planning: write one while reading
 
 
@@ -451,7 +447,7 @@ class JournalReader(DataSourceReader):
             if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
                 write_summary(partition.path, builder.finish(partition.base, before.st_size, before.st_mtime_ns))
 
-    def _rows(self, partition: JournalSegment | journal_remote.RemoteSegment, frames: Iterator[tuple[int, bytes]],
+    def _rows(self, partition: journal_remote.PlannedSegment, frames: Iterator[tuple[int, bytes]],
               builder: SummaryBuilder | None) -> Iterator:
         """The rows (or Arrow batches) of ``frames``, one segment's records in order."""
         lo, hi = self.constraints.lsn
