@@ -313,7 +313,7 @@ ASSIGNMENTS_KNOWN = {
     "engine/delivery.py": 3,
     "engine/queue/queue.py": 2,
     "engine/queue/journal.py": 1,
-    "engine/queue/leases.py": 3,
+    "engine/queue/leases.py": 1,
     "engine/queue/paging.py": 10,
     "engine/recovery.py": 2,
     "engine/sow/subscriptions.py": 2,  # replace: a subscription's new filter

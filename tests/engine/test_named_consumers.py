@@ -93,6 +93,33 @@ def test_lease_numbers_deliveries_in_queue_order_and_fetch_names_them():
     assert [(r.first, len(r.positions), r.counts) for r in recs] == [(1, 3, [1, 1, 1]), (4, 2, [1, 1])]
 
 
+def test_a_columnar_fetch_answers_the_same_deliveries_in_pages(monkeypatch):
+    from conveyor.engine import consumers
+
+    monkeypatch.setattr(consumers, "FETCH_PAGE_MESSAGES", 4)
+    monkeypatch.setattr(consumers, "FETCH_PAGE_BYTES", 20)  # two of these 8-byte bodies
+    h, drv = setup(11)
+    lease(h, drv, 0)
+    rows = fetch(h, drv, 1, 11)
+    h.handle(drv, m.Fetch(queue="Q", consumer="c", lo=1, hi=11, cid="f", columns=True))
+    *pages, done = h.take(drv)
+    assert done.result == replies.FetchDone(count=10)
+    assert all(isinstance(p, m.FetchPage) and p.query_id == "f" and p.queue == "Q" for p in pages)
+    assert [(p.lo, len(p.data)) for p in pages] == [(1, 2), (3, 2), (5, 2), (7, 2), (9, 2)]  # cut by bytes
+    columns = [(d, t, f"{pb}|{s}|{pos}", pb, s, ts, x)
+               for p in pages
+               for d, t, pb, s, ts, pos, x in zip(p.data, p.topics, p.publishers, p.seqs, p.timestamps, p.positions,
+                                                   p.correlation_ids)]
+    assert columns == [(r.data, r.topic, r.bookmark, r.publisher, r.seq, r.timestamp, r.correlation_id)
+                       for r in rows]
+    monkeypatch.setattr(consumers, "FETCH_PAGE_BYTES", 1000)
+    h.handle(drv, m.Fetch(queue="Q", consumer="c", lo=1, hi=11, cid="f", columns=True))
+    assert [(p.lo, len(p.data)) for p in h.take(drv)[:-1]] == [(1, 4), (5, 4), (9, 2)]  # cut by count
+    monkeypatch.setattr(consumers, "FETCH_PAGE_BYTES", 1)  # a body over the limit: a page of one
+    h.handle(drv, m.Fetch(queue="Q", consumer="c", lo=0, hi=3, cid="g", columns=True))
+    assert [(p.lo, len(p.data)) for p in h.take(drv)[:-1]] == [(0, 1), (1, 1), (2, 1)]
+
+
 def test_leased_messages_go_to_no_other_subscriber_and_ack_through_removes_them():
     h, drv = setup(4)
     lease(h, drv, 0, max=2)

@@ -80,6 +80,14 @@ def test_paged_store_matches_a_dict(tmp_path, seed):
             p = rng.choice(list(model))
             assert store.discard(p) == model.pop(p)
             gone.append(p)
+        elif op < 0.85 and model:
+            n = rng.randint(0, 12)  # a named consumer's lease of a batch at the head
+            upto = rng.choice(list(model)) + rng.randint(0, 1)
+            taken = sorted(q for q in model if q < upto)[:n]
+            assert store.take_head(n, upto) == (taken, [model[q] for q in taken])
+            for q in taken:
+                del model[q]
+            gone.extend(taken)
         elif op < 0.9 and gone:
             p = gone.pop(rng.randrange(len(gone)))
             store.restore(p, float(p))

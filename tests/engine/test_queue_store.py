@@ -27,7 +27,7 @@ def check(store: MessageStore, model: dict[int, float]) -> None:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["append", "discard", "restore", "discard_head"]),
+    st.tuples(st.sampled_from(["append", "discard", "restore", "discard_head", "take_head"]),
               st.integers(0, 10_000)),
     max_size=200,
 )
@@ -51,6 +51,13 @@ def test_store_matches_a_sorted_dict(ops):
             p = min(model)
             assert store.discard(p) == model.pop(p)
             gone[p] = float(p)
+        elif op == "take_head":
+            # up to n of the oldest, below upto (drawn around the live positions)
+            n, upto = r % 7, (sorted(model)[r % len(model)] + r % 2 if model else r)
+            taken = sorted(q for q in model if q < upto)[:n]
+            assert store.take_head(n, upto) == (taken, [model[q] for q in taken])
+            for q in taken:
+                gone[q] = model.pop(q)
         elif op == "restore" and gone:
             p = sorted(gone)[r % len(gone)]
             store.restore(p, gone.pop(p))

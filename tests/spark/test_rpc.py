@@ -14,7 +14,7 @@ from tests.serverproc import ServerProcess, write_config
 from tests.spark.helpers import QUEUE, QUEUES, publish_numbers, read_topic
 
 
-def test_named_consumer_calls(conveyor_server):
+def test_named_consumer_calls(conveyor_server, monkeypatch):
     uri = conveyor_server.uri
     publish_numbers(uri, 0, 30)
     with RpcClient(uri) as rpc:
@@ -26,6 +26,23 @@ def test_named_consumer_calls(conveyor_server):
         got = list(rpc.fetch(QUEUE, "c", 0, 10, page=3))
         assert [m.delivery for m in got] == list(range(1, 11))
         assert got[0].data == b'{"n": 0}' and got[0].publisher and got[0].seq == 1 and got[0].bookmark
+        # column by column: the same deliveries, fields and order
+        pages = list(rpc.fetch_pages(QUEUE, "c", 0, 10, page=3))
+        assert [(p.lo, len(p.data)) for p in pages] == [(0, 3), (3, 3), (6, 3), (9, 1)]
+        assert [(d, t, f"{pb}|{s}|{pos}", pb, s, ts) for p in pages
+                for d, t, pb, s, ts, pos in zip(p.data, p.topics, p.publishers, p.seqs, p.timestamps, p.positions)
+                ] == [(x.data, x.topic, x.bookmark, x.publisher, x.seq, x.timestamp) for x in got]
+        # a server that answers message by message (before columnar fetch): read the same
+        def rows(pages):
+            return [(p.lo, p.data, p.topics, p.publishers, p.seqs, p.timestamps, p.positions, p.correlation_ids)
+                    for p in pages]
+
+        columnar = rows(rpc.fetch_pages(QUEUE, "c", 0, 10, page=4))
+        fetch_items = rpc._fetch
+        monkeypatch.setattr(rpc, "_fetch", lambda *a, columns: fetch_items(*a, columns=False))
+        assert rows(rpc.fetch_pages(QUEUE, "c", 0, 10, page=4)) == columnar
+        assert [lo for lo, *_ in columnar] == [0, 4, 8]
+        monkeypatch.undo()
         # a re-offer (after < D) leases nothing new
         again = rpc.lease(QUEUE, "c", 5, 10, 30, epoch=epoch)
         assert (again.d, again.leased, again.reoffered) == (10, 0, 5)

@@ -73,7 +73,9 @@ from __future__ import annotations
 import logging
 import math
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Iterable
 
 import msgspec
@@ -81,7 +83,7 @@ import msgspec
 from conveyor import errors, records
 from conveyor.config.model import Semantics
 from conveyor.protocol.bookmarks import format_bookmark
-from conveyor.engine.cache import MessageCache
+from conveyor.engine.cache import Entry as CachedMessage, MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.replication.ownership import ReplicatedQueues
@@ -96,6 +98,10 @@ log = logging.getLogger("conveyor.engine")
 
 #: Deliveries one fetch may return; the client pages (``read()`` fetches in pages).
 FETCH_DELIVERIES_MAX = 100_000
+#: A columnar fetch's pages (``_pages``): at most this many messages, and this many bytes
+#: of bodies unless a single body is larger.
+FETCH_PAGE_MESSAGES = 4096
+FETCH_PAGE_BYTES = 4 * 1024 * 1024
 
 #: The position of a delivery whose message this instance no longer finds (rule 8).
 GONE = -1
@@ -251,28 +257,28 @@ class NamedConsumers:
         deadline = now + cmd.ttl
         if cmd.after < c.d:
             hi = c.d if cmd.max == 0 else min(c.d, cmd.after + cmd.max)
-            counts = self._take_back_range(c, cmd.after, hi, now, deadline)
+            outcomes = self._take_back_range(c, cmd.after, hi, now, deadline)
             c.reoffered += hi - cmd.after
-            return replies.LeaseReply(d=hi, leased=0, reoffered=hi - cmd.after, D=c.d, **counts)
-        deliveries = queue.named.lease_next(self._seat(c), cmd.max or None, now, deadline, cmd.upto)
+            return replies.LeaseReply(d=hi, leased=0, reoffered=hi - cmd.after, D=c.d, **outcomes)
+        positions, counts = queue.named.lease_next(self._seat(c), cmd.max or None, now, deadline, cmd.upto)
         if (self.replicated_queues is not None and self._bindings.by_name[c.queue].ownership is not None
-                and (not cmd.max or len(deliveries) < cmd.max)):
+                and (not cmd.max or len(positions) < cmd.max)):
             # rule 7: with proxied transfer on, the messages of an unreachable owner too
-            more = cmd.max - len(deliveries) if cmd.max else None
+            more = cmd.max - len(positions) if cmd.max else None
             # not the messages of deliveries still unacknowledged (leased on the owner
             # before it went away): a new delivery number would give them out twice
             self.replicated_queues.claim_for_lease(c.queue, more, math.inf if cmd.upto is None else cmd.upto, now,
                                                    lambda: self._unacknowledged(c.queue))
-            deliveries += queue.named.lease_next(self._seat(c), more, now, deadline, cmd.upto)
-        if deliveries:
-            positions = [x.position for x in deliveries]
-            rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, [x.delivery_count for x in deliveries],
-                                            c.epoch)
+            claimed, claimed_counts = queue.named.lease_next(self._seat(c), more, now, deadline, cmd.upto)
+            positions += claimed
+            counts += claimed_counts
+        if positions:
+            rec = records.ConsumerLeasedRec(c.queue, c.name, c.d + 1, positions, counts, c.epoch)
             self._journal.append(records.encode(rec))
             c.positions.extend(positions)
             c.d += len(positions)
             c.leased += len(positions)
-        return replies.LeaseReply(d=c.d, leased=len(deliveries), reoffered=0, D=c.d)
+        return replies.LeaseReply(d=c.d, leased=len(positions), reoffered=0, D=c.d)
 
     def _reclaim(self, cmd: m.Reclaim, now: float) -> replies.ReclaimReply:
         c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
@@ -313,15 +319,22 @@ class NamedConsumers:
             return replies.AckThroughReply(acked=c.acked)  # idempotent
         binding = self._bindings.by_name[c.queue]
         n = cmd.d - c.acked
-        result = binding.queue.acknowledge([p for p in c.positions[:n] if p != GONE], by=None,
-                                           option=AckOption.NONE, now=now)
-        removed = [e.position for e in result.events if type(e) is Acknowledged]
+        positions = c.positions[:n].tolist()
+        if GONE in positions:
+            positions = [p for p in positions if p != GONE]
+        freed_elsewhere = False
+        if binding.queue.named.acknowledge_held(self._seat(c), positions, now):
+            removed = positions  # all still leased to it: the batch's one pass
+        else:
+            result = binding.queue.acknowledge(positions, by=None, option=AckOption.NONE, now=now)
+            removed = [e.position for e in result.events if type(e) is Acknowledged]
+            # a lapsed delivery acked in another subscriber's hands frees its backlog
+            freed_elsewhere = any(not isinstance(key, tuple) or key[0] != "named" for key in result.freed)
         self._journal.append(records.encode(records.ConsumerAckedRec(c.queue, c.name, cmd.d, removed, c.epoch)))
         del c.positions[:n]
         c.acked = cmd.d
         self._delivery.mark(binding)
-        if any(not isinstance(key, tuple) or key[0] != "named" for key in result.freed):
-            # a lapsed delivery acked in another subscriber's hands frees its backlog
+        if freed_elsewhere:
             self._delivery.mark_all()
         return replies.AckThroughReply(acked=c.acked)
 
@@ -343,6 +356,11 @@ class NamedConsumers:
                 "or acknowledge past it", lo=cmd.lo, hi=cmd.hi,
             )
         get, cid, queue = self._cache.get, cmd.cid, c.queue  # the journal keeps the bodies: retention_floor
+        if cmd.columns:
+            pages = _pages(cmd.lo, positions.tolist(), [get(p) for p in positions], cid, queue)
+            self._outbox.send_all(conn, [*pages, m.Ack(ack_type="processed", cid=cid,
+                                                       result=replies.FetchDone(count=len(positions)))])
+            return
         out: list[m.Message | m.Ack] = [
             m.Message(topic=entry.topic, data=entry.data, bookmark=format_bookmark(entry.publisher, entry.seq, p),
                       seq=entry.seq, timestamp=entry.timestamp, correlation_id=entry.correlation_id,
@@ -608,6 +626,28 @@ class NamedConsumers:
             for p in c.positions:
                 if p != GONE:
                     binding.queue.named.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
+
+
+def _pages(lo: int, positions: list[int], entries: list[CachedMessage], cid: str | None, queue: str
+           ) -> list[m.FetchPage]:
+    """A columnar fetch's answer: deliveries ``lo + 1 ..`` of ``positions`` (bodies in
+    ``entries``), in pages of at most FETCH_PAGE_MESSAGES messages and (but for a page of
+    one) FETCH_PAGE_BYTES of bodies, so a frame stays far below the frame limit."""
+    sizes = list(accumulate(len(e.data) for e in entries))
+    pages: list[m.FetchPage] = []
+    start, n = 0, len(entries)
+    while start < n:
+        below = sizes[start - 1] if start else 0
+        end = min(n, start + FETCH_PAGE_MESSAGES, max(start + 1, bisect_right(sizes, below + FETCH_PAGE_BYTES)))
+        part = entries[start:end]
+        pages.append(m.FetchPage(
+            query_id=cid, queue=queue, lo=lo + start, data=[e.data for e in part], topics=[e.topic for e in part],
+            publishers=[e.publisher for e in part], seqs=[e.seq for e in part],
+            timestamps=[e.timestamp for e in part], positions=positions[start:end],
+            correlation_ids=[e.correlation_id for e in part],
+        ))
+        start = end
+    return pages
 
 
 def _check_ttl(ttl: float) -> None:

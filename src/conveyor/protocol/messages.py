@@ -177,7 +177,8 @@ class Lease(_Msg, tag="lease", frozen=True):
 
 class Fetch(_Msg, tag="fetch", frozen=True):
     """Deliveries ``lo < d <= hi`` of a consumer, in d order, whatever their lease state:
-    one ``Message`` each (``delivery`` set, ``query_id`` = this cid), then the Ack.
+    one ``Message`` each (``delivery`` set, ``query_id`` = this cid), or with
+    ``columns`` a few ``FetchPage`` holding them column by column; then the Ack.
     result: {"count": n}."""
 
     queue: str = field(name="q")
@@ -185,6 +186,7 @@ class Fetch(_Msg, tag="fetch", frozen=True):
     lo: int = 0
     hi: int = 0
     cid: str | None = None
+    columns: bool = field(default=False, name="col")
 
 
 class AckThrough(_Msg, tag="ack_through", frozen=True):
@@ -392,7 +394,25 @@ class ServerHeartbeat(_Msg, tag="hb", frozen=True):
     pass
 
 
-ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat, OutOfFocus]
+class FetchPage(_Msg, tag="fp", frozen=True):
+    """Part of the answer to a ``Fetch`` with ``columns``: deliveries ``lo < d <= lo + n``
+    (``n`` = ``len(data)``), one list per field, entry i of every list for delivery
+    ``lo + 1 + i``. The bookmark of entry i is ``publishers[i]|seqs[i]|positions[i]``.
+    One object per page instead of one per message, on both sides of the connection."""
+
+    query_id: str | None = None
+    queue: str = field(default="", name="q")
+    lo: int = 0
+    data: list[bytes] = []
+    topics: list[str] = []
+    publishers: list[int] = []
+    seqs: list[int] = []
+    timestamps: list[float] = []
+    positions: list[int] = []
+    correlation_ids: list[str | None] = []
+
+
+ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat, OutOfFocus, FetchPage]
 
 #: Ack types the reference names (B.9).
 ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})

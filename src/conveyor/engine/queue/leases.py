@@ -102,12 +102,30 @@ class LeaseTable:
         self.leased[p] = Lease(seat, deadline, published_at, key)
         heappush(self._deadlines, (deadline, p))
         seat.held.add(p)
-        seat.consumer.outstanding += 1
+        _backlog(seat, 1)
         deliveries = self._deliveries
         if delivery:
             n = deliveries[p] = deliveries.get(p, 0) + 1
             return n
         return deliveries.get(p, 0)
+
+    def lease_all(self, positions: list[int], seat: Seat, deadline: float, published_at: list[float],
+                  keys: list[int]) -> list[int]:
+        """:meth:`lease` of each of ``positions`` (new deliveries) to ``seat`` until
+        ``deadline``, in one loop: their delivery counts."""
+        if __debug__:
+            for p in positions:
+                assert p not in self.leased and p not in self.consumed, f"{p} is leased or consumed already"
+        leased, heap, deliveries = self.leased, self._deadlines, self._deliveries
+        counts: list[int] = []
+        for p, t, k in zip(positions, published_at, keys):
+            leased[p] = Lease(seat, deadline, t, k)
+            heappush(heap, (deadline, p))
+            n = deliveries[p] = deliveries.get(p, 0) + 1
+            counts.append(n)
+        seat.held.update(positions)
+        _backlog(seat, len(positions))
+        return counts
 
     def end(self, p: int) -> Lease:
         """The lease of ``p`` is over (cancelled, expired, broken)."""
@@ -123,6 +141,25 @@ class LeaseTable:
         self._cancels.pop(p, None)
         if self._notes:
             self._notes.pop(p, None)
+
+    def acknowledge_all(self, positions: list[int], seat: Seat) -> None:
+        """:meth:`acknowledge` of each of ``positions``, every one leased to ``seat``."""
+        leased, deliveries, cancels, notes = self.leased, self._deliveries, self._cancels, self._notes
+        if __debug__:
+            for p in positions:
+                assert leased[p].seat is seat, f"position {p} is not leased to {seat.consumer.key!r}"
+        for p in positions:
+            del leased[p]
+            deliveries.pop(p, None)
+        if cancels:
+            for p in positions:
+                cancels.pop(p, None)
+        if notes:
+            for p in positions:
+                notes.pop(p, None)
+        seat.held.difference_update(positions)
+        _backlog(seat, -len(positions))
+        self.slots_freed += len(positions)
 
     def renew(self, p: int, lease: Lease, deadline: float) -> None:
         if lease.deadline != deadline:
@@ -163,7 +200,7 @@ class LeaseTable:
             assert p not in self.consumed, f"{p} is consumed already"
         self.consumed[p] = seat
         seat.held.add(p)
-        seat.consumer.outstanding += 1
+        _backlog(seat, 1)
 
     def release(self, p: int) -> Seat:
         """The ack of an at-most-once delivery (or its consumer left): the backlog slot
@@ -176,11 +213,8 @@ class LeaseTable:
         if __debug__:
             assert p in seat.held, f"position {p} is not held by {seat.consumer.key!r}"
         seat.held.discard(p)
-        c = seat.consumer
-        c.outstanding -= 1
+        _backlog(seat, -1)
         self.slots_freed += 1
-        if __debug__:
-            assert c.outstanding >= 0, f"consumer {c.key!r}: outstanding below 0"
 
     # --- deadlines --------------------------------------------------------------------------
 
@@ -316,6 +350,14 @@ class LeaseTable:
             _require(p in seat.held, f"consumed {p} not held by its seat")
         for p in self._deliveries.keys() | self._cancels.keys() | self._notes.keys():
             _require(tracked(p), f"counts kept for {p}, which is no longer in the queue")
+
+
+def _backlog(seat: Seat, n: int) -> None:
+    """Rule 2: the one place a consumer's ``outstanding`` changes (by ``n``)."""
+    c = seat.consumer
+    c.outstanding += n
+    if __debug__:
+        assert c.outstanding >= 0, f"consumer {c.key!r}: outstanding below 0"
 
 
 def _require(ok: bool, what: str) -> None:

@@ -11,6 +11,11 @@ consumers (engine/consumers.py). It owns no state. Rules:
 4. A re-offer (:meth:`NamedLeases.take_back`) renews a lease the consumer holds, leases
    again a message that came back (not a new delivery), and otherwise says where the
    message is (:class:`~conveyor.engine.queue.events.TakeBack`).
+5. Batches: a lease (FIFO) takes the run at the head of the store in one pass, and an
+   acknowledgement of messages all still leased to the consumer leaves in one pass; each
+   message still goes through the transition table (the observers hear of each one),
+   its own lease and its own delivery count. Anything else (a priority queue's lease, an
+   ack of a lease that lapsed) goes message by message.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import math
 from typing import Callable, Iterable
 
 from conveyor.engine.queue.consumer import Consumer
-from conveyor.engine.queue.events import Delivery, TakeBack
+from conveyor.engine.queue.events import TakeBack
 from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.priority import POSITION_MASK, order_key
@@ -28,6 +33,7 @@ from conveyor.engine.queue.seats import Seat, Seats
 from conveyor.engine.queue.state import MessageState, QueueStateError, Transitions, Verb
 
 _AVAILABLE = MessageState.AVAILABLE
+_LEASED = MessageState.LEASED
 _INACTIVE = MessageState.INACTIVE
 _NOT_HERE = frozenset({_INACTIVE, _AVAILABLE})  # take_back: not deliverable to it now
 
@@ -62,19 +68,48 @@ class NamedLeases:
 
     def lease_next(
         self, consumer: Consumer, n: int | None, now: float, deadline: float, upto: int | None = None
-    ) -> list[Delivery]:
+    ) -> tuple[list[int], list[int]]:
         """Lease up to ``n`` (None: every) available messages to ``consumer`` until
-        ``deadline``, in delivery order, never one at a position >= ``upto``."""
+        ``deadline``, in delivery order, never one at a position >= ``upto``: (their
+        positions, their delivery counts). FIFO takes the run at the head in one pass
+        (rule 5)."""
         self._settle(now)
         seat = self._seats.of(consumer)
-        out = []
-        lease_to = self._lease_to
-        for k in self._order.leasable(n, math.inf if upto is None else upto):
-            p, count = lease_to(seat, k, deadline, delivery=True)
-            out.append(Delivery(consumer, p, deadline, count))
-        if out:
-            self._count("delivered", len(out))
-        return out
+        end = math.inf if upto is None else upto
+        if self._priority:
+            positions, counts = [], []
+            lease_to = self._lease_to
+            for k in self._order.leasable(n, end):
+                p, count = lease_to(seat, k, deadline, delivery=True)
+                positions.append(p)
+                counts.append(count)
+        else:
+            positions, times = self._order.take_head(n, end)
+            self._transitions.move_all(positions, Verb.LEASE, _AVAILABLE)
+            counts = self._leases.lease_all(positions, seat, deadline, times, positions)
+        if positions:
+            self._count("delivered", len(positions))
+        return positions, counts
+
+    def acknowledge_held(self, consumer: Consumer, positions: list[int], now: float) -> bool:
+        """Acknowledge ``positions`` in one pass when every one is still leased to
+        ``consumer`` (an ``ack_through`` in time: the common case), and say so; else
+        change nothing and answer False: the queue's ``acknowledge`` then sorts them
+        out one by one (rule 5)."""
+        self._settle(now)
+        seat = self._seats.of(consumer)
+        leased = self._leases.leased
+        for p in positions:
+            lease = leased.get(p)
+            if lease is None or lease.seat is not seat:
+                return False
+        self._transitions.move_all(positions, Verb.ACKNOWLEDGE, _LEASED)
+        self._leases.acknowledge_all(positions, seat)
+        self._replica.forget_all(positions)
+        self._leases.trim()
+        if positions:
+            self._count("acknowledged", len(positions))
+        return True
 
     def renew(self, consumer: Consumer, positions: Iterable[int] | None, deadline: float) -> int:
         """Move the lease deadline of each of ``positions`` (None: all) still leased to

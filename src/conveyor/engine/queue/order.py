@@ -167,6 +167,14 @@ class DeliveryOrder:
             return len(self._epochs) == 1
         return False
 
+    def take_head(self, n: int | None, upto: float) -> tuple[list[int], list[float]]:
+        """FIFO: :meth:`leasable` and :meth:`take` of each, in one pass over the head
+        (a named consumer's lease of a batch): (positions, publish times)."""
+        assert not self._priority, "a priority queue takes key by key"
+        if self.barriers:
+            upto = min(upto, self.barriers[0])
+        return self.store.take_head(len(self.store) if n is None else n, upto)
+
     def take(self, key: int) -> float:
         """Rule 4: the message of ``key`` is delivered (exact removal); its publish time.
         It must be available (AssertionError, before anything changes, under

@@ -240,6 +240,12 @@ class Replica:
     def forget(self, position: int) -> None:
         self._leaving.pop(position, None)
 
+    def forget_all(self, positions: list[int]) -> None:
+        leaving = self._leaving
+        if leaving:
+            for p in positions:
+                leaving.pop(p, None)
+
     # --- rule 4 -------------------------------------------------------------------------------
 
     def unasked(self) -> Iterator[tuple[int, Away]]:

@@ -275,6 +275,31 @@ class Transitions:
             self._leave(position)
         return to
 
+    def move_all(self, positions: list[int], verb: Verb, state: MessageState) -> None:
+        """:meth:`move` of each of ``positions``, all in ``state`` (a batch: the table is
+        read once, the observers still hear of each message)."""
+        if not positions:
+            return
+        if __debug__:
+            if state not in self._confirmed:
+                for p in positions:
+                    assert self._holds(p, state), (
+                        f"message at position {p} is {self._locate(p).value}, not "
+                        f"{state.value}: cannot {verb.value} it as if it were"
+                    )
+        try:
+            to = self._table[(state, verb)]
+        except KeyError:
+            raise IllegalTransition(positions[0], state, verb, self._semantics) from None
+        observer = self.observer
+        if observer is not None and (state, verb) in self._crossing:
+            for p in positions:
+                observer(p, to)
+        leave = self._leave
+        if leave is not None and (state, verb) in self._leaves:
+            for p in positions:
+                leave(p)
+
     def step(self, position: int, verb: Verb, state: MessageState) -> MessageState:
         """A move whose ``state`` needs no check: the previous move of the same call
         returned it, or the caller has just derived it (``state_of``)."""
