@@ -483,6 +483,14 @@ def test_journal_size_minimum():
             hint="at least 1M")
 
 
+def test_checkpoint_size():
+    assert loads(config_xml()).transaction_log.checkpoint_bytes == 16 * 1024 * 1024
+    assert loads(config_xml(txlog_extra="<CheckpointSize>4M</CheckpointSize>")).transaction_log.checkpoint_bytes == 4 << 20
+    assert loads(config_xml(txlog_extra="<CheckpointSize>0</CheckpointSize>")).transaction_log.checkpoint_bytes == 0
+    refused(config_xml(txlog_extra="<CheckpointSize>-1M</CheckpointSize>"),
+            "AMPSConfig/TransactionLog/CheckpointSize", "is not a size", hint="512K")
+
+
 def _replication(dest: str) -> str:
     return f"<Replication><Destination>{dest}</Destination></Replication>"
 

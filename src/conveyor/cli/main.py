@@ -501,6 +501,19 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, looked up only when asked for: importlib.metadata costs every
+    command (``serve`` too, whose start-up it delays) some 30 ms otherwise."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show program's version number and exit", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser._print_message(f"conveyor {_version()}\n", sys.stdout)
+        parser.exit()
+
+
 def _port(text: str) -> int:
     """A TCP port for argparse: 0..65535 (0: any free port)."""
     if not text.isdigit() or int(text) > 65535:
@@ -533,7 +546,7 @@ class _IntermixedParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description="conveyor: durable message queues over a transaction log")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"conveyor {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_IntermixedParser)
 
     p = sub.add_parser("serve", help="run the server (embedded default configuration unless --config)")

@@ -205,6 +205,9 @@ FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024  # one frame, incl. a batch of publis
 OUTPUT_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # unsent output before a slow consumer is cut
 JOURNAL_SEGMENT_BYTES_DEFAULT = 1024 * 1024 * 1024  # JournalSize default of the reference
 JOURNAL_SEGMENT_BYTES_MIN = 1024 * 1024  # below this, segments churn for no gain
+#: <CheckpointSize> default: a checkpoint once the journal grew this much since the last
+#: one, so what a restart after a crash replays is bounded (issue 38).
+CHECKPOINT_BYTES_DEFAULT = 16 * 1024 * 1024
 #: The journal's SEGMENT_BYTES_MAX (journal/format.py), checked when the configuration
 #: loads so that a larger JournalSize is a configuration error naming its element.
 JOURNAL_SEGMENT_BYTES_MAX = 64 * 1024 * 1024 * 1024
@@ -322,6 +325,9 @@ class TransactionLog:
     # None: two segments' worth (room for the next segment and its successor); 0: never.
     free_space_warning_bytes: int | None = None
     scrub: Scrub = field(default_factory=Scrub)
+    # <CheckpointSize>: checkpoint also once the journal grew by this much since the last
+    # checkpoint, not only every CHECKPOINT_INTERVAL_S; 0: only the periodic one.
+    checkpoint_bytes: int = CHECKPOINT_BYTES_DEFAULT
 
     @property
     def free_space_warning(self) -> int:

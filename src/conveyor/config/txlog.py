@@ -17,6 +17,8 @@ Rules:
 - ``FreeSpaceWarning`` (a conveyor extension) is a size, ``0`` allowed (never warn).
 - ``Scrub`` (a conveyor extension): ``Rate`` a size per second, ``0`` allowed (no
   background scrub); ``Interval`` a positive duration.
+- ``CheckpointSize`` (a conveyor extension) is a size, ``0`` allowed (only the periodic
+  checkpoint).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ _TRANSACTION_LOG = {
     "Retention": OPTIONAL,
     "FreeSpaceWarning": OPTIONAL,
     "Scrub": OPTIONAL,
+    "CheckpointSize": OPTIONAL,
 }
 _TOPIC = {"Name": REQUIRED, "MessageType": OPTIONAL}
 _DESTINATION_TOPIC = {**_TOPIC, "Filter": OPTIONAL}  # a Replication/Destination's Topic
@@ -80,6 +83,8 @@ def read_transaction_log(doc: Document, node: Node) -> TransactionLog:
         values["free_space_warning_bytes"] = doc.size(n, positive=False)
     if (n := kids.one("Scrub")) is not None:
         values["scrub"] = _read_scrub(doc, n)
+    if (n := kids.one("CheckpointSize")) is not None:
+        values["checkpoint_bytes"] = doc.size(n, positive=False)
     topics = tuple(read_recorded_topic(doc, t) for t in kids.many("Topic"))
     return TransactionLog(journal_directory=Path(doc.text(journal)), topics=topics, **values)  # type: ignore[arg-type]
 

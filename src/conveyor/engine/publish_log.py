@@ -346,7 +346,8 @@ class PublishLog:
         for pub, ranges in (holes or {}).items():
             self._holes[pub] = [list(r) for r in ranges]
 
-    def recovered(self, position: int, rec: records.PublishRec, persisted_end: int | None) -> None:
+    def recovered(self, position: int, rec: records.PublishRec | records.PlainPublish,
+                  persisted_end: int | None) -> None:
         """A publish replayed by recovery; ``persisted_end``: where persistence was at the
         last checkpoint (None: no sync destinations)."""
         self._note(rec.publisher, rec.seq)

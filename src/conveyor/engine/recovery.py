@@ -254,13 +254,20 @@ class Recovery:
         scan = _Scan(points, times)
         routes = self._routes
         count = 0
+        plain_head, decode_plain, publish = records.PLAIN_PUBLISH_HEAD, records.decode_plain, self._publish
         for pos, payload in journal.scan(scan_from):
-            rec = records.decode(payload)
             count += 1
-            route = routes.get(type(rec))
-            if route is None:
-                raise errors.JournalError(f"journal record at {pos}: recovery has no route for {type(rec).__name__}")
-            route(pos, rec, scan, now)
+            if payload.startswith(plain_head) and not scan.run:
+                # Most records: a plain publish (no transaction, expiry, origin or SowKey),
+                # decoded as its own six fields only (records.PlainPublish), routed directly.
+                publish(pos, decode_plain(payload), points, times, now)
+            else:
+                rec = records.decode(payload)
+                route = routes.get(type(rec))
+                if route is None:
+                    raise errors.JournalError(
+                        f"journal record at {pos}: recovery has no route for {type(rec).__name__}")
+                route(pos, rec, scan, now)
             if progress is not None and count % 10000 == 0:
                 progress(count)
         if scan.run:
@@ -363,11 +370,13 @@ class Recovery:
             return 0, start.at_time
         return 0, None
 
-    def _publish(self, pos: int, rec: records.PublishRec, points: dict[str, int], times: dict[str, float],
-                 now: float) -> None:
+    def _publish(self, pos: int, rec: records.PublishRec | records.PlainPublish, points: dict[str, int],
+                 times: dict[str, float], now: float) -> None:
         self._publishes.recovered(pos, rec, self._persisted_end)
-        if self._sow is not None:
-            self._sow.recovered(pos, rec, now)
+        sow = self._sow
+        # Only a SOW topic's publish, or a view's output (it has a SowKey), is the SOW's.
+        if sow is not None and (rec.sow_key or rec.topic in sow.topics):
+            sow.recovered(pos, rec, now)
         for b in self._bindings.for_topic(rec.topic):
             if pos < points[b.name]:
                 continue

@@ -133,9 +133,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
     write_atomic(path, data, durable=True)
 
 
-def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
+def write_checkpoint(directory: Path, cp: Checkpoint) -> int:
+    """Write the checkpoint files; the bytes of queue snapshots written."""
     directory = Path(directory)
-    write_snapshots(directory, cp.snapshots)  # FileBackedMetadata: each valid on its own
+    written = write_snapshots(directory, cp.snapshots)  # FileBackedMetadata: each valid on its own
     # publishers first: a queues.ack never points past what publishers.seq covers
     _write_atomic(directory / PUBLISHERS_FILE, msgspec.json.encode(_PublishersFile(FORMAT_VERSION, cp.position, cp.publishers, cp.holes)))
     write_consumers(directory, cp.position, cp.consumers)  # also before queues.ack
@@ -144,6 +145,7 @@ def write_checkpoint(directory: Path, cp: Checkpoint) -> None:
             _ReplicationFile(FORMAT_VERSION, cp.position, cp.replication, cp.links, cp.ownership)))
     _write_atomic(directory / QUEUES_FILE,
                   msgspec.json.encode(_QueuesFile(FORMAT_VERSION, cp.position, cp.queues, cp.sow, cp.created)))
+    return written
 
 
 def read_checkpoint(directory: Path, *, first_position: int, durable_end: int) -> Checkpoint | None:
@@ -207,18 +209,23 @@ def page_files(directory: Path, memory: int | None = None):
     return PageFiles(pages_directory(directory), memory)
 
 
-def write_snapshots(directory: Path, snapshots: dict) -> None:
+def write_snapshots(directory: Path, snapshots: dict) -> int:
+    """Write each queue's snapshot file; the bytes written."""
     from conveyor.engine.queue import snapshot as queue_snapshot
     from conveyor.server.page_files import PageFiles, file_stem
 
     files = PageFiles(pages_directory(directory))
+    written = 0
     for name, snap in snapshots.items():
         if snap.page_file is not None:
             files.sync(name, snap.page_file)  # the pages it names are on disk before it is
         files.directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(files.directory / f"{file_stem(name)}{SNAPSHOT_SUFFIX}", queue_snapshot.encode(snap))
+        data = queue_snapshot.encode(snap)
+        _write_atomic(files.directory / f"{file_stem(name)}{SNAPSHOT_SUFFIX}", data)
+        written += len(data)
         if snap.page_file is not None:
             files.prune(name, below=snap.page_file)
+    return written
 
 
 def read_snapshots(directory: Path) -> dict:

@@ -527,6 +527,7 @@ class Server:
             self.pacing.journal_appended()
         self.output.pump_if_pending()
         self.housekeeping.wake_by(self.engine.next_deadline())
+        self.housekeeping.journal_grew()
 
     def _send_one(self, conn_id: int, message: m.Ack) -> None:
         """A reply made outside an engine step (server/journal_reads.py)."""
