@@ -189,6 +189,20 @@ def test_an_expired_lease_returns_the_message_and_a_reoffer_takes_it_back():
     assert c.expired_leases == 3 and c.taken_back == 3
 
 
+def test_a_message_leased_again_under_a_new_delivery_is_acknowledged_once():
+    """A lapsed lease lets the message go out again, to the same consumer too (a new
+    lease after the old one, not a re-offer of it): one ack_through then names the
+    message twice."""
+    h, drv = setup(2)
+    lease(h, drv, 0, max=1, ttl=5)
+    h.advance(6)
+    h.commit()
+    assert lease(h, drv, 1, ttl=5).d == 3  # message 0 again (d 2), then message 1 (d 3)
+    assert items(fetch(h, drv, 0, 3)) == [0, 0, 1]
+    assert ack_through(h, drv, 3).acked == 3
+    assert h.stats("Q").available == 0 and h.stats("Q").acknowledged == 2
+
+
 def test_ack_through_of_a_delivery_held_elsewhere_still_acks_the_message():
     """SPARK.md 2.2: acking an expired delivery still acks the message."""
     h, drv = setup(2)

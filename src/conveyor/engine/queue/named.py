@@ -15,7 +15,8 @@ consumers (engine/consumers.py). It owns no state. Rules:
    acknowledgement of messages all still leased to the consumer leaves in one pass; each
    message still goes through the transition table (the observers hear of each one),
    its own lease and its own delivery count. Anything else (a priority queue's lease, an
-   ack of a lease that lapsed) goes message by message.
+   ack of a lease that lapsed, a message named twice because it was leased again after
+   its lease lapsed) goes message by message.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class NamedLeases:
         change nothing and answer False: the queue's ``acknowledge`` then sorts them
         out one by one (rule 5)."""
         self._settle(now)
+        if len(set(positions)) != len(positions):
+            return False  # a message leased again after its lease lapsed: acked once, there
         seat = self._seats.of(consumer)
         leased = self._leases.leased
         for p in positions:
