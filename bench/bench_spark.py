@@ -198,6 +198,10 @@ wall time, **{ratio_batch:.0%}** inside the micro-batch (goal: at least 50%); in
 Arrow batches from `read()`. Where the time goes: docs/spark.md, "Performance".
 """
         write_section("Spark: streaming source and sink", body)
+    # the last line, for bench.ab: seconds per job (wall and inside the batch) and the ratios
+    print(json.dumps({"ratio": ratio, "ratio_batch": ratio_batch, "ratio_noop": ratio_noop,
+                      "wall_s": {job: median(times[job]) for job in jobs},
+                      "batch_s": {job: median(batch_times[job]) for job in jobs}}))
 
 
 if __name__ == "__main__":
