@@ -29,14 +29,16 @@ import os
 import ssl
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from conveyor import errors
-from conveyor.client.endpoints import PASSWORD_ENV, USER_ENV
 
+# The client's (conveyor.client.endpoints; tests/test_startup_imports.py holds them
+# equal): named here because importing that module loads the whole client package, and
+# ``conveyor serve`` builds this module's parsers before it starts (issue 38).
+USER_ENV = "CONVEYOR_USER"
+PASSWORD_ENV = "CONVEYOR_PASSWORD"
 ADMIN_ENV = "CONVEYOR_ADMIN"
 DEFAULT_ADMIN = "http://127.0.0.1:8085"
 REQUEST_TIMEOUT_S = 10.0
@@ -76,6 +78,9 @@ def _credentials(args: argparse.Namespace, url: str) -> tuple[str, str | None]:
 
 def fetch(args: argparse.Namespace, path: str) -> Any:
     """GET ``path`` from the admin interface as JSON (rule 3 for failures)."""
+    import urllib.error  # here: http.client and email cost every command (serve too) otherwise
+    import urllib.request
+
     base, authorization = _credentials(args, admin_url(args))
     request = urllib.request.Request(base + path, headers={"Authorization": authorization} if authorization else {})
     ca_file = getattr(args, "ca_file", None)

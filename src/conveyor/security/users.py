@@ -23,18 +23,29 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
-
-import argon2
+from typing import TYPE_CHECKING
 
 from conveyor import errors
 from conveyor.config.security import NAME_HINT, NAME_PATTERN
 from conveyor.journal.files import write_atomic
 
+if TYPE_CHECKING:
+    import argon2
+
 PASSWORD_CHARS_MAX = 1024  # longer passwords are refused before hashing (bounded CPU per logon)
-_HASHER = argon2.PasswordHasher()  # argon2-cffi's defaults: m=64 MiB, t=3, p=4
 _HEADER = "# conveyor users file: NAME:ARGON2-HASH per line; manage it with `conveyor users`\n"
+
+
+@functools.cache
+def _hasher() -> argon2.PasswordHasher:
+    """argon2-cffi's defaults: m=64 MiB, t=3, p=4. Made (and argon2 imported) when first
+    used: a server without Authentication never hashes, and starts without it (issue 38)."""
+    import argon2
+
+    return argon2.PasswordHasher()
 
 
 def hash_password(password: str, *, hasher: argon2.PasswordHasher | None = None) -> str:
@@ -42,7 +53,7 @@ def hash_password(password: str, *, hasher: argon2.PasswordHasher | None = None)
         raise errors.ClientError("a password cannot be empty")
     if len(password) > PASSWORD_CHARS_MAX:
         raise errors.ClientError(f"a password is at most {PASSWORD_CHARS_MAX} characters")
-    return (hasher or _HASHER).hash(password)
+    return (hasher or _hasher()).hash(password)
 
 
 def verify_password(stored: str | None, password: str | None, *, decoy: str | None = None) -> bool:
@@ -54,14 +65,18 @@ def verify_password(stored: str | None, password: str | None, *, decoy: str | No
     target = stored if stored is not None else decoy
     if target is None:
         return False
+    import argon2
+
     try:
-        return _HASHER.verify(target, password) and stored is not None
+        return _hasher().verify(target, password) and stored is not None
     except (argon2.exceptions.VerificationError, argon2.exceptions.InvalidHashError):
         return False
 
 
 def decoy_for(users: dict[str, str]) -> str | None:
     """A hash with the parameters of the file's hashes, for unknown users (rule 2)."""
+    import argon2
+
     for stored in users.values():
         try:
             params = argon2.extract_parameters(stored)

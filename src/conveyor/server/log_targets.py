@@ -17,9 +17,7 @@ Rules:
 
 from __future__ import annotations
 
-import gzip
 import logging
-import logging.handlers
 import os
 import shutil
 import sys
@@ -55,6 +53,8 @@ def _handler(target: LogTarget) -> logging.Handler:
         handler: logging.Handler = logging.StreamHandler(sys.stdout if target.protocol == "stdout" else sys.stderr)
     else:
         assert target.file_name is not None  # the loader requires FileName for file targets
+        import logging.handlers  # here: a start without a file target does without it (issue 38)
+
         try:
             target.file_name.parent.mkdir(parents=True, exist_ok=True)
             handler = logging.handlers.RotatingFileHandler(
@@ -80,6 +80,8 @@ def _gz_name(name: str) -> str:
 
 def _gzip_rotate(source: str, dest: str) -> None:
     """Compress the file being rotated out into ``dest`` (already named ``.gz``)."""
+    import gzip
+
     with open(source, "rb") as src, gzip.open(dest, "wb") as out:
         shutil.copyfileobj(src, out)
     os.remove(source)
