@@ -42,6 +42,37 @@ def worker(h: Harness, name: str, topic: str = "Q", sub_id: str = "s", **kw) -> 
     return conn
 
 
+def test_publishes_made_durable_together_enter_the_queue_in_position_order():
+    """One group commit makes several publishes durable at once: those of a plain queue go in
+    as one run, and one with an expiry of its own goes in one by one, in its place."""
+    h = one_queue()
+    pub = h.connect("pub")
+    for i in range(5):
+        h.publish(pub, "Work", {"i": i}, **({"expiration": 60.0} if i == 2 else {}))
+    h.commit()
+    w = worker(h, "w", options="max_backlog=10")
+    assert items(h.messages(w)) == [0, 1, 2, 3, 4]
+    assert h.stats("Q").available == 0 and h.stats("Q").enqueued == 5
+
+
+def test_a_replay_enqueues_runs_in_position_order():
+    """Recovery enqueues a plain queue's publishes in runs: one with an expiry of its own,
+    and a record of another kind (an ack), still apply in their place."""
+    h = one_queue()
+    pub = h.connect("pub")
+    w = worker(h, "w", options="max_backlog=1")
+    for i in range(6):
+        h.publish(pub, "Work", {"i": i}, **({"expiration": 60.0} if i == 3 else {}))
+        if i == 1:
+            h.commit()
+            (first,) = h.messages(w)
+            h.ack(w, "Q", [first])  # a queue record between the publishes
+    h.commit()
+    h.crash(checkpoint=False)
+    w = worker(h, "w2", options="max_backlog=10")
+    assert items(h.messages(w)) == [1, 2, 3, 4, 5]
+
+
 # --- Getting Started / Understanding AMPS Queuing -----------------------------------------
 
 

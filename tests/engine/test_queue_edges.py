@@ -105,3 +105,50 @@ def test_candidates_of_a_full_filtered_consumer_stay_bounded():
     q.acknowledge([3], by="s", option=AckOption.NONE, now=500.0)
     q.acknowledge([0], by="f", option=AckOption.CANCEL, now=500.0)
     assert [(d.consumer.key, d.position) for d in q.dispatch(500.0)] == [("slow", 0)]
+
+
+def _state(q: Queue) -> tuple:
+    s = q.export_state()
+    return (s.last_position, s.last_time, [(c.first, list(c.positions or ()), list(c.times or ())) for c in s.chunks],
+            s.expiries, q.statistics().enqueued, q.next_deadline())
+
+
+@pytest.mark.parametrize("kw", [{}, {"expiration_s": 30.0}, {"target_queue_depth": 2}],
+                         ids=["fifo", "expiration", "tqd"])
+def test_a_run_enqueues_as_each_message_would(kw):
+    """Queue.enqueue_run: the same state as enqueue of each (publish times clamped along
+    positions), whether it goes in one pass (FIFO) or one by one (TargetQueueDepth)."""
+    runs = [([3, 5, 8], [10.0, 9.0, 12.0]), ([9], [11.0]), ([], []), ([20, 21], [13.0, 13.0])]
+    one, _ = make(**kw)
+    each, _ = make(**kw)
+    for positions, times in runs:
+        one.enqueue_run(positions, times)
+        for p, t in zip(positions, times):
+            each.enqueue(p, t)
+    assert _state(one) == _state(each)
+
+
+def test_a_run_with_its_own_expiry_kept_per_message():
+    """After a message with an expiry of its own, the queue keeps Expiration per message:
+    a run's messages get theirs too."""
+    one, _ = make(expiration_s=30.0)
+    each, _ = make(expiration_s=30.0)
+    for q in (one, each):
+        q.enqueue(1, 5.0, expires_at=7.0)
+    one.enqueue_run([2, 3], [6.0, 8.0])
+    each.enqueue(2, 6.0)
+    each.enqueue(3, 8.0)
+    assert _state(one) == _state(each) and _state(one)[3]
+
+
+@pytest.mark.parametrize("positions, times, error", [
+    ([4, 6], [1.0, 2.0], "not above"),  # 4 is not above 5
+    ([6, 7], [1.0, math.nan], "NaN"),
+])
+def test_a_refused_run_changes_nothing(positions, times, error):
+    q, _ = make()
+    q.enqueue(5, 0.0)
+    before = _state(q)
+    with pytest.raises(QueueStateError, match=error):
+        q.enqueue_run(positions, times)
+    assert _state(q) == before

@@ -68,10 +68,15 @@ def test_paged_store_matches_a_dict(tmp_path, seed):
     nxt = 0
     for _ in range(400):
         op = rng.random()
-        if op < 0.45:
+        if op < 0.4:
             nxt += rng.randint(1, 3)
             store.append(nxt, float(nxt))
             model[nxt] = float(nxt)
+        elif op < 0.45:
+            run = [nxt + k for k in range(1, rng.randint(2, 14))]  # a run of publishes, across chunks
+            store.extend(run, [float(q) for q in run])
+            model.update((q, float(q)) for q in run)
+            nxt = run[-1]
         elif op < 0.6 and model:
             p = min(model)
             assert store.discard(p) == model.pop(p)

@@ -27,7 +27,7 @@ def check(store: MessageStore, model: dict[int, float]) -> None:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["append", "discard", "restore", "discard_head", "take_head"]),
+    st.tuples(st.sampled_from(["append", "discard", "restore", "discard_head", "take_head", "extend"]),
               st.integers(0, 10_000)),
     max_size=200,
 )
@@ -51,6 +51,11 @@ def test_store_matches_a_sorted_dict(ops):
             p = min(model)
             assert store.discard(p) == model.pop(p)
             gone[p] = float(p)
+        elif op == "extend":
+            run = [nxt + 1 + k * (1 + r % 3) for k in range(r % 11)]  # 0-10 messages, across chunks
+            store.extend(run, [float(q) for q in run])
+            model.update((q, float(q)) for q in run)
+            nxt = run[-1] if run else nxt
         elif op == "take_head":
             # up to n of the oldest, below upto (drawn around the live positions)
             n, upto = r % 7, (sorted(model)[r % len(model)] + r % 2 if model else r)

@@ -75,7 +75,7 @@ from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PendingPublish, PublishLog
 from conveyor.engine.queue.queue import Queue, QueueStats
-from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
+from conveyor.engine.queue.bindings import PlainRuns, QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
 from conveyor.engine.replication.ownership import OwnershipStats, ReplicatedQueues
 from conveyor.engine.replication.catch_up import CatchUp
@@ -688,6 +688,7 @@ class Engine:
         topics, delivery, cache, sow = self.topics, self.delivery, self.cache, self.sow
         actions = bool(self._publish_actions)  # once per call, not once per publish
         sow_topics = self._sow_topics
+        runs = PlainRuns()  # plain queues: each one's messages enqueued in one pass
         for p in self.publishes.take_durable():
             entry = None
             sow_key = p.sow_key
@@ -713,8 +714,15 @@ class Engine:
                 cache.put(p.position, entry)  # queues deliver from the cache, not the journal
             topics.fan_out(p.position, entry, now)
             for binding in bindings:
+                if binding.plain and not p.expiration:
+                    runs.add(binding, p.position, p.timestamp)
+                    continue
+                if binding.plain:
+                    runs.flush(binding)  # its own expiry: the run before it goes in first
                 if binding.offer(p.position, entry, p.origin, now):
                     delivery.mark(binding)
+        for binding in runs.flush_all():
+            delivery.mark(binding)
         sow.durable(now)
         replication = self.replication
         replication.durable(now)

@@ -51,7 +51,7 @@ from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.paging import PageFile, PagingBudget
-from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
+from conveyor.engine.queue.bindings import PlainRuns, QueueBinding, QueueBindings
 from conveyor.engine.replication.replication import Replication
 from conveyor.engine.topics import Topics
 
@@ -150,6 +150,7 @@ class Recovery:
         self._topics = topics
         self._replication = replication
         self._persisted_end: int | None = None
+        self._runs = PlainRuns()  # plain queues: a run of publishes enqueued in one pass
         self._created: dict[str, int] = {}  # rule 1: each configured queue's creation point
         self._deep: set[str] = set()  # replicated queues too deep to snapshot now
         self._routes = self._route_table()
@@ -262,6 +263,7 @@ class Recovery:
                 # decoded as its own six fields only (records.PlainPublish), routed directly.
                 publish(pos, decode_plain(payload), points, times, now)
             else:
+                self._runs.flush_all()  # what a record of another kind may touch is in its queue
                 rec = records.decode(payload)
                 route = routes.get(type(rec))
                 if route is None:
@@ -270,6 +272,7 @@ class Recovery:
                 route(pos, rec, scan, now)
             if progress is not None and count % 10000 == 0:
                 progress(count)
+        self._runs.flush_all()
         if scan.run:
             head = scan.run[0][1]
             log.warning(
@@ -383,8 +386,12 @@ class Recovery:
             since = times.get(b.name)
             if since is not None and rec.timestamp < since:
                 continue
-            if b.plain:
-                b.queue.enqueue(pos, rec.timestamp, expires_at=rec.expiration)  # no filter, priority or barrier
+            if b.plain:  # no filter, priority or barrier: enqueued with its queue's run
+                if rec.expiration:
+                    self._runs.flush(b)
+                    b.queue.enqueue(pos, rec.timestamp, expires_at=rec.expiration)
+                else:
+                    self._runs.add(b, pos, rec.timestamp)
                 continue
             b.offer(pos, Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id,
                                rec.expiration),
@@ -394,6 +401,7 @@ class Recovery:
             dead = self._bindings.get(rec.expired_queue)
             if dead is None:
                 return
+            self._runs.flush(dead)
             since = dead.snapshot_events_from
             if rec.expired_position >= points[dead.name] if since is None else pos >= since:
                 dead.queue.replay.expired(rec.expired_position)

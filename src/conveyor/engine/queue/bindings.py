@@ -293,3 +293,36 @@ class QueueBindings:
         ``pattern`` is a client's: a regex runs on RE2 (BadTopic when it cannot)."""
         match = client_topic_matcher(pattern)
         return [name for name in self.by_name if match(name)]
+
+
+class PlainRuns:
+    """Publishes to plain queues (no Filter, Priority, BarrierExpression, OrderingKey or
+    replication: ``QueueBinding.plain``) gathered in position order, and each queue's run
+    enqueued in one pass (``Queue.enqueue_run``). A queue's run goes in before any other
+    message of that queue does (:meth:`flush`), so its positions stay in order."""
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: dict[QueueBinding, tuple[list[int], list[float]]] = {}
+
+    def add(self, binding: QueueBinding, position: int, published_at: float) -> None:
+        run = self._runs.get(binding)
+        if run is None:
+            run = self._runs[binding] = ([], [])
+        run[0].append(position)
+        run[1].append(published_at)
+
+    def flush(self, binding: QueueBinding) -> None:
+        """Enqueue ``binding``'s run now (another of its messages goes in next)."""
+        run = self._runs.pop(binding, None)
+        if run is not None:
+            binding.queue.enqueue_run(*run)
+
+    def flush_all(self) -> list[QueueBinding]:
+        """Enqueue every run; the queues that took messages."""
+        done = list(self._runs)
+        for binding, run in self._runs.items():
+            binding.queue.enqueue_run(*run)
+        self._runs.clear()
+        return done

@@ -65,6 +65,13 @@ class MessageExpiry:
         elif self._every is not None:
             self.note(position, published_at + self._every)
 
+    def enter_all(self, positions: list[int], published_at: list[float]) -> None:
+        """:meth:`enter` of messages without an expiry of their own."""
+        every = self._every
+        if every is not None:
+            for p, t in zip(positions, published_at):
+                self.note(p, t + every)
+
     def keep_expiration(self, expiration: float, messages: Iterable[tuple[int, float]]) -> None:
         """Rule 4: the queue's ``expiration`` is kept here from now on, for ``messages``
         (position, publish time: those in the queue) and every later one."""

@@ -175,6 +175,11 @@ class DeliveryOrder:
             upto = min(upto, self.barriers[0])
         return self.store.take_head(len(self.store) if n is None else n, upto)
 
+    def append_run(self, positions: list[int], times: list[float]) -> None:
+        """FIFO: :meth:`append` of each of ``positions`` (none a barrier), in one pass."""
+        assert not self._priority, "a priority queue orders key by key"
+        self.store.extend(positions, times)
+
     def take(self, key: int) -> float:
         """Rule 4: the message of ``key`` is delivered (exact removal); its publish time.
         It must be available (AssertionError, before anything changes, under

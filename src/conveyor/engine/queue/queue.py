@@ -135,6 +135,7 @@ from conveyor.engine.explain import MessageFacts
 from conveyor.engine.queue.consumer import Consumer, effective_backlog
 from conveyor.engine.queue.replica import Ident, Replica
 from conveyor.engine.queue.expiry import MessageExpiry
+from conveyor.engine.queue.intake import Intake
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue.events import (
     Acknowledged,
@@ -328,7 +329,7 @@ class Queue:
         self._priority = config.priority is not None
         self._barrier_on = config.barrier_expression is not None
         self._target = config.target_queue_depth
-        self._start, self._last_position, self._last_time = start, start - 1, -math.inf
+        self._start, self._intake = start, Intake(config.name, start)
         self._counters = QueueCounters()
 
         self._transitions = Transitions(
@@ -381,7 +382,7 @@ class Queue:
     @property
     def last_position(self) -> int:
         """Position of the last message enqueued (start - 1 before the first)."""
-        return self._last_position
+        return self._intake.last_position
 
     def watch(self, observer: Callable[[int, MessageState], object] | None, states: frozenset[MessageState]) -> None:
         """Call ``observer(position, new_state)`` for every message that enters or leaves
@@ -390,10 +391,8 @@ class Queue:
         self._transitions.watch(observer, states)
 
     def __repr__(self) -> str:
-        return (
-            f"<Queue {self.name!r} {self.config.semantics.value}: {len(self._order.store)} "
-            f"available, {len(self._leases.leased)} leased, {len(self._seats)} consumers>"
-        )
+        return (f"<Queue {self.name!r} {self.config.semantics.value}: {len(self._order.store)} available, "
+                f"{len(self._leases.leased)} leased, {len(self._seats)} consumers>")
 
     # --- messages in ----------------------------------------------------------------------
 
@@ -423,13 +422,7 @@ class Queue:
         ``owner``: in a replicated queue, the instance that owns the message when not this
         one (rule 11): it is recorded ELSEWHERE; ``arrived``: when it arrived here; ``ident``:
         its (publisher, seq), the name replication gives it; ``ordering_key``: its OrderingKey."""
-        if position <= self._last_position:
-            raise PositionOutOfOrder(
-                f"queue {self.name!r}: position {position} is not above {self._last_position}",
-                position=position,
-            )
-        if published_at != published_at:
-            raise QueueStateError(f"queue {self.name!r}: publish time of {position} is NaN")
+        self._intake.check(position, published_at)
         if barrier and not self._barrier_on:
             raise QueueStateError(f"queue {self.name!r} has no BarrierExpression")
         key = (position if not self._priority and priority is None  # FIFO: no call
@@ -441,7 +434,7 @@ class Queue:
         if self.would_hold():  # a replicated queue's engine asks first: the owner is decided on activation
             step(position, Verb.HOLD, _ABSENT)
             self._window.hold(position)
-            self._last_position = position
+            self._intake.skip(position)
             return False
         if self._target is not None:
             self._window.enter(position)
@@ -449,8 +442,7 @@ class Queue:
             self._enqueue_elsewhere(position, published_at, key, barrier, expires_at, owner, arrived, ordering_key)
             return True
         step(position, Verb.ENQUEUE, _ABSENT)
-        published_at = self._last_time = max(published_at, self._last_time)
-        self._last_position = position
+        published_at = self._intake.enter(position, published_at)
         self._note_expiry(position, published_at, expires_at)
         if (self._order.append(position, published_at, key, barrier) if self.keys is None  # or held: keys.py
                 else self.keys.enter(position, published_at, key, barrier, ordering_key)):
@@ -459,6 +451,19 @@ class Queue:
             self._seats.came_back(key, self._order.store.__contains__, published_at)
         return True
 
+    def enqueue_run(self, positions: list[int], times: list[float]) -> None:
+        """:meth:`enqueue` of each of ``positions`` (ascending; no priority, barrier, own expiry, owner
+        or key), in one pass unless Priority, OrderingKey or TargetQueueDepth take them one by one."""
+        if self._priority or self.keys is not None or self._target is not None or not positions:
+            for p, t in zip(positions, times):
+                self.enqueue(p, t)
+            return
+        times = self._intake.enter_run(positions, times)  # checked before anything changes
+        self._counters.enqueued += len(positions)
+        self._transitions.move_all(positions, Verb.ENQUEUE, _ABSENT, checked=False)  # above the last position
+        self._stamped.enter_all(positions, times)
+        self._order.append_run(positions, times)
+
     def _enqueue_elsewhere(self, position: int, published_at: float, key: int, barrier: bool, expires_at: float,
                            owner: str, arrived: float | None, ordering_key: str | None) -> None:
         """Rule 11: a message another instance owns is recorded ELSEWHERE (in its key's line: queue/keys.py)."""
@@ -466,8 +471,7 @@ class Queue:
         if barrier:
             raise QueueStateError(f"queue {self.name!r}: a barrier is delivered on every instance", position=position)
         self._transitions.step(position, Verb.ENQUEUE_ELSEWHERE, _ABSENT)  # ABSENT: above the last position
-        published_at = self._last_time = max(published_at, self._last_time)
-        self._last_position = position
+        published_at = self._intake.enter(position, published_at)
         self.replica.add(position, owner, published_at, key, published_at if arrived is None else arrived)
         if self.keys is not None:
             self.keys.enter_elsewhere(position, ordering_key)
@@ -611,7 +615,7 @@ class Queue:
 
     def _active_end(self) -> int:
         """The last position that entered the active part."""
-        return self._window.offered if self._target is not None else self._last_position
+        return self._window.offered if self._target is not None else self._intake.last_position
 
     def _deliver(self, seat: Seat, key: int, now: float) -> Delivery:
         p = key & POSITION_MASK if self._priority else key
@@ -861,7 +865,7 @@ class Queue:
         """Where the message is. ABSENT for messages never enqueued, before the recovery
         point, or done. INACTIVE for a position in the inactive part of a TargetQueueDepth
         queue (the queue cannot tell whether one of its messages is there)."""
-        if position > self._last_position:
+        if position > self._intake.last_position:
             return _ABSENT  # nothing above the last enqueued position is held anywhere
         leases = self._leases
         if position in leases.leased:
@@ -904,7 +908,7 @@ class Queue:
                 low.append(first)
         if low:
             return min(low)
-        return max(self._start, self._last_position + 1)
+        return max(self._start, self._intake.last_position + 1)
 
     # --- reports (queue/report.py) -----------------------------------------------------------
 
@@ -969,7 +973,7 @@ class Queue:
                 window.defer_ack(position)
         if not window.offer(position):
             return False
-        published_at = self._last_time = max(published_at, self._last_time)
+        published_at = self._intake.clamp(published_at)
         self._note_expiry(position, published_at, expires_at)
         if owner is None:
             self._order.append(position, published_at, position, False)
@@ -1002,7 +1006,7 @@ class Queue:
         ``file`` (a :class:`~conveyor.engine.queue.paging.PageFile`) when the resident
         chunks of every paged queue pass ``budget`` (shared by them; None: one of
         ``budget.DEFAULT_LIMIT`` for this queue). Only before the first message."""
-        if self._order.store or self._last_position >= self._start:
+        if self._order.store or self._intake.last_position >= self._start:
             raise QueueStateError(f"queue {self.name!r}: paging must be set up on an empty queue")
         self._order.page_to(file, budget)
 
@@ -1016,8 +1020,8 @@ class Queue:
         held_rows = sorted([(p, lease.published_at, lease.key) for p, lease in leased] + held)
         return QueueState(
             start=self._start,
-            last_position=self._last_position,
-            last_time=self._last_time,
+            last_position=self._intake.last_position,
+            last_time=self._intake.last_time,
             chunks=tuple(chunks),
             page_file=self._order.store.page_generation,
             leased=tuple((p, t) for p, t, _ in held_rows),
@@ -1040,7 +1044,7 @@ class Queue:
         has pages), as a replay would leave it: the leases it lists were broken by the
         restart, their messages are available again; :meth:`end_replay` applies the
         limits. Then replay the journal from the snapshot's positions."""
-        if self._seats.any() or self._order.store or self._last_position >= self._start:
+        if self._seats.any() or self._order.store or self._intake.last_position >= self._start:
             raise QueueStateError(f"queue {self.name!r}: a state restores a new queue")
         if self._priority and len(state.leased_keys) != len(state.leased):
             raise QueueStateError(f"queue {self.name!r}: a priority queue's state needs its leases' order keys")
@@ -1054,8 +1058,7 @@ class Queue:
         for p, owner, t, key, arrived in state.elsewhere:
             self.replica.add(p, owner, t, key, arrived)
         self._start = state.start
-        self._last_position = state.last_position
-        self._last_time = state.last_time
+        self._intake.restore(state.last_position, state.last_time)
         self._leases.restore_counts(state.deliveries, state.cancels)
         for p, t in state.expiries:
             self._stamped.note(p, t)
@@ -1065,10 +1068,8 @@ class Queue:
             self._returns.hold_back(p, t)
         if state.expiries and self._expiration is not None:
             self._keep_expiration_per_message()
-        self._window.restore(
-            offered=state.offered, inactive=state.inactive, refill_from=state.refill_from,
-            acks=state.deferred_acks, last=state.last_position,
-        )
+        self._window.restore(offered=state.offered, inactive=state.inactive, refill_from=state.refill_from,
+                             acks=state.deferred_acks, last=state.last_position)
         self.replay.restored()
         if self.keys is not None:
             self.keys.restored()  # queue/keys.py rule 5

@@ -232,6 +232,26 @@ class MessageStore:
         self._live += 1
         self._added(chunks[-1])
 
+    def extend(self, positions: list[int], times: list[float]) -> None:
+        """:meth:`append` of each of ``positions`` (ascending, above every position
+        appended), filling the tail chunk and then new ones by slices."""
+        self._version += 1
+        chunks, size, at, n = self._chunks, self.chunk_slots, 0, len(positions)
+        if chunks and n:
+            ch = chunks[-1]
+            assert ch.positions is not None and ch.times is not None  # the tail chunk is always resident
+            at = min(n, max(0, size - len(ch.positions)))
+            ch.positions.extend(positions[:at])
+            ch.times.extend(times[:at])
+            ch.live += at
+        while at < n:
+            end = min(n, at + size)
+            chunks.append(_Chunk(array("q", positions[at:end]), array("d", times[at:end])))
+            self._firsts.append(positions[at])
+            self._added(chunks[-1])
+            at = end
+        self._live += n
+
     def discard(self, position: int) -> float | None:
         """Remove ``position``; its publish time, or None if it was not available."""
         i, j = self._find(position)
