@@ -6,8 +6,8 @@ that owns the last position entered and the publish-time clamp. Rules:
 2. Publish times never decrease along positions: each is clamped to the latest one, so
    the oldest message is always the first (a clock that steps back cannot reorder
    expiry).
-3. A run of messages (:meth:`Intake.enter_run`) obeys rules 1 and 2 as a whole: it is
-   checked before anything changes, and its times are clamped in one pass.
+3. A run of messages obeys rules 1 and 2 as a whole: :meth:`Intake.check_run` checks it
+   before anything changes, and :meth:`Intake.enter_run` clamps its times in one pass.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ class Intake:
         if published_at != published_at:
             raise QueueStateError(f"queue {self._name!r}: publish time of {position} is NaN")
 
+    def check_run(self, positions: list[int], times: list[float]) -> None:
+        """Rule 3: rule 1 for a run (ascending ``positions``; nothing changes)."""
+        self.check(positions[0], math.fsum(times))  # fsum: NaN if any time is
+
     def enter(self, position: int, published_at: float) -> float:
         """``position`` entered (checked already); its publish time, clamped (rule 2)."""
         self.last_position = position
@@ -49,8 +53,8 @@ class Intake:
         self.last_position = position
 
     def enter_run(self, positions: list[int], times: list[float]) -> list[float]:
-        """Rule 3: ``positions`` (ascending) entered; their publish times, clamped."""
-        self.check(positions[0], math.fsum(times))  # fsum: NaN if any time is
+        """Rule 3: ``positions`` (checked by :meth:`check_run`) entered; their publish
+        times, clamped."""
         clamped = list(accumulate(times, max, initial=self.last_time))
         del clamped[0]
         self.last_position, self.last_time = positions[-1], clamped[-1]

@@ -456,12 +456,12 @@ class Queue:
         """:meth:`enqueue` of each of ``positions`` (ascending; no priority, barrier, own expiry, owner
         or key), in one pass unless Priority, OrderingKey or TargetQueueDepth take them one by one."""
         if positions:
-            self._intake.check(positions[0], math.fsum(times))  # the whole run, before anything changes (NaN sums NaN)
+            self._intake.check_run(positions, times)  # the whole run, before anything changes
         if self._priority or self.keys is not None or self._target is not None or len(positions) < _RUN_MIN:
             for p, t in zip(positions, times):
                 self.enqueue(p, t)
             return
-        times = self._intake.enter_run(positions, times)  # checked before anything changes
+        times = self._intake.enter_run(positions, times)
         self._counters.enqueued += len(positions)
         self._transitions.move_all(positions, Verb.ENQUEUE, _ABSENT, checked=False)  # above the last position
         self._stamped.enter_all(positions, times)

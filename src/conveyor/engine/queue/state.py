@@ -261,10 +261,7 @@ class Transitions:
         message is not in ``state``."""
         if __debug__:
             if state not in self._confirmed:
-                assert self._holds(position, state), (
-                    f"message at position {position} is {self._locate(position).value}, not "
-                    f"{state.value}: cannot {verb.value} it as if it were"
-                )
+                assert self._holds(position, state), self._misplaced(position, verb, state)
         try:
             to = self._table[(state, verb)]
         except KeyError:
@@ -284,10 +281,7 @@ class Transitions:
         if __debug__:
             if checked and state not in self._confirmed:
                 for p in positions:
-                    assert self._holds(p, state), (
-                        f"message at position {p} is {self._locate(p).value}, not "
-                        f"{state.value}: cannot {verb.value} it as if it were"
-                    )
+                    assert self._holds(p, state), self._misplaced(p, verb, state)
         try:
             to = self._table[(state, verb)]
         except KeyError:
@@ -300,6 +294,11 @@ class Transitions:
         if leave is not None and (state, verb) in self._leaves:
             for p in positions:
                 leave(p)
+
+    def _misplaced(self, position: int, verb: Verb, state: MessageState) -> str:
+        """The assertion of :meth:`move` that failed, said (built only when it fails)."""
+        return (f"message at position {position} is {self._locate(position).value}, not {state.value}: "
+                f"cannot {verb.value} it as if it were")
 
     def step(self, position: int, verb: Verb, state: MessageState) -> MessageState:
         """A move whose ``state`` needs no check: the previous move of the same call
