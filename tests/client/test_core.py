@@ -126,6 +126,41 @@ def test_ack_batch_follows_the_backlog_and_the_outstanding_leases():
     assert [core.ack("Q", f"c{n}", AckVerb.ACK, "t") for n in range(3)] == [False, False, True]
 
 
+def test_a_handler_acking_inline_while_a_read_is_decoded_still_batches():
+    """A handler called per message as a read is decoded acks before the rest of the
+    read is counted: the held-nothing rule waits for the end of the read (acks_due),
+    so ten messages in one read give two batches of five, not ten of one."""
+    core = ClientCore(client_name="c", ack_batch_size=5)
+    logged_on(core)
+    sub = SubState("s", "Q", max_backlog=10)
+    inline = True
+    held: list[Message] = []
+    send_now: list[bool] = []
+
+    def sink(msg: Message) -> None:
+        if inline:
+            send_now.append(core.ack("Q", msg.bookmark, AckVerb.ACK, "s"))
+            if send_now[-1]:
+                core.flush_acks()  # as the face does
+        else:
+            held.append(msg)
+
+    sub.sink = sink
+    core.add_subscription(sub)
+    answer(core, *[delivery("s", n) for n in range(10)])
+    assert send_now == ([False] * 4 + [True]) * 2  # two batches of five (before: ten of one)
+    assert not core.acks_due()
+    send_now.clear()
+    answer(core, *[delivery("s", n) for n in range(10, 13)])  # three in a read, all acked
+    assert send_now == [False] * 3 and core.acks_due()  # the server waits: sent after the read
+    core.flush_acks()
+    # Outside a read (a handler acking later, or on another thread) the rule is as before.
+    inline = False
+    answer(core, delivery("s", 11))
+    assert not core.acks_due()
+    assert core.ack("Q", held[0].bookmark, AckVerb.ACK, "s") is True  # held nothing more: at once
+
+
 def test_lost_connection_drops_stale_queue_and_replay_messages_but_keeps_pubsub():
     core = ClientCore(client_name="c")
     logged_on(core)

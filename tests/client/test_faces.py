@@ -143,6 +143,35 @@ def test_async_inline_callback_and_coroutine_handler_with_auto_ack(server_factor
     assert handled == [4, 5]
 
 
+def test_async_inline_callback_acks_are_batched_across_one_read(server_factory):
+    """An inline callback acks as each message is decoded; the acks of one read still
+    go out in batches (client/core.py rule 3), not one command per message."""
+    server = server_factory(queues=QUEUE)
+    fill(server.uri, 200)
+
+    async def main() -> tuple[int, int]:
+        done = 0
+        async with AsyncClient("w", ack_batch_size=5) as client:
+            await client.connect(server.uri)
+
+            def on_message(msg) -> None:
+                nonlocal done
+                msg.ack()
+                done += 1
+
+            before = client.statistics().ack_batches
+            await client.subscribe("Jobs", on_message=on_message, max_backlog=10)
+            while done < 200:
+                await asyncio.sleep(0.01)
+            await client.flush()
+            assert await client.sow("Jobs") == []
+            return done, client.statistics().ack_batches - before
+
+    done, batches = asyncio.run(asyncio.wait_for(main(), 30))
+    assert done == 200
+    assert batches <= 100  # batches of five when a read brings the backlog (one each: 200)
+
+
 def test_async_get_cancelled_as_its_message_arrives_raises_and_keeps_the_message(server_factory):
     """A message and the caller's cancellation land in one loop iteration. With
     ``asyncio.wait_for`` (Python 3.11) ``get`` returned the message and the cancellation

@@ -392,6 +392,8 @@ class AsyncClient(AsyncAcking):
                     raise errors.ConnectionLost("the server closed the connection")
                 for pending in self.core.receive_data(data):
                     self._complete(pending)
+                if self.core.acks_due():
+                    self._send_acks()
         except asyncio.CancelledError:
             raise
         except (ConnectionError, OSError) as exc:

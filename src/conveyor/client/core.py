@@ -25,7 +25,10 @@ the faces feed it bytes, tell it when a connection opens or is lost, and send wh
    acknowledgements"), is not sent again: the refusal (``NotLeaseHolder``, naming the
    refused bookmarks in ``details["refused"]``) goes to ``ack_refused_listeners`` and waits in
    ``ack_errors`` for the face's next ``flush()`` to raise it; the subscriptions forget
-   those bookmarks as acknowledged (subscription.py rule 3).
+   those bookmarks as acknowledged (subscription.py rule 3). The batch of a subscription
+   that holds nothing unacknowledged goes at once, except while a read is decoded: then
+   after it (:meth:`ClientCore.acks_due`), so that handlers called per message still
+   batch.
 4. **A lost connection** fails the commands awaiting their ack (except a pause or a
    resume: the resubscription carries it, subscription.py rule 8), drops unsent
    frames (publishes and acks are kept elsewhere and resent), resets the frame decoder
@@ -157,7 +160,7 @@ class ClientCore:
     # Slots: with 30 attributes or more a CPython 3.11 instance has a dict of its own (no
     # shared keys) and every attribute load is a dict lookup; a slot is a fixed offset.
     __slots__ = (
-        "_cids", "_head", "_subs_with_acks", "ack_batch_size", "ack_batches", "ack_errors",
+        "_cids", "_head", "_receiving", "_subs_with_acks", "ack_batch_size", "ack_batches", "ack_errors",
         "ack_refused_listeners", "acks", "acks_count", "acks_refused", "acks_unconfirmed", "awaiting_ack",
         "client_name", "commands_sent", "decoder", "endpoints", "epoch", "final", "frames_sent", "machine",
         "next_seq", "on_heartbeat", "on_persisted", "online", "outgoing", "persisted_seq", "publish_errors",
@@ -190,6 +193,7 @@ class ClientCore:
         self.acks: dict[tuple[str, Settlement], list[str]] = {}  # (queue, verb and its options) -> bookmarks
         self.acks_count = 0
         self._subs_with_acks: set[SubState] = set()
+        self._receiving = False  # in receive_data: handlers called inline ack as messages are decoded
         self.acks_unconfirmed: dict[str, m.SowDelete] = {}  # cid -> batch, until persisted
         self.acks_refused = 0
         #: Rule 3: refused acknowledgements, until the face's flush() raises the first
@@ -407,10 +411,20 @@ class ClientCore:
         if sub is not None:
             sub.acks_pending += n
             self._subs_with_acks.add(sub)
-            # The server sends nothing more once every message it leased us is acked.
-            if sub.acks_pending >= sub.ack_threshold(self.ack_batch_size) or sub.acks_pending >= sub.outstanding:
+            if sub.acks_pending >= sub.ack_threshold(self.ack_batch_size):
+                return True
+            # The server sends nothing more once every message it leased us is acked. A
+            # handler called inline while a read is decoded would find that true after
+            # each message (the rest of the read is not counted yet) and send one ack a
+            # command: the face asks :meth:`acks_due` once the read is handled instead.
+            if sub.acks_pending >= sub.outstanding and not self._receiving:
                 return True
         return self.acks_count >= self.ack_batch_size
+
+    def acks_due(self) -> bool:
+        """After a read: whether a subscription holds nothing unacknowledged with its acks
+        still batched (the server waits for them: send now)."""
+        return any(sub.acks_pending >= sub.outstanding for sub in self._subs_with_acks)
 
     def flush_acks(self) -> None:
         """Turn every batch into one ``sow_delete`` per (queue, verb)."""
@@ -463,6 +477,14 @@ class ClientCore:
             data = head
         self.decoder.receive_data(data)
         done: list[PendingCommand] = []
+        self._receiving = True
+        try:
+            self._receive_items(done)
+        finally:
+            self._receiving = False
+        return done
+
+    def _receive_items(self, done: list[PendingCommand]) -> None:
         for item in self.decoder.next_items():
             match item:
                 case m.Message():
@@ -481,7 +503,6 @@ class ClientCore:
                         self.on_heartbeat()
                 case _:
                     pass
-        return done
 
     def _answered_in_http(self) -> str:
         server = self.servers[self.server_index] if self.servers else "the server"
