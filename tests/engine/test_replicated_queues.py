@@ -15,7 +15,12 @@ import pytest
 
 from conveyor import records
 from conveyor.engine import recovery
-from conveyor.engine.replication.ownership import REQUESTS_IN_FLIGHT_MIN, REQUESTS_PER_ROOM, WAIT_DEFAULT_S
+from conveyor.engine.replication.ownership import (
+    REQUESTS_IN_FLIGHT_MIN,
+    REQUESTS_PER_ROOM,
+    REQUESTS_PER_ROOM_MAX,
+    WAIT_DEFAULT_S,
+)
 from conveyor.protocol import messages as m
 
 from .cluster import Cluster, destination, instance_xml
@@ -154,6 +159,40 @@ def test_a_busy_non_owner_keeps_the_next_grants_under_way_and_no_more():
         c.settle()
         assert stats(c, "B").available <= target
     assert stats(c, "B").transferred_in == 600 and stats(c, "A").elsewhere == 0
+
+
+@pytest.mark.parametrize("link_s, steps, reaches_bound", [(0.25, 600, False), (1.0, 1200, True)])
+def test_a_slow_grant_round_trip_keeps_more_under_way_within_its_bound(link_s, steps, reaches_bound):
+    """The budget follows the round trip: when a grant takes longer than the workers
+    here take to finish what is already granted, the non-owner keeps what its workers
+    take in ROUND_TRIPS_AHEAD round trips under way (more than REQUESTS_PER_ROOM per
+    slot), and never more than REQUESTS_PER_ROOM_MAX per slot."""
+    c = cluster()
+    wb = worker(c, "B", backlog=10)
+    publish(c, "A", *range(8000))
+    wait_and_tick(c)
+    static = max(10 * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
+    bound = max(10 * REQUESTS_PER_ROOM_MAX, REQUESTS_IN_FLIGHT_MIN)
+    done, peak = 0, 0
+    h = c.nodes["B"]
+    every = round(link_s / 0.005)
+    for step in range(steps):  # the worker finishes what it holds every 5 ms; the link moves every link_s
+        batch = h.messages(wb)
+        if batch:
+            h.ack(wb, "WorkQ", batch)
+            done += len(batch)
+        c.commit("A")
+        c.commit("B")
+        c.advance(0.005)
+        if step % every == every - 1:
+            c.settle()
+        b = stats(c, "B")
+        held = b.transferred_in - done  # granted here, not yet finished
+        peak = max(peak, held)
+        assert held <= bound
+    assert peak > static  # the slow round trip raised what is kept under way...
+    assert done > 3 * static  # ...and the worker went on meanwhile
+    assert (peak == bound) is reaches_bound
 
 
 def test_the_owner_prefers_its_own_subscriber():

@@ -294,9 +294,11 @@ class Replica:
         requested[ident] = (now, attempt)
         requested.move_to_end(ident)
 
-    def answered(self, ident: Ident) -> None:
-        """Nothing more to ask for it (it came here, or its owner changed)."""
-        self._requested.pop(ident, None)
+    def answered(self, ident: Ident) -> float | None:
+        """Nothing more to ask for it (it came here, or its owner changed); when its
+        request went out (None: it was not asked for)."""
+        asked = self._requested.pop(ident, None)
+        return None if asked is None else asked[0]
 
     # --- snapshots ----------------------------------------------------------------------------
 

@@ -29,8 +29,10 @@ holds messages owned elsewhere in its ELSEWHERE state. Rules:
    and whether or not it can reach it (an instance with proxied transfer on may answer
    for an owner that is down, rule 6), within its request budget
    (:data:`REQUESTS_PER_ROOM` per backlog slot, at least
-   :data:`REQUESTS_IN_FLIGHT_MIN`, counting the requests in flight, the proxied claims
-   and the granted messages waiting here). A request is a journal record
+   :data:`REQUESTS_IN_FLIGHT_MIN`, or what its subscribers take in
+   :data:`ROUND_TRIPS_AHEAD` grant round trips when that is more, never above
+   :data:`REQUESTS_PER_ROOM_MAX` per slot; counting the requests in flight, the proxied
+   claims and the granted messages waiting here). A request is a journal record
    (:class:`~conveyor.records.TransferRequestRec`), so it reaches the owner through any
    topology (through a ``PassThrough`` instance too); an unanswered request is repeated
    after the same wait.
@@ -116,6 +118,10 @@ WAIT_MIN_S = 0.05  # never ask sooner than this, however fast the owner acknowle
 REQUEST_SCAN_S = 0.005  # how often the messages owned elsewhere are looked over for requests
 REQUESTS_PER_ROOM = 16  # messages asked for or granted and waiting here, per backlog slot
 REQUESTS_IN_FLIGHT_MIN = 256  # ... and at least this many: a grant takes a round trip
+ROUND_TRIPS_AHEAD = 2  # ... or what the subscribers here take in this many grant round trips
+REQUESTS_PER_ROOM_MAX = 128  # ... but never more than this per backlog slot (or the minimum)
+RATE_WINDOW_S = 1.0  # the subscribers' pace: backlog slots freed over about this long
+RTT_WEIGHT = 0.25  # how much each new round trip moves the estimate (an average that forgets)
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 READ_AHEAD_RECORDS_MAX = 65_536  # journal records read to find requested inactive messages (rule 11)
 
@@ -151,6 +157,8 @@ class QueueOwnership:
         self._latency: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._scanned = -1e18  # when requests() last looked
         self._freed_seen = 0  # queue.transfers.slots_freed when requests() last looked
+        self._freed_marks: deque[tuple[float, int]] = deque()  # (when, slots_freed) at each look, the last second
+        self._round_trip: float | None = None  # request to grant, a moving average (rule 4)
         self.next_scan: float | None = None  # when requests() may have something to send (a timer wakes it)
         self._wait: float | None = None  # cached 90th percentile of _latency
         self.requests_sent = self.grants = self.proxied_claims = self.conflicts = 0
@@ -262,7 +270,7 @@ class QueueOwnership:
             return None, None
         wait = self.typical_wait()
         retry = max(wait, 2 * WAIT_DEFAULT_S)  # an unanswered request is repeated after this
-        target = max(queue.transfers.backlog_capacity() * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
+        target = self._request_target(now, freed)
         waiting = queue.transfers.available_here()
         room = target - replica.requests_in_flight() - waiting
         # Rule 6: a claim goes to a subscriber at once: no more than their free slots less
@@ -300,6 +308,27 @@ class QueueOwnership:
             ask = records.TransferRequestRec(self.name, [i[0] for i in asks], [i[1] for i in asks], self.instance,
                                              attempts)
         return ask, (self._transfer(claims, self.instance, proxied=True) if claims else None)
+
+    def _request_target(self, now: float, freed: int) -> int:
+        """Rule 4's budget: what is asked for, claimed or granted and waiting here at most.
+        :data:`REQUESTS_PER_ROOM` per backlog slot (at least :data:`REQUESTS_IN_FLIGHT_MIN`),
+        or, when more, what the subscribers here take (slots freed per second, over the
+        last :data:`RATE_WINDOW_S`) in :data:`ROUND_TRIPS_AHEAD` grant round trips: a
+        grant that takes longer than the subscribers take to finish the messages granted
+        before it would leave them idle. Never above :data:`REQUESTS_PER_ROOM_MAX` per
+        slot."""
+        capacity = self.queue.transfers.backlog_capacity()
+        target = max(capacity * REQUESTS_PER_ROOM, REQUESTS_IN_FLIGHT_MIN)
+        marks = self._freed_marks
+        marks.append((now, freed))
+        while len(marks) > 2 and now - marks[1][0] >= RATE_WINDOW_S:
+            marks.popleft()
+        since, freed_then = marks[0]
+        if self._round_trip is None or now - since < REQUEST_SCAN_S:
+            return target
+        pace = (freed - freed_then) / (now - since)
+        ahead = int(ROUND_TRIPS_AHEAD * self._round_trip * pace)
+        return min(max(target, ahead), max(capacity * REQUESTS_PER_ROOM_MAX, REQUESTS_IN_FLIGHT_MIN))
 
     def claim_unreachable(self, n: int | None, upto: float, reachable: Callable[[str], bool],
                           held: Callable[[], Collection[int]] = frozenset) -> records.TransferRec | None:
@@ -391,6 +420,7 @@ class QueueOwnership:
         owner, granter, mine = rec.owner, rec.granter, rec.owner == self.instance
         queue, replica = self.queue, self._replica
         held = rec.not_before or itertools.repeat(0.0)
+        asked_at: float | None = None  # when the first message of it that this instance asked for was asked for
         for ident, epoch, deliveries, cancels, not_before in zip(zip(rec.publishers, rec.seqs), rec.epochs,
                                                                  rec.deliveries, rec.cancels, held):
             current = replica.epoch(ident)
@@ -401,12 +431,17 @@ class QueueOwnership:
             position = replica.position(ident)
             if position is None:
                 continue  # the message has not arrived here yet: it enters owned by ``owner``
-            replica.answered(ident)
+            asked = replica.answered(ident)
             if mine:
+                if asked_at is None:
+                    asked_at = asked
                 queue.transfers.transfer_in(position, now, deliveries=deliveries, cancels=cancels,
                                             not_before=not_before)
             else:
                 queue.transfers.transfer_out(position, owner, now)
+        if asked_at is not None and now >= asked_at:  # a grant of a request of ours: its round trip
+            rtt = now - asked_at
+            self._round_trip = rtt if self._round_trip is None else self._round_trip + RTT_WEIGHT * (rtt - self._round_trip)
         return applied
 
     def cancelled_elsewhere(self, rec: records.QueueCancelledRec) -> bool:
