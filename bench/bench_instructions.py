@@ -11,7 +11,12 @@ and input. It measures the engine only, in process (no sockets, no fsync, no cli
   acknowledging every message: publish, dispatch, delivery, acknowledgement;
 - ``named``: the same publishes, then a named consumer (the Spark source's commands)
   leasing, fetching and acknowledging them in batches of 500: what a Spark micro-batch
-  costs the server per message, on top of its publish.
+  costs the server per message, on top of its publish;
+- ``transfer`` (only when asked for with ``--workloads``: two engines make it slower):
+  two instances replicating a queue both ways over the engine tests' simulated network,
+  the publishes on A, one worker (backlog 50) on B that takes and acknowledges every
+  message, so each is asked for, granted and transferred to B and its removal goes back
+  to A: the replicated queue's transfer path, both instances counted.
 
 Each is run with N and with 0 messages; the difference over N is the cost of one
 message (start-up, imports and recovery cancel out). N stays at a few thousand: the
@@ -19,7 +24,7 @@ count is linear up to about 3,000 messages, past which one-off work of the harne
 the collector lands in the difference. Each revision is checked out into a
 temporary git worktree and imported from there, its own tests/engine harness included.
 
-    python -m bench.bench_instructions BASE [HEAD] [--messages 2000]
+    python -m bench.bench_instructions BASE [HEAD] [--messages 2000] [--workloads publish,queue,named,transfer]
 """
 
 from __future__ import annotations
@@ -39,6 +44,35 @@ from tests.engine.engine_harness import Harness, config_xml, queue_xml
 from conveyor.protocol import messages as m
 
 kind, n = sys.argv[1], int(sys.argv[2])
+body = b'{"order": 1, "qty": 5, "pad": "' + b"x" * 222 + b'"}'
+if kind == "transfer":
+    from tests.engine.cluster import Cluster, destination, instance_xml
+    q = queue_xml("WorkToDo", underlying="Work")
+    c = Cluster({x: instance_xml(x, [destination(o) for o in "AB" if o != x], sow=q) for x in "AB"})
+    c.connect_all()
+    a, b = c.nodes["A"], c.nodes["B"]
+    pub = a.connect("pub")
+    for i in range(n):
+        a.handle(pub, m.Publish(topic="Work", data=body, seq=i + 1))
+        if i % 50 == 49:
+            c.settle()
+    c.settle()
+    worker = b.connect("worker")
+    b.subscribe(worker, "WorkToDo", options="max_backlog=50")
+    c.advance(3.0)  # past the wait before a message owned elsewhere is asked for
+    c.settle()
+    done = 0
+    for _ in range(10 * n):
+        if done >= n:
+            break
+        got = b.messages(worker, "WorkToDo")
+        if got:
+            b.ack(worker, "WorkToDo", got)
+            done += len(got)
+        c.advance(0.01)
+        c.settle()
+    assert done == n, f"B processed {done} of {n}: the transfer workload is not what it claims"
+    sys.exit(0)
 sow = queue_xml("WorkToDo", underlying="Work") if kind in ("queue", "named") else ""
 h = Harness(config_xml(sow, topics=("Work",)))
 pub = h.connect("pub")
@@ -46,7 +80,6 @@ worker = None
 if kind == "queue":
     worker = h.connect("worker")
     h.subscribe(worker, "WorkToDo", options="max_backlog=50")
-body = b'{"order": 1, "qty": 5, "pad": "' + b"x" * 222 + b'"}'
 for i in range(n):
     h.handle(pub, m.Publish(topic="Work", data=body, seq=i + 1))
     if i % 50 == 49:
@@ -96,6 +129,8 @@ def main() -> None:
     ap.add_argument("base")
     ap.add_argument("head", nargs="?", default="HEAD")
     ap.add_argument("--messages", type=int, default=2000)
+    ap.add_argument("--workloads", default="publish,queue,named", help="a comma-separated subset of "
+                    "publish, queue, named, transfer")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +140,7 @@ def main() -> None:
             subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev], cwd=ROOT, check=True)
             trees[rev] = tree
         try:
-            for kind in ("publish", "queue", "named"):
+            for kind in args.workloads.split(","):
                 a = per_message(trees[args.base], kind, args.messages)
                 b = per_message(trees[args.head], kind, args.messages)
                 rows.append((kind, a, b))

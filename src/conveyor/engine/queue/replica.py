@@ -189,6 +189,10 @@ class Replica:
         else:
             self._held.pop(position, None)
 
+    def holding(self) -> bool:
+        """Whether rule 6 holds any message here."""
+        return bool(self._held)
+
     def held_until(self, position: int) -> float:
         """Rule 6: until when its owner holds ``position`` (0: it does not)."""
         return self._held.get(position, 0.0)

@@ -57,7 +57,7 @@ class Transfers:
 
     def __init__(
         self, *, priority: bool, transitions: Transitions, replica: Replica, order: DeliveryOrder,
-        leases: LeaseTable, seats: Seats, stamped: MessageExpiry, count: Callable[[str], None],
+        leases: LeaseTable, seats: Seats, stamped: MessageExpiry, count: Callable[..., None],
         state_of: Callable[[int], MessageState], matches: Callable[[Callable[[object, float], bool], int, float], bool],
         returns: Returns, keys: KeyedOrder | None = None,
     ) -> None:
@@ -68,7 +68,7 @@ class Transfers:
         self._leases = leases
         self._seats = seats
         self._stamped = stamped
-        self._count = count  # adds one to a counter of the queue's statistics
+        self._count = count  # adds to a counter of the queue's statistics: (name, n=1)
         self._state_of = state_of
         self._matches = matches
         self._returns = returns  # held for a delayed retry: moves when its delay ends, as a lease
@@ -99,6 +99,41 @@ class Transfers:
             self._stamped.again(position)  # its own expiry may have passed while it was away
         self._count("transferred_in")
         return True
+
+    def transfer_in_all(self, grants: list[tuple[int, int, int, float]], now: float) -> int:
+        """:meth:`transfer_in` of each ``(position, deliveries, cancels, not_before)`` of
+        one grant; how many came in. A FIFO queue without OrderingKey takes the messages
+        that nothing holds (no delay here or at the granter) in one pass: the transition
+        table read once, the filtered consumers looked for once, the counter added to
+        once; any other goes through :meth:`transfer_in`."""
+        replica = self._replica
+        if self._priority or self._keys is not None or replica.holding():
+            return sum(self.transfer_in(p, now, deliveries=d, cancels=c, not_before=t) for p, d, c, t in grants)
+        run = [g for g in grants if not g[3] and g[0] in replica]
+        came = 0
+        if len(run) < len(grants):
+            came = sum(self.transfer_in(p, now, deliveries=d, cancels=c, not_before=t)
+                       for p, d, c, t in grants if t)
+        if not run:
+            return came
+        positions = [g[0] for g in run]
+        self._transitions.move_all(positions, Verb.TRANSFER_IN, _ELSEWHERE)
+        leases, take, restore = self._leases, replica.take, self._order.store.restore
+        filtered = any(seat.consumer.filter is not None for seat in self._seats.active)
+        stamped = self._stamped
+        for position, deliveries, cancels, _ in run:
+            away = take(position)
+            if deliveries > leases.deliveries_of(position):
+                leases.set_deliveries(position, deliveries)
+            if cancels > leases.cancels_of(position):
+                leases.set_cancels(position, cancels)
+            restore(position, away.published_at)  # DeliveryOrder.insert of a FIFO queue
+            if filtered:
+                self._seats.came_back(away.key, self._order.store.__contains__, now)
+            if stamped:
+                stamped.again(position)
+        self._count("transferred_in", len(run))
+        return came + len(run)
 
     def transfer_out(self, position: int, owner: str, now: float) -> bool:
         """Rule 2: ownership goes to instance ``owner``. AVAILABLE: it goes ELSEWHERE;
@@ -164,6 +199,34 @@ class Transfers:
         if cancels > leases.cancels_of(position):
             leases.set_cancels(position, cancels)
         return True
+
+    def remove_replicated_all(self, positions: list[int], kind: str, now: float) -> list[Event]:
+        """:meth:`remove_replicated` of each of ``positions`` (in the queue here): those
+        owned elsewhere, the usual case on an instance that granted them away, in one
+        pass; the others one by one."""
+        replica = self._replica
+        away = list(dict.fromkeys(p for p in positions if p in replica))  # a message named twice goes once
+        events: list[Event] = []
+        if len(away) < len(positions):
+            for p in positions:
+                if p not in replica:
+                    events += self.remove_replicated(p, kind, now)
+        if not away:
+            return events
+        expire = kind == "expire"
+        self._transitions.move_all(away, Verb.EXPIRE if expire else Verb.ACKNOWLEDGE, _ELSEWHERE, checked=False)
+        take, forget = replica.take, self._leases.forget
+        for p in away:
+            take(p)
+            forget(p)
+        replica.forget_all(away)
+        if expire:
+            events += [Expired(p, _REPLICATED_REMOVAL) for p in away]
+            self._count("expired", len(away))
+        else:
+            events += [Acknowledged(p) for p in away]
+            self._count("acknowledged", len(away))
+        return events
 
     def counts_of(self, position: int) -> tuple[int, int]:
         """(deliveries, cancels) of a message, as they travel with a transfer."""

@@ -229,6 +229,28 @@ class QueueOwnership:
             self._wait = None
         return events
 
+    def removed_all(self, idents: list[Ident], kind: str, now: float) -> tuple[list[Event], bool]:
+        """:meth:`removed` of each of ``idents`` (one replicated removal record): the
+        queue's events, and whether anything changed here (a tombstone does). The
+        messages in the queue here leave in one pass."""
+        replica = self._replica
+        positions: list[int] = []
+        tombstoned = False
+        for ident in idents:
+            position = replica.position(ident)
+            if position is None:
+                self.removed(ident, kind, now)  # a tombstone
+                tombstoned = True
+                continue
+            positions.append(position)
+            if kind == "ack":
+                arrived = replica.arrival_of(position)  # owned elsewhere: it leaves, a sample of rule 4
+                if arrived is not None:
+                    self._latency.append(max(0.0, now - arrived))
+                    self._wait = None
+        events = self.queue.transfers.remove_replicated_all(positions, kind, now) if positions else []
+        return events, tombstoned or bool(events)
+
     # --- rules 4-6 -----------------------------------------------------------------------------------
 
     def typical_wait(self) -> float:
@@ -421,6 +443,7 @@ class QueueOwnership:
         queue, replica = self.queue, self._replica
         held = rec.not_before or itertools.repeat(0.0)
         asked_at: float | None = None  # when the first message of it that this instance asked for was asked for
+        coming: list[tuple[int, int, int, float]] = []  # (position, deliveries, cancels, not before) granted here
         for ident, epoch, deliveries, cancels, not_before in zip(zip(rec.publishers, rec.seqs), rec.epochs,
                                                                  rec.deliveries, rec.cancels, held):
             current = replica.epoch(ident)
@@ -435,10 +458,11 @@ class QueueOwnership:
             if mine:
                 if asked_at is None:
                     asked_at = asked
-                queue.transfers.transfer_in(position, now, deliveries=deliveries, cancels=cancels,
-                                            not_before=not_before)
+                coming.append((position, deliveries, cancels, not_before))
             else:
                 queue.transfers.transfer_out(position, owner, now)
+        if coming:
+            queue.transfers.transfer_in_all(coming, now)
         if asked_at is not None and now >= asked_at:  # a grant of a request of ours: its round trip
             rtt = now - asked_at
             self._round_trip = rtt if self._round_trip is None else self._round_trip + RTT_WEIGHT * (rtt - self._round_trip)
@@ -709,15 +733,8 @@ class ReplicatedQueues:
         return _narrowed(rec, onward) if onward else None
 
     def _remove(self, own: QueueOwnership, rec: records.QueueRemovedRec, now: float) -> bool:
-        changed = False
-        left: list[Event] = []
-        for ident in zip(rec.publishers, rec.seqs):
-            events = own.removed(ident, rec.kind, now)
-            if events is None:
-                changed = True  # a tombstone: journaled so a restart keeps it
-            elif events:
-                changed = True
-                left += events
+        # a tombstone changes something too: journaled so a restart keeps it
+        left, changed = own.removed_all(list(zip(rec.publishers, rec.seqs)), rec.kind, now)
         if left:
             self._delivery.removed_elsewhere(self._bindings.by_name[rec.queue], left)
         return changed
@@ -786,8 +803,7 @@ class ReplicatedQueues:
         if own is None:
             return
         if type(rec) is records.QueueRemovedRec:
-            for ident in zip(rec.publishers, rec.seqs):
-                own.removed(ident, rec.kind, now)
+            own.removed_all(list(zip(rec.publishers, rec.seqs)), rec.kind, now)  # as live (_remove)
         elif type(rec) is records.TransferRec:
             own.transfer(rec, now)
         elif type(rec) is records.QueueCancelledRec:
