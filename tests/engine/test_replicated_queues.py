@@ -195,6 +195,21 @@ def test_a_slow_grant_round_trip_keeps_more_under_way_within_its_bound(link_s, s
     assert (peak == bound) is reaches_bound
 
 
+def test_a_granted_message_keeps_its_publish_time_on_both_instances():
+    """A grant moves a message, not its age: on the granter (ELSEWHERE now) and on the
+    new owner (available there), the queue's details show the publish time it had."""
+    c = cluster()
+    publish(c, "A", 1, 2, 3)
+    published = {d.position: d.published_at for d in c.nodes["A"].queue("WorkQ").details().messages}
+    assert len(published) == 3 and all(published.values())
+    worker(c, "B", backlog=1)  # takes one; the other two are granted and wait on B
+    wait_and_tick(c)
+    a_rows = {d.position: (d.state, d.published_at) for d in c.nodes["A"].queue("WorkQ").details().messages}
+    assert a_rows == {p: ("elsewhere", t) for p, t in published.items()}
+    b_times = sorted(d.published_at for d in c.nodes["B"].queue("WorkQ").details().messages)
+    assert b_times == sorted(published.values())
+
+
 def test_the_owner_prefers_its_own_subscriber():
     """"The instance that owns the message will always deliver the message to a local
     subscriber if possible": a request that arrives when a local subscriber can take the

@@ -161,6 +161,31 @@ class Transfers:
         self._count("transferred_out")
         return True
 
+    def transfer_out_all(self, positions: list[int], owner: str, now: float) -> None:
+        """:meth:`transfer_out` of each of ``positions`` to ``owner`` (one grant): in a
+        FIFO queue without OrderingKey, the available ones (not held for a delayed
+        retry, not a barrier) go ELSEWHERE in one pass; any other one by one."""
+        if self._priority or self._keys is not None:
+            for p in positions:
+                self.transfer_out(p, owner, now)
+            return
+        state_of, returns, is_barrier = self._state_of, self._returns, self._order.is_barrier
+        run: list[int] = []
+        for p in dict.fromkeys(positions):  # a message named twice moves once
+            if state_of(p) is _AVAILABLE and p not in returns and not is_barrier(p):
+                run.append(p)
+            else:
+                self.transfer_out(p, owner, now)
+        if not run:
+            return
+        self._transitions.move_all(run, Verb.TRANSFER_OUT, _AVAILABLE, checked=False)
+        take, add = self._order.store.discard, self._replica.add
+        for p in run:
+            t = take(p)  # DeliveryOrder.take of a FIFO queue (the key is the position)
+            assert t is not None, f"position {p} taken but not available"
+            add(p, owner, t, p, now)
+        self._count("transferred_out", len(run))
+
     def acknowledged_here(self, position: int) -> bool:
         """Rule 3's other half: a message another instance owns, acknowledged here (live
         or replayed) leaves, everywhere. False when it is not ELSEWHERE."""

@@ -444,6 +444,7 @@ class QueueOwnership:
         held = rec.not_before or itertools.repeat(0.0)
         asked_at: float | None = None  # when the first message of it that this instance asked for was asked for
         coming: list[tuple[int, int, int, float]] = []  # (position, deliveries, cancels, not before) granted here
+        going: list[int] = []  # positions granted to another instance
         for ident, epoch, deliveries, cancels, not_before in zip(zip(rec.publishers, rec.seqs), rec.epochs,
                                                                  rec.deliveries, rec.cancels, held):
             current = replica.epoch(ident)
@@ -460,9 +461,11 @@ class QueueOwnership:
                     asked_at = asked
                 coming.append((position, deliveries, cancels, not_before))
             else:
-                queue.transfers.transfer_out(position, owner, now)
+                going.append(position)
         if coming:
             queue.transfers.transfer_in_all(coming, now)
+        if going:
+            queue.transfers.transfer_out_all(going, owner, now)
         if asked_at is not None and now >= asked_at:  # a grant of a request of ours: its round trip
             rtt = now - asked_at
             self._round_trip = rtt if self._round_trip is None else self._round_trip + RTT_WEIGHT * (rtt - self._round_trip)
