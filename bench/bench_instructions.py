@@ -16,7 +16,8 @@ and input. It measures the engine only, in process (no sockets, no fsync, no cli
   two instances replicating a queue both ways over the engine tests' simulated network,
   the publishes on A, one worker (backlog 50) on B that takes and acknowledges every
   message, so each is asked for, granted and transferred to B and its removal goes back
-  to A: the replicated queue's transfer path, both instances counted.
+  to A: the replicated queue's transfer path, both instances counted; ``transfer_fill``
+  only publishes and replicates them (``transfer`` less ``transfer_fill``: the drain).
 
 Each is run with N and with 0 messages; the difference over N is the cost of one
 message (start-up, imports and recovery cancel out). N stays at a few thousand: the
@@ -45,7 +46,7 @@ from conveyor.protocol import messages as m
 
 kind, n = sys.argv[1], int(sys.argv[2])
 body = b'{"order": 1, "qty": 5, "pad": "' + b"x" * 222 + b'"}'
-if kind == "transfer":
+if kind in ("transfer", "transfer_fill"):
     from tests.engine.cluster import Cluster, destination, instance_xml
     q = queue_xml("WorkToDo", underlying="Work")
     c = Cluster({x: instance_xml(x, [destination(o) for o in "AB" if o != x], sow=q) for x in "AB"})
@@ -57,6 +58,8 @@ if kind == "transfer":
         if i % 50 == 49:
             c.settle()
     c.settle()
+    if kind == "transfer_fill":
+        sys.exit(0)
     worker = b.connect("worker")
     b.subscribe(worker, "WorkToDo", options="max_backlog=50")
     c.advance(3.0)  # past the wait before a message owned elsewhere is asked for
@@ -130,7 +133,7 @@ def main() -> None:
     ap.add_argument("head", nargs="?", default="HEAD")
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--workloads", default="publish,queue,named", help="a comma-separated subset of "
-                    "publish, queue, named, transfer")
+                    "publish, queue, named, transfer, transfer_fill")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
