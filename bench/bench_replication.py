@@ -21,6 +21,9 @@ Workloads (docs/benchmarks.md, "Replication"):
    transferred from A to B before it is delivered).
 
     python -m bench.bench_replication [--messages N] [--catchup N] [--runs 3] [--write]
+
+With the queue drain measured (``--only queue``), the last line is a JSON object of its
+figures per layout, for ``python -m bench.ab``.
 """
 
 from __future__ import annotations
@@ -647,6 +650,10 @@ def main() -> None:
         table += (f"\n\nCatch-up of {args.catchup:,} records after an outage: {rate:,.0f} records/s from the first to the"
                   f" last arrival; {total_s:.1f} s from the source's start (its recovery included) to the last.")
     print(table)
+    if "queue" in only:  # the last line, for bench.ab: the queue drain's figures
+        print(json.dumps({layout: {"msg_per_s": median(queue_steady[layout]), "server_us_per_msg": median(queue_cpu[layout]),
+                                   "vs_single": median(queue_steady[layout]) / median(queue_steady["single"])}
+                          for layout in queue}))
     if args.write:
         body = f"""Command: `.venv/bin/python -m bench.bench_replication --runs {args.runs} --write` (about
 {round(2 + 1.2 * args.runs)} minutes).
