@@ -651,9 +651,10 @@ def main() -> None:
                   f" last arrival; {total_s:.1f} s from the source's start (its recovery included) to the last.")
     print(table)
     if "queue" in only:  # the last line, for bench.ab: the queue drain's figures
-        print(json.dumps({layout: {"msg_per_s": median(queue_steady[layout]), "server_us_per_msg": median(queue_cpu[layout]),
-                                   "vs_single": median(queue_steady[layout]) / median(queue_steady["single"])}
-                          for layout in queue}))
+        single = median(queue_steady["single"])
+        print(json.dumps({layout: {"msg_per_s": median(queue_steady[layout]),
+                                   "server_us_per_msg": median(queue_cpu[layout]),
+                                   "vs_single": median(queue_steady[layout]) / single} for layout in queue}))
     if args.write:
         body = f"""Command: `.venv/bin/python -m bench.bench_replication --runs {args.runs} --write` (about
 {round(2 + 1.2 * args.runs)} minutes).
