@@ -417,14 +417,14 @@ class ClientCore:
             # handler called inline while a read is decoded would find that true after
             # each message (the rest of the read is not counted yet) and send one ack a
             # command: the face asks :meth:`acks_due` once the read is handled instead.
-            if sub.acks_pending >= sub.outstanding and not self._receiving:
+            if sub.all_acked() and not self._receiving:
                 return True
         return self.acks_count >= self.ack_batch_size
 
     def acks_due(self) -> bool:
         """After a read: whether a subscription holds nothing unacknowledged with its acks
         still batched (the server waits for them: send now)."""
-        return any(sub.acks_pending >= sub.outstanding for sub in self._subs_with_acks)
+        return any(sub.all_acked() for sub in self._subs_with_acks)
 
     def flush_acks(self) -> None:
         """Turn every batch into one ``sow_delete`` per (queue, verb)."""

@@ -237,6 +237,11 @@ class SubState:
         was, self.paused = self.paused, paused
         return was
 
+    def all_acked(self) -> bool:
+        """Every message the server leased us is acknowledged here (it sends nothing more
+        until it hears of them)."""
+        return self.acks_pending >= self.outstanding
+
     def ack_threshold(self, batch_size: int) -> int:
         return max(1, min(batch_size, (self.backlog or 1) // 2))
 

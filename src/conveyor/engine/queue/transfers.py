@@ -100,25 +100,22 @@ class Transfers:
         self._count("transferred_in")
         return True
 
-    def transfer_in_all(self, grants: list[tuple[int, int, int, float]], now: float) -> int:
+    def transfer_in_all(self, grants: list[tuple[int, int, int, float]], now: float) -> None:
         """:meth:`transfer_in` of each ``(position, deliveries, cancels, not_before)`` of
-        one grant; how many came in. A FIFO queue without OrderingKey takes the messages
+        one grant. A FIFO queue without OrderingKey takes the messages
         that nothing holds (no delay here or at the granter) in one pass: the transition
         table read once, the filtered consumers looked for once, the counter added to
         once; any other goes through :meth:`transfer_in`."""
         replica = self._replica
-        if self._priority or self._keys is not None or replica.holding():
-            return sum(self.transfer_in(p, now, deliveries=d, cancels=c, not_before=t) for p, d, c, t in grants)
-        run = [g for g in grants if not g[3] and g[0] in replica]
-        came = 0
-        if len(run) < len(grants):
-            came = sum(self.transfer_in(p, now, deliveries=d, cancels=c, not_before=t)
-                       for p, d, c, t in grants if t)
+        one_by_one = self._priority or self._keys is not None or replica.holding()
+        run = [] if one_by_one else [g for g in grants if not g[3] and g[0] in replica]
+        for p, d, c, t in grants:
+            if one_by_one or t:  # held (rule 5), or ordered by key or priority
+                self.transfer_in(p, now, deliveries=d, cancels=c, not_before=t)
         if not run:
-            return came
-        positions = [g[0] for g in run]
-        self._transitions.move_all(positions, Verb.TRANSFER_IN, _ELSEWHERE)
-        leases, take, restore = self._leases, replica.take, self._order.store.restore
+            return
+        self._transitions.move_all([g[0] for g in run], Verb.TRANSFER_IN, _ELSEWHERE)
+        leases, take, order = self._leases, replica.take, self._order
         filtered = any(seat.consumer.filter is not None for seat in self._seats.active)
         stamped = self._stamped
         for position, deliveries, cancels, _ in run:
@@ -127,13 +124,12 @@ class Transfers:
                 leases.set_deliveries(position, deliveries)
             if cancels > leases.cancels_of(position):
                 leases.set_cancels(position, cancels)
-            restore(position, away.published_at)  # DeliveryOrder.insert of a FIFO queue
-            if filtered:
-                self._seats.came_back(away.key, self._order.store.__contains__, now)
+            order.insert(position, away.published_at, away.key)
+            if filtered:  # came_back offers it to filtered consumers only
+                self._seats.came_back(away.key, order.store.__contains__, now)
             if stamped:
                 stamped.again(position)
         self._count("transferred_in", len(run))
-        return came + len(run)
 
     def transfer_out(self, position: int, owner: str, now: float) -> bool:
         """Rule 2: ownership goes to instance ``owner``. AVAILABLE: it goes ELSEWHERE;
@@ -179,11 +175,9 @@ class Transfers:
         if not run:
             return
         self._transitions.move_all(run, Verb.TRANSFER_OUT, _AVAILABLE, checked=False)
-        take, add = self._order.store.discard, self._replica.add
+        take, add = self._order.take, self._replica.add
         for p in run:
-            t = take(p)  # DeliveryOrder.take of a FIFO queue (the key is the position)
-            assert t is not None, f"position {p} taken but not available"
-            add(p, owner, t, p, now)
+            add(p, owner, take(p), p, now)  # a FIFO queue's order key is the position
         self._count("transferred_out", len(run))
 
     def acknowledged_here(self, position: int) -> bool:

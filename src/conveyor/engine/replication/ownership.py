@@ -211,35 +211,17 @@ class QueueOwnership:
 
     # --- rule 3 ----------------------------------------------------------------------------------
 
-    def removed(self, ident: Ident, kind: str, now: float) -> list[Event] | None:
-        """A replicated removal: the queue's events (None: unknown here, tombstoned; []:
-        nothing to do)."""
-        position = self._replica.position(ident)
-        if position is None:
-            self._trim_tombstones(now)
-            self._tombstones[ident] = (kind, now)
-            self._tombstones.move_to_end(ident)  # a repeated removal starts its time again
-            if len(self._tombstones) > TOMBSTONES_MAX:
-                self._tombstones.popitem(last=False)
-            return None
-        arrived = self._replica.arrival_of(position)
-        events = self.queue.transfers.remove_replicated(position, kind, now)
-        if arrived is not None and events and kind == "ack":
-            self._latency.append(max(0.0, now - arrived))
-            self._wait = None
-        return events
-
-    def removed_all(self, idents: list[Ident], kind: str, now: float) -> tuple[list[Event], bool]:
-        """:meth:`removed` of each of ``idents`` (one replicated removal record): the
-        queue's events, and whether anything changed here (a tombstone does). The
-        messages in the queue here leave in one pass."""
+    def removed(self, idents: list[Ident], kind: str, now: float) -> tuple[list[Event], bool]:
+        """A replicated removal (one record): the queue's events, and whether anything
+        changed here. A message unknown here leaves a tombstone (a change: journaled so
+        a restart keeps it); those in the queue here leave in one pass."""
         replica = self._replica
         positions: list[int] = []
         tombstoned = False
         for ident in idents:
             position = replica.position(ident)
             if position is None:
-                self.removed(ident, kind, now)  # a tombstone
+                self._tombstone(ident, kind, now)
                 tombstoned = True
                 continue
             positions.append(position)
@@ -250,6 +232,14 @@ class QueueOwnership:
                     self._wait = None
         events = self.queue.transfers.remove_replicated_all(positions, kind, now) if positions else []
         return events, tombstoned or bool(events)
+
+    def _tombstone(self, ident: Ident, kind: str, now: float) -> None:
+        """Rule 3: a removal that arrived before its message."""
+        self._trim_tombstones(now)
+        self._tombstones[ident] = (kind, now)
+        self._tombstones.move_to_end(ident)  # a repeated removal starts its time again
+        if len(self._tombstones) > TOMBSTONES_MAX:
+            self._tombstones.popitem(last=False)
 
     # --- rules 4-6 -----------------------------------------------------------------------------------
 
@@ -737,7 +727,7 @@ class ReplicatedQueues:
 
     def _remove(self, own: QueueOwnership, rec: records.QueueRemovedRec, now: float) -> bool:
         # a tombstone changes something too: journaled so a restart keeps it
-        left, changed = own.removed_all(list(zip(rec.publishers, rec.seqs)), rec.kind, now)
+        left, changed = own.removed(list(zip(rec.publishers, rec.seqs)), rec.kind, now)
         if left:
             self._delivery.removed_elsewhere(self._bindings.by_name[rec.queue], left)
         return changed
@@ -806,7 +796,7 @@ class ReplicatedQueues:
         if own is None:
             return
         if type(rec) is records.QueueRemovedRec:
-            own.removed_all(list(zip(rec.publishers, rec.seqs)), rec.kind, now)  # as live (_remove)
+            own.removed(list(zip(rec.publishers, rec.seqs)), rec.kind, now)  # as live (_remove)
         elif type(rec) is records.TransferRec:
             own.transfer(rec, now)
         elif type(rec) is records.QueueCancelledRec:
