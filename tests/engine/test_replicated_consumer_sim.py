@@ -7,23 +7,25 @@ query that claims the consumer, leases, reads and acknowledges on one instance a
 fails over to the other when its instance is down or does not answer, crashes that
 lose what was not fsynced, checkpoints, links cut and frames moved a few at a time,
 proxied transfer switched on while the other instance is down, and the clock.
-Checked as it runs:
+Checked as it runs, on every seed:
 
 - a query never holds one message under two unacknowledged delivery numbers (leases
   here outlast the run: a lapsed lease lets its message go out again, by design);
 - a delivery the query was told of names the same message on every read, on either
   instance, for as long as the query's claim holds (a read of a delivery whose message
   was acknowledged on that instance before the delivery reached it is refused, never
-  answered with another message);
+  answered with another message), and after it claims again where those deliveries
+  are promised: on the same instance, or on one its last instance replicates to
+  synchronously (a claim there knows every delivery the query was told of). After a
+  claim was tried across an asynchronous link, the instance may lack them, which is the
+  limit docs/spark.md states: the query's view starts again (about half of the seeds
+  with an async link; none with two sync links);
+- two instances never claim with one epoch (the claimer's tag is in the epoch);
 
 and once the faults stop, both instances restart, the links reconnect and everything
 settles: both copies of the consumer agree on D, the acknowledged pointer, the epoch
-and the message of every unacknowledged delivery.
-
-Known limit, skipped and counted: two instances that each claim the same epoch number
-without having seen the other's claim (an async link and a crash in between). The
-next claim on either side supersedes both, but deliveries numbered in between may
-differ between the copies (docs/spark.md says what that means for a query).
+and the message of every unacknowledged delivery (claims carry the claimer's
+deliveries by identity, and the later claim wins everywhere).
 
 A failure names its seed. Replay one: ``CONVEYOR_SIM_SEED=123 pytest
 tests/engine/test_replicated_consumer_sim.py``; more seeds: ``CONVEYOR_SIM_SEEDS=20000``.
@@ -59,6 +61,8 @@ class Query:
     d: int = 0  # the last delivery it was told of
     acked: int = 0
     seen: dict[int, int] = field(default_factory=dict)  # delivery -> message it read, under this claim
+    held_on: str | None = None  # the instance of the last claim it was answered
+    lossy: bool = False  # a claim since was tried where its deliveries may be missing
 
 
 class Sim:
@@ -72,6 +76,7 @@ class Sim:
         self.c.connect_all()
         self.q = Query()
         self.claims: dict[int, set[str]] = {}  # epoch -> instances that made a claim with it
+        self.forgotten = 0  # claims after one tried over an async link (the query's view reset)
         self.value = 0
         self.trace: list[str] = []
         self.kind = ", ".join(f"{n}->{'sync' if s else 'async'}" for n, s in self.sync.items())
@@ -84,10 +89,6 @@ class Sim:
     def up(self) -> list[str]:
         return [n for n in NAMES if n not in self.c.down]
 
-    @property
-    def tied(self) -> bool:
-        return any(len(nodes) > 1 for nodes in self.claims.values())
-
     # --- the query -----------------------------------------------------------------------
 
     def call(self, cmd) -> m.Ack | None:
@@ -97,7 +98,10 @@ class Sim:
         h.handle(self.connection(), cmd)
         if type(cmd) is m.Claim:
             c = h.engine.named.get("WorkQ", "spark")  # what it journaled, answered or not
-            self.claims.setdefault(c.epoch, set()).add(self.q.node)
+            claimers = self.claims.setdefault(c.epoch, set())
+            claimers.add(self.q.node)
+            if len(claimers) > 1:
+                self.fail(f"epoch {c.epoch} claimed on two instances: {sorted(claimers)}")
         for _ in range(self.rng.randint(1, 3)):
             self.c.commit(self.q.node)
             self.network()
@@ -159,13 +163,31 @@ class Sim:
 
     def claim(self) -> None:
         q = self.q
+        if not (q.held_on in (None, q.node) or self.sync[q.held_on]):
+            # this instance may lack deliveries the query was told of (an async link), and
+            # its claim, answered or not, cuts them off everywhere
+            q.lossy = True
         ack = self.call(m.Claim(queue="WorkQ", consumer="spark", token=f"t{self.seed}", cid="claim"))
         if not self.answered(ack, "claim"):
             return
+        told = q.d
         q.epoch, q.d, q.acked = ack.result.epoch, ack.result.d, ack.result.acked
-        # deliveries beyond what this instance knows are gone from the query's view
-        q.seen = {d: v for d, v in q.seen.items() if q.acked < d <= q.d}
-
+        if not q.lossy:
+            # every delivery it was told of under its last claim was made on this
+            # instance, or reached it before the query was told (a sync link), and no
+            # claim was tried where they may be missing: they name the same messages here
+            if q.d < told:
+                self.fail(f"a claim on {q.node} knows deliveries up to {q.d}; the query was told of {told} "
+                          f"on {q.held_on}, which replicates to it synchronously")
+            q.seen = {d: v for d, v in q.seen.items() if q.acked < d <= q.d}
+        else:
+            # the limit docs/spark.md states for async links: the source cannot trust its
+            # offsets here (the copies still agree once everything settles)
+            self.trace.append(f"  a claim was tried over an async link from {q.held_on}: deliveries forgotten")
+            self.forgotten += 1
+            q.seen = {}
+            q.lossy = False
+        q.held_on = q.node
     def failover(self) -> None:
         others = [n for n in self.up() if n != self.q.node] or self.up()
         if not others:
@@ -215,7 +237,7 @@ class Sim:
         if len(set(got.values())) != len(got):
             self.fail(f"a message under two unacknowledged deliveries on {q.node}: {got}")
         for d, v in got.items():
-            if d in q.seen and q.seen[d] != v and not self.tied:
+            if d in q.seen and q.seen[d] != v:
                 self.fail(f"delivery {d} read as message {v} on {q.node}, earlier as {q.seen[d]}")
             q.seen.setdefault(d, v)
 
@@ -268,8 +290,9 @@ class Sim:
             for node in self.up():
                 c.commit(node)
         self.network()
+        c.advance(rng.uniform(0.001, 0.05))  # time passes between two steps (a claim's round is the clock)
 
-    def run(self) -> str:
+    def run(self) -> None:
         for _ in range(STEPS):
             self.step()
         c = self.c
@@ -279,8 +302,6 @@ class Sim:
             c.nodes[node].engine.set_proxied_transfer("WorkQ", False)
         c.connect_all()
         c.settle()
-        if self.tied:
-            return "tied"
         views = {}
         for node in NAMES:
             h = c.nodes[node]
@@ -296,11 +317,9 @@ class Sim:
             views[node] = (cons.d, cons.acked, cons.epoch, msgs)
         if views["A"] != views["B"]:
             self.fail(f"the copies differ after everything settled: {views}")
-        return "checked"
 
 
 @pytest.mark.parametrize("seeds", seed_batches(SEEDS_DEFAULT, 200), ids=lambda s: f"seeds{s[0]}-{s[-1]}")
 def test_replicated_consumer_simulation(seeds):
-    outcomes = [Sim(seed).run() for seed in seeds]
-    checked = outcomes.count("checked")
-    assert checked >= len(seeds) * 0.6, f"only {checked} of {len(seeds)} seeds were checked (the rest tied)"
+    for seed in seeds:
+        Sim(seed).run()

@@ -93,7 +93,7 @@ def test_a_query_continues_on_the_other_instance_with_its_deliveries_position_an
     c.crash("A")
     b = c.nodes["B"].connect("driver-2")
     claim = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-2")))
-    assert (claim.epoch, claim.d, claim.acked) == (epoch + 1, 4, 2)
+    assert claim.epoch > epoch and (claim.d, claim.acked) == (4, 2)
     again = ok(call(c, "B", b, m.Reclaim(queue="WorkQ", consumer="spark", lo=2, hi=4, ttl=30, epoch=claim.epoch)))
     assert (again.renewed, again.held_elsewhere, again.done) == (0, 2, 0)
     assert fetch(c, "B", b, 2, 4) == [3, 4]
@@ -186,7 +186,7 @@ def test_a_claim_cuts_off_the_deliveries_its_claimer_never_saw():
 
     b = c.nodes["B"].connect("driver-2")
     claim = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-2")))
-    assert (claim.epoch, claim.d, claim.acked) == (epoch + 1, 2, 0)
+    assert claim.epoch > epoch and (claim.d, claim.acked) == (2, 0)
     c.nodes["B"].engine.set_proxied_transfer("WorkQ", True)
     lease = ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=2, max=3, ttl=30, epoch=claim.epoch)))
     assert lease.d == 5
@@ -245,14 +245,100 @@ def test_the_checkpoint_file_keeps_what_a_claim_knew(tmp_path):
     from conveyor.server.checkpoints import CONSUMERS_FILE, read_consumers, write_consumers
 
     c = NamedConsumer("WorkQ", "spark")
-    c.d, c.acked, c.epoch, c.claim_d, c.token = 9, 4, 3, 7, "t"
+    c.d, c.acked, c.token = 9, 4, "t"
+    c.claimed(2, "t", 5)
+    c.claimed(3, "t", 7)
     c.positions.extend([10, 11, 12, 13, 14])
     write_consumers(tmp_path, 100, {"WorkQ": {"spark": c.export_state()}})
     back = NamedConsumer.from_state("WorkQ", "spark", read_consumers(tmp_path, durable_end=200)["WorkQ"]["spark"])
     assert (back.d, back.acked, back.epoch, back.claim_d, list(back.positions)) == (9, 4, 3, 7, [10, 11, 12, 13, 14])
+    assert back.cuts == [(2, 5), (3, 7)] and back.cut_for(1) == 5 and back.cut_for(2) == 7
     path = tmp_path / CONSUMERS_FILE
     old = msgspec.json.decode(path.read_bytes())
     del old["consumers"]["WorkQ"]["spark"]["claim_d"]
+    del old["consumers"]["WorkQ"]["spark"]["cuts"]
     path.write_bytes(msgspec.json.encode(old))
     back = NamedConsumer.from_state("WorkQ", "spark", read_consumers(tmp_path, durable_end=200)["WorkQ"]["spark"])
-    assert back.claim_d == 9
+    assert back.claim_d == 9 and back.cuts == [(3, 9)]
+
+
+def test_an_epoch_on_a_replicated_queue_is_later_for_a_later_claim_and_unique_to_its_instance():
+    """Rule 8: the round is the claimer's clock (hundredths of a second), at least one
+    more than the last; the low bits are the instance's tag, so two instances never
+    pick one epoch, and the epoch stays exact as a JSON number (below 2**53)."""
+    from conveyor.engine.consumers import EPOCH_TAG_BITS, next_epoch
+
+    now = 1_800_000_000.0  # 2027
+    a, b = next_epoch(0, "A", now), next_epoch(0, "B", now)
+    assert a != b and a >> EPOCH_TAG_BITS == b >> EPOCH_TAG_BITS == int(now * 100)
+    assert next_epoch(a, "B", now + 0.5) > next_epoch(b, "A", now) > max(a, b)  # the later claim wins
+    assert next_epoch(a, "A", now - 60) > a  # a clock that went back still moves on
+    assert next_epoch(0, "an-instance-name", 19_880_000_000.0) < 2 ** 53  # the year 2600
+
+
+def test_two_claims_that_never_saw_each_other_end_as_the_later_ones_deliveries_everywhere():
+    """Rule 8: with both links down, the query claims on A, leases A's messages, then
+    fails over and claims on B a second later, which knows neither that claim nor those
+    deliveries, and leases B's. The two claims take different epochs, B's the higher.
+    Once the links are back both copies hold B's claim with exactly its deliveries (the
+    claim names them by identity): A's own deliveries 3 and 4 are cut off, and a fetch
+    names the same messages on both instances."""
+    c = cluster(sync=False)
+    publish(c, "A", 1, 2, 3)
+    publish(c, "B", 4, 5, 6)
+    a = c.nodes["A"].connect("driver-1")
+    epoch = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-1"))).epoch
+    ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, max=2, ttl=30, epoch=epoch)))
+    c.cut("A", "B")
+    c.cut("B", "A")
+    first = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-2")))
+    assert ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=2, max=2, ttl=30,
+                                      epoch=first.epoch))).d == 3  # A owns one more: 3
+    c.advance(1.0)
+    b = c.nodes["B"].connect("driver-2")
+    second = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-3")))
+    assert second.d == 2 and second.epoch > first.epoch
+    assert ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=2, max=2, ttl=30,
+                                      epoch=second.epoch))).d == 4
+    on_b = fetch(c, "B", b, 0, 4)
+    assert on_b[2:] == [4, 5]
+
+    c.connect_all()
+    c.settle()
+    assert info(c, "A") == info(c, "B") == replies.ConsumerInfoReply(d=4, acked=0, epoch=second.epoch, unacked=4)
+    assert fetch(c, "A", c.nodes["A"].connect("reader"), 0, 4) == on_b
+    assert call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=3, max=1, ttl=30,
+                                   epoch=first.epoch)).code == "fenced"
+    for node in ("A", "B"):  # and a restart of either replays the same decisions
+        c.crash(node)
+        c.restart(node)
+    c.connect_all()
+    c.settle()
+    assert info(c, "A") == info(c, "B") == replies.ConsumerInfoReply(d=4, acked=0, epoch=second.epoch, unacked=4)
+    assert fetch(c, "A", c.nodes["A"].connect("reader2"), 0, 4) == fetch(c, "B", c.nodes["B"].connect("r2"), 0, 4)
+
+
+def test_an_old_epoch_ack_counts_up_to_the_first_later_claim_not_the_last():
+    """Rule 8: B's query acknowledges through 2 while its link to A is down; A's query
+    claims knowing nothing (d 0), leases and acknowledges other messages, and claims
+    again knowing 2. B's late ack is of a branch the first of those claims cut off at 0:
+    it moves neither copy's acknowledged pointer (the last claim's 2 would have)."""
+    c = cluster(sync=False)
+    publish(c, "A", 1, 2, 3)
+    publish(c, "B", 4, 5, 6)
+    c.cut("A", "B")
+    c.cut("B", "A")
+    b = c.nodes["B"].connect("driver-1")
+    eb = ok(call(c, "B", b, m.Claim(queue="WorkQ", consumer="spark", token="query-1"))).epoch
+    ok(call(c, "B", b, m.Lease(queue="WorkQ", consumer="spark", after=0, max=2, ttl=30, epoch=eb)))
+    ok(call(c, "B", b, m.AckThrough(queue="WorkQ", consumer="spark", d=2, epoch=eb)))
+    c.advance(1.0)
+    a = c.nodes["A"].connect("driver-2")
+    e1 = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-2"))).epoch
+    ok(call(c, "A", a, m.Lease(queue="WorkQ", consumer="spark", after=0, max=2, ttl=30, epoch=e1)))
+    ok(call(c, "A", a, m.AckThrough(queue="WorkQ", consumer="spark", d=1, epoch=e1)))
+    e2 = ok(call(c, "A", a, m.Claim(queue="WorkQ", consumer="spark", token="query-3"))).epoch
+    c.connect_all()
+    c.settle()
+    assert info(c, "A") == info(c, "B") == replies.ConsumerInfoReply(d=2, acked=1, epoch=e2, unacked=1)
+    assert fetch(c, "A", c.nodes["A"].connect("reader"), 1, 2) == fetch(c, "B", c.nodes["B"].connect("r"), 1, 2) == [2]

@@ -64,7 +64,8 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
                 elif extra == 4:
                     add(r.BarrierRec(queue, batch[9:10]))
                 elif extra == 5:
-                    add(r.ConsumerClaimedRec(queue, f"spark{phase}", 3 + phase, "token", d=n if phase else -1))
+                    add(r.ConsumerClaimedRec(queue, f"spark{phase}", 3 + phase, "token", d=n if phase else -1,
+                                             acked=n - 2 if phase else -1, positions=batch[3:5] if phase else []))
                 elif extra == 6:
                     add(r.ConsumerLeasedRec(queue, f"spark{phase}", 1 + n, batch[5:8], [1, 2, 1], epoch=phase))
                 else:
@@ -85,7 +86,9 @@ def write_journal(directory, segment_bytes: int = 4096) -> list[tuple[int, objec
     add(r.SowDeletedRec("orders", ["17"], [], publishers=[202], seqs=[9], origin="east-1"))  # ... by replication
     add(r.ConsumerReplicatedRec("Q1", "spark", "lease", 7, [101, 101], [5, 6], positions=[40, 48], origin="east-1",
                                 epoch=2))
-    add(r.ConsumerReplicatedRec("Q1", "spark", "claim", 3, token="t", origin="east-1", through=8))
+    add(r.ConsumerReplicatedRec("Q1", "spark", "claim", 3, token="t", origin="east-1", through=8))  # an older one
+    add(r.ConsumerReplicatedRec("Q1", "spark", "claim", 4, [101, -1], [6, -1], token="t", positions=[48, -1],
+                                origin="east-1", through=9, acked=7))  # with the claimer's unacknowledged deliveries
     for k in range(80):  # fill the rest so that the special records end up sealed
         add(r.PublishRec("tail", 606, k, T0 + i + 2 + k, bytes(40)))
     j.close()

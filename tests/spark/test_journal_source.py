@@ -105,7 +105,8 @@ def test_every_op_is_decoded(spark, journal):
             assert (row.consumer, row.reasons) == (rec.consumer, rec.kind)
             assert (row.delivery, row.epoch) == ((rec.through, rec.n) if claim else (rec.n, rec.epoch or None))
             assert (row.publishers, row.seqs, row.positions) == (
-                (None, None, None) if claim else (rec.publishers, rec.seqs, rec.positions))
+                (rec.publishers or None, rec.seqs or None, rec.positions or None) if claim
+                else (rec.publishers, rec.seqs, rec.positions))
             continue
         if isinstance(rec, r.TransferRec):
             assert (row.publishers, row.seqs, row.consumer, row.epochs) == (rec.publishers, rec.seqs, rec.owner, rec.epochs)
@@ -114,7 +115,7 @@ def test_every_op_is_decoded(spark, journal):
         if isinstance(rec, r.ExpiredRec):
             assert (row.positions, row.reasons) == ([rec.position], rec.reasons)
         elif isinstance(rec, r.ConsumerClaimedRec):
-            assert (row.consumer, row.epoch, row.positions) == (rec.consumer, rec.epoch, None)
+            assert (row.consumer, row.epoch, row.positions) == (rec.consumer, rec.epoch, rec.positions or None)
             assert row.delivery == (rec.d if rec.d >= 0 else None)
         else:
             assert row.positions == rec.positions

@@ -50,19 +50,22 @@ A named consumer ``(queue, name)`` is durable and independent of connections. Ru
    can die with deliveries or acks its peer never received, and the query claims the
    consumer on the peer, which numbers its next deliveries from what it knew. So every
    lease and ack record carries the epoch it was made under, and a claim records the
-   deliveries its claimer knew (``d``). An instance that receives a claim of a higher
-   epoch adopts it and cuts off its own deliveries beyond the claimer's ``d`` (and an
-   acknowledged pointer beyond it: those acks were of a branch the claimer never saw);
-   afterwards a lease of an older epoch beyond that ``d`` is ignored, and an ack of an
-   older epoch counts only up to it. A replicated lease naming a message that was
-   acknowledged here first is kept as a delivery whose message is gone here (``GONE``):
-   the numbering stays the same everywhere, re-offers report it done, and a fetch of it
-   is refused with ``bad_delivery_range`` (read it on the instance that made it, or
-   acknowledge past it). Known limit: two instances whose claims did not reach each
-   other may pick the same epoch, or one may have dropped leases that a later claim of
-   the other's branch builds on; their copies then differ until a claim made on the
-   lagging instance (a claim that carried the claimer's unacknowledged deliveries
-   would close this; not built).
+   deliveries its claimer knew (``d``) and, on a replicated queue, its unacknowledged
+   deliveries (``acked`` and their messages, sent by identity). An instance that
+   receives a claim of a higher epoch adopts it and takes exactly the claimer's
+   deliveries (mapped to its own positions): its own deliveries beyond ``d`` go, and
+   an acknowledged pointer beyond ``d`` drops to it (those acks were of a branch the
+   claimer never saw). A lease or ack of an older epoch then counts only for the
+   deliveries every later claim knew (``cut_for``: the least ``d`` of the claims after
+   its epoch). On a replicated queue an epoch is ``round << 12 | tag``
+   (:func:`next_epoch`): the round is the claimer's clock, the tag its name, so two
+   instances that claim without having seen each other's claim pick different
+   epochs, the later claim (the query's current one) is the higher, and every copy
+   converges on it. A replicated lease naming a message that was acknowledged here
+   first is kept as a delivery whose message is gone here (``GONE``): the numbering
+   stays the same everywhere, re-offers report it done, and a fetch of it is refused
+   with ``bad_delivery_range`` (read it on the instance that made it, or acknowledge
+   past it).
    Recovery replays the same decisions from the journal; records below the
    checkpoint's position are not applied to a restored consumer again (cut-offs make
    them not idempotent).
@@ -72,6 +75,7 @@ from __future__ import annotations
 
 import logging
 import math
+import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable
@@ -104,7 +108,29 @@ FETCH_PAGE_MESSAGES = 4096
 FETCH_PAGE_BYTES = 4 * 1024 * 1024
 
 #: The position of a delivery whose message this instance no longer finds (rule 8).
-GONE = -1
+GONE = records.GONE
+
+#: On a replicated queue an epoch is ``round << EPOCH_TAG_BITS | tag`` (rule 8): the round
+#: from the claimer's clock in hundredths of a second, the tag from its name. Below 2**53
+#: until the year 2600, so JSON readers in any language keep it exact.
+EPOCH_TAG_BITS = 12
+
+
+def next_epoch(epoch: int, instance: str, now: float) -> int:
+    """The epoch a claim on ``instance`` at ``now`` takes after ``epoch`` (rule 8).
+
+    A later claim wins: the round is the claimer's clock (at least one more than the
+    last round), so when two instances take claims without having seen each other's
+    (a query that failed over while the link was down), every instance adopts the later
+    one, the query's. The instance's tag keeps two claims in one round apart and orders
+    them the same way everywhere."""
+    tag = zlib.crc32(instance.encode()) & ((1 << EPOCH_TAG_BITS) - 1)
+    return max((epoch >> EPOCH_TAG_BITS) + 1, int(now * 100)) << EPOCH_TAG_BITS | tag
+
+
+#: Claims each consumer remembers for cut_for: a lease or ack made under an epoch older
+#: than all of them counts up to the oldest one's D (an approximation no failover reaches).
+CUTS_KEPT = 32
 
 CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records.ConsumerClaimedRec,
                     records.ConsumerReplicatedRec)
@@ -121,12 +147,13 @@ class NamedConsumerState(msgspec.Struct, frozen=True):
     token: str
     positions: list[int]
     claim_d: int = -1  # D when the epoch was claimed (-1: a file written before it was kept)
+    cuts: list[tuple[int, int]] = []  # NamedConsumer.cuts ([]: a file written before they were kept)
 
 
 class NamedConsumer:
     """The durable state of one named consumer (rule 1) and a few counters."""
 
-    __slots__ = ("queue", "name", "d", "acked", "epoch", "claim_d", "token", "positions", "consumer",
+    __slots__ = ("queue", "name", "d", "acked", "epoch", "claim_d", "cuts", "token", "positions", "consumer",
                  "leased", "reoffered", "taken_back", "expired_leases")
 
     def __init__(self, queue: str, name: str) -> None:
@@ -136,6 +163,9 @@ class NamedConsumer:
         self.acked = 0  # A: every delivery <= A is acknowledged
         self.epoch = 0  # 0: never claimed (no fencing)
         self.claim_d = 0  # D when the current epoch was claimed (rule 8)
+        # (epoch, D when claimed) of the last claims, D rising: how far a record of an
+        # older epoch still counts (cut_for; rule 8)
+        self.cuts: list[tuple[int, int]] = []
         self.token = ""
         self.positions = array("q")  # positions[i]: message of delivery A + 1 + i
         self.consumer: Consumer | None = None  # the queue's Consumer, made on first live use
@@ -147,9 +177,28 @@ class NamedConsumer:
     def position(self, d: int) -> int:
         return self.positions[d - self.acked - 1]
 
+    def claimed(self, epoch: int, token: str, d: int) -> None:
+        """A claim of ``epoch`` by a claimer that knew deliveries up to ``d`` (rule 8)."""
+        self.epoch, self.token, self.claim_d = epoch, token, d
+        cuts = self.cuts
+        while cuts and cuts[-1][1] >= d:
+            cuts.pop()  # a later claim that knew no more cuts at least as deep
+        cuts.append((epoch, d))
+        if len(cuts) > CUTS_KEPT:
+            del cuts[0]
+
+    def cut_for(self, epoch: int) -> int:
+        """The last delivery that a lease or ack made under ``epoch``, older than the
+        current one, still counts for: the least that any later claim knew (rule 8)."""
+        for claimed, d in self.cuts:  # epochs and d both rise
+            if claimed > epoch:
+                return d
+        return self.claim_d
+
     def export_state(self) -> NamedConsumerState:
         """What the checkpoint keeps (rule 6)."""
-        return NamedConsumerState(self.d, self.acked, self.epoch, self.token, list(self.positions), self.claim_d)
+        return NamedConsumerState(self.d, self.acked, self.epoch, self.token, list(self.positions), self.claim_d,
+                                  list(self.cuts))
 
     @classmethod
     def from_state(cls, queue: str, name: str, state: NamedConsumerState) -> NamedConsumer:
@@ -157,6 +206,7 @@ class NamedConsumer:
         c.d, c.acked, c.epoch, c.token = state.d, state.acked, state.epoch, state.token
         c.positions = array("q", state.positions)
         c.claim_d = c.d if state.claim_d < 0 else state.claim_d  # older checkpoints: everything known was the claimer's
+        c.cuts = [(e, d) for e, d in state.cuts] or ([(c.epoch, c.claim_d)] if c.epoch else [])
         return c
 
     def statistics(self) -> NamedConsumerStats:
@@ -223,13 +273,7 @@ class NamedConsumers:
                 c = self._named.get((cmd.queue, cmd.consumer)) or NamedConsumer(cmd.queue, cmd.consumer)
                 result = replies.ConsumerInfoReply(d=c.d, acked=c.acked, epoch=c.epoch, unacked=c.d - c.acked)
             case m.Claim():
-                c = self._state(cmd.queue, cmd.consumer)
-                c.epoch += 1
-                c.token = cmd.token
-                c.claim_d = c.d
-                self._journal.append(records.encode(records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token,
-                                                                               c.d)))
-                result = replies.ClaimReply(epoch=c.epoch, d=c.d, acked=c.acked)
+                result = self._claim(cmd, now)
             case m.Lease():
                 result = self._lease(cmd, now)
             case m.AckThrough():
@@ -246,6 +290,19 @@ class NamedConsumers:
         # Sent once every record so far is persisted: a reply never names a delivery a
         # crash, or a failover to a sync destination, could take back (rules 2 and 7).
         self._outbox.send_when_persisted(conn, m.Ack(ack_type="processed", cid=cmd.cid, result=result))
+
+    def _claim(self, cmd: m.Claim, now: float) -> replies.ClaimReply:
+        """Rule 4, and rule 8 on a replicated queue: an epoch no other instance picks, and
+        the claimer's unacknowledged deliveries in the record."""
+        c = self._state(cmd.queue, cmd.consumer)
+        if self.replicated_queues is None or self._bindings.by_name[c.queue].ownership is None:
+            c.claimed(c.epoch + 1, cmd.token, c.d)
+            rec = records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token, c.d)
+        else:
+            c.claimed(next_epoch(c.epoch, self.replicated_queues.instance, now), cmd.token, c.d)
+            rec = records.ConsumerClaimedRec(c.queue, c.name, c.epoch, c.token, c.d, c.acked, c.positions.tolist())
+        self._journal.append(records.encode(rec))
+        return replies.ClaimReply(epoch=c.epoch, d=c.d, acked=c.acked)
 
     def _lease(self, cmd: m.Lease, now: float) -> replies.LeaseReply:
         c = self.fenced(cmd.queue, cmd.consumer, cmd.epoch)
@@ -531,8 +588,7 @@ class NamedConsumers:
                     c.d = max(c.d, rec.through)
             case records.ConsumerClaimedRec():
                 if rec.epoch > c.epoch:
-                    c.epoch, c.token = rec.epoch, rec.token
-                    c.claim_d = rec.d if rec.d >= 0 else c.d
+                    c.claimed(rec.epoch, rec.token, rec.d if rec.d >= 0 else c.d)
 
     # --- replicated queues (rule 7) ------------------------------------------------------------
 
@@ -544,8 +600,8 @@ class NamedConsumers:
         binding = self._bindings.get(rec.queue)
         if binding is None or binding.ownership is None:
             return None
+        c = self._named.get((rec.queue, rec.consumer))
         if rec.kind == "lease":
-            c = self._named.get((rec.queue, rec.consumer))
             if c is not None and self._fenced_out(c, rec):
                 return None
             if rec.n != (c.d if c is not None else 0) + 1:
@@ -554,28 +610,39 @@ class NamedConsumers:
                               "up to %d: not recorded (a failover here cannot continue them)",
                               rec.consumer, rec.queue, rec.n, rec.origin, c.d if c is not None else 0)
                 return None
-            replica = binding.queue.replica
-            positions: list[int] = []
-            for ident in zip(rec.publishers, rec.seqs):
-                p = replica.position_recorded(ident)
-                if p is None and pending is not None:
-                    p = pending(*ident)
-                if p is None:
-                    # Acknowledged here long ago (rule 8: a failover after an acknowledgement
-                    # that had not reached the claimer): keep the numbering, mark the hole.
-                    log.warning("consumer %s of queue %s: delivery %d from %s names a message acknowledged here "
-                                "before: recorded as gone (it cannot be read again on this instance)",
-                                rec.consumer, rec.queue, rec.n + len(positions), rec.origin)
-                    p = GONE
-                positions.append(p)
-            rec = msgspec.structs.replace(rec, positions=positions)
+            rec = msgspec.structs.replace(rec, positions=self._positions_here(binding, rec, rec.n, pending))
+        elif rec.kind == "claim" and rec.acked >= 0:
+            if c is not None and rec.n <= c.epoch:
+                return None
+            rec = msgspec.structs.replace(rec, positions=self._positions_here(binding, rec, rec.acked + 1, pending))
         return rec if self._apply_replicated(rec) else None
+
+    @staticmethod
+    def _positions_here(binding: QueueBinding, rec: records.ConsumerReplicatedRec, first: int,
+                        pending: Callable[[int, int], int | None] | None) -> list[int]:
+        """The positions here of the messages a lease or claim names by identity, its
+        deliveries numbered from ``first``; GONE for a message gone here (rule 8)."""
+        replica = binding.queue.replica
+        positions: list[int] = []
+        for ident in zip(rec.publishers, rec.seqs):
+            p = GONE if ident[0] == GONE else replica.position_recorded(ident)
+            if p is None and pending is not None:
+                p = pending(*ident)
+            if p is None:
+                # Acknowledged here long ago (rule 8: a failover after an acknowledgement
+                # that had not reached the claimer): keep the numbering, mark the hole.
+                log.warning("consumer %s of queue %s: delivery %d from %s names a message acknowledged here "
+                            "before: recorded as gone (it cannot be read again on this instance)",
+                            rec.consumer, rec.queue, first + len(positions), rec.origin)
+                p = GONE
+            positions.append(p)
+        return positions
 
     @staticmethod
     def _fenced_out(c: NamedConsumer, rec: records.ConsumerReplicatedRec) -> bool:
         """Rule 8: a lease made under an older epoch than this copy's, of deliveries the
         claimer of the current epoch did not know: a branch the claim cut off."""
-        return rec.epoch < c.epoch and rec.n > c.claim_d
+        return rec.epoch < c.epoch and rec.n > c.cut_for(rec.epoch)
 
     def _apply_replicated(self, rec: records.ConsumerReplicatedRec) -> bool:
         """Rules 6 and 8 for a :class:`ConsumerReplicatedRec` (with this instance's
@@ -593,7 +660,7 @@ class NamedConsumers:
         elif rec.kind == "ack":
             through = min(rec.n, c.d)
             if rec.epoch < c.epoch:
-                through = min(through, c.claim_d)  # the rest were deliveries of a cut-off branch
+                through = min(through, c.cut_for(rec.epoch))  # the rest were deliveries of a cut-off branch
             if through <= c.acked:
                 return False
             del c.positions[: through - c.acked]
@@ -601,9 +668,14 @@ class NamedConsumers:
         else:  # claim
             if rec.n <= c.epoch:
                 return False
-            c.epoch, c.token = rec.n, rec.token
             known = rec.through if rec.through >= 0 else c.d
-            if c.d > known:
+            if rec.acked >= 0:
+                # The claimer's deliveries, exactly: numbered as it numbers them. An ack
+                # made here under an older epoch counts up to ``known``, as it does there.
+                acked = max(rec.acked, min(c.acked, known))
+                c.positions = array("q", rec.positions[acked - rec.acked:])
+                c.acked, c.d = acked, known
+            elif c.d > known:
                 # Deliveries made here (or received) that the claimer never saw: its
                 # next lease numbers other messages from known + 1, so these go.
                 if c.acked >= known:
@@ -612,7 +684,7 @@ class NamedConsumers:
                 else:
                     del c.positions[known - c.acked:]
                 c.d = known
-            c.claim_d = known
+            c.claimed(rec.n, rec.token, known)
         return True
 
     def lease_after_restart(self, now: float) -> None:

@@ -18,6 +18,11 @@ from typing import ClassVar, Union
 
 import msgspec
 
+#: A named consumer's delivery whose message is gone on the instance that records it
+#: (engine/consumers.py rule 8): its position there, and its publisher in a claim sent
+#: by identity.
+GONE = -1
+
 
 class _Rec(msgspec.Struct, frozen=True, array_like=True, tag_field="k", omit_defaults=False):
     pass
@@ -144,13 +149,18 @@ class ConsumerAckedRec(_Rec, tag=10, frozen=True):
 
 
 class ConsumerClaimedRec(_Rec, tag=11, frozen=True):
-    """``consumer`` of ``queue`` claimed by a new holder: ``epoch`` fences older ones."""
+    """``consumer`` of ``queue`` claimed by a new holder: ``epoch`` fences older ones.
+    On a replicated queue it also names the claimer's unacknowledged deliveries
+    (``acked`` < d <= ``d``, their messages at ``positions``; GONE: a message acknowledged
+    here before its delivery arrived), which replication sends by identity."""
 
     queue: str
     consumer: str
     epoch: int
     token: str
     d: int = -1  # the deliveries the claimer knew (D); -1: not recorded (older journal)
+    acked: int = -1  # the claimer's acknowledged pointer; -1: no deliveries recorded (not replicated, older)
+    positions: list[int] = []
 
 
 # --- replication (docs/replication.md) ------------------------------------------------------
@@ -253,7 +263,10 @@ class ConsumerReplicatedRec(_Rec, tag=17, frozen=True):
     (docs/spark.md, "Failover between instances"): ``kind`` is ``lease`` (deliveries
     ``n, n+1, ...`` of the messages ``zip(publishers, seqs)``), ``ack`` (deliveries ``<=
     n`` acknowledged; the messages' removal travels as a QueueRemovedRec) or ``claim``
-    (epoch ``n``, ``token``; ``through``: the deliveries the claimer knew). ``epoch``:
+    (epoch ``n``, ``token``; ``through``: the deliveries the claimer knew; ``acked``: its
+    acknowledged pointer, and deliveries ``acked+1 .. through`` are the messages
+    ``zip(publishers, seqs)``, a publisher of GONE for a message gone on the claimer;
+    ``acked`` -1: an older record without them). ``epoch``:
     the consumer's epoch when a lease or ack was made. Messages are named by identity;
     the instance that records it adds their ``positions`` there, so its recovery needs
     no lookup. It carries where it was first recorded and the instances it passed, like
@@ -272,6 +285,7 @@ class ConsumerReplicatedRec(_Rec, tag=17, frozen=True):
     path: list[str] = []
     epoch: int = 0
     through: int = -1
+    acked: int = -1
 
 
 # --- State of the World (docs/sow-and-views.md) -----------------------------------------------

@@ -280,9 +280,11 @@ CELLS: dict[type, dict[str, Callable]] = {
                           "counts": attrgetter("counts"), "epoch": _when(_positive, attrgetter("epoch"))},
     r.ConsumerAckedRec: {**_QUEUE_OP, "consumer": attrgetter("consumer"), "delivery": attrgetter("through"),
                          "epoch": _when(_positive, attrgetter("epoch"))},
-    # a claim: its epoch, and the deliveries its claimer knew (null in older journals)
+    # a claim: its epoch, the deliveries its claimer knew (null in older journals) and, on
+    # a replicated queue, the messages of its unacknowledged ones
     r.ConsumerClaimedRec: {"queue": attrgetter("queue"), "consumer": attrgetter("consumer"), "epoch": attrgetter("epoch"),
-                           "delivery": _when(_not_negative, attrgetter("d"))},
+                           "delivery": _when(_not_negative, attrgetter("d")),
+                           "positions": _when(bool, attrgetter("positions"))},
     # replication progress: the source instance, and its position below which everything
     # needed is recorded here
     r.ReceivedRec: {"consumer": attrgetter("source"), "delivery": attrgetter("through")},

@@ -404,9 +404,13 @@ class ReplicationSource:
                                                 [i[0] for i in idents], [i[1] for i in idents], epoch=rec.epoch)
         elif isinstance(rec, records.ConsumerAckedRec):
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "ack", rec.through, epoch=rec.epoch)
-        else:
-            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, token=rec.token,
-                                                through=rec.d)
+        else:  # the claimer's unacknowledged deliveries go by identity too (consumers.py rule 8)
+            queues = self.queues
+            assert queues is not None
+            idents = [(records.GONE, records.GONE) if p == records.GONE else queues.identify(p) for p in rec.positions]
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, [i[0] for i in idents],
+                                                [i[1] for i in idents], token=rec.token, through=rec.d,
+                                                acked=rec.acked)
         payloads.append(records.encode(out))
 
     def _sow_delete(self, link: OutLink, rec: records.SowDeletedRec, payload: bytes, peer: str,
