@@ -112,6 +112,32 @@ def test_an_acknowledgement_on_one_instance_removes_the_message_everywhere():
     assert got(c, "B", wb) == [] and stats(c, "B").elsewhere == 0 and stats(c, "A").owned == 0
 
 
+def test_removals_that_follow_each_other_travel_as_one_record_in_their_place():
+    """Rule 6: acknowledgements made one after another on A reach B as one removal
+    record (B applies and journals one record for them); a publish between two of them
+    keeps its place, so B learns the removals before and after it in that order."""
+    c = cluster()
+    wa = worker(c, "A")
+    publish(c, "A", 1, 2, 3, 4, 5, 6)
+    msgs = c.nodes["A"].messages(wa)
+    c.cut("A", "B")  # what follows reaches B in one batch when the link is back
+    h = c.nodes["A"]
+    for pair in (msgs[0:2], msgs[2:4]):
+        h.ack(wa, "WorkQ", pair)
+        h.commit()
+    h.publish(h.connect("pub-between"), "Work", {"n": 7})
+    h.ack(wa, "WorkQ", msgs[4:6])
+    h.commit()
+    before = len(list(c.nodes["B"].journal.scan()))
+    c.connect_all()
+    c.settle()
+    arrived = [r for _, p in list(c.nodes["B"].journal.scan())[before:]
+               if type(r := records.decode(p)) in (records.QueueRemovedRec, records.PublishRec)]
+    assert [(type(r).__name__, len(r.seqs) if type(r) is records.QueueRemovedRec else decode(r)["n"])
+            for r in arrived] == [("QueueRemovedRec", 4), ("PublishRec", 7), ("QueueRemovedRec", 2)]
+    assert stats(c, "B").elsewhere == 1  # only 7 is left, owned by A
+
+
 def test_a_non_owner_with_idle_workers_gets_the_messages_transferred():
     """"A downstream instance will request ownership transfer if: The downstream instance
     has subscriptions for that topic with available backlog, and the amount of time since

@@ -181,6 +181,9 @@ class ReplicationSource:
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
         self.owned_queues = repl.replicated_queues(config.queues) if repl else frozenset()
         self._send = self._send_table()
+        # The removals of the batch being read (rule 6): [index in the payloads, queue,
+        # kind, publishers, seqs], encoded when the batch is complete.
+        self._removals: list[list[Any]] = []
 
     @property
     def routed(self) -> frozenset[type]:
@@ -292,6 +295,7 @@ class ReplicationSource:
         # The usual record is a publish made here, on its own, to the topic of the one
         # before: one startswith() decides it.
         prefix, wanted = None, False
+        self._removals = []
         for pos, payload in self._journal.scan(start, end):
             if size >= BATCH_BYTES_MAX and not in_run:
                 break
@@ -324,6 +328,9 @@ class ReplicationSource:
                     raise errors.JournalError(f"replication to {link.name}: no route for {type(rec).__name__}")
                 if send is not None:
                     send(link, rec, payload, peer, payloads)
+        for index, queue, kind, publishers, seqs in self._removals:
+            payloads[index] = records.encode(records.QueueRemovedRec(queue, publishers, seqs, kind))
+        self._removals = []
         through = end if last is None else self._journal.position_after(last)
         return p.Batch(through=through, records=payloads)
 
@@ -431,11 +438,22 @@ class ReplicationSource:
         payloads.append(payload)
 
     def _queue_removal(self, link: OutLink, queue: str, gone: list[int], kind: str, payloads: list[bytes]) -> None:
+        """Rule 6: messages that left a queue, by identity. Removals of one queue and
+        kind that follow each other in the batch (one a subscriber's acknowledgement)
+        travel as one record: the destination applies and journals one record for them,
+        in the same place among the others."""
         if not gone or not link.topic_matches(queue) or self.queues is None:
             return
         idents = [self.queues.identify(p) for p in gone]
-        rec = records.QueueRemovedRec(queue, [i[0] for i in idents], [i[1] for i in idents], kind)
-        payloads.append(records.encode(rec))
+        removals = self._removals
+        if removals:
+            last = removals[-1]
+            if last[0] == len(payloads) - 1 and last[1] == queue and last[2] == kind:
+                last[3] += [i[0] for i in idents]
+                last[4] += [i[1] for i in idents]
+                return
+        removals.append([len(payloads), queue, kind, [i[0] for i in idents], [i[1] for i in idents]])
+        payloads.append(b"")  # encoded at the end of the batch (_read_batch)
 
     def persisted_floor(self) -> int | None:
         """Rule 4: the lowest position every sync destination holds (None: no sync
