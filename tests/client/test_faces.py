@@ -172,6 +172,33 @@ def test_async_inline_callback_acks_are_batched_across_one_read(server_factory):
     assert batches <= 100  # batches of five when a read brings the backlog (one each: 200)
 
 
+def test_async_acks_of_messages_in_hand_go_out_as_each_batch_fills(server_factory):
+    """An application that takes messages with ``get()`` and acknowledges them: a batch
+    that fills is written at once, before the application takes the next message, so
+    the server refills the backlog while it works on the rest (acking/``_send_acks``);
+    before, every batch of the turn waited for the loop, after all ten were handled."""
+    server = server_factory(queues=QUEUE)
+    fill(server.uri, 10)
+
+    async def main() -> list[int]:
+        async with AsyncClient("w", ack_batch_size=5) as client:
+            await client.connect(server.uri)
+            sub = await client.subscribe("Jobs", max_backlog=10)
+            msgs = [await sub.get(timeout=10) for _ in range(10)]
+            frames = [client.statistics().frames_sent]
+            for msg in msgs[:5]:
+                msg.ack()
+            frames.append(client.statistics().frames_sent)  # no await since: the same loop turn
+            for msg in msgs[5:]:
+                msg.ack()
+            frames.append(client.statistics().frames_sent)
+            await client.flush()
+            assert await client.sow("Jobs") == []
+            return [f - frames[0] for f in frames]
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [0, 1, 2]
+
+
 def test_async_get_cancelled_as_its_message_arrives_raises_and_keeps_the_message(server_factory):
     """A message and the caller's cancellation land in one loop iteration. With
     ``asyncio.wait_for`` (Python 3.11) ``get`` returned the message and the cancellation

@@ -7,6 +7,8 @@ Rules:
 1. **Batched by default.** ``ack`` (and every ``Message`` verb) joins the core's batch
    for its queue and verb; the batch goes out when it fills, when its subscription holds
    nothing unacknowledged, or ``ack_batch_seconds`` after its first acknowledgement.
+   "Goes out" is a write at once, except for handlers called inside a read, whose
+   batches share one write after it (:meth:`AsyncAcking._send_acks`).
 2. **A refused acknowledgement reaches the acker** (docs/client.md, "Stale
    acknowledgements"): ``flush()`` raises the first refusal the server reported since
    the last one it raised (``NotLeaseHolder``, the refused bookmarks in
@@ -46,6 +48,7 @@ class AsyncAcking:
         _ack_timer: asyncio.TimerHandle | None
 
         def _kick(self) -> None: ...
+        def _send_now(self) -> None: ...
 
         async def _request(self, build: Callable[[], PendingCommand], timeout: float | None = None) -> Any: ...
 
@@ -108,9 +111,17 @@ class AsyncAcking:
             self._ack_timer = self.loop.call_later(self.ack_batch_seconds, self._send_acks)
 
     def _send_acks(self) -> None:
+        """Rule 1's sending: a batch acknowledged outside a read is written at once, so
+        the server refills the backlog while the application works on the rest (the
+        next loop turn would come only after it took everything received); the batches
+        of handlers called inside a read share one write after the read (the server
+        reads one frame for them)."""
         self._cancel_ack_timer()
         self.core.flush_acks()
-        self._kick()
+        if self.core.receiving or self.loop is None:
+            self._kick()
+        else:
+            self._send_now()
 
     def _cancel_ack_timer(self) -> None:
         if self._ack_timer is not None:

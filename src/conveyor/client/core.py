@@ -421,6 +421,11 @@ class ClientCore:
                 return True
         return self.acks_count >= self.ack_batch_size
 
+    @property
+    def receiving(self) -> bool:
+        """Whether a read is being handled (handlers called inline, rule 3)."""
+        return self._receiving
+
     def acks_due(self) -> bool:
         """After a read: whether a subscription holds nothing unacknowledged with its acks
         still batched (the server waits for them: send now)."""
