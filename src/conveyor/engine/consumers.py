@@ -153,7 +153,7 @@ class NamedConsumerState(msgspec.Struct, frozen=True):
 class NamedConsumer:
     """The durable state of one named consumer (rule 1) and a few counters."""
 
-    __slots__ = ("queue", "name", "d", "acked", "epoch", "claim_d", "cuts", "token", "positions", "consumer",
+    __slots__ = ("queue", "name", "d", "acked", "epoch", "cuts", "token", "positions", "consumer",
                  "leased", "reoffered", "taken_back", "expired_leases")
 
     def __init__(self, queue: str, name: str) -> None:
@@ -162,9 +162,8 @@ class NamedConsumer:
         self.d = 0  # D: the last delivery number
         self.acked = 0  # A: every delivery <= A is acknowledged
         self.epoch = 0  # 0: never claimed (no fencing)
-        self.claim_d = 0  # D when the current epoch was claimed (rule 8)
-        # (epoch, D when claimed) of the last claims, D rising: how far a record of an
-        # older epoch still counts (cut_for; rule 8)
+        # (epoch, D when claimed) of the last claims, D rising, the current claim last:
+        # how far a record of an older epoch still counts (cut_for; rule 8)
         self.cuts: list[tuple[int, int]] = []
         self.token = ""
         self.positions = array("q")  # positions[i]: message of delivery A + 1 + i
@@ -177,9 +176,14 @@ class NamedConsumer:
     def position(self, d: int) -> int:
         return self.positions[d - self.acked - 1]
 
+    @property
+    def claim_d(self) -> int:
+        """D when the current epoch was claimed (rule 8; 0: never claimed)."""
+        return self.cuts[-1][1] if self.cuts else 0
+
     def claimed(self, epoch: int, token: str, d: int) -> None:
         """A claim of ``epoch`` by a claimer that knew deliveries up to ``d`` (rule 8)."""
-        self.epoch, self.token, self.claim_d = epoch, token, d
+        self.epoch, self.token = epoch, token
         cuts = self.cuts
         while cuts and cuts[-1][1] >= d:
             cuts.pop()  # a later claim that knew no more cuts at least as deep
@@ -205,8 +209,10 @@ class NamedConsumer:
         c = cls(queue, name)
         c.d, c.acked, c.epoch, c.token = state.d, state.acked, state.epoch, state.token
         c.positions = array("q", state.positions)
-        c.claim_d = c.d if state.claim_d < 0 else state.claim_d  # older checkpoints: everything known was the claimer's
-        c.cuts = [(e, d) for e, d in state.cuts] or ([(c.epoch, c.claim_d)] if c.epoch else [])
+        # older checkpoints kept only the current claim's D, or not even that (then
+        # everything known was the claimer's)
+        claim_d = c.d if state.claim_d < 0 else state.claim_d
+        c.cuts = [(e, d) for e, d in state.cuts] or ([(c.epoch, claim_d)] if c.epoch else [])
         return c
 
     def statistics(self) -> NamedConsumerStats:
@@ -613,7 +619,7 @@ class NamedConsumers:
             rec = msgspec.structs.replace(rec, positions=self._positions_here(binding, rec, rec.n, pending))
         elif rec.kind == "claim" and rec.acked >= 0:
             if c is not None and rec.n <= c.epoch:
-                return None
+                return None  # _apply_replicated would refuse it: map nothing
             rec = msgspec.structs.replace(rec, positions=self._positions_here(binding, rec, rec.acked + 1, pending))
         return rec if self._apply_replicated(rec) else None
 

@@ -378,7 +378,7 @@ class ReplicationSource:
         counts = [queues.counts_of(rec.queue, p) for p in rec.positions]  # as they are now: they only grow
         n = len(idents)
         payloads.append(records.encode(records.QueueCancelledRec(
-            rec.queue, [i[0] for i in idents], [i[1] for i in idents],
+            rec.queue, *_columns(idents),
             rec.not_before or [0.0] * n, rec.reasons or [""] * n,
             deliveries=[c[0] for c in counts], cancels=[c[1] for c in counts])))
 
@@ -403,21 +403,18 @@ class ReplicationSource:
     def _consumer_record(self, rec: records.ConsumerLeasedRec | records.ConsumerAckedRec | records.ConsumerClaimedRec,
                          payloads: list[bytes]) -> None:
         """Rule 7: a named consumer's record, its messages named by identity."""
+        queues = self.queues
+        assert queues is not None  # the queue is owned (_removal_record): the engine gave the replicated queues
         if isinstance(rec, records.ConsumerLeasedRec):
-            queues = self.queues
-            assert queues is not None  # the queue is owned (_removal_record): the engine gave the replicated queues
             idents = [queues.identify(p) for p in rec.positions]
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "lease", rec.first,
-                                                [i[0] for i in idents], [i[1] for i in idents], epoch=rec.epoch)
+                                                *_columns(idents), epoch=rec.epoch)
         elif isinstance(rec, records.ConsumerAckedRec):
             out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "ack", rec.through, epoch=rec.epoch)
         else:  # the claimer's unacknowledged deliveries go by identity too (consumers.py rule 8)
-            queues = self.queues
-            assert queues is not None
             idents = [(records.GONE, records.GONE) if p == records.GONE else queues.identify(p) for p in rec.positions]
-            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, [i[0] for i in idents],
-                                                [i[1] for i in idents], token=rec.token, through=rec.d,
-                                                acked=rec.acked)
+            out = records.ConsumerReplicatedRec(rec.queue, rec.consumer, "claim", rec.epoch, *_columns(idents),
+                                                token=rec.token, through=rec.d, acked=rec.acked)
         payloads.append(records.encode(out))
 
     def _sow_delete(self, link: OutLink, rec: records.SowDeletedRec, payload: bytes, peer: str,
@@ -444,15 +441,15 @@ class ReplicationSource:
         in the same place among the others."""
         if not gone or not link.topic_matches(queue) or self.queues is None:
             return
-        idents = [self.queues.identify(p) for p in gone]
+        publishers, seqs = _columns([self.queues.identify(p) for p in gone])
         removals = self._removals
         if removals:
             last = removals[-1]
             if last[0] == len(payloads) - 1 and last[1] == queue and last[2] == kind:
-                last[3] += [i[0] for i in idents]
-                last[4] += [i[1] for i in idents]
+                last[3] += publishers
+                last[4] += seqs
                 return
-        removals.append([len(payloads), queue, kind, [i[0] for i in idents], [i[1] for i in idents]])
+        removals.append([len(payloads), queue, kind, publishers, seqs])
         payloads.append(b"")  # encoded at the end of the batch (_read_batch)
 
     def persisted_floor(self) -> int | None:
@@ -530,3 +527,9 @@ class ReplicationSource:
             )
             for link in self.links.values()
         )
+
+
+def _columns(idents: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The publishers and the sequence numbers of messages named by identity: the two
+    columns a record that names them carries."""
+    return [i[0] for i in idents], [i[1] for i in idents]
