@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# `conveyor spark prepare`: bytecode in the pyspark.zip that Spark puts on the path of
+# every Python process it starts (docs/spark.md, "Preparing Spark's Python").
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/conveyor spark prepare >/dev/null
 	touch $@
 
 install: $(STAMP)
@@ -86,6 +89,7 @@ bench-peers: $(TEST_STAMP) bench-peers-install
 # loopback) instead of local mode.
 demo: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[spark]'
+	$(BIN)/conveyor spark prepare >/dev/null
 	$(BIN)/python examples/demo_pipeline.py $(if $(CLUSTER),--cluster)
 
 clean:

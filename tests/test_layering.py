@@ -160,7 +160,8 @@ MAY_IMPORT = {
     "client": {"errors", "protocol", "security"},
     "server": {"errors", "records", "protocol", "expr", "config", "journal", "engine", "security"},
     "spark": {"errors", "records", "protocol", "journal", "client"},
-    "cli": {"errors", "records", "protocol", "expr", "config", "journal", "engine", "security", "server", "client"},
+    "cli": {"errors", "records", "protocol", "expr", "config", "journal", "engine", "security", "server", "client",
+            "spark"},  # `conveyor spark prepare` only (spark.prepare imports no pyspark)
     "__main__": {"cli"},
     "conveyor": {"client"},  # the package itself: `from conveyor import Client`, lazily
 }

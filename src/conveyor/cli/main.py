@@ -564,11 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     _client_commands(sub)
     _users_commands(sub)
     _journal_commands(sub)
-    from conveyor.cli import config_cmd, dead_letters, ops
+    from conveyor.cli import config_cmd, dead_letters, ops, spark_cmd
 
     ops.add_parsers(sub)
     dead_letters.add_parsers(sub)
     config_cmd.add_parsers(sub)
+    spark_cmd.add_parsers(sub)
     return parser
 
 

@@ -43,7 +43,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -170,6 +169,8 @@ def _runs(batch: pa.RecordBatch, o: SinkOptions) -> Iterator[tuple[str, list[byt
 
 def _canonical(batches: Iterator[pa.RecordBatch], o: SinkOptions) -> Iterator[pa.RecordBatch]:
     """The partition sorted by (payload, topic): the same rows give the same numbering."""
+    import pyarrow.compute as pc  # in the tasks only: the driver's runners never need it
+
     table = pa.Table.from_batches(list(batches))
     if table.num_rows == 0:
         return iter(())
@@ -186,6 +187,8 @@ def _canonical(batches: Iterator[pa.RecordBatch], o: SinkOptions) -> Iterator[pa
 def stage_partition(o: SinkOptions, batches: Iterator[pa.RecordBatch], base: str) -> tuple[list[str], int, list[str]]:
     """Stage every row under ``base/t<i>`` (one handle per topic); returns (handles,
     rows, the distinct fencing tokens of the rows)."""
+    import pyarrow.compute as pc  # in the tasks only: the driver's runners never need it
+
     rpc = o.connect.client(o.server, timeout=o.timeout)
     fences: set[str] = set()
     handles: dict[str, str] = {}
