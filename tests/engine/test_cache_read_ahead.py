@@ -88,3 +88,52 @@ def test_a_small_budget_reads_ahead_less_than_it_holds():
     for p in positions:
         cache.get(p)
     assert io.reads == 1 and io.scans <= 1 + 5000 * (len(b"{\"i\":1234}") + 330) // (64 * 1024 // 8)
+
+
+# --- get_many: a named consumer's fetch ---------------------------------------------------------
+
+
+def test_get_many_serves_hits_and_scans_the_misses_without_keeping_them():
+    """A FIFO backlog four times the budget, fetched in pages as the Spark source does:
+    one scan per page, answers in the order asked, and the cache keeps what it held (no
+    entry of the fetch pushes out the next page's)."""
+    j, positions = journal_of(4000, every=7)
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan, bytes_max=1000 * (10 + 330))
+    for p in positions[-900:]:  # the newest, as publishes leave them
+        cache.put(p, cache.peek(p))
+    held = list(cache._entries)
+    io.reads = cache.misses = 0
+    for page in range(0, 4000, 500):
+        got = cache.get_many(positions[page:page + 500])
+        assert [e.seq for e in got] == list(range(page + 1, page + 501))
+    assert list(cache._entries) == held  # nothing added, nothing pushed out
+    assert io.reads == 0 and io.scans == 7  # one per page with misses: six whole, and 3000..3099
+    assert cache.misses == 3100
+
+
+def test_get_many_in_any_order_and_far_apart():
+    j, positions = journal_of(20000)
+    assert positions[10000] - positions[1] > cache_mod.READ_AHEAD_SPAN_BYTES
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan)
+    wanted = [positions[19999], positions[0], positions[1], positions[10000], positions[0]]
+    assert [e.seq for e in cache.get_many(wanted)] == [20000, 1, 2, 10001, 1]
+    assert io.scans == 3 and io.reads == 0  # runs of misses more than a span apart: a scan each
+
+
+def test_get_many_reports_a_damaged_record_by_its_own_read():
+    j, positions = journal_of(100)
+    def damaged(start: int, end: int):
+        yield from j.scan(start, positions[5])
+        raise errors.JournalCorrupt("a damaged record")
+
+    def read(position: int) -> bytes:
+        if position == positions[7]:
+            raise errors.JournalCorrupt(f"record at {position}: bad checksum")
+        return j.read(position)
+
+    cache = MessageCache(read, scan=damaged)
+    assert [e.seq for e in cache.get_many(positions[:7])] == [1, 2, 3, 4, 5, 6, 7]  # 6, 7 read alone
+    with pytest.raises(errors.JournalCorrupt, match="bad checksum"):
+        cache.get_many(positions[:10])

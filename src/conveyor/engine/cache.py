@@ -20,6 +20,11 @@ sequential scan instead and keeps the publishes of the next
 of the budget's worth (what it adds stays until it is read), so the next deliveries hit.
 Any other miss (the first, a priority queue's, a lookup by position) reads its record
 alone.
+
+**A fetch's page** (:meth:`MessageCache.get_many`, a named consumer's fetch) takes its
+hits from the cache and reads its misses in one scan per run of them, without keeping
+what it read: a page is read once, and keeping it would push out, in a FIFO backlog
+larger than the budget, the oldest entries, which are the next page's.
 """
 
 from __future__ import annotations
@@ -163,6 +168,43 @@ class MessageCache:
             self.put(position, found)
         self._last_miss = last  # the next miss past what this read continues the run
         return found
+
+    def get_many(self, positions: list[int]) -> list[Entry]:
+        """The messages at ``positions``, in that order, for a named consumer's fetch:
+        hits from the cache; misses read from the journal in sequential scans, one per
+        run of misses at most READ_AHEAD_SPAN_BYTES apart, and not kept. A fetch reads
+        each delivery once, and keeping what it read would push out the entries the
+        next pages need (in a FIFO backlog larger than the budget, the oldest: exactly
+        those). A damaged record is reported by its own read, as in :meth:`get`."""
+        entries = self._entries
+        out = [entries.get(p) for p in positions]
+        missing = sorted({p for p, e in zip(positions, out) if e is None})
+        if not missing:
+            return out  # type: ignore[return-value]  # no None left
+        self.misses += len(missing)
+        found: dict[int, Entry] = {}
+        if self._scan is not None:
+            first = 0
+            for i in range(1, len(missing) + 1):
+                if i == len(missing) or missing[i] - missing[i - 1] > READ_AHEAD_SPAN_BYTES:
+                    self._scan_into(found, missing[first:i])
+                    first = i
+        return [e if e is not None else found.get(p) or self._load(p) for p, e in zip(positions, out)]
+
+    def _scan_into(self, found: dict[int, Entry], run: list[int]) -> None:
+        """The publishes at the positions of ``run`` (ascending) into ``found``, from one
+        scan of the journal from the first to the last."""
+        assert self._scan is not None
+        wanted, decode, publish = set(run), records.decode, records.PublishRec
+        try:
+            for pos, payload in self._scan(run[0], run[-1] + 1):
+                if pos in wanted:
+                    rec = decode(payload)
+                    if type(rec) is publish:
+                        found[pos] = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq,
+                                           rec.correlation_id, rec.expiration)
+        except errors.JournalError:
+            pass  # what the scan did not bring is read alone (get_many), which reports it
 
     def peek(self, position: int) -> Entry:
         """The message at ``position`` as :meth:`get` gives it, but one read from the

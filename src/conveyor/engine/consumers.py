@@ -418,9 +418,10 @@ class NamedConsumers:
                 "instance before the delivery arrived from the instance that made it: read the range there, "
                 "or acknowledge past it", lo=cmd.lo, hi=cmd.hi,
             )
-        get, cid, queue = self._cache.get, cmd.cid, c.queue  # the journal keeps the bodies: retention_floor
+        cid, queue, wanted = cmd.cid, c.queue, positions.tolist()
+        found = self._cache.get_many(wanted)  # the journal keeps the bodies: retention_floor
         if cmd.columns:
-            pages = _pages(cmd.lo, positions.tolist(), [get(p) for p in positions], cid, queue)
+            pages = _pages(cmd.lo, wanted, found, cid, queue)
             self._outbox.send_all(conn, [*pages, m.Ack(ack_type="processed", cid=cid,
                                                        result=replies.FetchDone(count=len(positions)))])
             return
@@ -428,7 +429,7 @@ class NamedConsumers:
             m.Message(topic=entry.topic, data=entry.data, bookmark=format_bookmark(entry.publisher, entry.seq, p),
                       seq=entry.seq, timestamp=entry.timestamp, correlation_id=entry.correlation_id,
                       query_id=cid, queue=queue, delivery=d, publisher=entry.publisher)
-            for d, p in enumerate(positions, cmd.lo + 1) for entry in (get(p),)
+            for d, p, entry in zip(range(cmd.lo + 1, cmd.hi + 1), wanted, found)
         ]
         out.append(m.Ack(ack_type="processed", cid=cid, result=replies.FetchDone(count=len(out))))
         self._outbox.send_all(conn, out)
