@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench.bench_publish import free_port
-from bench.report import git_rev, machine, median, write_section
+from bench.report import git_rev, machine, median, spark_python, write_section
 
 CONFIG = """<AMPSConfig><Name>bench</Name>
 <Transports><Transport><Name>t</Name><Type>tcp</Type><InetAddr>127.0.0.1:{port}</InetAddr><Protocol>amps</Protocol></Transport></Transports>
@@ -180,7 +180,7 @@ def main() -> None:
         body = f"""Command: `.venv/bin/python -m bench.bench_spark --write` ({n:,} messages of about 110 bytes,
 {args.rounds} timed rounds after a warm-up round, medians).
 
-Machine: {machine()}; commit {git_rev()}. Spark `local[2]`, one micro-batch per run
+Machine: {machine()}; commit {git_rev()}; {spark_python()}. Spark `local[2]`, one micro-batch per run
 (`Trigger.AvailableNow`), 2 input partitions for both sources, the same transformation
 (`from_json` + a computed column + `to_json`) and, in the first two rows, the same sink
 (the conveyor txn sink publishing every row to a topic), so the difference is the source.

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench.bench_spark import start_server
-from bench.report import git_rev, machine, median, write_section
+from bench.report import git_rev, machine, median, spark_python, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """<AMPSConfig><Name>bench</Name>
@@ -157,7 +157,7 @@ def main() -> None:
 timed rounds per driver after a warm-up round, medians; both drivers in the same run,
 against the same server).
 
-Machine: {machine()}; commit {git_rev()}. The demo's streaming query
+Machine: {machine()}; commit {git_rev()}; {spark_python()}. The demo's streaming query
 (`examples/demo_pipeline.py`: the conveyor source as a named consumer, `from_json` and
 the enrichment SQL, the transactional sink with the fence column, `Trigger.AvailableNow`,
 {MAX_RECORDS:,} orders per micro-batch, 2 partitions). `local[2]`: driver and executors

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bench.bench_spark import start_server
-from bench.report import git_rev, machine, write_section
+from bench.report import git_rev, machine, spark_python, write_section
 from conveyor.records.facts import describe_record
 from conveyor.records import encode_publish
 from conveyor.journal import Journal
@@ -157,7 +157,7 @@ def main() -> None:
     if args.write and not args.quick:
         body = (
             "Command: `.venv/bin/python -m bench.bench_spark_journal --write` (local[2]).\n\n"
-            f"Machine: {machine()}; commit {git_rev()}.\n\n{table}\n"
+            f"Machine: {machine()}; commit {git_rev()}; {spark_python()}.\n\n{table}\n"
         )
         write_section("Spark journal reader", body)
 

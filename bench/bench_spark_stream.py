@@ -73,7 +73,7 @@ from pathlib import Path
 
 from bench.bench_latency import cpu_seconds
 from bench.bench_spark import SCHEMA, TRANSFORM, orders, start_server
-from bench.report import git_rev, machine, median, write_section
+from bench.report import git_rev, machine, median, spark_python, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM_SCHEMA = SCHEMA + ", ts DOUBLE"
@@ -480,7 +480,7 @@ def main() -> None:
         body = f"""Command: `.venv/bin/python -m bench.bench_spark_stream {' '.join(sys.argv[1:])}`
 ({n:,} messages of about 130 bytes per run; {rounds_text}).
 
-Machine: {machine()}; commit {git_rev()}. Spark `local[2]`, {trigger}, micro-batches of
+Machine: {machine()}; commit {git_rev()}; {spark_python()}. Spark `local[2]`, {trigger}, micro-batches of
 {args.batch:,} rows in {args.partitions} tasks for both sources, bench_spark's transformation
 (`from_json` + a computed column + `to_json`). The query is started and waiting before
 anything is produced, so start-up is not measured. Conveyor: a publisher process

@@ -74,3 +74,15 @@ def serve(config: Path, *, env: dict | None = None, cwd: str | None = None) -> t
     log: list[str] = []
     threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
     return proc, port, log
+
+
+def spark_python() -> str:
+    """Whether Spark's Python processes start from a prepared pyspark.zip
+    (``conveyor spark prepare``, docs/spark.md): a second a query, so every Spark
+    figure says which."""
+    from conveyor.spark import prepare
+
+    states = {prepare.status(z) for z in prepare.zips(prepare.spark_home())}
+    if states == {"already prepared"}:
+        return "Spark's pyspark.zip prepared (`conveyor spark prepare`)"
+    return "Spark's pyspark.zip as installed (not prepared)"
