@@ -83,6 +83,63 @@ def test_lease_deadline_heap_stays_bounded_and_due_skips_stale_entries():
     t.check(lambda p: p in t.leased or p in due)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_runs_and_single_deadlines_fall_due_together_in_order(seed):
+    """Rule 3's runs (lease_all, renew_held) read with the single entries (lease, renew)
+    against a model of the live leases: due() gives exactly those at or before now, in
+    (deadline, position) order; next_deadline() is the earliest live one; check() holds;
+    after a sweep the entries are bounded as with one heap."""
+    rng = random.Random(seed)
+    s, (seat, other) = seats(Consumer("A", "A", max_backlog=10**6), Consumer("B", "B", max_backlog=10**6))
+    t = table()
+    live: dict[int, float] = {}  # the model: position -> deadline
+    free = list(range(1, 400))
+    rng.shuffle(free)
+    now = 0.0
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.25 and free:  # a batch, one deadline
+            batch = sorted(free.pop() for _ in range(min(len(free), rng.randint(1, 20))))
+            d = now + rng.choice([5.0, 10.0, 10.0, 20.0])
+            t.lease_all(batch, seat, d, [0.0] * len(batch), batch)
+            live.update(dict.fromkeys(batch, d))
+        elif op < 0.4 and free:
+            p = free.pop()
+            d = now + rng.choice([3.0, 10.0, 15.0])
+            t.lease(p, rng.choice([seat, other]), d, 0.0, p, delivery=True)
+            live[p] = d
+        elif op < 0.5:  # the named consumer's heartbeat: everything A holds
+            d = now + rng.choice([10.0, 12.0])
+            t.renew_held(seat, None, d)
+            live.update({p: d for p in seat.held if p in live})
+        elif op < 0.55 and live:
+            p = rng.choice(sorted(live))
+            d = now + rng.choice([1.0, 30.0])
+            t.renew(p, t.leased[p], d)
+            live[p] = d
+        elif op < 0.8 and live:
+            for p in rng.sample(sorted(live), min(len(live), rng.randint(1, 10))):
+                t.acknowledge(p)
+                del live[p]
+                free.append(p)
+            t.trim()
+        else:
+            now += rng.choice([1.0, 4.0, 9.0])
+            expected = sorted((d, p) for p, d in live.items() if d <= now)
+            got = []
+            for p, lease in t.due(now):
+                got.append((lease.deadline, p))
+                t.end(p)
+                t.forget(p)  # expired for good, as far as this test goes
+                del live[p]
+                free.append(p)
+            assert got == expected
+        assert t.next_deadline() == (min(live.values()) if live else None)
+        t.check(lambda p: p in live)
+        t.trim()  # the sweep, as the queue calls it after acks and renewals
+        assert t.deadlines_size <= HEAP_SLACK * len(live) + HEAP_SLACK_MIN
+
+
 def test_a_renewed_lease_is_not_due_at_its_old_deadline():
     """Rule 3: the entry a renewal leaves behind is stale."""
     s, (seat,) = seats(Consumer("A", "A", max_backlog=5))

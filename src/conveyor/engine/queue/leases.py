@@ -17,6 +17,11 @@ happened; the table itself knows no message state. Rules:
    whose lease has ended or moved is stale and skipped when it reaches the top. Stale
    entries are swept once they outnumber the live ones by ``HEAP_SLACK`` (plus
    ``HEAP_SLACK_MIN``), so the heap stays O(leases). Every live lease has its entry.
+   A batch of leases with one deadline (a named consumer's lease of a batch, or the
+   renewal of all it holds: :meth:`lease_all`, :meth:`renew_held`) is one entry of a
+   second heap instead, a :class:`_Run` (its positions ascending, read from a cursor), one entry per batch rather than a tuple and
+   a push per message, and dropped whole once read. Both heaps are read together, in
+   (deadline, position) order; a run's entries count as heap entries for the sweep.
 4. Counts are kept only for messages still in the queue (available or leased): the queue
    calls :meth:`forget` when a message is done, so they cost nothing once it is.
 5. :meth:`limit_reasons`: why a message coming back to the queue must expire instead
@@ -36,7 +41,7 @@ happened; the table itself knows no message state. Rules:
 
 from __future__ import annotations
 
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Protocol, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
@@ -66,12 +71,30 @@ class Lease:
         self.key = key  # order key: the position, or (priority queue) rank and position
 
 
+class _Run:
+    """Rule 3: leases of one deadline, one entry of the runs' heap, read from ``at``.
+    Ordered by its next entry, (deadline, position): only the heap's top is ever read,
+    so only its key moves, and it is sifted down again when it does."""
+
+    __slots__ = ("deadline", "seq", "positions", "at")
+
+    def __init__(self, deadline: float, seq: int, positions: list[int]) -> None:
+        self.deadline = deadline
+        self.seq = seq  # orders runs of one deadline
+        self.positions = positions
+        self.at = 0
+
+    def __lt__(self, other: _Run) -> bool:
+        return ((self.deadline, self.positions[self.at], self.seq)
+                < (other.deadline, other.positions[other.at], other.seq))
+
+
 class LeaseTable:
     """Leases, deadlines, delivery and cancel counts, at-most-once deliveries awaiting
     their ack (rules 1-5)."""
 
     __slots__ = (
-        "leased", "consumed", "_deadlines", "_deliveries", "_cancels",
+        "leased", "consumed", "_deadlines", "_runs", "_in_runs", "_run_seq", "_deliveries", "_cancels",
         "_expiration", "_max_cancels", "_max_deliveries", "slots_freed", "_notes",
     )
 
@@ -81,6 +104,9 @@ class LeaseTable:
         self.leased: dict[int, Lease] = {}
         self.consumed: dict[int, Seat] = {}  # at-most-once deliveries awaiting the ack
         self._deadlines: list[tuple[float, int]] = []  # heap (rule 3; some entries stale)
+        self._runs: list[_Run] = []  # heap (rule 3)
+        self._in_runs = 0  # the runs' entries not read yet
+        self._run_seq = 0
         self._deliveries: dict[int, int] = {}  # delivered at least once, still in the queue
         self._cancels: dict[int, int] = {}
         # rule 6: (the application's last failure reason, the last consumer's key)
@@ -116,13 +142,13 @@ class LeaseTable:
         if __debug__:
             for p in positions:
                 assert p not in self.leased and p not in self.consumed, f"{p} is leased or consumed already"
-        leased, heap, deliveries = self.leased, self._deadlines, self._deliveries
+        leased, deliveries = self.leased, self._deliveries
         counts: list[int] = []
         for p, t, k in zip(positions, published_at, keys):
             leased[p] = Lease(seat, deadline, t, k)
-            heappush(heap, (deadline, p))
             n = deliveries[p] = deliveries.get(p, 0) + 1
             counts.append(n)
+        self._push_run(deadline, positions)
         seat.held.update(positions)
         _backlog(seat, len(positions))
         return counts
@@ -168,14 +194,18 @@ class LeaseTable:
 
     def renew_held(self, seat: Seat, positions: Iterable[int] | None, deadline: float) -> int:
         """Move the deadline of each of ``positions`` (None: all) still leased to ``seat``;
-        how many were."""
+        how many were. The moved ones become one run (rule 3)."""
         renewed = 0
+        moved: list[int] = []
         leased = self.leased
         for p in list(seat.held) if positions is None else positions:
             lease = leased.get(p)
             if lease is not None and lease.seat is seat:
-                self.renew(p, lease, deadline)
+                if lease.deadline != deadline:
+                    lease.deadline = deadline
+                    moved.append(p)
                 renewed += 1
+        self._push_run(deadline, moved)
         self.trim()
         return renewed
 
@@ -218,12 +248,48 @@ class LeaseTable:
 
     # --- deadlines --------------------------------------------------------------------------
 
+    def _push_run(self, deadline: float, positions: list[int]) -> None:
+        """Rule 3: ``positions``, all leased until ``deadline``, as one run."""
+        if positions:
+            self._run_seq += 1
+            heappush(self._runs, _Run(deadline, self._run_seq, sorted(positions)))
+            self._in_runs += len(positions)
+
+    def _next(self) -> tuple[float, int] | None:
+        """The earliest (deadline, position) of either heap, stale or not; None: none."""
+        heap, runs = self._deadlines, self._runs
+        if runs:
+            run = runs[0]
+            head = (run.deadline, run.positions[run.at])
+            if not heap or head < heap[0]:
+                return head
+        return heap[0] if heap else None
+
+    def _pop(self) -> None:
+        """Drop the entry :meth:`_next` gave."""
+        heap, runs = self._deadlines, self._runs
+        if runs:
+            run = runs[0]
+            if not heap or (run.deadline, run.positions[run.at]) < heap[0]:
+                run.at += 1
+                self._in_runs -= 1
+                if run.at == len(run.positions):
+                    heappop(runs)
+                else:
+                    heapreplace(runs, run)  # its key moved
+                return
+        heappop(heap)
+
     def due(self, now: float) -> Iterator[tuple[int, Lease]]:
         """The leases whose deadline is at or before ``now``, in (deadline, position)
         order. The caller ends each one before asking for the next."""
         heap, leased = self._deadlines, self.leased
-        while heap and heap[0][0] <= now:
-            d, p = heappop(heap)
+        while self._runs or (heap and heap[0][0] <= now):
+            entry = self._next()  # with no run (the common case) this is heap[0]
+            if entry is None or entry[0] > now:
+                return
+            self._pop()
+            d, p = entry
             lease = leased.get(p)
             if lease is None or lease.deadline != d:
                 continue  # stale: acknowledged or re-leased since
@@ -231,26 +297,55 @@ class LeaseTable:
 
     def next_deadline(self) -> float | None:
         """The earliest live lease deadline."""
-        heap, leased = self._deadlines, self.leased
-        while heap:
-            d, p = heap[0]
+        leased = self.leased
+        runs = self._runs
+        while runs:  # a run's stale head first, in one loop: most of a batch is acked before it falls due
+            run = runs[0]
+            d, positions, i = run.deadline, run.positions, run.at
+            n = len(positions)
+            while i < n and ((lease := leased.get(positions[i])) is None or lease.deadline != d):
+                i += 1
+            moved = i - run.at
+            self._in_runs -= moved
+            run.at = i
+            if i == n:
+                heappop(runs)
+            elif moved:
+                heapreplace(runs, run)  # its key moved: another run may come first now
+            else:
+                break
+        heap = self._deadlines
+        if not runs:  # the common case (no named consumer's batch), asked every dispatch: one heap
+            while heap:
+                d, p = heap[0]
+                lease = leased.get(p)
+                if lease is not None and lease.deadline == d:
+                    return d
+                heappop(heap)  # stale: dropping it changes no state
+            return None
+        while runs or heap:
+            entry = self._next()
+            assert entry is not None
+            d, p = entry
             lease = leased.get(p)
             if lease is not None and lease.deadline == d:
                 return d
-            heappop(heap)  # stale: dropping it changes no state
+            self._pop()  # stale: dropping it changes no state
         return None
 
     def trim(self) -> None:
         """Rule 3: sweep the stale deadlines once they dominate."""
         heap, leased = self._deadlines, self.leased
-        if len(heap) > HEAP_SLACK * len(leased) + HEAP_SLACK_MIN:
+        if len(heap) + self._in_runs > HEAP_SLACK * len(leased) + HEAP_SLACK_MIN:
             heap[:] = [(lease.deadline, p) for p, lease in leased.items()]
             heapify(heap)
+            self._runs.clear()
+            self._in_runs = 0
 
     @property
     def deadlines_size(self) -> int:
-        """Entries in the deadline heap, stale ones included (rule 3 bounds it)."""
-        return len(self._deadlines)
+        """Entries in the deadline heaps not read yet, stale ones included (rule 3 bounds it)."""
+        return len(self._deadlines) + self._in_runs
 
     # --- counts ---------------------------------------------------------------------------
 
@@ -342,6 +437,8 @@ class LeaseTable:
         with or without ``-O``). ``tracked(p)``: whether ``p`` is still in the queue
         (available or leased)."""
         live = set(self._deadlines)
+        live.update((run.deadline, p) for run in self._runs for p in run.positions[run.at:])
+        _require(self._in_runs == sum(len(run.positions) - run.at for run in self._runs), "runs miscounted")
         for p, lease in self.leased.items():
             _require((lease.deadline, p) in live, f"lease of {p} missing from the deadline heap")
             _require(p in lease.seat.held, f"lease of {p} not held by its seat")
