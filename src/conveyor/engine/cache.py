@@ -151,8 +151,7 @@ class MessageCache:
                     continue
                 rec = decode(payload)
                 if type(rec) is publish:
-                    entry = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id,
-                                  rec.expiration)
+                    entry = _entry(rec)
                     self.put(pos, entry)
                     added += len(rec.data) + _ENTRY_OVERHEAD_BYTES
                     if pos == position:
@@ -201,8 +200,7 @@ class MessageCache:
                 if pos in wanted:
                     rec = decode(payload)
                     if type(rec) is publish:
-                        found[pos] = Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq,
-                                           rec.correlation_id, rec.expiration)
+                        found[pos] = _entry(rec)
         except errors.JournalError:
             pass  # what the scan did not bring is read alone (get_many), which reports it
 
@@ -218,7 +216,7 @@ class MessageCache:
         rec = records.decode(self._read(position))
         if not isinstance(rec, records.PublishRec):
             raise LookupError(f"position {position} is not a published message")
-        return Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)
+        return _entry(rec)
 
     def data(self, position: int) -> object:
         """Decoded body of the message at ``position`` (the queue's ``load``)."""
@@ -228,3 +226,8 @@ class MessageCache:
         entry = self._entries.pop(position, None)
         if entry is not None:
             self._bytes -= len(entry.data) + _ENTRY_OVERHEAD_BYTES
+
+
+def _entry(rec: records.PublishRec) -> Entry:
+    """A recorded publish, read back from the journal, as the cache holds it."""
+    return Entry(rec.topic, rec.data, rec.timestamp, rec.publisher, rec.seq, rec.correlation_id, rec.expiration)

@@ -19,9 +19,10 @@ happened; the table itself knows no message state. Rules:
    ``HEAP_SLACK_MIN``), so the heap stays O(leases). Every live lease has its entry.
    A batch of leases with one deadline (a named consumer's lease of a batch, or the
    renewal of all it holds: :meth:`lease_all`, :meth:`renew_held`) is one entry of a
-   second heap instead, a :class:`_Run` (its positions ascending, read from a cursor), one entry per batch rather than a tuple and
-   a push per message, and dropped whole once read. Both heaps are read together, in
-   (deadline, position) order; a run's entries count as heap entries for the sweep.
+   second heap instead, a :class:`_Run` (its positions ascending, read from a cursor):
+   one entry per batch rather than a tuple and a push per message, dropped whole once
+   read. Both heaps are read together, in (deadline, position) order; a run's unread
+   entries count as heap entries for the sweep.
 4. Counts are kept only for messages still in the queue (available or leased): the queue
    calls :meth:`forget` when a message is done, so they cost nothing once it is.
 5. :meth:`limit_reasons`: why a message coming back to the queue must expire instead
