@@ -297,10 +297,12 @@ class LeaseTable:
             yield p, lease
 
     def next_deadline(self) -> float | None:
-        """The earliest live lease deadline."""
+        """The earliest live lease deadline: the earlier of the two heaps' heads, once
+        their stale heads are gone (a run's in one loop: most of a batch is acked before
+        it falls due)."""
         leased = self.leased
         runs = self._runs
-        while runs:  # a run's stale head first, in one loop: most of a batch is acked before it falls due
+        while runs:
             run = runs[0]
             d, positions, i = run.deadline, run.positions, run.at
             n = len(positions)
@@ -316,23 +318,15 @@ class LeaseTable:
             else:
                 break
         heap = self._deadlines
-        if not runs:  # the common case (no named consumer's batch), asked every dispatch: one heap
-            while heap:
-                d, p = heap[0]
-                lease = leased.get(p)
-                if lease is not None and lease.deadline == d:
-                    return d
-                heappop(heap)  # stale: dropping it changes no state
-            return None
-        while runs or heap:
-            entry = self._next()
-            assert entry is not None
-            d, p = entry
+        while heap:
+            d, p = heap[0]
             lease = leased.get(p)
             if lease is not None and lease.deadline == d:
-                return d
-            self._pop()  # stale: dropping it changes no state
-        return None
+                break
+            heappop(heap)  # stale: dropping it changes no state
+        if not heap:
+            return runs[0].deadline if runs else None
+        return min(heap[0][0], runs[0].deadline) if runs else heap[0][0]
 
     def trim(self) -> None:
         """Rule 3: sweep the stale deadlines once they dominate."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import dataclass
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -181,9 +182,8 @@ class ReplicationSource:
         #: Rule 6: queues whose replicated messages follow ownership, not local delivery.
         self.owned_queues = repl.replicated_queues(config.queues) if repl else frozenset()
         self._send = self._send_table()
-        # The removals of the batch being read (rule 6): [index in the payloads, queue,
-        # kind, publishers, seqs], encoded when the batch is complete.
-        self._removals: list[list[Any]] = []
+        # The removals of the batch being read (rule 6), encoded when it is complete.
+        self._removals: list[_Removals] = []
 
     @property
     def routed(self) -> frozenset[type]:
@@ -328,8 +328,8 @@ class ReplicationSource:
                     raise errors.JournalError(f"replication to {link.name}: no route for {type(rec).__name__}")
                 if send is not None:
                     send(link, rec, payload, peer, payloads)
-        for index, queue, kind, publishers, seqs in self._removals:
-            payloads[index] = records.encode(records.QueueRemovedRec(queue, publishers, seqs, kind))
+        for r in self._removals:
+            payloads[r.index] = records.encode(records.QueueRemovedRec(r.queue, r.publishers, r.seqs, r.kind))
         self._removals = []
         through = end if last is None else self._journal.position_after(last)
         return p.Batch(through=through, records=payloads)
@@ -445,11 +445,11 @@ class ReplicationSource:
         removals = self._removals
         if removals:
             last = removals[-1]
-            if last[0] == len(payloads) - 1 and last[1] == queue and last[2] == kind:
-                last[3] += publishers
-                last[4] += seqs
+            if last.index == len(payloads) - 1 and last.queue == queue and last.kind == kind:
+                last.publishers += publishers
+                last.seqs += seqs
                 return
-        removals.append([len(payloads), queue, kind, publishers, seqs])
+        removals.append(_Removals(len(payloads), queue, kind, publishers, seqs))
         payloads.append(b"")  # encoded at the end of the batch (_read_batch)
 
     def persisted_floor(self) -> int | None:
@@ -527,6 +527,18 @@ class ReplicationSource:
             )
             for link in self.links.values()
         )
+
+
+@dataclass(slots=True)
+class _Removals:
+    """Removals of one queue and kind next to each other in a batch (rule 6): the
+    QueueRemovedRec that goes at ``index`` among its payloads."""
+
+    index: int
+    queue: str
+    kind: str
+    publishers: list[int]
+    seqs: list[int]
 
 
 def _columns(idents: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
