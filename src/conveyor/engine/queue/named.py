@@ -106,7 +106,8 @@ class NamedLeases:
             lease = leased.get(p)
             if lease is None or lease.seat is not seat:
                 return False
-        self._transitions.move_all(positions, Verb.ACKNOWLEDGE, _LEASED)
+        # LEASED is what the loop above just saw (leased to this seat): not checked again
+        self._transitions.move_all(positions, Verb.ACKNOWLEDGE, _LEASED, checked=False)
         self._leases.acknowledge_all(positions, seat)
         self._replica.forget_all(positions)
         self._leases.trim()
