@@ -107,3 +107,13 @@ def test_only_a_plain_publish_starts_with_the_plain_head():
         assert not payload.startswith(records.PLAIN_PUBLISH_HEAD)
     with pytest.raises(msgspec.ValidationError):
         records.decode_plain(records.encode(records.ReceivedRec("A", "j", 5)))
+
+
+@pytest.mark.parametrize("index,total", [(0, 1), (3, 9), (2**20, 2**20 + 1)])
+def test_a_txn_row_is_encoded_as_its_publish_record(index, total):
+    """The transaction commit's tuple encoder writes exactly the PublishRec it stands for."""
+    payload = records.encode_txn_publish("results", 2**63 + 1, 12, 1764000000.5, b'{"a": 1}', index, total)
+    rec = records.PublishRec("results", 2**63 + 1, 12, 1764000000.5, b'{"a": 1}', None, txn_index=index,
+                             txn_total=total)
+    assert payload == records.encode(rec)
+    assert records.decode(payload) == rec

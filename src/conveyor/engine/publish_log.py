@@ -278,6 +278,25 @@ class PublishLog:
         ])
         return len(run)
 
+    def append_txn(self, rows: list[tuple[str, bytes]], publisher: int, seq: int, now: float) -> None:
+        """Journal a committed transaction's rows (``seq`` already checked) as one
+        contiguous run of publish records, ``txn_index`` 0..n-1 of ``txn_total`` n, in one
+        journal call (nothing is noted when the journal refuses the run)."""
+        n = len(rows)
+        if not n:
+            return
+        encode = records.encode_txn_publish
+        journal = self._journal
+        positions = journal.append_many([encode(topic, publisher, seq, now, data, i, n)
+                                         for i, (topic, data) in enumerate(rows)])
+        self._note(publisher, seq)
+        ends = positions[1:]
+        ends.append(journal.end)
+        self.pending.extend([
+            PendingPublish(position, end, topic, publisher, seq, now, data, None, "", 0.0, "")
+            for position, end, (topic, data) in zip(positions, ends, rows)
+        ])
+
     def pending_position(self, publisher: int, seq: int) -> int | None:
         """The position of a publish journaled but not yet applied (None: not pending).
         A scan, newest first: for a record of the same replicated batch that names it."""

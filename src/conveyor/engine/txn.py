@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from conveyor import errors, records
+from conveyor import errors
 from conveyor.protocol.bookmarks import txn_publisher_id
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
@@ -217,10 +217,7 @@ class Transactions:
         rows = self.staging.take(txns)
         n = len(rows)
         # Rule 2: one synchronous step, so one contiguous run in one group commit.
-        for i, (topic, data) in enumerate(rows):
-            publishes.append_record(
-                records.PublishRec(topic, publisher, cmd.seq, now, data, None, txn_index=i, txn_total=n)
-            )
+        publishes.append_txn(rows, publisher, cmd.seq, now)
         for fence in cmd.fences:  # after the rows: a crash keeps the ack only with them
             assert self._named is not None  # fences without named consumers were refused above
             self._named.ack_fence(fence, now)
