@@ -151,3 +151,21 @@ def test_the_same_batch_asked_for_twice_is_leased_early_twice(conveyor_server):
     started = time.monotonic()
     assert r.latestOffset(end, ReadMaxRows(10))["d"] == 20
     assert time.monotonic() - started < 3  # taken from the early lease, not after a wait for it
+
+
+def test_a_partial_early_lease_is_kept_and_topped_up(conveyor_server):
+    """The queue held fewer than a batch when the early lease was made: the next batch
+    keeps those deliveries and leases the rest after them; nothing is re-offered."""
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 14)
+    r = reader(uri)
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    assert soon(uri, lambda c: c.d >= 14).d == 14  # the early lease found 4 (11..14)
+    publish_numbers(uri, 14, 16)
+    replies, lease = [], r._rpc.lease
+    r._rpc.lease = lambda *a, **k: replies.append(lease(*a, **k)) or replies[-1]
+    end2 = r.latestOffset(end, ReadMaxRows(10))
+    assert end2["d"] == 20
+    assert [(g.leased, g.reoffered) for g in replies] == [(6, 0)]  # 15..20 after the early 11..14
+    assert rows(r, r.partitions(end, end2)) == list(range(10, 20))

@@ -31,7 +31,9 @@ gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d":
    ``end``, the driver's background connection (its own thread, which also renews the
    leases every ttl/3 and sends the acks) leases the deliveries after ``end``. The next
    ``latestOffset(end)`` takes that answer if it is for the same ``after``, limit and
-   ``upto`` and is a full batch; otherwise it leases as before, and the server
+   ``upto``: whole if it is a full batch; if it leased fewer (the queue held fewer
+   then), with the rest of the batch leased after it (``lease(after=its d)``). Any other
+   answer (none, another key, a re-offer) and it leases as before, and the server
    re-offers what the early lease numbered (``after < D``), so an early lease that is
    not used, or a crash in between, costs a re-offer, never a delivery. One early lease
    at a time; fenced by the same epoch.
@@ -229,7 +231,14 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             background.ack(after)  # rule 1: the batch ending at `start` is in Spark's commit log by now
         key = (after, most, self._upto)
         got = background.take(key, o.timeout)  # rule 7
-        if got is None or (most and got.d - after < most):
+        if got is not None and most and not got.reoffered and got.d - after == got.leased < most:
+            # The early lease numbered part of a batch (the queue held fewer then): keep
+            # its deliveries and lease the rest after them, rather than lease the batch
+            # again (which re-offers each of them, message by message).
+            base = got.d
+            got = self._guard(lambda: rpc.lease(o.queue, o.consumer, base, most - (base - after), o.lease_seconds,
+                                                self._upto, epoch))
+        elif got is None or (most and got.d - after < most):
             got = self._guard(lambda: rpc.lease(o.queue, o.consumer, after, most, o.lease_seconds, self._upto, epoch))
             if got.reoffered and not got.leased and got.d == got.D and (not most or got.d - after < most):
                 # An early lease numbered fewer than this batch may take (another limit, a
