@@ -137,3 +137,24 @@ def test_get_many_reports_a_damaged_record_by_its_own_read():
     assert [e.seq for e in cache.get_many(positions[:7])] == [1, 2, 3, 4, 5, 6, 7]  # 6, 7 read alone
     with pytest.raises(errors.JournalCorrupt, match="bad checksum"):
         cache.get_many(positions[:10])
+
+
+def test_get_many_reads_every_layout_of_publish_a_miss_may_find():
+    """A miss comes back as the record the scan decoded: a plain publish (its lighter
+    layout) and a publish with fields of its own (a transaction's row, a replica's, a
+    SOW topic's) read the same to a fetch."""
+    j = MemoryJournal()
+    payloads = [
+        records.encode_publish("t", 7, 1, 1000.5, b'{"a":1}', "c1"),
+        records.encode_txn_publish("r", 8, 2, 1001.5, b'{"b":2}', 0, 1),
+        records.Arrival("A", "east", ["A"]).encode(records.encode_publish("u", 9, 3, 1002.5, b"x", None),
+                                                   records.decode(records.encode_publish("u", 9, 3, 1002.5, b"x", None))),
+        records.encode_sow_publish("s", 10, 4, 1003.5, b'{"k":1}', None, 2000.0, "k1"),
+    ]
+    positions = [j.append(p) for p in payloads]
+    j.commit()
+    got = MessageCache(j.read, scan=j.scan).get_many(positions)
+    assert [(e.topic, e.data, e.timestamp, e.publisher, e.seq, e.correlation_id) for e in got] == [
+        ("t", b'{"a":1}', 1000.5, 7, 1, "c1"), ("r", b'{"b":2}', 1001.5, 8, 2, None), ("u", b"x", 1002.5, 9, 3, None),
+        ("s", b'{"k":1}', 1003.5, 10, 4, None)]
+    assert type(got[0]) is records.PlainPublish

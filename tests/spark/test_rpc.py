@@ -9,7 +9,10 @@ import pytest
 
 from conveyor import errors
 from conveyor.client.rpc import RpcClient
+from conveyor.protocol.messages import FetchPacked
 from conveyor.protocol.replies import CommitReply, ConsumerInfoReply
+from conveyor.spark.datasource import ConveyorDataSource
+from conveyor.spark.source import arrow_schema, packed_batch, to_batch
 from tests.serverproc import ServerProcess, write_config
 from tests.spark.helpers import QUEUE, QUEUES, publish_numbers, read_topic
 
@@ -39,10 +42,16 @@ def test_named_consumer_calls(conveyor_server, monkeypatch):
 
         columnar = rows(rpc.fetch_pages(QUEUE, "c", 0, 10, page=4))
         fetch_items = rpc._fetch
-        monkeypatch.setattr(rpc, "_fetch", lambda *a, columns: fetch_items(*a, columns=False))
+        monkeypatch.setattr(rpc, "_fetch", lambda *a, columns, packed=False: fetch_items(*a, columns=False))
         assert rows(rpc.fetch_pages(QUEUE, "c", 0, 10, page=4)) == columnar
         assert [lo for lo, *_ in columnar] == [0, 4, 8]
         monkeypatch.undo()
+        # packed: the same pages, each field in one buffer, and the same Arrow batches from them
+        packed = list(rpc.fetch_pages(QUEUE, "c", 0, 10, page=4, packed=True))
+        assert all(isinstance(p, FetchPacked) for p in packed) and [(p.lo, p.n) for p in packed] == [(0, 4), (4, 4), (8, 2)]
+        schema = arrow_schema(ConveyorDataSource({}).schema())
+        assert [packed_batch(p, schema, "string", "f") for p in packed] == [
+            to_batch(p, schema, "string", "f") for p in rpc.fetch_pages(QUEUE, "c", 0, 10, page=4)]
         # a re-offer (after < D) leases nothing new
         again = rpc.lease(QUEUE, "c", 5, 10, 30, epoch=epoch)
         assert (again.d, again.leased, again.reoffered) == (10, 0, 5)

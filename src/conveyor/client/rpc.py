@@ -270,13 +270,16 @@ class RpcClient:
             if isinstance(item, m.Message):
                 yield item
 
-    def fetch_pages(self, queue: str, consumer: str, lo: int, hi: int, page: int = 10000) -> Iterator[m.FetchPage]:
+    def fetch_pages(self, queue: str, consumer: str, lo: int, hi: int, page: int = 10000, *, packed: bool = False
+                    ) -> Iterator[m.FetchPage | m.FetchPacked]:
         """:meth:`fetch`, column by column: the same deliveries as :class:`FetchPage`
-        objects, each holding a run of them in d order (no object per message). A
-        server that answers message by message (an older release) is read the same."""
+        objects, each holding a run of them in d order (no object per message); with
+        ``packed``, as :class:`FetchPacked` pages (one buffer per field) from a server
+        that has them. A server that answers message by message (an older release) is
+        read the same, as FetchPage."""
         rows: list[m.Message] = []
-        for item in self._fetch(queue, consumer, lo, hi, page, columns=True):
-            if isinstance(item, m.FetchPage):
+        for item in self._fetch(queue, consumer, lo, hi, page, columns=True, packed=packed):
+            if isinstance(item, (m.FetchPage, m.FetchPacked)):
                 yield item
             else:
                 rows.append(item)
@@ -286,8 +289,8 @@ class RpcClient:
         if rows:
             yield _as_page(rows)
 
-    def _fetch(self, queue: str, consumer: str, lo: int, hi: int, page: int, *, columns: bool
-               ) -> Iterator[m.Message | m.FetchPage]:
+    def _fetch(self, queue: str, consumer: str, lo: int, hi: int, page: int, *, columns: bool, packed: bool = False
+               ) -> Iterator[m.Message | m.FetchPage | m.FetchPacked]:
         pages = [(a, min(hi, a + max(1, page))) for a in range(lo, hi, max(1, page))]
         if not pages:
             return
@@ -298,7 +301,7 @@ class RpcClient:
         def request(i: int) -> None:
             cid = self._cid()
             self._send([m.Fetch(queue=queue, consumer=consumer, lo=pages[i][0], hi=pages[i][1], cid=cid,
-                                columns=columns)])
+                                columns=columns, packed=packed)])
             inflight.append(cid)
 
         finished = False
@@ -310,7 +313,7 @@ class RpcClient:
                 cid = inflight.pop(0)
                 while True:
                     item = self._next_item()
-                    if isinstance(item, (m.Message, m.FetchPage)):
+                    if isinstance(item, (m.Message, m.FetchPage, m.FetchPacked)):
                         if item.query_id == cid:
                             yield item
                     elif isinstance(item, m.Ack) and item.cid == cid:

@@ -30,7 +30,7 @@ larger than the budget, the oldest entries, which are the next page's.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 from conveyor import errors, records
 from conveyor.engine import poison
@@ -47,6 +47,24 @@ READ_AHEAD_SPAN_BYTES = 256 * 1024  # journal bytes one sequential miss reads an
 #: entries the cache let go (a large query reads millions) would pile up between its
 #: full collections instead of going at once.
 _UNDECODED = object()
+
+
+class Fetched(Protocol):
+    """What a named consumer's fetch reads of a message (:meth:`MessageCache.get_many`):
+    an :class:`Entry` from the cache, or the record a miss read from the journal."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def timestamp(self) -> float: ...
+    @property
+    def publisher(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def correlation_id(self) -> str | None: ...
 
 
 class Entry:
@@ -168,20 +186,22 @@ class MessageCache:
         self._last_miss = last  # the next miss past what this read continues the run
         return found
 
-    def get_many(self, positions: list[int]) -> list[Entry]:
+    def get_many(self, positions: list[int]) -> list[Fetched]:
         """The messages at ``positions``, in that order, for a named consumer's fetch:
         hits from the cache; misses read from the journal in sequential scans, one per
         run of misses at most READ_AHEAD_SPAN_BYTES apart, and not kept. A fetch reads
         each delivery once, and keeping what it read would push out the entries the
         next pages need (in a FIFO backlog larger than the budget, the oldest: exactly
-        those). A damaged record is reported by its own read, as in :meth:`get`."""
+        those). A miss comes back as the record read (a plain publish decoded as
+        ``records.PlainPublish``, no :class:`Entry` built). A damaged record is reported by
+        its own read, as in :meth:`get`."""
         entries = self._entries
-        out = [entries.get(p) for p in positions]
+        out: list[Fetched | None] = [entries.get(p) for p in positions]
         missing = sorted({p for p, e in zip(positions, out) if e is None})
         if not missing:
             return out  # type: ignore[return-value]  # no None left
         self.misses += len(missing)
-        found: dict[int, Entry] = {}
+        found: dict[int, Fetched] = {}
         if self._scan is not None:
             first = 0
             for i in range(1, len(missing) + 1):
@@ -190,17 +210,21 @@ class MessageCache:
                     first = i
         return [e if e is not None else found.get(p) or self._load(p) for p, e in zip(positions, out)]
 
-    def _scan_into(self, found: dict[int, Entry], run: list[int]) -> None:
+    def _scan_into(self, found: dict[int, Fetched], run: list[int]) -> None:
         """The publishes at the positions of ``run`` (ascending) into ``found``, from one
         scan of the journal from the first to the last."""
         assert self._scan is not None
         wanted, decode, publish = set(run), records.decode, records.PublishRec
+        plain, head = records.decode_plain, records.PLAIN_PUBLISH_HEAD
         try:
             for pos, payload in self._scan(run[0], run[-1] + 1):
                 if pos in wanted:
+                    if payload.startswith(head):
+                        found[pos] = plain(payload)
+                        continue
                     rec = decode(payload)
                     if type(rec) is publish:
-                        found[pos] = _entry(rec)
+                        found[pos] = rec
         except errors.JournalError:
             pass  # what the scan did not bring is read alone (get_many), which reports it
 

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import zlib
 from array import array
 from bisect import bisect_right
@@ -87,7 +88,7 @@ import msgspec
 from conveyor import errors, records
 from conveyor.config.model import Semantics
 from conveyor.protocol.bookmarks import format_bookmark
-from conveyor.engine.cache import Entry as CachedMessage, MessageCache
+from conveyor.engine.cache import Fetched, MessageCache
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.replication.ownership import ReplicatedQueues
@@ -421,7 +422,7 @@ class NamedConsumers:
         cid, queue, wanted = cmd.cid, c.queue, positions.tolist()
         found = self._cache.get_many(wanted)  # the journal keeps the bodies: retention_floor
         if cmd.columns:
-            pages = _pages(cmd.lo, wanted, found, cid, queue)
+            pages = _pages(cmd.lo, wanted, found, cid, queue, packed=cmd.packed)
             self._outbox.send_all(conn, [*pages, m.Ack(ack_type="processed", cid=cid,
                                                        result=replies.FetchDone(count=len(positions)))])
             return
@@ -707,26 +708,58 @@ class NamedConsumers:
                     binding.queue.named.take_back(consumer, p, now, deadline, self._priority_of(binding, p))
 
 
-def _pages(lo: int, positions: list[int], entries: list[CachedMessage], cid: str | None, queue: str
-           ) -> list[m.FetchPage]:
+def _pages(lo: int, positions: list[int], entries: list[Fetched], cid: str | None, queue: str, *, packed: bool
+           ) -> list[m.FetchPage | m.FetchPacked]:
     """A columnar fetch's answer: deliveries ``lo + 1 ..`` of ``positions`` (bodies in
     ``entries``), in pages of at most FETCH_PAGE_MESSAGES messages and (but for a page of
-    one) FETCH_PAGE_BYTES of bodies, so a frame stays far below the frame limit."""
+    one) FETCH_PAGE_BYTES of bodies, so a frame stays far below the frame limit; each a
+    FetchPacked when ``packed``, else a FetchPage."""
     sizes = list(accumulate(len(e.data) for e in entries))
-    pages: list[m.FetchPage] = []
+    make = _packed_page if packed else _page
+    pages: list[m.FetchPage | m.FetchPacked] = []
     start, n = 0, len(entries)
     while start < n:
         below = sizes[start - 1] if start else 0
         end = min(n, start + FETCH_PAGE_MESSAGES, max(start + 1, bisect_right(sizes, below + FETCH_PAGE_BYTES)))
-        part = entries[start:end]
-        pages.append(m.FetchPage(
-            query_id=cid, queue=queue, lo=lo + start, data=[e.data for e in part], topics=[e.topic for e in part],
-            publishers=[e.publisher for e in part], seqs=[e.seq for e in part],
-            timestamps=[e.timestamp for e in part], positions=positions[start:end],
-            correlation_ids=[e.correlation_id for e in part],
-        ))
+        pages.append(make(lo + start, positions[start:end], entries[start:end], cid, queue))
         start = end
     return pages
+
+
+def _page(lo: int, positions: list[int], part: list[Fetched], cid: str | None, queue: str) -> m.FetchPage:
+    return m.FetchPage(
+        query_id=cid, queue=queue, lo=lo, data=[e.data for e in part], topics=[e.topic for e in part],
+        publishers=[e.publisher for e in part], seqs=[e.seq for e in part],
+        timestamps=[e.timestamp for e in part], positions=positions, correlation_ids=[e.correlation_id for e in part],
+    )
+
+
+def _packed_page(lo: int, positions: list[int], part: list[Fetched], cid: str | None, queue: str) -> m.FetchPacked:
+    """One FetchPacked (its buffers in Arrow's little-endian layout, docs/protocol.md)."""
+    datas = [e.data for e in part]
+    topics = [e.topic for e in part]
+    names = list(dict.fromkeys(topics))
+    topic_of = b""
+    if len(names) > 1:
+        index = {t: i for i, t in enumerate(names)}
+        topic_of = _little(array("H", [index[t] for t in topics]))
+    cids = [e.correlation_id for e in part]
+    return m.FetchPacked(
+        query_id=cid, queue=queue, lo=lo, n=len(part), data=b"".join(datas),
+        ends=_little(array("i", accumulate(map(len, datas), initial=0))), topics=names, topic_of=topic_of,
+        publishers=_little(array("Q", [e.publisher for e in part])), seqs=_little(array("q", [e.seq for e in part])),
+        timestamps=_little(array("d", [e.timestamp for e in part])), positions=_little(array("q", positions)),
+        correlation_ids=[] if cids.count(None) == len(cids) else cids,
+    )
+
+
+def _little(a: array[int] | array[float]) -> bytes:
+    if _BIG_ENDIAN:
+        a.byteswap()
+    return a.tobytes()
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def _check_ttl(ttl: float) -> None:

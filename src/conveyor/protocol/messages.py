@@ -187,6 +187,9 @@ class Fetch(_Msg, tag="fetch", frozen=True):
     hi: int = 0
     cid: str | None = None
     columns: bool = field(default=False, name="col")
+    # With ``columns``: answered in ``FetchPacked`` pages (one buffer per field). A server
+    # from before it ignores the field and answers in ``FetchPage`` pages.
+    packed: bool = field(default=False, name="pk")
 
 
 class AckThrough(_Msg, tag="ack_through", frozen=True):
@@ -412,7 +415,32 @@ class FetchPage(_Msg, tag="fp", frozen=True):
     correlation_ids: list[str | None] = []
 
 
-ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat, OutOfFocus, FetchPage]
+class FetchPacked(_Msg, tag="fk", frozen=True):
+    """Part of the answer to a ``Fetch`` with ``columns`` and ``packed``: deliveries
+    ``lo < d <= lo + n``, each field in one buffer, in Arrow's layout (little-endian), so
+    a reader builds its columns from them without a Python object per message:
+    ``data`` the bodies back to back, ``ends`` n + 1 int32 offsets into it (0 first);
+    ``publishers`` n uint64, ``seqs`` and ``positions`` n int64, ``timestamps`` n float64;
+    ``topics`` the distinct topics and ``topic_of`` n uint16 indexes into them (empty:
+    every message has ``topics[0]``); ``correlation_ids`` empty when none has one, else
+    n entries."""
+
+    query_id: str | None = None
+    queue: str = field(default="", name="q")
+    lo: int = 0
+    n: int = 0
+    data: bytes = b""
+    ends: bytes = b""
+    topics: list[str] = []
+    topic_of: bytes = b""
+    publishers: bytes = b""
+    seqs: bytes = b""
+    timestamps: bytes = b""
+    positions: bytes = b""
+    correlation_ids: list[str | None] = []
+
+
+ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat, OutOfFocus, FetchPage, FetchPacked]
 
 #: Ack types the reference names (B.9).
 ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})

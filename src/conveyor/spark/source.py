@@ -42,6 +42,7 @@ gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d":
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -70,7 +71,7 @@ from conveyor import errors
 from conveyor.client.rpc import RpcClient
 from conveyor.protocol import replies
 from conveyor.protocol.bookmarks import format_bookmark
-from conveyor.protocol.messages import FetchPage
+from conveyor.protocol.messages import FetchPacked, FetchPage
 from conveyor.spark import fencing
 from conveyor.spark import options as opt
 from conveyor.spark.faults import fault
@@ -317,8 +318,10 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         rpc = o.connect.client(o.server, timeout=o.timeout)
         try:
             count, half = 0, partition.lo + (partition.hi - partition.lo) // 2
-            for page in rpc.fetch_pages(o.queue, o.consumer, partition.lo, partition.hi, page=o.fetch_size):
-                n = len(page.data)
+            arrow = o.output == "arrow"
+            for page in rpc.fetch_pages(o.queue, o.consumer, partition.lo, partition.hi, page=o.fetch_size,
+                                        packed=arrow):
+                n = page.n if isinstance(page, FetchPacked) else len(page.data)
                 count += n
                 if o.raw and page.lo < half <= page.lo + n:
                     fault(o.raw, f"read.d{partition.batch}.p{partition.index}")
@@ -332,7 +335,10 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"{count} messages, not {partition.hi - partition.lo}"
             )
 
-    def _out(self, page: FetchPage, schema: pa.Schema, fence: str) -> Iterator:
+    def _out(self, page: FetchPage | FetchPacked, schema: pa.Schema, fence: str) -> Iterator:
+        if isinstance(page, FetchPacked):
+            yield packed_batch(page, schema, self.options.data_type, fence)
+            return
         if self.options.output == "arrow":
             yield to_batch(page, schema, self.options.data_type, fence)
             return
@@ -378,6 +384,44 @@ def to_batch(page: FetchPage, schema: pa.Schema, data_type: str, fence: str) -> 
         micros.cast(schema.field("timestamp").type),
         pa.array(range(page.lo + 1, page.lo + 1 + n), pa.int64()),
         pa.array([fence] * n, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def packed_batch(page: FetchPacked, schema: pa.Schema, data_type: str, fence: str) -> pa.RecordBatch:
+    """:func:`to_batch` of a packed page: its buffers are Arrow's layout already (the
+    bodies and their offsets, the numbers), so the columns are views of them, not built
+    value by value; the bookmark and the timestamp are computed in C as there."""
+    import numpy as np
+    import pyarrow.compute as pc  # here: the driver's source runner never needs it (60 ms to import)
+
+    n = page.n
+    if sys.byteorder == "big":
+        raise RuntimeError("packed fetch pages are little-endian: this executor is big-endian")
+    data = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(page.ends), pa.py_buffer(page.data)])
+    if data_type == "string":
+        data = data.cast(pa.string())  # validates UTF-8 in C
+    publishers = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(page.publishers)]).cast(pa.int64())
+    seqs = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(page.seqs)])
+    positions = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(page.positions)])
+    if page.topic_of:
+        topic_of = pa.Array.from_buffers(pa.uint16(), n, [None, pa.py_buffer(page.topic_of)])
+        topics = pa.array(page.topics, pa.string()).take(topic_of)
+    else:
+        topics = pa.repeat(pa.scalar(page.topics[0] if page.topics else "", pa.string()), n)
+    bookmarks = pc.binary_join_element_wise(publishers.cast(pa.string()), seqs.cast(pa.string()),
+                                            positions.cast(pa.string()), "|")
+    seconds = pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(page.timestamps)])
+    micros = pc.multiply(seconds, 1_000_000.0).cast(pa.int64(), safe=False)
+    columns = [
+        data,
+        topics,
+        bookmarks,
+        publishers,
+        seqs,
+        micros.cast(schema.field("timestamp").type),
+        pa.array(np.arange(page.lo + 1, page.lo + 1 + n, dtype=np.int64)),
+        pa.repeat(pa.scalar(fence, pa.string()), n),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
