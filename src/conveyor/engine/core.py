@@ -689,6 +689,7 @@ class Engine:
         actions = bool(self._publish_actions)  # once per call, not once per publish
         sow_topics = self._sow_topics
         runs = PlainRuns()  # plain queues: each one's messages enqueued in one pass
+        topic: str | None = None  # who takes its messages is looked up once per run (nothing here subscribes)
         for p in self.publishes.take_durable():
             entry = None
             sow_key = p.sow_key
@@ -701,8 +702,9 @@ class Engine:
                     entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
                     return entry
                 sow.applied(p.position, p.topic, sow_key, p.expiration, now, entry_of)
-            bindings = self.bindings.for_topic(p.topic)
-            listeners = topics.listeners(p.topic)
+            if p.topic != topic:
+                topic = p.topic
+                bindings, listeners = self.bindings.for_topic(topic), topics.listeners(topic)
             if actions:
                 self._run_publish_actions(Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id),
                                           bool(p.origin))
