@@ -43,7 +43,9 @@ happened; the table itself knows no message state. Rules:
 from __future__ import annotations
 
 import msgspec
+from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
+from itertools import repeat
 from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Protocol, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
@@ -143,14 +145,13 @@ class LeaseTable:
         """:meth:`lease` of each of ``positions`` (new deliveries) to ``seat`` until
         ``deadline``, in one loop: their delivery counts."""
         if __debug__:
-            for p in positions:
-                assert p not in self.leased and p not in self.consumed, f"{p} is leased or consumed already"
-        leased, deliveries = self.leased, self._deliveries
-        counts: list[int] = []
-        for p, t, k in zip(positions, published_at, keys):
-            leased[p] = Lease(seat, deadline, t, k)
-            n = deliveries[p] = deliveries.get(p, 0) + 1
-            counts.append(n)
+            assert self.leased.keys().isdisjoint(positions) and self.consumed.keys().isdisjoint(positions), (
+                f"one of {len(positions)} positions is leased or consumed already")
+        # map and update: the loops over a batch run in C
+        self.leased.update(zip(positions, map(Lease, repeat(seat), repeat(deadline), published_at, keys)))
+        get = self._deliveries.get
+        counts = [get(p, 0) + 1 for p in positions]
+        self._deliveries.update(zip(positions, counts))
         self._push_run(deadline, positions)
         seat.held.update(positions)
         _backlog(seat, len(positions))
@@ -175,16 +176,10 @@ class LeaseTable:
         """:meth:`acknowledge` of each of ``positions``, every one leased to ``seat`` (the
         caller has checked that: ``NamedLeases.acknowledge_held``; a position that is not
         leased raises KeyError)."""
-        leased, deliveries, cancels, notes = self.leased, self._deliveries, self._cancels, self._notes
-        for p in positions:
-            del leased[p]
-            deliveries.pop(p, None)
-        if cancels:
-            for p in positions:
-                cancels.pop(p, None)
-        if notes:
-            for p in positions:
-                notes.pop(p, None)
+        _consume(map(self.leased.__delitem__, positions))
+        for counts in (self._deliveries, self._cancels, self._notes):
+            if counts:
+                _consume(map(counts.pop, positions, repeat(None)))
         seat.held.difference_update(positions)
         _backlog(seat, -len(positions))
         self.slots_freed += len(positions)
@@ -443,6 +438,10 @@ class LeaseTable:
             _require(p in seat.held, f"consumed {p} not held by its seat")
         for p in self._deliveries.keys() | self._cancels.keys() | self._notes.keys():
             _require(tracked(p), f"counts kept for {p}, which is no longer in the queue")
+
+
+#: Runs an iterator to its end for its effects, in C (a deque that keeps nothing).
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 
 def _backlog(seat: Seat, n: int) -> None:

@@ -101,12 +101,9 @@ class NamedLeases:
         if len(set(positions)) != len(positions):
             return False  # a message leased again after its lease lapsed: acked once, there
         seat = self._seats.of(consumer)
-        leased = self._leases.leased
-        for p in positions:
-            lease = leased.get(p)
-            if lease is None or lease.seat is not seat:
-                return False
-        # LEASED is what the loop above just saw (leased to this seat): not checked again
+        if not seat.held.issuperset(positions):
+            return False  # the seat's held set is exactly what is leased to it (leases.py rule 2)
+        # LEASED is what the check above just saw (leased to this seat): not checked again
         self._transitions.move_all(positions, Verb.ACKNOWLEDGE, _LEASED, checked=False)
         self._leases.acknowledge_all(positions, seat)
         self._replica.forget_all(positions)
