@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Hashable, Union
+from typing import Any, Hashable, Sequence, Union
 
 import msgspec
 
@@ -259,8 +259,9 @@ class QueueState:
     replaying the journal would rebuild, given that no lease survives a restart.
 
     ``chunks``: the available messages (:meth:`MessageStore.export_chunks`), paged-out
-    chunks in page file generation ``page_file``. ``leased``: (position, publish time) of
-    every leased message, available again after a restart. The TargetQueueDepth window:
+    chunks in page file generation ``page_file``. ``leased`` and ``leased_times``: the
+    position and publish time of every leased message (two columns, position order),
+    available again after a restart. The TargetQueueDepth window:
     ``offered`` (the last position that entered the active part), ``inactive``,
     ``refill_from`` and the deferred acknowledgements; ``offered`` is ``last_position``
     in a queue without one.
@@ -271,7 +272,8 @@ class QueueState:
     last_time: float
     chunks: tuple[ChunkImage, ...]
     page_file: int | None
-    leased: tuple[tuple[int, float], ...]
+    leased: Sequence[int]
+    leased_times: Sequence[float]
     deliveries: dict[int, int]
     cancels: dict[int, int]
     barriers: tuple[int, ...]
@@ -280,7 +282,7 @@ class QueueState:
     refill_from: int | None = None
     deferred_acks: tuple[int, ...] = ()
     epochs: tuple[EpochImage, ...] = ()  # a priority queue's order, one per barrier epoch
-    leased_keys: tuple[int, ...] = ()  # a priority queue: the order key of each of ``leased``
+    leased_keys: Sequence[int] = ()  # a priority queue: the order key of each of ``leased``
     # a replicated queue: the messages another instance owns, (position, owner, publish
     # time, order key, when it arrived here), those leased here whose ownership moved
     # away included (their lease ends with the restart: queue/replica.py rule 3)

@@ -398,6 +398,11 @@ class LeaseTable:
         """Every position with a delivery or cancel count, ascending."""
         return sorted(self._deliveries.keys() | self._cancels.keys())
 
+    def export(self) -> tuple[list[int], list[Lease]]:
+        """For a snapshot: the leased positions ascending, and their leases."""
+        positions = sorted(self.leased)
+        return positions, list(map(self.leased.__getitem__, positions))
+
     def counts(self) -> tuple[dict[int, int], dict[int, int]]:
         """(deliveries, cancels): copies, for a snapshot."""
         return dict(self._deliveries), dict(self._cancels)

@@ -125,6 +125,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from operator import attrgetter
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
 from conveyor import expr
@@ -158,7 +159,7 @@ from conveyor.engine.queue.events import (
     TakeBack,
 )
 from conveyor.engine.queue.keys import KeyedOrder, explained
-from conveyor.engine.queue.leases import LeaseTable
+from conveyor.engine.queue.leases import Lease, LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.paging import PageFile, PagingBudget
 from conveyor.engine.queue.priority import KEY_END, POSITION_MASK, order_key
@@ -1018,17 +1019,18 @@ class Queue:
         chunks, barriers, epochs = self._order.export()
         deliveries, cancels = self._leases.counts()
         inactive, refill_from, acks = self._window.export()
-        away, leased = self.replica.export(sorted(self._leases.leased.items()))
+        away, positions, leases = self.replica.export(*self._leases.export())
         delays, held = self._returns.export()  # held messages: in ``leased`` (queue/returns.py rule 2)
-        held_rows = sorted([(p, lease.published_at, lease.key) for p, lease in leased] + held)
+        leased, times, keys = _leased_columns(positions, leases, held)
         return QueueState(
             start=self._start,
             last_position=self._intake.last_position,
             last_time=self._intake.last_time,
             chunks=tuple(chunks),
             page_file=self._order.store.page_generation,
-            leased=tuple((p, t) for p, t, _ in held_rows),
-            leased_keys=tuple(key for _, _, key in held_rows) if self._priority else (),
+            leased=leased,
+            leased_times=times,
+            leased_keys=keys if self._priority else (),
             delays=tuple(delays), reasons=tuple(sorted(self._leases.reasons().items())),
             epochs=tuple(epochs),
             elsewhere=tuple(away),
@@ -1055,8 +1057,8 @@ class Queue:
             self._order.adopt(list(state.chunks), list(state.barriers), list(state.epochs))
         except ValueError as exc:
             raise QueueStateError(f"queue {self.name!r}: {exc}") from None
-        keys = state.leased_keys or [p for p, _ in state.leased]
-        for (p, t), key in zip(state.leased, keys):
+        keys = state.leased_keys or state.leased
+        for p, t, key in zip(state.leased, state.leased_times, keys):
             self._order.put_back(p, t, key)
         for p, owner, t, key, arrived in state.elsewhere:
             self.replica.add(p, owner, t, key, arrived)
@@ -1108,4 +1110,16 @@ class Queue:
 # --- explain's facts (Queue.explain) --------------------------------------------------------
 
 
+def _leased_columns(positions: list[int], leases: list[Lease], held: list[tuple[int, float, int]]
+                    ) -> tuple[list[int], list[float], list[int]]:
+    """A snapshot's leased messages as columns (positions, publish times, order keys), in
+    position order: the leases (``positions`` ascending) and the messages held for a
+    delayed retry (``held``: position, publish time, key). The usual case, nothing held,
+    is built in C (map), with no row per message."""
+    if held:
+        rows = sorted([(p, lease.published_at, lease.key) for p, lease in zip(positions, leases)] + held)
+        return [p for p, _, _ in rows], [t for _, t, _ in rows], [key for _, _, key in rows]
+    return positions, list(map(_PUBLISHED_AT, leases)), list(map(_KEY, leases))
 
+
+_PUBLISHED_AT, _KEY = attrgetter("published_at"), attrgetter("key")

@@ -225,21 +225,22 @@ class Replica:
         """The new owner of a message whose lease here just ended, if it moved away."""
         return self._leaving.pop(position, None)
 
-    def export(self, leased: list[tuple[int, Lease]]) -> tuple[list[tuple[int, str, float, int, float]],
-                                                            list[tuple[int, Lease]]]:
+    def export(self, positions: list[int], leases: list[Lease]
+               ) -> tuple[list[tuple[int, str, float, int, float]], list[int], list[Lease]]:
         """What a snapshot keeps (queue/snapshot.py rule 5): the messages owned elsewhere,
         as rows ``(position, owner, published_at, key, arrived)`` in position order, and
-        ``leased`` (position order) less rule 3's messages. A lease ends with the
-        restart, so one whose message was owned away while leased leaves for its new
-        owner then: it is a row of the first list."""
+        the leases (``positions`` ascending, ``leases`` theirs) less rule 3's messages. A
+        lease ends with the restart, so one whose message was owned away while leased
+        leaves for its new owner then: it is a row of the first list."""
         away = [(p, a.owner, a.published_at, a.key, a.arrived) for p, a in self.items()]
         leaving = self._leaving
         if leaving:
             away += [(p, leaving[p], lease.published_at, lease.key, lease.published_at)
-                     for p, lease in leased if p in leaving]
+                     for p, lease in zip(positions, leases) if p in leaving]
             away.sort()
-            leased = [(p, lease) for p, lease in leased if p not in leaving]
-        return away, leased
+            kept = [(p, lease) for p, lease in zip(positions, leases) if p not in leaving]
+            positions, leases = [p for p, _ in kept], [lease for _, lease in kept]
+        return away, positions, leases
 
     def forget(self, position: int) -> None:
         self._leaving.pop(position, None)

@@ -143,8 +143,7 @@ def take(state: QueueState, config: QueueConfig, *, events_from: int, publishes_
             assert image.positions is not None and image.times is not None  # a chunk not paged out is inline
             data, crc = encode_page(image.positions, image.times)
             chunks.append((image.first, -1, len(image.positions), crc, data))
-    leased = state.leased
-    returned = _pack(array("q", [p for p, _ in leased]), array("d", [t for _, t in leased]))
+    returned = _pack(array("q", state.leased), array("d", state.leased_times))
     away = state.elsewhere
     owners = sorted({owner for _, owner, _, _, _ in away})
     index = {owner: i for i, owner in enumerate(owners)}
@@ -251,7 +250,8 @@ def state(snap: QueueSnapshot) -> QueueState:
         last_time=snap.last_time,
         chunks=tuple(chunks),
         page_file=snap.page_file,
-        leased=tuple(zip(positions, times)),
+        leased=positions,
+        leased_times=times,
         deliveries=dict(snap.deliveries),
         cancels=dict(snap.cancels),
         barriers=tuple(snap.barriers),
