@@ -331,16 +331,18 @@ def encode_publish(topic: str, publisher: int, seq: int, timestamp: float, data:
     return _encoder.encode((1, topic, publisher, seq, timestamp, data, correlation_id))
 
 
+_NO_PATH: list[str] = []  # PublishRec.path of a record made here (only ever read)
+
+
 def encode_txn_publish(topic: str, publisher: int, seq: int, timestamp: float, data: bytes, index: int,
                        total: int) -> bytes:
     """``encode(PublishRec(topic, publisher, seq, timestamp, data, txn_index=index,
     txn_total=total))``, from a tuple (a committed transaction's rows, one per row). The
-    layout must match PublishRec's fields; tests/test_records.py checks it does."""
+    layout must match PublishRec's fields; tests/engine/test_records.py checks it does."""
     return _encoder.encode((1, topic, publisher, seq, timestamp, data, None, None, -1, "", 0, index, total,
                             "", "", _NO_PATH, 0.0, ""))
 
 
-_NO_PATH: list[str] = []
 _PLAIN_PUBLISH = 0x97  # the MessagePack header of encode_publish's 7-element array
 _ARRIVED_HEADER = b"\xdc\x00\x10"  # an array of 16: those 7, then the fields up to PublishRec.path
 #: What every plain publish starts with, and no other record (``encode_publish``'s array

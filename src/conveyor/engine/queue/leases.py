@@ -42,11 +42,12 @@ happened; the table itself knows no message state. Rules:
 
 from __future__ import annotations
 
-import msgspec
 from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import repeat
 from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Protocol, Sequence
+
+import msgspec
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 
