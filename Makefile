@@ -15,11 +15,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# A failed prepare is a note, not a failed install: Spark still runs, only slower to start.
+SPARK_PREPARE = $(BIN)/conveyor spark prepare >/dev/null || echo "note: conveyor spark prepare failed: Spark's Python processes will compile pyspark each time they start"
+
 # `conveyor spark prepare`: bytecode in the pyspark.zip that Spark puts on the path of
 # every Python process it starts (docs/spark.md, "Preparing Spark's Python").
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
-	$(BIN)/conveyor spark prepare >/dev/null || echo "note: conveyor spark prepare failed: Spark's Python processes will compile pyspark each time they start"
+	$(SPARK_PREPARE)
 	touch $@
 
 install: $(STAMP)
@@ -89,7 +92,7 @@ bench-peers: $(TEST_STAMP) bench-peers-install
 # loopback) instead of local mode.
 demo: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[spark]'
-	$(BIN)/conveyor spark prepare >/dev/null || echo "note: conveyor spark prepare failed: Spark's Python processes will compile pyspark each time they start"
+	$(SPARK_PREPARE)
 	$(BIN)/python examples/demo_pipeline.py $(if $(CLUSTER),--cluster)
 
 clean:

@@ -231,22 +231,23 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if after > 0:
             background.ack(after)  # rule 1: the batch ending at `start` is in Spark's commit log by now
         key = (after, most, self._upto)
+
+        def lease_after(d: int) -> replies.LeaseReply:  # the rest of this batch's limit after delivery d
+            more = most - (d - after) if most else 0
+            return self._guard(lambda: rpc.lease(o.queue, o.consumer, d, more, o.lease_seconds, self._upto, epoch))
+
         got = background.take(key, o.timeout)  # rule 7
         if got is not None and most and not got.reoffered and got.d - after == got.leased < most:
             # The early lease numbered part of a batch (the queue held fewer then): keep
             # its deliveries and lease the rest after them, rather than lease the batch
             # again (which re-offers each of them, message by message).
-            base = got.d
-            got = self._guard(lambda: rpc.lease(o.queue, o.consumer, base, most - (base - after), o.lease_seconds,
-                                                self._upto, epoch))
+            got = lease_after(got.d)
         elif got is None or (most and got.d - after < most):
-            got = self._guard(lambda: rpc.lease(o.queue, o.consumer, after, most, o.lease_seconds, self._upto, epoch))
+            got = lease_after(after)
             if got.reoffered and not got.leased and got.d == got.D and (not most or got.d - after < most):
                 # An early lease numbered fewer than this batch may take (another limit, a
                 # queue that filled up since): take them again and lease the rest after them.
-                more, base = (most - (got.d - after) if most else 0), got.d
-                got = self._guard(lambda: rpc.lease(o.queue, o.consumer, base, more, o.lease_seconds, self._upto,
-                                                    epoch))
+                got = lease_after(got.d)
         end = got.d
         if most:
             end = min(end, after + most)
@@ -359,59 +360,48 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 
 
 def to_batch(page: FetchPage, schema: pa.Schema, data_type: str, fence: str) -> pa.RecordBatch:
-    """One Arrow batch of a fetched page, built column by column in C (no Python
-    object per row): the bookmark is joined from its three parts, the timestamp
-    truncated to microseconds as ``int(seconds * 1e6)`` would."""
-    import pyarrow.compute as pc  # here: the driver's source runner never needs it (60 ms to import)
-
-    n = len(page.data)
-    data = pa.array(page.data, pa.binary())
-    if data_type == "string":
-        data = data.cast(pa.string())  # validates UTF-8 in C
-    publishers = pa.array(page.publishers, pa.int64())
-    seqs = pa.array(page.seqs, pa.int64())
-    bookmarks = pc.binary_join_element_wise(
-        publishers.cast(pa.string()), seqs.cast(pa.string()), pa.array(page.positions, pa.int64()).cast(pa.string()),
-        "|",
-    )
-    micros = pc.multiply(pa.array(page.timestamps, pa.float64()), 1_000_000.0).cast(pa.int64(), safe=False)
-    columns = [
-        data,
-        pa.array(page.topics, pa.string()),
-        bookmarks,
-        publishers,
-        seqs,
-        micros.cast(schema.field("timestamp").type),
-        pa.array(range(page.lo + 1, page.lo + 1 + n), pa.int64()),
-        pa.array([fence] * n, pa.string()),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    """One Arrow batch of a fetched page, its columns built from the page's lists in C
+    (no Python object per row)."""
+    return _batch(schema, data_type, fence, page.lo, data=pa.array(page.data, pa.binary()),
+                  topics=pa.array(page.topics, pa.string()), publishers=pa.array(page.publishers, pa.int64()),
+                  seqs=pa.array(page.seqs, pa.int64()), positions=pa.array(page.positions, pa.int64()),
+                  seconds=pa.array(page.timestamps, pa.float64()))
 
 
 def packed_batch(page: FetchPacked, schema: pa.Schema, data_type: str, fence: str) -> pa.RecordBatch:
     """:func:`to_batch` of a packed page: its buffers are Arrow's layout already (the
     bodies and their offsets, the numbers), so the columns are views of them, not built
-    value by value; the bookmark and the timestamp are computed in C as there."""
+    value by value."""
+    if sys.byteorder == "big":
+        raise RuntimeError("packed fetch pages are little-endian: this executor is big-endian")
+    n = page.n
+
+    def view(kind: pa.DataType, buffer: bytes) -> pa.Array:
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(buffer)])
+
+    if page.topic_of:
+        topics = pa.array(page.topics, pa.string()).take(view(pa.uint16(), page.topic_of))
+    else:
+        topics = pa.repeat(pa.scalar(page.topics[0] if page.topics else "", pa.string()), n)
+    data = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(page.ends), pa.py_buffer(page.data)])
+    return _batch(schema, data_type, fence, page.lo, data=data, topics=topics,
+                  publishers=view(pa.uint64(), page.publishers).cast(pa.int64()), seqs=view(pa.int64(), page.seqs),
+                  positions=view(pa.int64(), page.positions), seconds=view(pa.float64(), page.timestamps))
+
+
+def _batch(schema: pa.Schema, data_type: str, fence: str, lo: int, *, data: pa.Array, topics: pa.Array,
+           publishers: pa.Array, seqs: pa.Array, positions: pa.Array, seconds: pa.Array) -> pa.RecordBatch:
+    """The source's batch of deliveries ``lo + 1 ..`` from its message columns: the
+    bookmark joined from its three parts, the timestamp truncated to microseconds as
+    ``int(seconds * 1e6)`` would, the delivery numbers and the fence, all in C."""
     import numpy as np
     import pyarrow.compute as pc  # here: the driver's source runner never needs it (60 ms to import)
 
-    n = page.n
-    if sys.byteorder == "big":
-        raise RuntimeError("packed fetch pages are little-endian: this executor is big-endian")
-    data = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(page.ends), pa.py_buffer(page.data)])
     if data_type == "string":
         data = data.cast(pa.string())  # validates UTF-8 in C
-    publishers = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(page.publishers)]).cast(pa.int64())
-    seqs = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(page.seqs)])
-    positions = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(page.positions)])
-    if page.topic_of:
-        topic_of = pa.Array.from_buffers(pa.uint16(), n, [None, pa.py_buffer(page.topic_of)])
-        topics = pa.array(page.topics, pa.string()).take(topic_of)
-    else:
-        topics = pa.repeat(pa.scalar(page.topics[0] if page.topics else "", pa.string()), n)
+    n = len(data)
     bookmarks = pc.binary_join_element_wise(publishers.cast(pa.string()), seqs.cast(pa.string()),
                                             positions.cast(pa.string()), "|")
-    seconds = pa.Array.from_buffers(pa.float64(), n, [None, pa.py_buffer(page.timestamps)])
     micros = pc.multiply(seconds, 1_000_000.0).cast(pa.int64(), safe=False)
     columns = [
         data,
@@ -420,7 +410,7 @@ def packed_batch(page: FetchPacked, schema: pa.Schema, data_type: str, fence: st
         publishers,
         seqs,
         micros.cast(schema.field("timestamp").type),
-        pa.array(np.arange(page.lo + 1, page.lo + 1 + n, dtype=np.int64)),
+        pa.array(np.arange(lo + 1, lo + 1 + n, dtype=np.int64)),
         pa.repeat(pa.scalar(fence, pa.string()), n),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)

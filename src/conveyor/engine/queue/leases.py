@@ -253,40 +253,28 @@ class LeaseTable:
             heappush(self._runs, _Run(deadline, self._run_seq, sorted(positions)))
             self._in_runs += len(positions)
 
-    def _next(self) -> tuple[float, int] | None:
-        """The earliest (deadline, position) of either heap, stale or not; None: none."""
+    def _pop_due(self, now: float) -> tuple[float, int] | None:
+        """Take the earliest (deadline, position) of either heap, stale or not, if it is
+        at or before ``now``; None: nothing is."""
         heap, runs = self._deadlines, self._runs
         if runs:
             run = runs[0]
             head = (run.deadline, run.positions[run.at])
-            if not heap or head < heap[0]:
-                return head
-        return heap[0] if heap else None
-
-    def _pop(self) -> None:
-        """Drop the entry :meth:`_next` gave."""
-        heap, runs = self._deadlines, self._runs
-        if runs:
-            run = runs[0]
-            if not heap or (run.deadline, run.positions[run.at]) < heap[0]:
+            if head[0] <= now and (not heap or head < heap[0]):
                 run.at += 1
                 self._in_runs -= 1
                 if run.at == len(run.positions):
                     heappop(runs)
                 else:
                     heapreplace(runs, run)  # its key moved
-                return
-        heappop(heap)
+                return head
+        return heappop(heap) if heap and heap[0][0] <= now else None
 
     def due(self, now: float) -> Iterator[tuple[int, Lease]]:
         """The leases whose deadline is at or before ``now``, in (deadline, position)
         order. The caller ends each one before asking for the next."""
-        heap, leased = self._deadlines, self.leased
-        while self._runs or (heap and heap[0][0] <= now):
-            entry = self._next()  # with no run (the common case) this is heap[0]
-            if entry is None or entry[0] > now:
-                return
-            self._pop()
+        leased = self.leased
+        while (entry := self._pop_due(now)) is not None:
             d, p = entry
             lease = leased.get(p)
             if lease is None or lease.deadline != d:

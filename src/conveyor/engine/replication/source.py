@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
