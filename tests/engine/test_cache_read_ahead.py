@@ -158,3 +158,64 @@ def test_get_many_reads_every_layout_of_publish_a_miss_may_find():
         ("t", b'{"a":1}', 1000.5, 7, 1, "c1"), ("r", b'{"b":2}', 1001.5, 8, 2, None), ("u", b"x", 1002.5, 9, 3, None),
         ("s", b'{"k":1}', 1003.5, 10, 4, None)]
     assert type(got[0]) is records.PlainPublish
+
+
+# --- admission: the head of each queue, not its far tail ----------------------------------------
+
+
+def test_admit_keeps_a_message_while_the_queue_ahead_of_it_is_shorter_than_the_head():
+    j, positions = journal_of(3)
+    cost = len(b'{"i":0}') + cache_mod._ENTRY_OVERHEAD_BYTES
+    cache = MessageCache(j.read, scan=j.scan, bytes_max=8 * cost)  # head_bytes: 4 entries
+    entries = [cache.peek(p) for p in positions]
+    assert cache.admit(positions[0], entries[0], 3) == 4  # 3 entries ahead: kept
+    assert cache.admit(positions[1], entries[1], 4) == 5  # 4: not
+    assert cache.admit(positions[2], entries[2], 0) == 1
+    assert list(cache._entries) == [positions[0], positions[2]]
+
+
+from .engine_harness import Harness, config_xml, decode, queue_xml  # noqa: E402
+
+
+def _filled(n: int, head_entries: int, **queue) -> tuple[Harness, list[int]]:
+    """A queue with ``n`` publishes and no consumer, the cache's head ``head_entries``
+    of these messages; the positions journaled."""
+    h = Harness(config_xml(queue_xml("Q", **queue), topics=("Work",)))
+    body_len = len(b'{"i":10}')
+    h.engine.cache.head_bytes = head_entries * (body_len + cache_mod._ENTRY_OVERHEAD_BYTES)
+    pub = h.connect("pub")
+    for i in range(n):
+        h.publish(pub, "Work", {"i": 10 + i})
+        if i % 7 == 6:
+            h.commit()  # several group commits: the depth is read again for each
+    h.commit()
+    return h, sorted(h.engine.queues["Q"].available())
+
+
+def test_a_deep_queue_keeps_only_its_head_in_the_cache_and_delivers_the_rest_from_the_journal():
+    """What is deeper than the head is not kept while the queue fills; the consumer
+    gets every message in order, the ones past the head read ahead from the journal."""
+    h, positions = _filled(60, 20)
+    assert set(h.engine.cache._entries) == set(positions[:20])
+    w = h.connect("w")
+    h.subscribe(w, "Q", options="max_backlog=100")
+    got = h.messages(w)
+    assert [decode(msg)["i"] for msg in got] == list(range(10, 70))
+    assert h.engine.cache.misses <= 3  # the first miss alone, then the read-ahead: not one read each
+
+
+def test_a_priority_queue_keeps_every_message():
+    """A message may go to the front of a priority queue: nothing counts as ahead of it."""
+    h, positions = _filled(40, 5, Priority="/i")
+    assert set(h.engine.cache._entries) == set(positions)
+
+
+def test_a_message_held_back_by_the_target_depth_is_not_kept():
+    """TargetQueueDepth: what is held back is read back from the journal when the
+    active part has room, so the cache does not keep it meanwhile."""
+    h = Harness(config_xml(queue_xml("Q", TargetQueueDepth="10"), topics=("Work",)))
+    pub = h.connect("pub")
+    for i in range(30):
+        h.publish(pub, "Work", {"i": i})
+        h.commit()
+    assert len(h.engine.cache._entries) == 10

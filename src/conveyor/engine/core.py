@@ -705,6 +705,7 @@ class Engine:
             if p.topic != topic:
                 topic = p.topic
                 bindings, listeners = self.bindings.for_topic(topic), topics.listeners(topic)
+                ahead = min([b.ahead() for b in bindings], default=0)  # the cache's admission (cache.py)
             if actions:
                 self._run_publish_actions(Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id),
                                           bool(p.origin))
@@ -713,7 +714,7 @@ class Engine:
             if entry is None:
                 entry = Entry(p.topic, p.data, p.timestamp, p.publisher, p.seq, p.correlation_id, p.expiration)
             if bindings:
-                cache.put(p.position, entry)  # queues deliver from the cache, not the journal
+                ahead = cache.admit(p.position, entry, ahead)  # queues deliver from the cache: their heads
             topics.fan_out(p.position, entry, now)
             for binding in bindings:
                 if binding.plain and not p.expiration:

@@ -60,6 +60,10 @@ log = logging.getLogger("conveyor.engine")
 View = tuple[Entry, int]  # what a queue's load() returns: the message and its position
 
 
+_HELD_BACK = 1 << 40  # QueueBinding.ahead() of a message held back: more than any cache admits
+_ANY = -_HELD_BACK  # ahead() of a priority queue's message: admitted, and so are all after it
+
+
 def consumer_predicate(flt: Expression | None) -> Callable[[object, float], bool] | None:
     """A consumer's (or a ``sow_delete``'s) filter as the queue calls it (rule 3)."""
     if flt is None:
@@ -120,6 +124,15 @@ class QueueBinding:
 
     def __repr__(self) -> str:
         return f"<QueueBinding {self.name!r}>"
+
+    def ahead(self) -> int:
+        """About how many messages one enqueued now would be delivered after, for the
+        payload cache's admission (engine/cache.py, "Admission"): the queue's depth; less
+        than none for a priority queue (any message may go to its front); the whole journal's worth
+        when it would be held back (TargetQueueDepth: it is read back from the journal)."""
+        if self.priority is not None:
+            return _ANY
+        return _HELD_BACK if self.queue.would_hold() else self.queue.depth()
 
     def takes_topic(self, topic: str) -> bool:
         return self.config.takes_from(topic)

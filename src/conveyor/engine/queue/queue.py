@@ -388,8 +388,7 @@ class Queue:
 
     def watch(self, observer: Callable[[int, MessageState], object] | None, states: frozenset[MessageState]) -> None:
         """Call ``observer(position, new_state)`` for every message that enters or leaves
-        ``states`` (None: stop): what entered or left the available messages (views over
-        the queue)."""
+        ``states`` (None: stop): what entered or left the available messages (views)."""
         self._transitions.watch(observer, states)
 
     def __repr__(self) -> str:
@@ -918,6 +917,9 @@ class Queue:
 
     def activity(self) -> tuple[int, int, int, int, int]:
         return self._report.activity()
+
+    def depth(self) -> int:  # as statistics counts it (and the payload cache's admission, engine/cache.py)
+        return self._report.depth()
 
     def statistics(self, now: float | None = None) -> QueueStats:
         return self._report.statistics(now)

@@ -57,9 +57,13 @@ class QueueReport:
         admin interface samples every few seconds for its charts, without building a
         whole :class:`QueueStats` per queue (the depth as ``statistics`` counts it)."""
         leases, counts = self._leases, self._counts()
-        leased = len(leases.leased)
-        depth = len(self._order.store) + len(self._returns) + leased + len(self._replica)
-        return depth, leased + len(leases.consumed), counts["enqueued"], counts["delivered"], counts["acknowledged"]
+        in_flight = len(leases.leased) + len(leases.consumed)
+        return self.depth(), in_flight, counts["enqueued"], counts["delivered"], counts["acknowledged"]
+
+    def depth(self) -> int:
+        """The queue depth as ``statistics`` counts it: available, held for a retry,
+        leased, owned elsewhere."""
+        return len(self._order.store) + len(self._returns) + len(self._leases.leased) + len(self._replica)
 
     def statistics(self, now: float | None = None) -> QueueStats:
         leased, store = self._leases.leased, self._order.store
