@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
 
@@ -38,6 +39,7 @@ from .storage import parse_segment_name
 from .tools import scan_segment
 
 SUMMARY_SUFFIX = ".summary"
+_STOP_CHECK_RECORDS = 4096  # records between two looks at whether the summarizer was closed
 
 #: Version 1: the fields of :class:`SegmentSummary`. A reader ignores other versions.
 SUMMARY_VERSION = 1
@@ -131,13 +133,21 @@ class SummaryBuilder:
         )
 
 
-def summarize_segment(segment_path: str | os.PathLike[str], describe: Describe) -> SegmentSummary:
-    """Read one sealed segment and summarize it. Raises if it changed meanwhile."""
+class SummaryStopped(Exception):
+    """A summary given up because its summarizer was closed (:meth:`SealSummarizer.close`)."""
+
+
+def summarize_segment(segment_path: str | os.PathLike[str], describe: Describe,
+                      stopped: Callable[[], bool] | None = None) -> SegmentSummary:
+    """Read one sealed segment and summarize it. Raises if it changed meanwhile, and
+    SummaryStopped when ``stopped()`` says so (asked every few thousand records)."""
     base = _base_of(segment_path)
     before = os.stat(segment_path)
     builder = SummaryBuilder(describe)
     for position, payload in scan_segment(segment_path):
         builder.add(position, payload)
+        if stopped is not None and not builder.records % _STOP_CHECK_RECORDS and stopped():
+            raise SummaryStopped(segment_path)
     after = os.stat(segment_path)
     if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
         raise OSError(f"{segment_path} changed while it was summarized")
@@ -212,23 +222,37 @@ class SealSummarizer:
 
     ``on_seal`` runs on the loop thread after the write that made the segment's last
     record durable, so the file already has its final size: nothing to wait for.
-    ``run(fn, *args)`` says where the work happens: the server passes its one I/O
-    executor (so summaries queue behind journal writes instead of competing with them
-    on a thread of their own); without it the summary is written at once, on the
-    calling thread (tools and tests). Summaries are an optimisation: any failure is
-    logged and skipped.
+    ``background``: the server's; each summary is made on a thread of the summarizer's
+    own, one after the other. Not on the server's I/O thread: a summary reads its whole
+    segment (about ten seconds for a segment of a gigabyte), and every journal write
+    queued behind it would wait that long, and with them every durable reply (a Spark
+    source's lease stalled for 11-25 s at each seal). Without it the summary is written
+    at once, on the calling thread (tools and tests). :meth:`close` stops a summary
+    under way at its next few thousand records. Summaries are an optimisation: any
+    failure is logged and skipped.
     """
 
-    def __init__(self, describe: Describe, run: Callable[..., object] | None = None) -> None:
+    def __init__(self, describe: Describe, *, background: bool = False) -> None:
         self._describe = describe
-        self._run = run
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="journal-summary") if background else None
+        self._closed = False
 
     def __call__(self, path: str, base: int, end: int) -> None:
         size = FILE_HEADER_LEN + end - base
-        if self._run is None:
+        if self._pool is None:
             self.summarize(path, size)
-        else:
-            self._run(self.summarize, path, size)
+        elif not self._closed:
+            self._pool.submit(self.summarize, path, size)
+
+    def close(self) -> None:
+        """Stop: the summary under way gives up (its segment is summarized again by
+        whoever reads it), the queued ones are dropped; returns once the thread is idle."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _stopped(self) -> bool:
+        return self._closed
 
     def summarize(self, path: str, size: int) -> bool:
         """Write the summary of the sealed segment ``path`` of ``size`` bytes; False when
@@ -236,12 +260,14 @@ class SealSummarizer:
         try:
             if os.stat(path).st_size != size:
                 return False
-            summary = summarize_segment(path, self._describe)
+            summary = summarize_segment(path, self._describe, self._stopped)
             if summary.size != size:
                 return False
             ok = write_summary(path, summary)
             remove_orphans(os.path.dirname(path))
             return ok
+        except SummaryStopped:
+            return False
         except Exception as exc:  # noqa: BLE001 (an optimisation must not stop the server)
             log.warning("could not summarize journal segment %s: %s", path, exc)
             return False

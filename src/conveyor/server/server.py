@@ -37,9 +37,10 @@ which owns its state and gets its collaborators in its constructor:
   heartbeats, idle and logon timeouts, free space, security reloads, checkpoints and
   retention).
 
-Disk work happens on ONE I/O thread (``self._io``): journal writes, checkpoint files,
-the verified prefix and segment summaries, in the order they were submitted, so none
-of it competes with the writer for the disk or reads a segment before it is written.
+Disk work happens on ONE I/O thread (``self._io``): journal writes, checkpoint files
+and the verified prefix, in the order they were submitted, so none of it competes with
+the writer for the disk. Segment summaries, which read a whole sealed segment, run on a
+thread of their own (``self._summaries``): behind them, every journal write would wait.
 
 TLS listeners (``tcps``, ``amps-replication-secure``) reload their certificates, and the
 users file and the entitlements are reloaded, on SIGHUP (:meth:`Server.reload_security`)
@@ -70,10 +71,12 @@ from conveyor.engine import poison
 from conveyor.engine.core import Engine
 from conveyor.engine.entitlements import Entitlements
 from conveyor.journal import Journal, MemoryJournal
+from conveyor.journal.index import SealSummarizer
 from conveyor.protocol import messages as m
 from conveyor.protocol import replication as p_repl
 from conveyor.protocol.codec import Rejected, encode_frame, encode_frames
 from conveyor.protocol.options import parse_options
+from conveyor.records.facts import describe_record
 from conveyor.security.authenticator import Authenticator
 from conveyor.security.tls import ServerTls
 from conveyor.server.checkpoints import journal_id, page_files, read_checkpoint, with_snapshots, write_checkpoint
@@ -128,7 +131,7 @@ class Server:
     # Slots: with 30 attributes or more a CPython 3.11 instance has a dict of its own (no
     # shared keys) and every attribute load is a dict lookup; a slot is a fixed offset.
     __slots__ = (
-        "_config_stamp", "_conn_ids", "_frames_in", "_hold_clients", "_io", "_links", "_new_journal",
+        "_config_stamp", "_conn_ids", "_frames_in", "_hold_clients", "_io", "_links", "_new_journal", "_summaries",
         "_recovered", "_servers", "_stopped", "_writer_task", "admin", "admin_authenticator",
         "admin_ssl_context", "auth", "clock", "commit", "commit_stats", "config", "connections", "disk",
         "durable", "engine", "gate", "housekeeping", "journal", "journal_reads", "output", "pacing", "pages",
@@ -146,13 +149,15 @@ class Server:
         tlog = config.transaction_log
         # The one I/O thread: journal writes, checkpoint files and summaries, in order.
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
+        # Segment summaries, on a thread of their own (journal/index.py SealSummarizer).
+        self._summaries = SealSummarizer(describe_record, background=True)
         self.journal: Journal
         self.tls: dict[str, ServerTls] = {}  # each TLS listener's reloadable context (docs/security.md)
         # What a start that fails removes again (start()): a journal this server created.
         self._new_journal: _NewJournal | None = None
         if tlog is not None:
             # Nothing on disk before what would refuse the start anyway (_open_journal).
-            self.journal, self._new_journal = _open_journal(tlog, self._io, self.tls, config)
+            self.journal, self._new_journal = _open_journal(tlog, self._summaries, self.tls, config)
         else:
             self.journal = MemoryJournal()
         self.durable = tlog is not None  # a journal on disk: checkpoints, retention, page files
@@ -224,6 +229,7 @@ class Server:
                 self.admin.close()
             self.journal.close(commit=False)
             self._io.shutdown(wait=True)
+            self._summaries.close()
             if self._new_journal is not None:
                 self._new_journal.remove()  # a failed start leaves no trace
             raise
@@ -364,6 +370,7 @@ class Server:
             log.error("could not close the journal: %s", exc)
         # After a failure the I/O thread may be stuck on a dead disk: do not wait for it.
         self._io.shutdown(wait=supervisor.failure is None, cancel_futures=supervisor.failure is not None)
+        self._summaries.close()
         self.auth.close()
         self.journal_reads.close()
         if supervisor.failure is None:

@@ -7,7 +7,6 @@ paths of the listening addresses to name ``--port`` / ``--admin-port`` instead."
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
 import logging
 import os
@@ -23,7 +22,6 @@ from conveyor.journal import Journal
 from conveyor.journal.files import remove_temporaries
 from conveyor.journal.index import SealSummarizer
 from conveyor.journal.lock import check_unlocked
-from conveyor.records.facts import describe_record
 from conveyor.security.tls import ServerTls
 from conveyor.server.checkpoints import PAGES_DIRECTORY, snapshot_messages
 from conveyor.server.net import bind_problem
@@ -129,7 +127,7 @@ def _check_listeners(config: Config, tls: dict[str, ServerTls]) -> None:
             )
 
 
-def _open_journal(tlog: TransactionLog, io: concurrent.futures.Executor, tls: dict[str, ServerTls],
+def _open_journal(tlog: TransactionLog, summaries: SealSummarizer, tls: dict[str, ServerTls],
                   config: Config) -> tuple[Journal, _NewJournal | None]:
     """The server's journal, opened (created) only once nothing else refuses the start:
     not while another process holds the directory (the refusal names it), nor while a
@@ -158,7 +156,7 @@ def _open_journal(tlog: TransactionLog, io: concurrent.futures.Executor, tls: di
     else:
         log.info("journal %s: opened, positions %d to %d", directory, journal.first_position, journal.end)
     # Sidecars for the Spark journal reader, written behind the write that seals a segment.
-    journal.on_seal = SealSummarizer(describe_record, run=io.submit)
+    journal.on_seal = summaries
     return journal, new
 
 
