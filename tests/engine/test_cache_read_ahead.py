@@ -166,7 +166,7 @@ def test_get_many_reads_every_layout_of_publish_a_miss_may_find():
 def test_admit_keeps_a_message_while_the_queue_ahead_of_it_is_shorter_than_the_head():
     j, positions = journal_of(3)
     cost = len(b'{"i":0}') + cache_mod._ENTRY_OVERHEAD_BYTES
-    cache = MessageCache(j.read, scan=j.scan, bytes_max=8 * cost)  # head_bytes: 4 entries
+    cache = MessageCache(j.read, scan=j.scan, bytes_max=4 * cost)  # head_bytes: the budget, 4 entries
     entries = [cache.peek(p) for p in positions]
     assert cache.admit(positions[0], entries[0], 3) == 4  # 3 entries ahead: kept
     assert cache.admit(positions[1], entries[1], 4) == 5  # 4: not
@@ -177,31 +177,45 @@ def test_admit_keeps_a_message_while_the_queue_ahead_of_it_is_shorter_than_the_h
 from .engine_harness import Harness, config_xml, decode, queue_xml  # noqa: E402
 
 
-def _filled(n: int, head_entries: int, **queue) -> tuple[Harness, list[int]]:
-    """A queue with ``n`` publishes and no consumer, the cache's head ``head_entries``
-    of these messages; the positions journaled."""
+def _filled(n: int, head_entries: int, reader: bool = False, **queue) -> tuple[Harness, list[int]]:
+    """A queue with ``n`` publishes, each made durable alone, and no consumer (``reader``:
+    one with a backlog of 1 that never acknowledges); the cache's head
+    ``head_entries`` of these messages. The positions journaled, and the reader's
+    messages taken out of the harness."""
     h = Harness(config_xml(queue_xml("Q", **queue), topics=("Work",)))
     body_len = len(b'{"i":10}')
     h.engine.cache.head_bytes = head_entries * (body_len + cache_mod._ENTRY_OVERHEAD_BYTES)
+    if reader:
+        w = h.connect("reader")
+        h.subscribe(w, "Q", options="max_backlog=1")
     pub = h.connect("pub")
     for i in range(n):
         h.publish(pub, "Work", {"i": 10 + i})
-        if i % 7 == 6:
-            h.commit()  # several group commits: the depth is read again for each
-    h.commit()
+        h.commit()  # one group commit each: the depth is read again for each
+    if reader:
+        assert len(h.messages(w)) == 1
     return h, sorted(h.engine.queues["Q"].available())
 
 
 def test_a_deep_queue_keeps_only_its_head_in_the_cache_and_delivers_the_rest_from_the_journal():
-    """What is deeper than the head is not kept while the queue fills; the consumer
-    gets every message in order, the ones past the head read ahead from the journal."""
-    h, positions = _filled(60, 20)
+    """With nobody reading it, a queue's messages count twice: of a head of 40, the
+    first 20 are kept. The consumer that comes gets every message in order, the ones
+    past the head read ahead from the journal."""
+    h, positions = _filled(60, 40)
     assert set(h.engine.cache._entries) == set(positions[:20])
     w = h.connect("w")
     h.subscribe(w, "Q", options="max_backlog=100")
     got = h.messages(w)
     assert [decode(msg)["i"] for msg in got] == list(range(10, 70))
     assert h.engine.cache.misses <= 3  # the first miss alone, then the read-ahead: not one read each
+
+
+def test_a_queue_with_a_consumer_keeps_a_whole_head():
+    """A queue someone reads keeps the whole head: 40 messages ahead, the one leased
+    to the consumer among them."""
+    h, positions = _filled(60, 40, reader=True)
+    leased = set(h.engine.cache._entries) - set(positions)
+    assert len(leased) == 1 and set(h.engine.cache._entries) == leased | set(positions[:39])
 
 
 def test_a_priority_queue_keeps_every_message():

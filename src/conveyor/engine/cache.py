@@ -21,15 +21,16 @@ of the budget's worth (what it adds stays until it is read), so the next deliver
 Any other miss (the first, a priority queue's, a lookup by position) reads its record
 alone.
 
-**Admission.** A message just recorded for queues is kept only while the shallowest of
-them has fewer than :attr:`MessageCache.head_bytes` (half the budget) of messages ahead
-of it, estimated as their number times this entry's cost (:meth:`MessageCache.admit`).
-An LRU fed every publish would hold a deep FIFO queue's newest messages, the last it
-delivers, and let go of its oldest, the next it delivers; and it would hold the whole
-budget while a backlog builds with nobody reading it. Now the cache holds the head of
-each queue; the rest stays in the journal (and the page cache) until the head reaches
-it, and the read-ahead brings it in then. A priority queue counts nothing ahead: a
-message may go to its front.
+**Admission.** A message just recorded for queues is kept only while the nearest of
+them to delivering it has less than :attr:`MessageCache.head_bytes` (the budget) of
+messages ahead of it, estimated as their number times this entry's cost
+(:meth:`MessageCache.admit`), and a queue with no consumer counts them twice (it keeps
+half as much: nobody reads it soon). An LRU fed every publish would hold a deep FIFO
+queue's newest messages, the last it delivers, and let go of its oldest, the next it
+delivers; and it would hold the whole budget while a backlog builds with nobody
+reading it. Now the cache holds the head of each queue; the rest stays in the journal
+(and the page cache) until the head reaches it, and the read-ahead brings it in then.
+A priority queue counts nothing ahead: a message may go to its front.
 
 **A fetch's page** (:meth:`MessageCache.get_many`, a named consumer's fetch) takes its
 hits from the cache and reads its misses in one scan per run of them, without keeping
@@ -128,7 +129,7 @@ class MessageCache:
         self._scan = scan
         self._keep = bytes_max // 8  # what one read-ahead adds at most: it stays until it is read
         #: A queue's messages further than this from its head are not admitted (module header).
-        self.head_bytes = bytes_max // 2
+        self.head_bytes = bytes_max
         self._last_miss = -(1 << 62)  # no miss yet: the first one reads its record alone
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._bytes = 0
@@ -153,10 +154,10 @@ class MessageCache:
             self._bytes -= len(old.data) + _ENTRY_OVERHEAD_BYTES
 
     def admit(self, position: int, entry: Entry, ahead: int) -> int:
-        """Keep ``entry``, just recorded for queues, if the shallowest of them has fewer
-        than :attr:`head_bytes` of messages ahead of it: ``ahead`` of them, each costing
-        about what this one does (module header, "Admission"). What is ahead of the
-        next message of the same queues: ``ahead + 1``."""
+        """Keep ``entry``, just recorded for queues, if the nearest of them to delivering
+        it has less than :attr:`head_bytes` of messages ahead of it: ``ahead`` of them
+        (``QueueBinding.ahead``), each costing about what this one does (module header,
+        "Admission"). What is ahead of the next message of the same queues: ``ahead + 1``."""
         if ahead * (len(entry.data) + _ENTRY_OVERHEAD_BYTES) < self.head_bytes:
             self.put(position, entry)
         return ahead + 1

@@ -126,13 +126,17 @@ class QueueBinding:
         return f"<QueueBinding {self.name!r}>"
 
     def ahead(self) -> int:
-        """About how many messages one enqueued now would be delivered after, for the
-        payload cache's admission (engine/cache.py, "Admission"): the queue's depth; less
-        than none for a priority queue (any message may go to its front); the whole journal's worth
-        when it would be held back (TargetQueueDepth: it is read back from the journal)."""
+        """How far from delivery a message enqueued now is, for the payload cache's
+        admission (engine/cache.py, "Admission"): the queue's depth, counted twice while
+        the queue has no consumer (nobody reads it soon); less than none for a priority
+        queue (any message may go to its front); the whole journal's worth when it would
+        be held back (TargetQueueDepth: it is read back from the journal)."""
         if self.priority is not None:
             return _ANY
-        return _HELD_BACK if self.queue.would_hold() else self.queue.depth()
+        if self.queue.would_hold():
+            return _HELD_BACK
+        depth, read = self.queue.depth_and_readers()
+        return depth if read else 2 * depth
 
     def takes_topic(self, topic: str) -> bool:
         return self.config.takes_from(topic)

@@ -918,8 +918,8 @@ class Queue:
     def activity(self) -> tuple[int, int, int, int, int]:
         return self._report.activity()
 
-    def depth(self) -> int:  # as statistics counts it (and the payload cache's admission, engine/cache.py)
-        return self._report.depth()
+    def depth_and_readers(self) -> tuple[int, bool]:  # the payload cache's admission (engine/cache.py)
+        return self._report.depth(), self._seats.any()
 
     def statistics(self, now: float | None = None) -> QueueStats:
         return self._report.statistics(now)
