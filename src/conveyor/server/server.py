@@ -147,7 +147,7 @@ class Server:
         self.config = config
         self.clock = clock
         tlog = config.transaction_log
-        # The one I/O thread: journal writes, checkpoint files and summaries, in order.
+        # The one I/O thread: journal writes, checkpoint files and the verified prefix, in order.
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
         # Segment summaries, on a thread of their own (journal/index.py SealSummarizer).
         self._summaries = SealSummarizer(describe_record, background=True)
