@@ -4,8 +4,9 @@ A sealed segment whose ``.verified`` sidecar still matches is not read at startu
 (verified.py), and a record is otherwise read again only when someone needs it. Bit rot
 in a record nobody reads would stay hidden until the day a consumer or a replay needs
 it. The scrub finds it first: the server walks every segment on disk, oldest first,
-one bounded :meth:`Scrubber.step` at a time on its I/O thread, at a configured rate
-(``TransactionLog/Scrub``), and starts a new pass at a configured interval.
+one bounded :meth:`Scrubber.step` at a time on its background I/O thread (not the
+journal writer's), at a configured rate (``TransactionLog/Scrub``), and starts a new
+pass at a configured interval.
 
 Rules:
 

@@ -2,7 +2,7 @@
 (``FreeSpaceWarning``) and the background scrub that re-reads it (journal/scrub.py).
 
 A part of the server shell with its own state and counters (``ServerStats`` reads
-them); it runs on the loop, and its file work on the server's one I/O thread.
+them); it runs on the loop, and its file work on the server's background I/O thread.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Disk:
                  io: concurrent.futures.Executor) -> None:
         self._tlog = tlog
         self.journal = journal
-        self._io = io
+        self._io = io  # the server's background I/O thread: scrub steps, and closing the scrubber after them
         self.free_bytes: int | None = None  # free space of the journal's file system, last checked
         self._checked_at = float("-inf")
         self._warned_at: float | None = None
@@ -64,13 +64,13 @@ class Disk:
             log.info("free space of %s is back above FreeSpaceWarning: %d bytes free", tlog.journal_directory, free)
 
     def _close_on_io(self, scrubber: Scrubber) -> None:
-        """Close ``scrubber`` on the I/O thread, after the step that may still run there:
+        """Close ``scrubber`` on the background I/O thread, after the step that may still run there:
         a scrub cancelled at shutdown leaves its step running, and closing its file from
         the loop meanwhile raced the step's own close (EBADF, found by the checker), or
         could close a descriptor number the journal had just reused."""
         try:
             self._io.submit(scrubber.close)
-        except RuntimeError:  # the I/O thread is gone: nothing runs there any more
+        except RuntimeError:  # the thread is gone: nothing runs there any more
             scrubber.close()
 
     async def scrub(self, scrub: Scrub) -> None:

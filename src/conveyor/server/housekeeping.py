@@ -21,7 +21,7 @@ last checkpoint began (:meth:`Housekeeping.journal_grew`, after each group commi
 a restart after a crash replays (and re-checks at the journal's open) is then at most
 about that much whatever the timing of the crash, not up to 5 s of the fastest
 publishing. The queues' snapshots are taken on the loop (a few ms per million queued
-messages); their files are written on the I/O thread.
+messages); their files are written on the background I/O thread.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Housekeeping:
         self._journal = journal
         self._tlog = tlog  # None: a journal in memory, no checkpoint
         self._limits = limits
-        self._io = io  # the server's one I/O thread: checkpoint files after the journal's writes
+        self._io = io  # the server's background I/O thread (not the journal writer's): checkpoint files
         self._clock = clock
         self._connections = connections  # the server's, read only
         self._disk = disk
