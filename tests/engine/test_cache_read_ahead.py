@@ -1,7 +1,8 @@
 """The message cache's read-ahead (engine/cache.py, "Read-ahead"): a reader moving
 forward through the journal past what the cache holds reads it sequentially, not one
 record at a time; any other miss reads its record alone; a damaged record further on
-does not fail the one asked for."""
+does not fail the one asked for. And its admission ("Admission"): what a queue
+delivers next is kept, not the far tail of its backlog."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from conveyor import errors, records
 from conveyor.engine import cache as cache_mod
 from conveyor.engine.cache import MessageCache
 from conveyor.journal import MemoryJournal
+
+from .engine_harness import Harness, config_xml, decode, queue_xml
 
 
 def journal_of(n: int, every: int = 0) -> tuple[MemoryJournal, list[int]]:
@@ -174,14 +177,10 @@ def test_admit_keeps_a_message_while_the_queue_ahead_of_it_is_shorter_than_the_h
     assert list(cache._entries) == [positions[0], positions[2]]
 
 
-from .engine_harness import Harness, config_xml, decode, queue_xml  # noqa: E402
-
-
 def _filled(n: int, head_entries: int, reader: bool = False, **queue) -> tuple[Harness, list[int]]:
     """A queue with ``n`` publishes, each made durable alone, and no consumer (``reader``:
-    one with a backlog of 1 that never acknowledges); the cache's head
-    ``head_entries`` of these messages. The positions journaled, and the reader's
-    messages taken out of the harness."""
+    one with a backlog of 1 that never acknowledges), the cache's head ``head_entries``
+    of these messages: the harness, and the positions still available."""
     h = Harness(config_xml(queue_xml("Q", **queue), topics=("Work",)))
     body_len = len(b'{"i":10}')
     h.engine.cache.head_bytes = head_entries * (body_len + cache_mod._ENTRY_OVERHEAD_BYTES)
