@@ -82,13 +82,17 @@ async def redis_worker(uri: str, name: str, backlog: int, ack_batch: int | None 
     count = 0
     last = time.monotonic()
     per_message = (ack_batch or 1) == 1
-    got = await client.xreadgroup("workers", name, {"bench": ">"}, count=backlog, block=200)
+
+    def read(target):  # the next batch, on the client or queued in a pipeline
+        return target.xreadgroup("workers", name, {"bench": ">"}, count=backlog, block=200)
+
+    got = await read(client)
     while True:
         ids = [msg_id for _, entries in got for msg_id, _ in entries]
         if not ids:
             if count and time.monotonic() - last > 1.0:
                 break
-            got = await client.xreadgroup("workers", name, {"bench": ">"}, count=backlog, block=200)
+            got = await read(client)
             continue
         pipe = client.pipeline(transaction=False)
         if per_message:
@@ -96,7 +100,7 @@ async def redis_worker(uri: str, name: str, backlog: int, ack_batch: int | None 
                 pipe.xack("bench", "workers", msg_id)
         else:
             pipe.xack("bench", "workers", *ids)
-        pipe.xreadgroup("workers", name, {"bench": ">"}, count=backlog, block=200)
+        read(pipe)
         got = (await pipe.execute())[-1]
         count += len(ids)
         last = time.monotonic()

@@ -181,8 +181,7 @@ class MessageCache:
         found = None
         last = position
         added, keep = 0, self._keep
-        entries, decode, publish = self._entries, records.decode, records.PublishRec
-        plain, head = records.decode_plain, records.PLAIN_PUBLISH_HEAD
+        entries = self._entries
         try:
             for pos, payload in self._scan(position, position + READ_AHEAD_SPAN_BYTES):
                 if added > keep:
@@ -190,8 +189,8 @@ class MessageCache:
                 last = pos
                 if pos in entries:
                     continue
-                rec = plain(payload) if payload.startswith(head) else decode(payload)
-                if type(rec) is publish or type(rec) is records.PlainPublish:
+                rec = _publish_of(payload)
+                if rec is not None:
                     entry = _entry(rec)
                     self.put(pos, entry)
                     added += len(rec.data) + _ENTRY_OVERHEAD_BYTES
@@ -237,16 +236,12 @@ class MessageCache:
         """The publishes at the positions of ``run`` (ascending) into ``found``, from one
         scan of the journal from the first to the last."""
         assert self._scan is not None
-        wanted, decode, publish = set(run), records.decode, records.PublishRec
-        plain, head = records.decode_plain, records.PLAIN_PUBLISH_HEAD
+        wanted = set(run)
         try:
             for pos, payload in self._scan(run[0], run[-1] + 1):
                 if pos in wanted:
-                    if payload.startswith(head):
-                        found[pos] = plain(payload)
-                        continue
-                    rec = decode(payload)
-                    if type(rec) is publish:
+                    rec = _publish_of(payload)
+                    if rec is not None:
                         found[pos] = rec
         except errors.JournalError:
             pass  # what the scan did not bring is read alone (get_many), which reports it
@@ -260,8 +255,8 @@ class MessageCache:
 
     def _load(self, position: int) -> Entry:
         self.misses += 1
-        rec = records.decode(self._read(position))
-        if not isinstance(rec, records.PublishRec):
+        rec = _publish_of(self._read(position))
+        if rec is None:
             raise LookupError(f"position {position} is not a published message")
         return _entry(rec)
 
@@ -273,6 +268,19 @@ class MessageCache:
         entry = self._entries.pop(position, None)
         if entry is not None:
             self._bytes -= len(entry.data) + _ENTRY_OVERHEAD_BYTES
+
+
+def _publish_of(payload: bytes) -> records.PublishRec | records.PlainPublish | None:
+    """The publish a journal record holds (None: another kind of record): one of the
+    plain layout, most of them, read by its own decoder (0.23 instead of 1.1 µs), no
+    PublishRec with its twelve defaults built."""
+    if payload.startswith(_PLAIN_HEAD):
+        return _decode_plain(payload)
+    rec = records.decode(payload)
+    return rec if type(rec) is records.PublishRec else None
+
+
+_PLAIN_HEAD, _decode_plain = records.PLAIN_PUBLISH_HEAD, records.decode_plain
 
 
 def _entry(rec: records.PublishRec | records.PlainPublish) -> Entry:
