@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,27 +22,11 @@ from pathlib import Path
 
 import uvloop
 
+from bench.ports import free_port, wait_port
 from bench.report import git_rev, machine, median, write_section
 
 PAYLOAD = b'{"pad":"' + b"x" * 246 + b'"}'
 assert len(PAYLOAD) == 256
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
 
 
 # --- conveyor -------------------------------------------------------------------------------

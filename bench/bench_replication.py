@@ -97,7 +97,7 @@ class Instance:
         with on_cores(cores):  # a child starts with its parent's affinity
             self.proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--config", str(cfg)],
                                          stdout=log, stderr=log)
-        wait_port(self.port, timeout=300)
+        wait_port(self.port, timeout=300, proc=self.proc)
         return self
 
     def cpu_s(self) -> float:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
+
+from bench.ports import free_port
 
 STARTUP_SECONDS_MAX = 60.0
 CHECKPOINT_SECONDS_MAX = 30.0  # the server checkpoints every 5 s while its log moves
@@ -67,37 +67,6 @@ def write_config(
 
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-_PICKED: set[int] = set()  # ports this process handed out: a config may name one long before it is bound
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768 and up on Linux), so that
-    no outgoing connection takes it between a SIGKILL and the restart that binds it again
-    (a port the kernel picked for the first start, from that range, was once taken so).
-    Each xdist worker picks from a share of the range of its own, and never the same
-    port twice: a port is often written into a configuration (a replication transport
-    its peers dial) well before its server binds it, and a test on the other worker
-    picking it meanwhile was seen to fail a start with "address already in use"."""
-    rng = random.Random()
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    index = int(worker[2:]) if worker[2:].isdigit() else 0
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    span = (32000 - 20000) // workers
-    lo = 20000 + (index % workers) * span
-    for _ in range(200):
-        port = rng.randrange(lo, lo + span)
-        if port in _PICKED:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _PICKED.add(port)
-            return port
-    raise RuntimeError(f"no free port in {lo}-{lo + span}")
 
 
 class ServerProcess:
