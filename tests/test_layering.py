@@ -286,7 +286,8 @@ def _foreign_assignments(path: Path) -> list[str]:
                 own.add(n.attr)
             elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
                 own.add(n.target.id)
-            elif isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in n.targets):
+            elif (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in n.targets)
+                  and not isinstance(n.value, ast.Name)):  # slots named by a constant: their fields are annotated
                 own.update(ast.literal_eval(n.value))
     found = []
     for node in ast.walk(tree):

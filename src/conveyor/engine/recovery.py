@@ -57,7 +57,7 @@ from conveyor.engine.topics import Topics
 
 if TYPE_CHECKING:
     from conveyor.engine.replication.ownership import ReplicatedQueues
-    from conveyor.engine.queue.replica import OwnershipState
+    from conveyor.engine.queue.rows import OwnershipState
     from conveyor.engine.sow.state import StateOfTheWorld
 
 log = logging.getLogger("conveyor.engine")

@@ -29,7 +29,7 @@ import msgspec
 
 from conveyor.engine.consumers import NamedConsumerState
 from conveyor.engine.core import Checkpoint
-from conveyor.engine.queue.replica import OwnershipState
+from conveyor.engine.queue.rows import OwnershipState
 from conveyor.journal.files import write_atomic
 
 log = logging.getLogger("conveyor.server")

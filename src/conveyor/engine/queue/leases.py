@@ -45,14 +45,11 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import repeat
-from typing import TYPE_CHECKING, Callable, Hashable, Iterable, Iterator, Protocol, Sequence
-
-import msgspec
+from typing import Callable, Hashable, Iterable, Iterator, Protocol, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
-
-if TYPE_CHECKING:
-    from conveyor.engine.queue.seats import Seat
+from conveyor.engine.queue.rows import Lease
+from conveyor.engine.queue.seats import Seat
 
 #: Stale lease deadlines (acked before they fell due) are swept out of the heap once they
 #: outnumber the live ones by this factor, so the heap stays O(leases).
@@ -64,17 +61,6 @@ class Positions(Protocol):
     """Rule 7's ``elsewhere``: the positions owned by another instance (a queue's replica part)."""
 
     def __contains__(self, position: int, /) -> bool: ...
-
-
-class Lease(msgspec.Struct, gc=False):
-    """One message's lease. Not tracked by the cyclic collector (``gc=False``): it refers
-    to its seat and numbers only, and nothing refers back to it but the table, so it is
-    never part of a cycle; a batch of leases then costs no collector passes over it."""
-
-    seat: Seat
-    deadline: float
-    published_at: float
-    key: int  # order key: the position, or (priority queue) rank and position
 
 
 class _Run:

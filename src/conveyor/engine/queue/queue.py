@@ -159,13 +159,14 @@ from conveyor.engine.queue.events import (
     TakeBack,
 )
 from conveyor.engine.queue.keys import KeyedOrder, explained
-from conveyor.engine.queue.leases import Lease, LeaseTable
+from conveyor.engine.queue.leases import LeaseTable
 from conveyor.engine.queue.order import DeliveryOrder
 from conveyor.engine.queue.paging import PageFile, PagingBudget
 from conveyor.engine.queue.priority import KEY_END, POSITION_MASK, order_key
 from conveyor.engine.queue.recovery import QueueReplayer
 from conveyor.engine.queue.report import QueueReport
 from conveyor.engine.queue.returns import Returns
+from conveyor.engine.queue.rows import Lease
 from conveyor.engine.queue.seats import Seat, Seats
 from conveyor.engine.queue.state import (
     IllegalTransition,
@@ -222,13 +223,17 @@ _CONFIRMED_BY_THE_STORE = frozenset({MessageState.AVAILABLE})
 
 
 
+#: QueueCounters' fields, read from here: a compiled class keeps no ``__slots__`` to read back.
+_COUNTERS = (
+    "enqueued", "delivered", "acknowledged", "expired", "expired_leases", "returned",
+    "cancelled", "filter_errors", "barriers_delivered", "transferred_in", "transferred_out",
+)
+
+
 class QueueCounters:
     """The cumulative counters of :class:`QueueStats` (since this Queue was built)."""
 
-    __slots__ = (
-        "enqueued", "delivered", "acknowledged", "expired", "expired_leases", "returned",
-        "cancelled", "filter_errors", "barriers_delivered", "transferred_in", "transferred_out",
-    )
+    __slots__ = _COUNTERS
     enqueued: int
     delivered: int
     acknowledged: int
@@ -242,14 +247,14 @@ class QueueCounters:
     transferred_out: int
 
     def __init__(self) -> None:
-        for name in self.__slots__:
+        for name in _COUNTERS:
             setattr(self, name, 0)
 
     def add(self, name: str, n: int = 1) -> None:
         setattr(self, name, getattr(self, name) + n)
 
     def counts(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in _COUNTERS}
 
 
 class _Tally:

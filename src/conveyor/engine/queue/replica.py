@@ -38,44 +38,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable, Iterator, NamedTuple
 
-import msgspec
-
-from conveyor.engine.queue.leases import Lease
+from conveyor.engine.queue.rows import Lease, OwnershipState, Tombstone, TransferEpoch
 
 Ident = tuple[int, int]  # (publisher, seq)
 Epoch = tuple[int, str, str]  # (epoch, owner, granter) of the transfer that won
 
 #: Messages that left the queue whose position is still found by identity (rule 1).
 LEFT_MAX = 10_000
-
-
-class Tombstone(msgspec.Struct, array_like=True, frozen=True):
-    """A removal of a message that was not here (engine/replication/ownership.py rule 3), as a
-    checkpoint and a snapshot keep it: a row ``[publisher, seq, kind, when]``."""
-
-    publisher: int
-    seq: int
-    kind: str
-    when: float | None = None  # None: a checkpoint of an older version (counts from the restart)
-
-
-class TransferEpoch(msgspec.Struct, array_like=True, frozen=True):
-    """The transfer that won for a message (rule 5): a row ``[publisher, seq, epoch,
-    owner, granter]``."""
-
-    publisher: int
-    seq: int
-    epoch: int
-    owner: str
-    granter: str
-
-
-class OwnershipState(msgspec.Struct, frozen=True):
-    """One replicated queue's tombstones and transfers in a checkpoint or a snapshot
-    (the JSON and msgpack layouts of the untyped dict it replaces: old files load)."""
-
-    tombstones: list[Tombstone] = []
-    epochs: list[TransferEpoch] = []
 
 
 class Away(NamedTuple):

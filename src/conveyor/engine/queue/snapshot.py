@@ -60,7 +60,7 @@ import msgspec
 from conveyor.engine.queue.events import QueueState
 from conveyor.engine.queue.paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
 from conveyor.engine.queue.priority import EpochImage, Segment, order_key, priority_of_key
-from conveyor.engine.queue.replica import OwnershipState
+from conveyor.engine.queue.rows import OwnershipState
 from conveyor.engine.queue.store import ChunkImage
 
 if TYPE_CHECKING:

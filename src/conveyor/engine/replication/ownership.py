@@ -102,7 +102,8 @@ from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.queue import Event, Queue
-from conveyor.engine.queue.replica import Ident, OwnershipState, Replica, Tombstone, TransferEpoch
+from conveyor.engine.queue.replica import Ident, Replica
+from conveyor.engine.queue.rows import OwnershipState, Tombstone, TransferEpoch
 from conveyor.engine.ports import JournalPort, QueueRecord
 
 if TYPE_CHECKING:
