@@ -35,20 +35,23 @@ from bench.report import median
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The modules compiled: the queue's parts, the payload cache, the publish log, the
-#: outbox, topic routing and the frame codec. Left out, with the reason (docs/architecture.md):
-#: queue/rows.py and queue/snapshot.py (msgspec records: mypyc drops a Struct's class
-#: options), queue/report.py (a ``__slots__`` that mypyc refuses), engine/ports.py
-#: (runtime-checkable protocols), engine/core.py and the engine modules beside it (they
-#: compile, but the touch, transaction and stale-acknowledgement tests then fail).
+#: The modules compiled, as one group (calls between them are native): the engine's
+#: command path, delivery, named consumers, transactions, the queue's parts, the payload
+#: cache, the publish log, the outbox, topic routing and the frame codec. Left out, with
+#: the reason (docs/architecture.md, "Compiled hot paths"): the modules of msgspec
+#: records (engine/rows.py, engine/queue/rows.py, queue/events.py, queue/snapshot.py,
+#: the protocol's messages: mypyc drops a Struct's class options and its fields' generic
+#: types), queue/report.py (a ``__slots__`` mypyc refuses), engine/ports.py
+#: (runtime-checkable protocols); the rest of the tree is not on a message's path.
 COMPILED = [
     "conveyor/protocol/codec.py", "conveyor/protocol/payload.py",
-    "conveyor/engine/cache.py", "conveyor/engine/outbox.py", "conveyor/engine/publish_log.py",
-    "conveyor/engine/topics.py",
+    *(f"conveyor/engine/{name}.py" for name in (
+        "core", "consumers", "delivery", "subscribing", "routes", "fingerprints", "sessions", "txn", "actions",
+        "cache", "outbox", "publish_log", "topics", "replication/held_delivery",
+    )),
     *(f"conveyor/engine/queue/{name}.py" for name in (
-        "budget", "store", "events", "priority", "paging", "state", "recovery", "seats", "window", "keys",
-        "order", "consumer", "expiry", "intake", "leases", "named", "transfers", "returns", "replica", "queue",
-        "bindings",
+        "budget", "store", "priority", "paging", "state", "recovery", "seats", "window", "keys", "order",
+        "consumer", "expiry", "intake", "leases", "named", "transfers", "returns", "replica", "queue", "bindings",
     )),
 ]
 

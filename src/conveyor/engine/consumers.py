@@ -98,6 +98,7 @@ from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
 from conveyor.engine.queue.events import Acknowledged, LeaseExpired
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
+from conveyor.engine.rows import NamedConsumerState, NamedConsumerStats
 
 log = logging.getLogger("conveyor.engine")
 
@@ -137,18 +138,6 @@ CONSUMER_RECORDS = (records.ConsumerLeasedRec, records.ConsumerAckedRec, records
                     records.ConsumerReplicatedRec)
 ConsumerRecord = (records.ConsumerLeasedRec | records.ConsumerAckedRec | records.ConsumerClaimedRec
                   | records.ConsumerReplicatedRec)
-
-
-class NamedConsumerState(msgspec.Struct, frozen=True):
-    """One named consumer in the checkpoint (rule 6), as the consumers file keeps it."""
-
-    d: int
-    acked: int
-    epoch: int
-    token: str
-    positions: list[int]
-    claim_d: int = -1  # D when the epoch was claimed (-1: a file written before it was kept)
-    cuts: list[tuple[int, int]] = []  # NamedConsumer.cuts ([]: a file written before they were kept)
 
 
 class NamedConsumer:
@@ -219,19 +208,6 @@ class NamedConsumer:
     def statistics(self) -> NamedConsumerStats:
         return NamedConsumerStats(self.queue, self.name, self.d, self.acked, self.epoch, self.d - self.acked,
                                   self.leased, self.reoffered, self.taken_back, self.expired_leases)
-
-
-class NamedConsumerStats(msgspec.Struct, frozen=True):
-    queue: str
-    name: str
-    d: int
-    acked: int
-    epoch: int
-    unacked: int
-    leased: int
-    reoffered: int
-    taken_back: int
-    expired_leases: int
 
 
 _TAKE_BACK_COUNTERS = {

@@ -69,11 +69,11 @@ from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishAc
 from conveyor.protocol.bookmarks import publisher_id
 from conveyor.engine.entitlements import Entitlements, Permission, check_command, not_entitled
 from conveyor.engine.cache import CACHE_BYTES_MAX_DEFAULT, Entry, MessageCache
-from conveyor.engine.consumers import NamedConsumers, NamedConsumerStats
+from conveyor.engine.consumers import NamedConsumers
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.publish_log import PendingPublish, PublishLog
+from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.queue import Queue, QueueStats
 from conveyor.engine.queue.bindings import PlainRuns, QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
@@ -91,13 +91,14 @@ from conveyor.engine.subscribing import Subscriptions
 from conveyor.engine.filter_budget import FilterBudget
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.topics import FILTER_TICKS_PER_TURN, REPLAY_RECORDS_PER_PUMP, Topics
-from conveyor.engine.txn import StagingStats, Transactions
+from conveyor.engine.txn import Transactions
 from conveyor.protocol import messages as m
 from conveyor.protocol import replication as p_repl
 from conveyor.protocol.messages import ack_types
 from conveyor.protocol.codec import Rejected
 from conveyor.protocol.options import parse_options
 from conveyor.protocol.payload import BodyRefused, check_json
+from conveyor.engine.rows import EngineStats, PendingPublish
 
 __all__ = ["Checkpoint", "Engine", "EngineStats", "REPLAY_RECORDS_PER_PUMP", "VERSION"]
 
@@ -108,24 +109,6 @@ VERSION = "conveyor-0.1"
 CLIENT_NAME_CHARS_MAX = 256  # a client name is journaled in no record, but logged and kept per session
 _NO_ACKS: frozenset[str] = frozenset()
 _PUBLISH_ACKS = frozenset({"processed", "persisted"})
-
-
-class EngineStats(msgspec.Struct, frozen=True):
-    connections: int
-    publishers: int
-    journal_end: int
-    journal_durable_end: int
-    pending_publishes: int
-    held_sends: int
-    cache_misses: int
-    topic_subscriptions: int
-    replays: int
-    queue_consumers: int
-    queues: dict[str, QueueStats]
-    sow: dict[str, dict[str, int]]
-    named_consumers: tuple[NamedConsumerStats, ...]
-    staging: StagingStats
-    replicated_queues: tuple[OwnershipStats, ...] = ()
 
 
 class Engine:

@@ -58,7 +58,7 @@ Rules:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Hashable, Iterator, cast
+from typing import Any, Callable, Hashable, Iterator
 
 from conveyor import errors, records
 from conveyor.config.model import Leasing, Semantics
@@ -313,10 +313,8 @@ class QueueDelivery:
 
     def _message(self, name: str, d: Delivery, consumer: Consumer, at_most_once: bool,
                  numbered: bool = False) -> tuple[int, m.Message]:
-        if TYPE_CHECKING:  # a subscription's key (subscribing.py); no cast call at run time: once a message
-            conn_id, sub_id = cast("tuple[int, str]", consumer.key)
-        else:
-            conn_id, sub_id = consumer.key
+        key: Any = consumer.key  # a subscription's (conn_id, sub_id) (subscribing.py); no cast call per message
+        conn_id, sub_id = key
         entry = self._cache.get(d.position)
         msg = m.Message(
             topic=name,

@@ -42,13 +42,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Iterator
 
-import msgspec
 
 from conveyor import records
 from conveyor.config.model import TransactionLog
 from conveyor.engine.fingerprints import FingerprintWindow
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
+from conveyor.engine.rows import PendingPublish
 
 _encode_publish = records.encode_publish
 
@@ -59,22 +59,6 @@ HOLES_PER_PUBLISHER_MAX = 1024
 #: memory a down sync destination costs is divided by up to this; a logon's persisted
 #: sequence may be up to this many publishes lower than exact.
 UNPERSISTED_RUN_MAX = 1024
-
-
-class PendingPublish(msgspec.Struct, frozen=True, gc=False):
-    """A publish appended to the journal and not yet applied (durable)."""
-
-    position: int
-    end: int  # the journal position after its record
-    topic: str
-    publisher: int
-    seq: int
-    timestamp: float
-    data: bytes
-    correlation_id: str | None
-    origin: str = ""  # the instance it was first recorded at ("": here)
-    expiration: float = 0.0  # absolute expiry stamped by a SOW topic (0: none)
-    sow_key: str = ""  # its SowKey on a SOW topic
 
 
 class PublishLog:

@@ -46,7 +46,8 @@ from conveyor.engine.queue import journal as queue_journal
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.protocol.bookmarks import parse_replay_start
 from conveyor.engine.cache import Entry
-from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers, NamedConsumerState
+from conveyor.engine.consumers import CONSUMER_RECORDS, ConsumerRecord, NamedConsumers
+from conveyor.engine.rows import NamedConsumerState
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog

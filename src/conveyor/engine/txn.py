@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import msgspec
 
 from conveyor import errors
 from conveyor.protocol.bookmarks import txn_publisher_id
@@ -52,6 +51,7 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
+from conveyor.engine.rows import StagingStats
 
 if TYPE_CHECKING:
     from conveyor.engine.consumers import NamedConsumers
@@ -149,12 +149,6 @@ class Staging:
 
     def statistics(self) -> StagingStats:
         return StagingStats(txns=len(self._txns), bytes=self.bytes, expired=self.expired)
-
-
-class StagingStats(msgspec.Struct, frozen=True):
-    txns: int
-    bytes: int
-    expired: int
 
 
 def _handle(owner: str | None, txn: str) -> str:

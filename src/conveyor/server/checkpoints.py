@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from conveyor.engine.consumers import NamedConsumerState
+from conveyor.engine.rows import NamedConsumerState
 from conveyor.engine.core import Checkpoint
 from conveyor.engine.queue.rows import OwnershipState
 from conveyor.journal.files import write_atomic

@@ -221,8 +221,6 @@ _FORCED = (ExpiryReason.FORCED_EXPIRE,)
 _CONFIRMED_BY_THE_STORE = frozenset({MessageState.AVAILABLE})
 
 
-
-
 #: QueueCounters' fields, read from here: a compiled class keeps no ``__slots__`` to read back.
 _COUNTERS = (
     "enqueued", "delivered", "acknowledged", "expired", "expired_leases", "returned",

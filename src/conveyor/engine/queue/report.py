@@ -29,7 +29,6 @@ _AVAILABLE = MessageState.AVAILABLE
 _LEASED = MessageState.LEASED
 
 
-
 class QueueReport:
     def __init__(self, config: QueueConfig, *, order: DeliveryOrder, leases: LeaseTable, seats: Seats,
                  window: ActiveWindow, replica: Replica, stamped: MessageExpiry, counts: Callable[[], dict[str, Any]],

@@ -21,17 +21,34 @@ the replicated queues are not dispatched. Rules:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.queue.bindings import QueueBindings
 from conveyor.engine.replication.catch_up import CatchUp
 
+if TYPE_CHECKING:
+    from conveyor.engine.actions import ExpiryActions
+    from conveyor.engine.cache import MessageCache
+    from conveyor.engine.outbox import Outbox
+    from conveyor.engine.ports import JournalPort
+    from conveyor.engine.publish_log import PublishLog
+    from conveyor.engine.sow.production import Queries
+
 
 class HeldDelivery(QueueDelivery):
-    def __init__(self, catch_up: CatchUp, bindings: QueueBindings, *args: Any, **kwargs: Any) -> None:
+    # The parameters spelled out, not passed on as *args: the compiled build
+    # (docs/architecture.md, "Compiled hot paths") passes a star-args tuple to a compiled
+    # base class's __init__ as one argument.
+    def __init__(
+        self, catch_up: CatchUp, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,
+        publishes: PublishLog, actions: ExpiryActions, action_publisher: int,
+        entitled: Callable[[int, str], bool] | None = None, *, queries: Queries,
+        client_of: Callable[[int], str | None] | None = None,
+    ) -> None:
         """``catch_up``: the wait; the rest is :class:`QueueDelivery`'s."""
-        super().__init__(bindings, *args, **kwargs)
+        super().__init__(bindings, journal, cache, outbox, publishes, actions, action_publisher, entitled,
+                         queries=queries, client_of=client_of)
         self._catch_up = catch_up
         self._replicated = frozenset(b for b in bindings if b.ownership is not None)
         #: Rule 2: the one flag.

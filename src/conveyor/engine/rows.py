@@ -1,0 +1,80 @@
+"""The engine's msgspec records: a publish awaiting durability, a named consumer as the
+checkpoint keeps it, and the statistics the engine reports.
+
+They live in a module of their own, which the compiled build leaves uncompiled: mypyc
+builds a Struct subclass without its class options (``frozen``, ``gc``, ``tag``) and with
+its fields' generic types cut to the bare class (``list[tuple[int, int]]`` decodes as a
+list of lists), see docs/architecture.md, "Compiled hot paths". engine/queue/rows.py is
+the same for the queue's records."""
+
+from __future__ import annotations
+
+import msgspec
+
+from conveyor.engine.queue.events import QueueStats
+from conveyor.engine.replication.ownership import OwnershipStats
+
+
+class PendingPublish(msgspec.Struct, frozen=True, gc=False):
+    """A publish appended to the journal and not yet applied (durable)."""
+
+    position: int
+    end: int  # the journal position after its record
+    topic: str
+    publisher: int
+    seq: int
+    timestamp: float
+    data: bytes
+    correlation_id: str | None
+    origin: str = ""  # the instance it was first recorded at ("": here)
+    expiration: float = 0.0  # absolute expiry stamped by a SOW topic (0: none)
+    sow_key: str = ""  # its SowKey on a SOW topic
+
+
+class NamedConsumerState(msgspec.Struct, frozen=True):
+    """One named consumer in the checkpoint (rule 6), as the consumers file keeps it."""
+
+    d: int
+    acked: int
+    epoch: int
+    token: str
+    positions: list[int]
+    claim_d: int = -1  # D when the epoch was claimed (-1: a file written before it was kept)
+    cuts: list[tuple[int, int]] = []  # NamedConsumer.cuts ([]: a file written before they were kept)
+
+
+class NamedConsumerStats(msgspec.Struct, frozen=True):
+    queue: str
+    name: str
+    d: int
+    acked: int
+    epoch: int
+    unacked: int
+    leased: int
+    reoffered: int
+    taken_back: int
+    expired_leases: int
+
+
+class StagingStats(msgspec.Struct, frozen=True):
+    txns: int
+    bytes: int
+    expired: int
+
+
+class EngineStats(msgspec.Struct, frozen=True):
+    connections: int
+    publishers: int
+    journal_end: int
+    journal_durable_end: int
+    pending_publishes: int
+    held_sends: int
+    cache_misses: int
+    topic_subscriptions: int
+    replays: int
+    queue_consumers: int
+    queues: dict[str, QueueStats]
+    sow: dict[str, dict[str, int]]
+    named_consumers: tuple[NamedConsumerStats, ...]
+    staging: StagingStats
+    replicated_queues: tuple[OwnershipStats, ...] = ()
