@@ -380,3 +380,23 @@ def test_replication_depends_on_ports_not_on_the_parts_it_feeds():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith(parts), f"engine/replication/{name}.py imports {node.module}"
+
+
+def test_the_compiled_group_keeps_the_rules_mypyc_needs():
+    """Rule 9: the modules bench/bench_compiled.py compiles (docs/architecture.md,
+    "Compiled hot paths") define no msgspec record (mypyc drops a Struct's options and its
+    fields' generic types), run no code in an ``if TYPE_CHECKING`` branch's ``else``
+    (compiled as unreachable) and never read ``__slots__`` (a native class keeps none)."""
+    from bench.bench_compiled import COMPILED
+
+    for rel in COMPILED:
+        path = SRC.parent / rel
+        for node in ast.walk(_parsed(path)):
+            where = f"{rel}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b) for b in node.bases]
+                assert not any(b.endswith("Struct") for b in bases), f"{where}: msgspec record {node.name} (rows.py)"
+            elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                assert not node.orelse, f"{where}: code in the else of 'if TYPE_CHECKING'"
+            elif isinstance(node, ast.Attribute) and node.attr == "__slots__" and isinstance(node.ctx, ast.Load):
+                assert False, f"{where}: reads __slots__"
