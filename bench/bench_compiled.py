@@ -37,14 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The modules compiled, as one group (calls between them are native): the engine's
 #: command path, delivery, named consumers, transactions, the queue's parts, the payload
-#: cache, the publish log, the outbox, topic routing and the frame codec. Left out, with
+#: cache, the publish log, the outbox, topic routing and the JSON check. Left out, with
 #: the reason (docs/architecture.md, "Compiled hot paths"): the modules of msgspec
 #: records (engine/rows.py, engine/queue/rows.py, queue/events.py, queue/snapshot.py,
 #: the protocol's messages: mypyc drops a Struct's class options and its fields' generic
-#: types), queue/report.py (a ``__slots__`` mypyc refuses), engine/ports.py
+#: types), the frame codec (the replication link's decoder, a Python class, subclasses
+#: its decoder), queue/report.py (a ``__slots__`` mypyc refuses), engine/ports.py
 #: (runtime-checkable protocols); the rest of the tree is not on a message's path.
 COMPILED = [
-    "conveyor/protocol/codec.py", "conveyor/protocol/payload.py",
+    "conveyor/protocol/payload.py",
     *(f"conveyor/engine/{name}.py" for name in (
         "core", "consumers", "delivery", "subscribing", "routes", "fingerprints", "sessions", "txn", "actions",
         "cache", "outbox", "publish_log", "topics", "replication/held_delivery",

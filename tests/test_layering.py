@@ -386,9 +386,27 @@ def test_the_compiled_group_keeps_the_rules_mypyc_needs():
     """Rule 9: the modules bench/bench_compiled.py compiles (docs/architecture.md,
     "Compiled hot paths") define no msgspec record (mypyc drops a Struct's options and its
     fields' generic types), run no code in an ``if TYPE_CHECKING`` branch's ``else``
-    (compiled as unreachable) and never read ``__slots__`` (a native class keeps none)."""
+    (compiled as unreachable) and never read ``__slots__`` (a native class keeps none);
+    and no module outside the group subclasses one of its classes (CPython refuses a
+    Python subclass of a compiled class)."""
     from bench.bench_compiled import COMPILED
 
+    compiled = {rel[: -len(".py")].replace("/", "."): rel for rel in COMPILED}
+    classes = {(module, node.name) for module, rel in compiled.items()
+               for node in ast.walk(_parsed(SRC.parent / rel)) if isinstance(node, ast.ClassDef)}
+    for path in sorted(SRC.rglob("*.py")):
+        module = str(path.relative_to(SRC.parent).with_suffix("")).replace("/", ".")
+        if module in compiled:
+            continue
+        tree = _parsed(path)
+        imported = {alias.asname or alias.name: (node.module, alias.name) for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    name = ast.unparse(base.value if isinstance(base, ast.Subscript) else base)
+                    assert imported.get(name) not in classes, (
+                        f"{path.relative_to(SRC)}:{node.lineno}: {node.name} subclasses the compiled {name}")
     for rel in COMPILED:
         path = SRC.parent / rel
         for node in ast.walk(_parsed(path)):
