@@ -88,7 +88,8 @@ class KeyedOrder:
                  "_stamped")
 
     def __init__(self, n: int, key_at: Callable[[int], str | None] | None, transitions: Transitions,
-                 order: DeliveryOrder, leases: LeaseTable, seats: Seats, returns: Returns, stamped: MessageExpiry) -> None:
+                 order: DeliveryOrder, leases: LeaseTable, seats: Seats, returns: Returns,
+                 stamped: MessageExpiry[int]) -> None:
         self.n = n
         #: The key of the message at a position, computed again (rule 5; None: no snapshot restore).
         self.key_at = key_at
@@ -105,7 +106,7 @@ class KeyedOrder:
     @classmethod
     def build(cls, config: QueueConfig, key_at: Callable[[int], str | None] | None, transitions: Transitions,
               order: DeliveryOrder, leases: LeaseTable, seats: Seats, returns: Returns,
-              stamped: MessageExpiry) -> KeyedOrder | None:
+              stamped: MessageExpiry[int]) -> KeyedOrder | None:
         """The part of a queue with ``OrderingKey``; None for any other queue."""
         if config.ordering_key is None:
             return None

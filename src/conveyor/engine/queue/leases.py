@@ -49,7 +49,7 @@ from typing import Callable, Hashable, Iterable, Iterator, Protocol, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 from conveyor.engine.queue.rows import Lease
-from conveyor.engine.queue.seats import Seat
+from conveyor.engine.queue.seats import Seat  # at run time: the compiled build checks a Seat against it
 
 #: Stale lease deadlines (acked before they fell due) are swept out of the heap once they
 #: outnumber the live ones by this factor, so the heap stays O(leases).

@@ -355,7 +355,7 @@ class Queue:
         self.replica = Replica()  # rule 11: ownership rules read it, transitions feed it
         if replicated:
             self._transitions.on_leave(self.replica.left)
-        self._stamped = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
+        self._stamped: MessageExpiry[int] = MessageExpiry()  # messages carrying their own expiry (queue_expiry)
         self._returns = Returns(
             config.retry_backoff_s, transitions=self._transitions, order=self._order, leases=self._leases,
             seats=self._seats, replica=self.replica, stamped=self._stamped, count=self._counters.add)

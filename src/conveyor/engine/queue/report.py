@@ -31,8 +31,8 @@ _LEASED = MessageState.LEASED
 
 class QueueReport:
     def __init__(self, config: QueueConfig, *, order: DeliveryOrder, leases: LeaseTable, seats: Seats,
-                 window: ActiveWindow, replica: Replica, stamped: MessageExpiry, counts: Callable[[], dict[str, Any]],
-                 state_of: Callable[[int], MessageState], load: Callable[[int], object],
+                 window: ActiveWindow, replica: Replica, stamped: MessageExpiry[int],
+                 counts: Callable[[], dict[str, Any]], state_of: Callable[[int], MessageState], load: Callable[[int], object],
                  expiration: Callable[[], float | None], active: Callable[[], int], returns: Returns) -> None:
         """``expiration``: the queue's Expiration now (None once it is kept per message,
         queue/expiry.py rule 4); ``active``: messages in its active part."""

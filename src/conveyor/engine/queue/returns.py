@@ -73,7 +73,7 @@ class Returns:
 
     def __init__(
         self, backoff: tuple[float, ...], *, transitions: Transitions, order: DeliveryOrder, leases: LeaseTable,
-        seats: Seats, replica: Replica, stamped: MessageExpiry, count: Callable[[str], None],
+        seats: Seats, replica: Replica, stamped: MessageExpiry[int], count: Callable[[str], None],
     ) -> None:
         self._held: dict[int, tuple[float, float, int]] = {}  # position -> (not before, publish time, key)
         self._heap: list[tuple[float, int]] = []  # (not before, position); entries of gone ones are stale

@@ -57,7 +57,7 @@ class Transfers:
 
     def __init__(
         self, *, priority: bool, transitions: Transitions, replica: Replica, order: DeliveryOrder,
-        leases: LeaseTable, seats: Seats, stamped: MessageExpiry, count: Callable[..., None],
+        leases: LeaseTable, seats: Seats, stamped: MessageExpiry[int], count: Callable[..., None],
         state_of: Callable[[int], MessageState], matches: Callable[[Callable[[object, float], bool], int, float], bool],
         returns: Returns, keys: KeyedOrder | None = None,
     ) -> None:

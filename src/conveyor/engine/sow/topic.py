@@ -75,7 +75,7 @@ class SowTopic:
         self.config = config
         self.name = config.name
         self.records: dict[Any, int] = {}  # key -> position of the current record
-        self.expiry = MessageExpiry()  # key -> expiry time, for records that expire (rule 5)
+        self.expiry: MessageExpiry[Any] = MessageExpiry()  # key -> expiry time, for records that expire (rule 5)
         # rule 3: key -> the latest appended (position, data); data None: deleted (a
         # tombstone, at the position after the SowDeletedRec)
         self.pending: dict[Any, tuple[int, bytes | None]] = {}
