@@ -10,7 +10,7 @@ import msgspec
 from conveyor.config.model import QueueConfig
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.queue import Queue
-from conveyor.engine.queue.replica import OwnershipState, Tombstone, TransferEpoch
+from conveyor.engine.queue.rows import OwnershipState, Tombstone, TransferEpoch
 from conveyor.server.checkpoints import FORMAT_VERSION, REPLICATION_FILE, read_replication
 
 

@@ -77,7 +77,7 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.queue import Queue, QueueStats
 from conveyor.engine.queue.bindings import PlainRuns, QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
-from conveyor.engine.replication.ownership import OwnershipStats, ReplicatedQueues
+from conveyor.engine.replication.ownership import ReplicatedQueues
 from conveyor.engine.replication.catch_up import CatchUp
 from conveyor.engine.replication.held_delivery import HeldDelivery
 from conveyor.engine.replication.links import PeerLinks

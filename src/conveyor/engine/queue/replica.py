@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable, Iterator, NamedTuple
 
-from conveyor.engine.queue.rows import Lease, OwnershipState, Tombstone, TransferEpoch
+from conveyor.engine.queue.rows import Lease
 
 Ident = tuple[int, int]  # (publisher, seq)
 Epoch = tuple[int, str, str]  # (epoch, owner, granter) of the transfer that won
