@@ -270,6 +270,9 @@ class MessageCache:
             self._bytes -= len(entry.data) + _ENTRY_OVERHEAD_BYTES
 
 
+_PLAIN_HEAD, _decode_plain = records.PLAIN_PUBLISH_HEAD, records.decode_plain
+
+
 def _publish_of(payload: bytes) -> records.PublishRec | records.PlainPublish | None:
     """The publish a journal record holds (None: another kind of record): one of the
     plain layout, most of them, read by its own decoder (0.23 instead of 1.1 µs), no
@@ -278,9 +281,6 @@ def _publish_of(payload: bytes) -> records.PublishRec | records.PlainPublish | N
         return _decode_plain(payload)
     rec = records.decode(payload)
     return rec if type(rec) is records.PublishRec else None
-
-
-_PLAIN_HEAD, _decode_plain = records.PLAIN_PUBLISH_HEAD, records.decode_plain
 
 
 def _entry(rec: records.PublishRec | records.PlainPublish) -> Entry:

@@ -1,5 +1,6 @@
 """The engine's msgspec records: a publish awaiting durability, a named consumer as the
-checkpoint keeps it, and the statistics the engine reports.
+checkpoint keeps it, and the statistics the engine reports (a replicated queue's
+ownership counters among them).
 
 They live in a module of their own, which the compiled build leaves uncompiled: mypyc
 builds a Struct subclass without its class options (``frozen``, ``gc``, ``tag``) and with
@@ -12,7 +13,6 @@ from __future__ import annotations
 import msgspec
 
 from conveyor.engine.queue.events import QueueStats
-from conveyor.engine.replication.ownership import OwnershipStats
 
 
 class PendingPublish(msgspec.Struct, frozen=True, gc=False):
@@ -60,6 +60,16 @@ class StagingStats(msgspec.Struct, frozen=True):
     txns: int
     bytes: int
     expired: int
+
+
+class OwnershipStats(msgspec.Struct, frozen=True):
+    queue: str
+    proxied_transfer: bool
+    requests_sent: int
+    grants: int  # requests this instance granted
+    proxied_claims: int
+    conflicts: int  # rule 7
+    typical_ack_s: float | None  # what a message waits here before it is requested
 
 
 class EngineStats(msgspec.Struct, frozen=True):

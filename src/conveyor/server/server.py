@@ -135,8 +135,8 @@ class Server:
     # shared keys) and every attribute load is a dict lookup; a slot is a fixed offset.
     __slots__ = (
         "_background_io", "_config_stamp", "_conn_ids", "_frames_in", "_hold_clients", "_io", "_links",
-        "_new_journal", "_summaries", "_recovered", "_servers", "_stopped", "_writer_task", "admin", "admin_authenticator",
-        "admin_ssl_context", "auth", "clock", "commit", "commit_stats", "config", "connections", "disk",
+        "_new_journal", "_summaries", "_recovered", "_servers", "_stopped", "_writer_task", "admin",
+        "admin_authenticator", "admin_ssl_context", "auth", "clock", "commit", "commit_stats", "config", "connections", "disk",
         "durable", "engine", "gate", "housekeeping", "journal", "journal_reads", "output", "pacing", "pages",
         "ports", "started_at", "supervisor", "tls",
     )

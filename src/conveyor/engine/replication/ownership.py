@@ -104,6 +104,7 @@ from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.queue import Event, Queue
 from conveyor.engine.queue.replica import Ident, Replica
 from conveyor.engine.queue.rows import OwnershipState, Tombstone, TransferEpoch
+from conveyor.engine.rows import OwnershipStats
 from conveyor.engine.ports import JournalPort, QueueRecord
 
 if TYPE_CHECKING:
@@ -126,15 +127,6 @@ RTT_WEIGHT = 0.25  # how much each new round trip moves the estimate (an average
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 READ_AHEAD_RECORDS_MAX = 65_536  # journal records read to find requested inactive messages (rule 11)
 
-
-class OwnershipStats(msgspec.Struct, frozen=True):
-    queue: str
-    proxied_transfer: bool
-    requests_sent: int
-    grants: int  # requests this instance granted
-    proxied_claims: int
-    conflicts: int  # rule 7
-    typical_ack_s: float | None  # what a message waits here before it is requested
 
 
 class QueueOwnership:
