@@ -8,7 +8,9 @@ far less. The base revision is exported (``git archive``) into a temporary direc
 MODULE runs with ``PYTHONPATH`` pointing at its ``src`` (the benchmark module itself is
 this tree's, so both sides run the same workload); subprocesses the module starts (a
 server, workers) inherit it. The repetitions alternate base/this and this/base, so a
-drift in the machine's load falls on both sides alike.
+drift in the machine's load falls on both sides alike. Both sides run as pure Python
+(``CONVEYOR_PURE=1``): a change is measured on its source, and ``bench_compiled``
+measures what the compiled build adds.
 
 MODULE must print, as its last line, one JSON object whose number leaves are the figures
 (nested objects and lists are flattened into dotted names). Prints one markdown table:
@@ -64,7 +66,9 @@ def _export(rev: str, into: Path, repo: Path) -> str:
 
 
 def _run(module: str, args: list[str], src: Path, flags: list[str]) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(src))
+    # Both sides as pure Python: the exported base has no compiled build, and this tree's
+    # would make the ratio the compiler's (bench/bench_compiled.py measures that).
+    env = dict(os.environ, PYTHONPATH=str(src), CONVEYOR_PURE="1")
     out = subprocess.run(
         [sys.executable, *flags, "-m", module, *args], cwd=ROOT, env=env, check=True, capture_output=True, text=True
     ).stdout

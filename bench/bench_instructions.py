@@ -106,11 +106,17 @@ if kind == "named":
 """
 
 
-def instructions(tree: Path, kind: str, n: int) -> int:
+def _env(tree: Path, pure: bool) -> dict[str, str]:
+    """The tree's source on the path; pure Python unless asked for the tree's compiled
+    build (bench_compiled), so that two trees compare their sources."""
+    return {"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": "/usr/bin:/bin", "CONVEYOR_PURE": "1" if pure else ""}
+
+
+def instructions(tree: Path, kind: str, n: int, pure: bool = True) -> int:
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", WORKLOAD, kind,
          str(n)],
-        cwd=tree, env={"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+        cwd=tree, env={**_env(tree, pure), "PYTHONHASHSEED": "0"},
         capture_output=True, text=True, check=True,
     )
     found = re.search(r"Collected : (\d+)", out.stderr)
@@ -119,12 +125,12 @@ def instructions(tree: Path, kind: str, n: int) -> int:
     return int(found.group(1))
 
 
-def per_message(tree: Path, kind: str, n: int) -> float:
+def per_message(tree: Path, kind: str, n: int, pure: bool = True) -> float:
     # Once natively first: a fresh worktree has no .pyc files, and compiling them would
     # land in whichever run came first.
     subprocess.run([sys.executable, "-c", WORKLOAD, kind, "1"], cwd=tree, check=True, capture_output=True,
-                   env={"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": "/usr/bin:/bin"})
-    return (instructions(tree, kind, n) - instructions(tree, kind, 0)) / n
+                   env=_env(tree, pure))
+    return (instructions(tree, kind, n, pure) - instructions(tree, kind, 0, pure)) / n
 
 
 def main() -> None:

@@ -98,7 +98,9 @@ def _engine_closure() -> set[Path]:
         if parent != path and parent.exists():
             todo.append(parent)
         for name in _load_time_imports(path):
-            if name.split(".")[0] == "conveyor":
+            # conveyor.native reads the build's manifest once, when the package is first
+            # imported, to choose a build: no code of the engine calls it.
+            if name.split(".")[0] == "conveyor" and name != "conveyor.native":
                 found = _module_file(name)
                 if found is not None:
                     todo.append(found)
@@ -161,9 +163,10 @@ MAY_IMPORT = {
     "server": {"errors", "records", "protocol", "expr", "config", "journal", "engine", "security"},
     "spark": {"errors", "records", "protocol", "journal", "client"},
     "cli": {"errors", "records", "protocol", "expr", "config", "journal", "engine", "security", "server", "client",
-            "spark"},  # `conveyor spark prepare` only (spark.prepare imports no pyspark)
+            "spark", "native"},  # `conveyor spark prepare` only (spark.prepare imports no pyspark)
     "__main__": {"cli"},
-    "conveyor": {"client"},  # the package itself: `from conveyor import Client`, lazily
+    "conveyor": {"client", "native"},  # the package itself: `from conveyor import Client`, lazily
+    "native": set(),  # which build runs (conveyor/native.py): imported first, imports nothing of conveyor
 }
 
 
@@ -383,14 +386,15 @@ def test_replication_depends_on_ports_not_on_the_parts_it_feeds():
 
 
 def test_the_compiled_group_keeps_the_rules_mypyc_needs():
-    """Rule 9: the modules bench/bench_compiled.py compiles (docs/architecture.md,
-    "Compiled hot paths") define no msgspec record (mypyc drops a Struct's options and its
+    """Rule 9: the modules the compiled build compiles (conveyor/native.py,
+    docs/architecture.md "The compiled build") define no msgspec record (mypyc drops a Struct's options and its
     fields' generic types), run no code in an ``if TYPE_CHECKING`` branch's ``else``
     (compiled as unreachable) and never read ``__slots__`` (a native class keeps none);
     and no module outside the group subclasses one of its classes (CPython refuses a
     Python subclass of a compiled class)."""
-    from bench.bench_compiled import COMPILED
+    from conveyor.native import GROUP
 
+    COMPILED = [f"conveyor/{name}" for name in GROUP]
     compiled = {rel[: -len(".py")].replace("/", "."): rel for rel in COMPILED}
     classes = {(module, node.name) for module, rel in compiled.items()
                for node in ast.walk(_parsed(SRC.parent / rel)) if isinstance(node, ast.ClassDef)}

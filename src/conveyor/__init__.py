@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+# First: decides whether this process runs the compiled modules or their sources
+# (conveyor/native.py), before any of them is imported.
+from conveyor import native as _native  # noqa: E402,F401
+
 
 def __getattr__(name: str):
     # Lazy, so importing conveyor.engine does not import the client (layering rule).

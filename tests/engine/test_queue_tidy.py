@@ -50,5 +50,5 @@ def test_a_queue_keeps_few_enough_attributes_for_a_shared_key_table():
                                (QueueConfig(name="R", message_type="json"), True)):
         queue = Queue(config, load=lambda position: None, replicated=replicated)
         if not hasattr(queue, "__dict__"):
-            pytest.skip("Queue is compiled (bench/bench_compiled.py): a native class has fixed fields, no dict")
+            pytest.skip("Queue is compiled: a native class has fixed fields, no dict (the pure lane checks it)")
         assert len(vars(queue)) <= QUEUE_ATTRIBUTES_MAX, sorted(vars(queue))

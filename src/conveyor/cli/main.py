@@ -144,7 +144,10 @@ def _run_server(config, port_origins: dict[str, tuple[str, str]] | None = None, 
     from conveyor.server.collector import settle_after_recovery
     from conveyor.server.server import Server
 
+    from conveyor import native
+
     log = logging.getLogger("conveyor")
+    log.info("conveyor %s", native.describe())
 
     async def main() -> None:
         # Signals first: a SIGTERM that arrives as soon as the readiness line is out (or
@@ -510,7 +513,9 @@ class _VersionAction(argparse.Action):
                          help="show program's version number and exit", **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser._print_message(f"conveyor {_version()}\n", sys.stdout)
+        from conveyor import native
+
+        parser._print_message(f"conveyor {_version()}, {native.describe()}\n", sys.stdout)
         parser.exit()
 
 
