@@ -40,7 +40,7 @@ NATIVE_SOURCES := $(wildcard src/conveyor/engine/*.py src/conveyor/engine/queue/
   src/conveyor/engine/replication/*.py src/conveyor/protocol/*.py) src/conveyor/native.py setup.py
 build: $(BUILD_STAMP)
 $(BUILD_STAMP): $(NATIVE_SOURCES) | $(STAMP)
-	$(BIN)/pip install --quiet -e '.[build]'
+	$(PIP_E) '.[build]'
 	$(BIN)/python setup.py --quiet build_ext --inplace -j 2 >$(VENV)/build.log 2>&1 \
 	  || { tail -30 $(VENV)/build.log; echo "error: the compiled build failed (log: $(VENV)/build.log)"; exit 1; }
 	@$(BIN)/python -c "import conveyor.native as n; print('conveyor:', n.describe())"
