@@ -5,7 +5,7 @@ ownership counters among them).
 They live in a module of their own, which the compiled build leaves uncompiled: mypyc
 builds a Struct subclass without its class options (``frozen``, ``gc``, ``tag``) and with
 its fields' generic types cut to the bare class (``list[tuple[int, int]]`` decodes as a
-list of lists), see docs/architecture.md, "Compiled hot paths". engine/queue/rows.py is
+list of lists), see docs/architecture.md, "The compiled build". engine/queue/rows.py is
 the same for the queue's records."""
 
 from __future__ import annotations
@@ -88,3 +88,32 @@ class EngineStats(msgspec.Struct, frozen=True):
     named_consumers: tuple[NamedConsumerStats, ...]
     staging: StagingStats
     replicated_queues: tuple[OwnershipStats, ...] = ()
+
+
+class LinkStats(msgspec.Struct, frozen=True):
+    """One outgoing replication link, as the statistics report it."""
+
+    destination: str
+    peer: str | None
+    state: str
+    sync: bool  # configured sync
+    downgraded: bool
+    acked: int  # source position the destination holds everything below
+    sent: int
+    bytes_behind: int
+    records_sent: int
+    batches_sent: int
+    seconds_behind: float
+    gaps: int
+    last_error: str | None
+
+
+class InLinkStats(msgspec.Struct, frozen=True):
+    """One incoming replication link, as the statistics report it."""
+
+    source: str
+    group: str
+    received_through: int
+    records_received: int
+    records_recorded: int  # the others were duplicates
+    gaps: int

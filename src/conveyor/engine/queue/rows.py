@@ -4,7 +4,7 @@ and transfer epochs as checkpoints and snapshots keep them.
 They live in a module of their own, which the compiled build leaves uncompiled: mypyc
 builds a Struct subclass without its class options (``frozen``, ``gc``), and one that
 names a compiled class in a field needs that class's module imported first
-(docs/architecture.md, "Compiled hot paths")."""
+(docs/architecture.md, "The compiled build")."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 class HeldDelivery(QueueDelivery):
     # The parameters spelled out, not passed on as *args: the compiled build
-    # (docs/architecture.md, "Compiled hot paths") passes a star-args tuple to a compiled
+    # (docs/architecture.md, "The compiled build") passes a star-args tuple to a compiled
     # base class's __init__ as one argument.
     def __init__(
         self, catch_up: CatchUp, bindings: QueueBindings, journal: JournalPort, cache: MessageCache, outbox: Outbox,

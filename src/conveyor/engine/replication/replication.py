@@ -13,8 +13,9 @@ from conveyor.engine.ports import JournalPort, ReplicaConsumers, ReplicaQueues, 
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.replication.checks import configured_queue_group
 from conveyor.engine.replication.links import PeerLinks
-from conveyor.engine.replication.sink import InLinkStats, ReplicationSink
-from conveyor.engine.replication.source import WINDOW_BYTES_MAX_DEFAULT, LinkStats, ReplicationSource
+from conveyor.engine.replication.sink import ReplicationSink
+from conveyor.engine.replication.source import WINDOW_BYTES_MAX_DEFAULT, ReplicationSource
+from conveyor.engine.rows import InLinkStats, LinkStats
 from conveyor.protocol import replication as p
 
 

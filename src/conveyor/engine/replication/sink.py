@@ -21,6 +21,7 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import came_back
 from conveyor.engine.replication.source import OwnershipRecord
+from conveyor.engine.rows import InLinkStats
 from conveyor.protocol import replication as p
 
 if TYPE_CHECKING:
@@ -31,15 +32,6 @@ log = logging.getLogger("conveyor.replication")
 #: Batches of duplicates only still leave a marker this often, so a reconnect does not
 #: resend a long stretch the destination already holds.
 MARK_STRIDE_BYTES = 1024 * 1024
-class InLinkStats(msgspec.Struct, frozen=True):
-    source: str
-    group: str
-    received_through: int
-    records_received: int
-    records_recorded: int  # the others were duplicates
-    gaps: int
-
-
 class SourceState:
     """What this instance holds of one source's journal, whether connected or not."""
 

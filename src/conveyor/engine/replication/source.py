@@ -21,6 +21,7 @@ from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort, QueueIdentity, ReplicaSow
 from conveyor.engine.replication.checks import check_pair
 from conveyor.engine.replication.route import TOPIC_VERDICTS_MAX, matches_any, travels_on
+from conveyor.engine.rows import LinkStats
 from conveyor.protocol import replication as p
 from conveyor.protocol.payload import decode_json
 
@@ -38,22 +39,6 @@ class LinkState(enum.Enum):
     DISCONNECTED = "disconnected"
     STREAMING = "streaming"
     REFUSED = "refused"  # the last handshake was refused (a configuration rule)
-
-
-class LinkStats(msgspec.Struct, frozen=True):
-    destination: str
-    peer: str | None
-    state: str
-    sync: bool  # configured sync
-    downgraded: bool
-    acked: int  # source position the destination holds everything below
-    sent: int
-    bytes_behind: int
-    records_sent: int
-    batches_sent: int
-    seconds_behind: float
-    gaps: int
-    last_error: str | None
 
 
 _UNDECODED: Any = object()  # not there yet: a verdict not known, a body not decoded (OutLink)
