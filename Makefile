@@ -50,7 +50,7 @@ $(BUILD_STAMP): $(NATIVE_SOURCES) | $(STAMP)
 # it): the same bytes from the same commit (SOURCE_DATE_EPOCH is the commit's time).
 wheel: $(STAMP)
 	rm -rf dist
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) $(BIN)/pip wheel --quiet --no-deps -w dist .
+	PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) $(BIN)/pip wheel --quiet --no-deps -w dist .
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct) CONVEYOR_PURE=1 $(BIN)/pip wheel --quiet --no-deps -w dist/pure .
 	@ls dist dist/pure
 
@@ -126,4 +126,5 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo_pipeline.py $(if $(CLUSTER),--cluster)
 
 clean:
-	rm -rf $(VENV) data build *.egg-info src/*.egg-info
+	rm -rf $(VENV) data build dist *.egg-info src/*.egg-info src/conveyor__mypyc* src/conveyor/native.txt
+	find src -name "*.so" -delete

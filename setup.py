@@ -43,6 +43,13 @@ class BuildExt(build_ext):
     place) or into the build's copy of the package (a wheel)."""
 
     def run(self) -> None:
+        if self.inplace:
+            # A module that left the group would keep an extension module that imports
+            # from a group library without it: every earlier build's output goes first.
+            src = ROOT / "src"
+            for stale in [*src.joinpath("conveyor").rglob("*.so"), *src.glob("conveyor__mypyc*"),
+                          src / "conveyor" / "native.txt"]:
+                stale.unlink(missing_ok=True)
         super().run()
         if self.extensions:
             native.write_manifest(str(ROOT / "src" / "conveyor" if self.inplace else Path(self.build_lib) / "conveyor"))
@@ -53,9 +60,17 @@ def ext_modules() -> list:
     if reason is not None:
         print(f"conveyor: building pure Python ({reason})", file=sys.stderr)
         return []
+    import mypyc
     from mypyc.build import mypycify
 
-    return mypycify([f"src/conveyor/{name}" for name in native.GROUP], opt_level="3", group_name="conveyor")
+    extensions = mypycify([f"src/conveyor/{name}" for name in native.GROUP], opt_level="3", group_name="conveyor",
+                           multi_file=True)
+    # Reproducible wheels: the compiler writes the directories it read from into the
+    # debug information, and pip's build environment is a new temporary one each time.
+    prefixes = [f"-ffile-prefix-map={Path(mypyc.__file__).parent}=mypyc", f"-ffile-prefix-map={ROOT}=."]
+    for extension in extensions:
+        extension.extra_compile_args = [*extension.extra_compile_args, *prefixes]
+    return extensions
 
 
 setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

@@ -11,7 +11,7 @@ import enum
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import msgspec
 
@@ -77,9 +77,11 @@ class OutLink:
         """Rule 1 for a publish recorded here first (no origin): whether its topic, as
         ``key`` encodes it, goes to this destination; None when a content filter decides
         message by message (:meth:`wants`). Verdicts are remembered per key."""
-        known: bool | None = self._plain.get(key, _UNDECODED)  # one lookup: None is a verdict here
+        # One lookup (None is a verdict here); typed object, because compiled code checks
+        # a `bool | None` annotation and the sentinel is neither.
+        known: object = self._plain.get(key, _UNDECODED)
         if known is not _UNDECODED:
-            return known
+            return cast("bool | None", known)
         if len(self._plain) >= TOPIC_VERDICTS_MAX:
             self._plain.clear()
         topic = records.topic_of_key(key)
