@@ -43,16 +43,16 @@ class BuildExt(build_ext):
     place) or into the build's copy of the package (a wheel)."""
 
     def run(self) -> None:
-        if self.inplace:
-            # A module that left the group would keep an extension module that imports
-            # from a group library without it: every earlier build's output goes first.
-            src = ROOT / "src"
-            for stale in [*src.joinpath("conveyor").rglob("*.so"), *src.glob("conveyor__mypyc*"),
-                          src / "conveyor" / "native.txt"]:
-                stale.unlink(missing_ok=True)
+        # A module that left the group would keep an extension module that imports from
+        # a group library without it (in place), or ride along into the next wheel (pip
+        # reuses build/): every earlier build's output goes first.
+        target = ROOT / "src" if self.inplace else Path(self.build_lib)
+        for stale in [*target.joinpath("conveyor").rglob("*.so"), *target.glob("conveyor__mypyc*"),
+                      target / "conveyor" / "native.txt"]:
+            stale.unlink(missing_ok=True)
         super().run()
         if self.extensions:
-            native.write_manifest(str(ROOT / "src" / "conveyor" if self.inplace else Path(self.build_lib) / "conveyor"))
+            native.write_manifest(str(target / "conveyor"))
 
 
 def ext_modules() -> list:
