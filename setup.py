@@ -3,8 +3,9 @@
 pyproject.toml describes the package; this file adds mypyc's extension modules for the
 group that ``conveyor.native.GROUP`` names, and writes the manifest that tells the
 package at import that its extension modules match their sources. Without a C compiler
-or mypyc, or with ``CONVEYOR_PURE=1``, it builds the same package as pure Python: a
-failed compile is a line of warning, never a failed install.
+or mypyc, or with ``CONVEYOR_PURE=1``, it builds the same package as pure Python and
+says so in one line. Where a compiler is, a compile that fails fails the build: that is
+a fault in the source to fix, not a machine to work around.
 
     python setup.py build_ext --inplace     # what `make build` runs, in the source tree
     pip wheel --no-deps -w dist .           # what `make wheel` runs
@@ -33,7 +34,7 @@ def why_pure() -> str | None:
         return "CONVEYOR_PURE is set"
     if importlib.util.find_spec("mypyc") is None:
         return "mypyc is not installed"
-    if shutil.which(os.environ.get("CC", "cc")) is None:
+    if shutil.which((os.environ.get("CC") or "cc").split()[0]) is None:  # CC may carry flags
         return "no C compiler"
     return None
 
