@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_instructions import per_message
+from bench.bench_instructions import per_message, tree_env
 from bench.report import median
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,20 +46,15 @@ def build(tree: Path) -> None:
     if out.returncode != 0:
         raise SystemExit(f"the compiled build failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     check = subprocess.run([sys.executable, "-c", "import conveyor.native as n; print(n.describe())"],
-                           cwd=tree, env=env_of(tree, pure=False), capture_output=True, text=True, check=True)
+                           cwd=tree, env=tree_env(tree, pure=False), capture_output=True, text=True, check=True)
     if not check.stdout.startswith("compiled"):
         raise SystemExit(f"the built tree runs {check.stdout.strip()} {check.stderr.strip()}")
-
-
-def env_of(tree: Path, pure: bool) -> dict[str, str]:
-    return {"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", "/tmp"), "CONVEYOR_PURE": "1" if pure else ""}
 
 
 def server_cpu(tree: Path, pure: bool) -> dict[str, float]:
     """Server µs of CPU per message: fill, drain with batched acks, drain acking each."""
     def run(*args: str) -> dict:
-        out = subprocess.run([sys.executable, "-m", *args], cwd=tree, env=env_of(tree, pure), capture_output=True,
+        out = subprocess.run([sys.executable, "-m", *args], cwd=tree, env=tree_env(tree, pure), capture_output=True,
                              text=True, check=True)
         return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
 

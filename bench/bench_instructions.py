@@ -31,6 +31,7 @@ temporary git worktree and imported from there, its own tests/engine harness inc
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -106,17 +107,18 @@ if kind == "named":
 """
 
 
-def _env(tree: Path, pure: bool) -> dict[str, str]:
-    """The tree's source on the path; pure Python unless asked for the tree's compiled
-    build (bench_compiled), so that two trees compare their sources."""
-    return {"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": "/usr/bin:/bin", "CONVEYOR_PURE": "1" if pure else ""}
+def tree_env(tree: Path, pure: bool = True) -> dict[str, str]:
+    """The environment that runs ``tree``'s source: pure Python unless asked for the
+    tree's compiled build (bench_compiled), so that two trees compare their sources."""
+    return {"PYTHONPATH": f"{tree / 'src'}:{tree}", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/tmp"), "CONVEYOR_PURE": "1" if pure else ""}
 
 
 def instructions(tree: Path, kind: str, n: int, pure: bool = True) -> int:
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", WORKLOAD, kind,
          str(n)],
-        cwd=tree, env={**_env(tree, pure), "PYTHONHASHSEED": "0"},
+        cwd=tree, env={**tree_env(tree, pure), "PYTHONHASHSEED": "0"},
         capture_output=True, text=True, check=True,
     )
     found = re.search(r"Collected : (\d+)", out.stderr)
@@ -129,7 +131,7 @@ def per_message(tree: Path, kind: str, n: int, pure: bool = True) -> float:
     # Once natively first: a fresh worktree has no .pyc files, and compiling them would
     # land in whichever run came first.
     subprocess.run([sys.executable, "-c", WORKLOAD, kind, "1"], cwd=tree, check=True, capture_output=True,
-                   env=_env(tree, pure))
+                   env=tree_env(tree, pure))
     return (instructions(tree, kind, n, pure) - instructions(tree, kind, 0, pure)) / n
 
 

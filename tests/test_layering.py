@@ -387,15 +387,14 @@ def test_replication_depends_on_ports_not_on_the_parts_it_feeds():
 
 def test_the_compiled_group_keeps_the_rules_mypyc_needs():
     """Rule 9: the modules the compiled build compiles (conveyor/native.py,
-    docs/architecture.md "The compiled build") define no msgspec record (mypyc drops a Struct's options and its
-    fields' generic types), run no code in an ``if TYPE_CHECKING`` branch's ``else``
-    (compiled as unreachable) and never read ``__slots__`` (a native class keeps none);
-    and no module outside the group subclasses one of its classes (CPython refuses a
-    Python subclass of a compiled class)."""
+    docs/architecture.md "The compiled build") define no msgspec record (mypyc drops a
+    Struct's options and its fields' generic types), run no code in an ``if
+    TYPE_CHECKING`` branch's ``else`` (compiled as unreachable) and never read
+    ``__slots__`` (a native class keeps none); and no module outside the group subclasses
+    one of its classes (CPython refuses a Python subclass of a compiled class)."""
     from conveyor.native import GROUP
 
-    COMPILED = [f"conveyor/{name}" for name in GROUP]
-    compiled = {rel[: -len(".py")].replace("/", "."): rel for rel in COMPILED}
+    compiled = {f"conveyor.{name[:-3].replace('/', '.')}": f"conveyor/{name}" for name in GROUP}
     classes = {(module, node.name) for module, rel in compiled.items()
                for node in ast.walk(_parsed(SRC.parent / rel)) if isinstance(node, ast.ClassDef)}
     for path in sorted(SRC.rglob("*.py")):
@@ -411,7 +410,7 @@ def test_the_compiled_group_keeps_the_rules_mypyc_needs():
                     name = ast.unparse(base.value if isinstance(base, ast.Subscript) else base)
                     assert imported.get(name) not in classes, (
                         f"{path.relative_to(SRC)}:{node.lineno}: {node.name} subclasses the compiled {name}")
-    for rel in COMPILED:
+    for rel in compiled.values():
         path = SRC.parent / rel
         for node in ast.walk(_parsed(path)):
             where = f"{rel}:{getattr(node, 'lineno', '?')}"

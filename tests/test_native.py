@@ -5,6 +5,7 @@ really gives every module of the group its source."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from conveyor import native
 
 PACKAGE = Path(native.PACKAGE)
-SUFFIX = __import__("importlib.machinery").machinery.EXTENSION_SUFFIXES[0]
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def _package_copy(tmp_path: Path, *, built: bool) -> Path:

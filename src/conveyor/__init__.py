@@ -2,9 +2,11 @@
 
 __version__ = "0.1.0"
 
-# First: decides whether this process runs the compiled modules or their sources
-# (conveyor/native.py), before any of them is imported.
-from conveyor import native as _native  # noqa: E402,F401
+# First: whether this process runs the compiled modules or their sources
+# (conveyor/native.py), decided before any of them is imported.
+from conveyor import native as _native  # noqa: E402
+
+_native.choose()
 
 
 def __getattr__(name: str):

@@ -4,8 +4,8 @@ conveyor runs compiled when it can and as pure Python otherwise, from the same s
 mypyc compiles ``GROUP`` as one group (calls inside it are native calls) into extension
 modules beside their sources, and Python imports an extension module ahead of the
 ``.py`` of the same name. The build (``setup.py``, ``make build``) also writes
-``MANIFEST``: a digest of each compiled source. At import of ``conveyor`` this module
-decides, once, for the whole group:
+``native.txt``: a digest of each compiled source. At import of ``conveyor``,
+:func:`choose` decides, once, for the whole group:
 
 - ``CONVEYOR_PURE=1`` in the environment: pure Python, the extension modules ignored;
 - no manifest (never built, or built without a C compiler): pure Python;
@@ -53,7 +53,8 @@ GROUP: tuple[str, ...] = (
 # os.path, not pathlib: this module runs at the start of every process that imports
 # conveyor, and pathlib's imports alone cost 9 ms.
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
-MANIFEST = os.path.join(PACKAGE, "native.txt")
+MANIFEST_NAME = "native.txt"
+_CHANGED = "changed since it was compiled"  # the reason that is also said on stderr
 
 
 def _read(path: str) -> bytes:
@@ -70,7 +71,7 @@ def digests(package: str = PACKAGE) -> dict[str, str]:
 
 
 def write_manifest(package: str = PACKAGE) -> None:
-    with open(os.path.join(package, os.path.basename(MANIFEST)), "w") as f:
+    with open(os.path.join(package, MANIFEST_NAME), "w") as f:
         f.writelines(f"{digest} {name}\n" for name, digest in sorted(digests(package).items()))
 
 
@@ -79,25 +80,25 @@ def decide(package: str = PACKAGE, pure: str = "") -> tuple[bool, str]:
     value of CONVEYOR_PURE."""
     if pure not in ("", "0"):
         return False, "pure Python (CONVEYOR_PURE is set)"
-    manifest = os.path.join(package, os.path.basename(MANIFEST))
+    manifest = os.path.join(package, MANIFEST_NAME)
     try:
         built = {name: digest for digest, name in (line.split(" ", 1) for line in _read(manifest).decode().splitlines())}
     except FileNotFoundError:
         return False, "pure Python (not compiled)"
     except (OSError, ValueError) as exc:
         return False, f"pure Python (unreadable {manifest}: {exc})"
-    try:
-        now = digests(package)
-    except OSError as exc:
-        return False, f"pure Python (a compiled module's source is unreadable: {exc})"
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     missing = [name for name in GROUP if not os.path.exists(os.path.join(package, name[:-3] + suffix))]
     if missing:
         return False, f"pure Python ({missing[0]}'s extension module is missing)"
+    try:
+        now = digests(package)
+    except OSError as exc:
+        return False, f"pure Python (a compiled module's source is unreadable: {exc})"
     changed = sorted(name for name in GROUP if built.get(name) != now[name])
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        return False, f"pure Python ({changed[0]}{more} changed since it was compiled; `make build` compiles again)"
+        return False, f"pure Python ({changed[0]}{more} {_CHANGED}; `make build` compiles again)"
     return True, f"compiled ({len(GROUP)} modules, mypyc)"
 
 
@@ -118,11 +119,20 @@ class _SourceFinder:
         return None
 
 
-COMPILED, DESCRIPTION = decide(pure=os.environ.get("CONVEYOR_PURE", ""))
-if "since it was compiled" in DESCRIPTION:
-    print(f"conveyor: running {DESCRIPTION}", file=sys.stderr)
-if not COMPILED and _SourceFinder not in sys.meta_path:
-    sys.meta_path.insert(0, _SourceFinder)
+#: This process's build, set once by :func:`choose`.
+COMPILED, DESCRIPTION = False, "pure Python (not chosen yet)"
+
+
+def choose() -> None:
+    """Decides this process's build and, for pure Python, puts the finder first.
+    ``conveyor/__init__.py`` calls it before any module of the group is imported; the
+    build (setup.py) loads this module for ``GROUP`` and never calls it."""
+    global COMPILED, DESCRIPTION
+    COMPILED, DESCRIPTION = decide(pure=os.environ.get("CONVEYOR_PURE", ""))
+    if _CHANGED in DESCRIPTION:
+        print(f"conveyor: running {DESCRIPTION}", file=sys.stderr)
+    if not COMPILED and _SourceFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _SourceFinder)
 
 
 def describe() -> str:

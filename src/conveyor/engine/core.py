@@ -63,7 +63,7 @@ from typing import Callable, Container, Iterable, Mapping
 
 import msgspec
 
-from conveyor import errors, records
+from conveyor import errors
 from conveyor.config.model import Config, is_regex_topic, topic_matcher
 from conveyor.engine.actions import ACTION_CLIENT_NAME, ExpiryActions, PublishActions
 from conveyor.protocol.bookmarks import publisher_id

@@ -42,7 +42,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Iterator
 
-
 from conveyor import records
 from conveyor.config.model import TransactionLog
 from conveyor.engine.fingerprints import FingerprintWindow

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-
 from conveyor import errors
 from conveyor.protocol.bookmarks import txn_publisher_id
 from conveyor.engine.outbox import Outbox

@@ -128,7 +128,6 @@ import math
 from operator import attrgetter
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
-from conveyor import expr
 from conveyor.config.model import Leasing, QueueConfig, Semantics
 from conveyor.config.validation import check_queue
 from conveyor.engine.queue import snapshot as queue_snapshot

@@ -128,7 +128,6 @@ TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per que
 READ_AHEAD_RECORDS_MAX = 65_536  # journal records read to find requested inactive messages (rule 11)
 
 
-
 class QueueOwnership:
     """Rules 1-8 for one replicated queue on this instance: the policy. The state of
     each message in the queue here (identity, owner, epoch, this instance's request) is

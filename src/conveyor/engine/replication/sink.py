@@ -32,6 +32,8 @@ log = logging.getLogger("conveyor.replication")
 #: Batches of duplicates only still leave a marker this often, so a reconnect does not
 #: resend a long stretch the destination already holds.
 MARK_STRIDE_BYTES = 1024 * 1024
+
+
 class SourceState:
     """What this instance holds of one source's journal, whether connected or not."""
 

@@ -43,6 +43,7 @@ class LinkState(enum.Enum):
 
 _UNDECODED: Any = object()  # not there yet: a verdict not known, a body not decoded (OutLink)
 
+
 class OutLink:
     """The source side of one ``Destination`` (rules 1, 3, 4, 7)."""
 
