@@ -19,6 +19,7 @@ SELF_WRITING = [
     ("bench.bench_client", ["--write"]),
     ("bench.bench_fbm", ["--write"]),  # minutes: fills 10,000,000 messages twice
     ("bench.bench_spark_journal", ["--write"]),
+    ("bench.bench_spark_steps", ["--write"]),
     ("bench.bench_peers", ["--write"]),  # NATS and Redis beside conveyor (make bench-peers-install)
 ]
 CAPTURED = [
