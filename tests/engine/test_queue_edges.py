@@ -152,3 +152,44 @@ def test_a_refused_run_changes_nothing(positions, times, error):
     with pytest.raises(QueueStateError, match=error):
         q.enqueue_run(positions, times)
     assert _state(q) == before
+
+
+def _two_consumers_holding(**kw):
+    """A queue of messages 0..9 whose consumers A and B hold eight of them (backlog 4
+    each)."""
+    q, data = make(**kw)
+    for p in range(10):
+        data[p] = {}
+        q.enqueue(p, 0.0)
+    a, b = Consumer("A", "A", max_backlog=4), Consumer("B", "B", max_backlog=4)
+    q.add_consumer(a, 0.0)
+    q.add_consumer(b, 0.0)
+    assert len(q.dispatch(0.0)) == 8
+    return q, a, b
+
+
+@pytest.mark.parametrize("asked, by, kw", [
+    ([0, 1, 2, 3, 4, 5], None, {}),  # all leased, two seats: the one pass
+    ([0, 1, 1, 2], None, {}),  # a message named twice
+    ([0, 1, 9, 42], None, {}),  # one available, one unknown
+    ([0, 1, 2, 3], "A", {"leasing": "strict"}),  # B's messages refused
+    ([0, 2, 4], "A", {"leasing": "sublet"}),
+])
+def test_an_ack_in_one_pass_has_the_outcome_of_one_message_at_a_time(asked, by, kw):
+    """Queue.acknowledge takes a list of leased messages, each named once and none
+    refused, in one pass (module header, rule 5); anything else message by message. Both
+    give the same result, statistics, backlogs and next deliveries as acknowledging the
+    same messages one at a time (a tuple never takes the one pass)."""
+    from conveyor.config.model import Leasing
+
+    if "leasing" in kw:
+        kw = {"leasing": Leasing(kw["leasing"])}
+    q1, a1, b1 = _two_consumers_holding(**kw)
+    q2, a2, b2 = _two_consumers_holding(**kw)
+    one_pass = q1.acknowledge(list(asked), by=by, option=AckOption.NONE, now=1.0)
+    each = q2.acknowledge(tuple(asked), by=by, option=AckOption.NONE, now=1.0)
+    assert one_pass == each
+    assert (a1.outstanding, b1.outstanding) == (a2.outstanding, b2.outstanding)
+    assert q1.statistics(1.0) == q2.statistics(1.0)
+    assert [(d.position, d.consumer.key) for d in q1.dispatch(1.0)] == [
+        (d.position, d.consumer.key) for d in q2.dispatch(1.0)]

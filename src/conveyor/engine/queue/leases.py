@@ -171,6 +171,39 @@ class LeaseTable:
         _backlog(seat, -len(positions))
         self.slots_freed += len(positions)
 
+    def holders(self, positions: list[int], owner: Hashable | None) -> list[Seat] | None:
+        """The seat holding each of ``positions`` when every one is leased and named
+        once and, with ``owner`` (Leasing=strict), each seat's consumer is ``owner``'s;
+        else None."""
+        leased = self.leased
+        wanted = set(positions)
+        if len(wanted) != len(positions) or not leased.keys() >= wanted:
+            return None
+        seats = [leased[p].seat for p in positions]
+        if owner is not None and any(seat.consumer.owner != owner for seat in seats):
+            return None
+        return seats
+
+    def acknowledge_many(self, positions: list[int], seats: list[Seat]) -> None:
+        """:meth:`acknowledge` of each of ``positions``, leased to ``seats[i]`` (read
+        from :attr:`leased` by the caller: ``Queue.acknowledge``'s one pass), each seat's
+        held set and backlog changed once."""
+        _consume(map(self.leased.__delitem__, positions))
+        for counts in (self._deliveries, self._cancels, self._notes):
+            if counts:
+                _consume(map(counts.pop, positions, repeat(None)))
+        held: dict[Seat, list[int]] = {}
+        for p, seat in zip(positions, seats):
+            mine = held.get(seat)
+            if mine is None:
+                held[seat] = [p]
+            else:
+                mine.append(p)
+        for seat, mine in held.items():
+            seat.held.difference_update(mine)
+            _backlog(seat, -len(mine))
+        self.slots_freed += len(positions)
+
     def renew(self, p: int, lease: Lease, deadline: float) -> None:
         if lease.deadline != deadline:
             lease.deadline = deadline
