@@ -12,7 +12,10 @@ in :mod:`conveyor.engine.queue.state`, the only place a message changes state):
 1. Delivery (Message Flow for Queues, step 3): a message goes to a consumer when the
    consumer's filter matches it, it is the oldest available message that consumer
    matches, the consumer has room in its backlog, and the fairness model picks that
-   consumer among all consumers that qualify (table 15.1, ``Seats.choose``).
+   consumer among all consumers that qualify (table 15.1, ``Seats.choose``). In a FIFO
+   at-least-once queue without OrderingKey, an unfiltered consumer that is the only one
+   with room takes the run at the head (up to its room, before the first barrier) in
+   one pass: each message is the one this rule gives it, message after message.
 2. At-least-once (Delivery Semantics): a delivery leases the message until
    ``now + LeasePeriod``; the message is out of the view until the lease ends. An ack
    removes it; a cancel, an expired lease or a broken lease (unsubscribe, disconnect,
@@ -570,6 +573,7 @@ class Queue:
         end = KEY_END if self._priority else self._active_end() + 1
         deliverable = order.deliverable()
         max_out = self.config.max_backlog
+        runs = self._at_least_once and not self._priority and self.keys is None  # FIFO: _deliver_run
         while budget != 0 and store and active:
             gate = None
             if order.barriers:
@@ -585,10 +589,12 @@ class Queue:
             head = deliverable.head()  # FIFO: the gate below stops it at the first barrier
             best = None
             eligible: list[int] = []
+            room = 0  # consumers with room
             for i, seat in enumerate(active):
                 c = consumers[i]
                 if c.outstanding >= c.max_backlog:
                     continue
+                room += 1
                 nxt = head if c.filter is None else next_for(seat, contains, deliverable, end, now)
                 if nxt is None or (gate is not None and nxt >= gate):
                     continue
@@ -599,6 +605,12 @@ class Queue:
             if best is None:
                 break
             i = seats.choose(self._fairness, eligible)
+            c = consumers[i]
+            if runs and room == 1 and c.filter is None:  # alone with room: a run from the head
+                n = c.max_backlog - c.outstanding
+                n = n if max_out is None else min(n, max_out - len(leases.leased) - len(leases.consumed))
+                budget -= self._deliver_run(active[i], n if budget < 0 else min(n, budget), now, out)
+                continue
             out.append(self._deliver(active[i], best, now))
             budget -= 1
 
@@ -622,6 +634,17 @@ class Queue:
         self._counters.delivered += 1
         return Delivery(seat.consumer, p, deadline, n)
 
+    def _deliver_run(self, seat: Seat, n: int, now: float, out: list[Delivery]) -> int:
+        """:meth:`_deliver` of up to ``n`` messages from the head of a FIFO queue (none at
+        or past the first barrier) to ``seat`` in one pass; how many."""
+        positions, times = self._order.take_head(n, math.inf)
+        self._transitions.move_all(positions, Verb.LEASE, _AVAILABLE)
+        deadline = now + self._lease_period
+        counts = self._leases.lease_all(positions, seat, deadline, times, positions)
+        self._counters.delivered += len(positions)
+        out += map(Delivery, itertools.repeat(seat.consumer), positions, itertools.repeat(deadline), counts)
+        return len(positions)
+
     def _release_barrier(self, b: int, now: float) -> Delivery:
         """Everything before barrier ``b`` is acknowledged: it goes to every current
         consumer whose filter matches, backlog or not, and leaves the queue (rule 8)."""
@@ -637,10 +660,8 @@ class Queue:
 
     # --- acknowledgement ---------------------------------------------------------------------
 
-    def acknowledge(
-        self, positions: Iterable[int], *, by: Hashable | None, option: AckOption, now: float,
-        delay: float | None = None, reason: str = "",
-    ) -> AckResult:
+    def acknowledge(self, positions: Iterable[int], *, by: Hashable | None, option: AckOption, now: float,
+                    delay: float | None = None, reason: str = "") -> AckResult:
         """``sow_delete`` by bookmark. ``by``: the acking connection (None: the server).
         ``delay``, ``reason``: a cancel's delayed retry, a cancel's or expire's failure
         reason (queue/returns.py rules 2 and 3)."""
@@ -674,16 +695,8 @@ class Queue:
         return AckResult(acknowledged=len(positions), events=tuple(map(Acknowledged, positions)),
                          freed=tuple(dict.fromkeys(seat.consumer.key for seat in seats)))
 
-    def acknowledge_matching(
-        self,
-        predicate: Callable[[object, float], bool],
-        *,
-        by: Hashable | None,
-        option: AckOption,
-        now: float,
-        delay: float | None = None,
-        reason: str = "",
-    ) -> AckResult:
+    def acknowledge_matching(self, predicate: Callable[[object, float], bool], *, by: Hashable | None,
+                             option: AckOption, now: float, delay: float | None = None, reason: str = "") -> AckResult:
         """``sow_delete`` with a filter: every matching message in the queue, leased or not
         (as Leasing allows). At-most-once deliveries are no longer in the queue."""
         self._settle(now)
@@ -698,10 +711,8 @@ class Queue:
         """(positions to acknowledge, stale ones): queue/leases.py rule 7."""
         return self._leases.stale(positions, deliveries, self.replica)
 
-    def _ack_one(
-        self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally, delay: float | None,
-        reason: str,
-    ) -> None:
+    def _ack_one(self, p: int, by: Hashable | None, option: AckOption, now: float, tally: _Tally,
+                 delay: float | None, reason: str) -> None:
         """One position of an acknowledgement, by where the message is (rules 3 and 5)."""
         leases = self._leases
         lease = leases.leased.get(p)
@@ -1030,26 +1041,13 @@ class Queue:
         delays, held = self._returns.export()  # held messages: in ``leased`` (queue/returns.py rule 2)
         leased, times, keys = _leased_columns(positions, leases, held)
         return QueueState(
-            start=self._start,
-            last_position=self._intake.last_position,
-            last_time=self._intake.last_time,
-            chunks=tuple(chunks),
-            page_file=self._order.store.page_generation,
-            leased=leased,
-            leased_times=times,
-            leased_keys=keys if self._priority else (),
+            start=self._start, last_position=self._intake.last_position, last_time=self._intake.last_time,
+            chunks=tuple(chunks), page_file=self._order.store.page_generation,
+            leased=leased, leased_times=times, leased_keys=keys if self._priority else (),
             delays=tuple(delays), reasons=tuple(sorted(self._leases.reasons().items())),
-            epochs=tuple(epochs),
-            elsewhere=tuple(away),
-            deliveries=deliveries,
-            cancels=cancels,
-            barriers=tuple(barriers),
-            offered=self._active_end(),
-            inactive=inactive,
-            refill_from=refill_from,
-            deferred_acks=acks,
-            expiries=self._stamped.export(self._in_queue),
-        )
+            epochs=tuple(epochs), elsewhere=tuple(away), deliveries=deliveries, cancels=cancels,
+            barriers=tuple(barriers), offered=self._active_end(), inactive=inactive, refill_from=refill_from,
+            deferred_acks=acks, expiries=self._stamped.export(self._in_queue))
 
     def restore_state(self, state: QueueState) -> None:
         """Load an exported state into this new queue (after :meth:`page_to`, if the state
