@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from bench.bench_latency import cpu_seconds
 from bench.bench_spark import orders, publish, start_server
 from bench.report import git_rev, machine, median, write_section
 
@@ -52,10 +52,6 @@ def main() -> None:
     n, half = args.messages, args.messages // 2
     tmp = Path(tempfile.mkdtemp(prefix="bench-spark-steps-"))
     server, uri = start_server(tmp)
-
-    def cpu() -> float:
-        fields = Path(f"/proc/{server.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
     rows = orders(n)
     results = [row[:60] for row in rows]
@@ -94,9 +90,9 @@ def main() -> None:
 
                 line = []
                 for step, call in zip(STEPS, (lease, fetch, stage, commit, end)):
-                    before = cpu()
+                    before = cpu_seconds(server.pid)
                     call()
-                    seconds[step].append(cpu() - before)
+                    seconds[step].append(cpu_seconds(server.pid) - before)
                     line.append(f"{step} {seconds[step][-1]:.2f}s")
             print(f"round {rnd + 1}: " + ", ".join(line), flush=True)
     finally:

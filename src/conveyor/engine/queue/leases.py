@@ -161,8 +161,8 @@ class LeaseTable:
 
     def acknowledge_all(self, positions: list[int], seat: Seat) -> None:
         """:meth:`acknowledge` of each of ``positions``, every one leased to ``seat`` (the
-        caller has checked that: ``NamedLeases.acknowledge_held``; a position that is not
-        leased raises KeyError)."""
+        caller has checked that: ``NamedLeases.acknowledge_held``, :meth:`acknowledge_many`; a
+        position that is not leased raises KeyError)."""
         _consume(map(self.leased.__delitem__, positions))
         for counts in (self._deliveries, self._cancels, self._notes):
             if counts:
@@ -185,13 +185,9 @@ class LeaseTable:
         return seats
 
     def acknowledge_many(self, positions: list[int], seats: list[Seat]) -> None:
-        """:meth:`acknowledge` of each of ``positions``, leased to ``seats[i]`` (read
-        from :attr:`leased` by the caller: ``Queue.acknowledge``'s one pass), each seat's
-        held set and backlog changed once."""
-        _consume(map(self.leased.__delitem__, positions))
-        for counts in (self._deliveries, self._cancels, self._notes):
-            if counts:
-                _consume(map(counts.pop, positions, repeat(None)))
+        """:meth:`acknowledge_all` of ``positions`` seat by seat, each leased to
+        ``seats[i]`` (read from :attr:`leased` by :meth:`holders`: ``Queue.acknowledge``'s
+        one pass)."""
         held: dict[Seat, list[int]] = {}
         for p, seat in zip(positions, seats):
             mine = held.get(seat)
@@ -200,9 +196,7 @@ class LeaseTable:
             else:
                 mine.append(p)
         for seat, mine in held.items():
-            seat.held.difference_update(mine)
-            _backlog(seat, -len(mine))
-        self.slots_freed += len(positions)
+            self.acknowledge_all(mine, seat)
 
     def renew(self, p: int, lease: Lease, deadline: float) -> None:
         if lease.deadline != deadline:

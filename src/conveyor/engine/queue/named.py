@@ -46,6 +46,7 @@ class NamedLeases:
         self, name: str, *, at_least_once: bool, priority: bool, transitions: Transitions, seats: Seats,
         order: DeliveryOrder, leases: LeaseTable, replica: Replica, count: Callable[[str, int], None],
         state_of: Callable[[int], MessageState], settle: Callable[[float], None],
+        lease_run: Callable[[Seat, int | None, float, float], tuple[list[int], list[int]]],
     ) -> None:
         self._name = name
         self._at_least_once = at_least_once
@@ -58,6 +59,7 @@ class NamedLeases:
         self._count = count  # adds n to a counter of the queue's statistics
         self._state_of = state_of
         self._settle = settle  # the end-of-replay limits, if no live call applied them yet
+        self._lease_run = lease_run  # FIFO: the run at the head, leased in one pass (Queue._lease_run)
 
     def consumer(self, name: str) -> Consumer:
         """The :class:`Consumer` of named consumer ``name``, made on first use (after
@@ -85,9 +87,7 @@ class NamedLeases:
                 positions.append(p)
                 counts.append(count)
         else:
-            positions, times = self._order.take_head(n, end)
-            self._transitions.move_all(positions, Verb.LEASE, _AVAILABLE)
-            counts = self._leases.lease_all(positions, seat, deadline, times, positions)
+            positions, counts = self._lease_run(seat, n, deadline, end)
         if positions:
             self._count("delivered", len(positions))
         return positions, counts

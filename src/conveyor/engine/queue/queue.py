@@ -368,7 +368,7 @@ class Queue:
         self.named = NamedLeases(
             config.name, at_least_once=self._at_least_once, priority=self._priority, transitions=self._transitions,
             seats=self._seats, order=self._order, leases=self._leases, replica=self.replica,
-            count=self._counters.add, state_of=self.state_of, settle=self._settle)
+            count=self._counters.add, state_of=self.state_of, settle=self._settle, lease_run=self._lease_run)
         self.replay = QueueReplayer(
             config.name, at_least_once=self._at_least_once, state_of=self.state_of,
             transitions=self._transitions, order=self._order, leases=self._leases,
@@ -637,13 +637,18 @@ class Queue:
     def _deliver_run(self, seat: Seat, n: int, now: float, out: list[Delivery]) -> int:
         """:meth:`_deliver` of up to ``n`` messages from the head of a FIFO queue (none at
         or past the first barrier) to ``seat`` in one pass; how many."""
-        positions, times = self._order.take_head(n, math.inf)
-        self._transitions.move_all(positions, Verb.LEASE, _AVAILABLE)
         deadline = now + self._lease_period
-        counts = self._leases.lease_all(positions, seat, deadline, times, positions)
+        positions, counts = self._lease_run(seat, n, deadline, math.inf)
         self._counters.delivered += len(positions)
         out += map(Delivery, itertools.repeat(seat.consumer), positions, itertools.repeat(deadline), counts)
         return len(positions)
+
+    def _lease_run(self, seat: Seat, n: int | None, deadline: float, upto: float) -> tuple[list[int], list[int]]:
+        """FIFO: the run at the head (``n`` at most, None: all; below ``upto`` and the first barrier)
+        leased to ``seat`` until ``deadline`` in one pass (dispatch, named.py): (positions, counts)."""
+        positions, times = self._order.take_head(n, upto)
+        self._transitions.move_all(positions, Verb.LEASE, _AVAILABLE)
+        return positions, self._leases.lease_all(positions, seat, deadline, times, positions)
 
     def _release_barrier(self, b: int, now: float) -> Delivery:
         """Everything before barrier ``b`` is acknowledged: it goes to every current
