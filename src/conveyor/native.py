@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 #: The group, as paths below the package: the engine's command path and the modules a
 #: message passes through (delivery, named consumers, transactions, the queue and its
-#: parts, the payload cache, the publish log, the outbox, topic routing, the JSON check).
+#: parts, the payload cache, the publish log, the outbox, topic routing, the JSON check,
+#: and the replication sink and message ownership that each replicated queue record meets).
 #: Not compiled, and why (docs/architecture.md): msgspec records (mypyc drops a Struct's
 #: class options), the frame codec (the replication link's decoder, a Python class,
 #: subclasses it), queue/report.py (``__slots__``), engine/ports.py (runtime-checkable
@@ -42,7 +43,8 @@ GROUP: tuple[str, ...] = (
     "protocol/payload.py",
     *(f"engine/{name}.py" for name in (
         "core", "consumers", "delivery", "subscribing", "routes", "fingerprints", "sessions", "txn", "actions",
-        "cache", "outbox", "publish_log", "topics", "replication/held_delivery",
+        "cache", "outbox", "publish_log", "topics", "replication/held_delivery", "replication/ownership",
+        "replication/sink",
     )),
     *(f"engine/queue/{name}.py" for name in (
         "budget", "store", "priority", "paging", "state", "recovery", "seats", "window", "keys", "order",

@@ -78,7 +78,7 @@ class Cluster:
         a, b = self.nodes[src], self.nodes[dest]
         link.src_conn, link.dst_conn = self._conn(), self._conn()
         b.engine.replica_connected(link.dst_conn)
-        b.engine.replica_frames(link.dst_conn, [a.engine.link_hello(dest)], self.now)
+        b.engine.replica_frames(link.dst_conn, [self.hello(src, dest)], self.now)
         b._collect()
         answer = b.take(link.dst_conn)
         reply = answer[0] if answer else None
@@ -96,6 +96,11 @@ class Cluster:
         a._collect()
         self._pull(link)
         return True
+
+    def hello(self, src: str, dest: str) -> p.Hello:
+        """The handshake's first message, from ``src`` to ``dest`` (a test may stand in
+        for an older peer by changing it here)."""
+        return self.nodes[src].engine.link_hello(dest)
 
     def connect_all(self) -> None:
         for src, dest in self.links:
