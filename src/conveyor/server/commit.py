@@ -14,7 +14,6 @@ statistics tree, the dashboard's commit card).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from conveyor import errors
     from conveyor.engine.core import Engine
     from conveyor.journal import Journal
+    from conveyor.server.io_thread import IoThread
     from conveyor.server.pacing import InputPacing
     from conveyor.server.supervisor import Supervisor
 
@@ -32,7 +32,7 @@ STOP_GROUPS_MAX = 16  # groups written and applied at shutdown before the rest i
 class GroupCommit:
     """The journal writer (:meth:`run`, a supervised task) and the durability waits."""
 
-    def __init__(self, journal: Journal, io: concurrent.futures.Executor, engine: Engine,
+    def __init__(self, journal: Journal, io: IoThread, engine: Engine,
                  clock: Callable[[], float], supervisor: Supervisor, pacing: InputPacing, *,
                  flush_interval_s: float, after_engine: Callable[[], None],
                  flush_output: Callable[[], None]) -> None:
@@ -81,7 +81,7 @@ class GroupCommit:
         if batch is None:
             return False
         started = time.perf_counter()
-        end = await asyncio.get_running_loop().run_in_executor(self._io, journal.write_batch, batch)
+        end = await self._io.call(journal.write_batch, batch)
         self.stats.add(time.perf_counter() - started, batch.bytes, batch.records)
         journal.mark_durable(end)
         self.commits += 1
@@ -104,7 +104,7 @@ class GroupCommit:
         """At shutdown: make everything appended so far durable, without applying it."""
         batch = self._journal.take_batch()
         if batch is not None:
-            end = await asyncio.get_running_loop().run_in_executor(self._io, self._journal.write_batch, batch)
+            end = await self._io.call(self._journal.write_batch, batch)
             self._journal.mark_durable(end)
 
     async def wait_durable(self, position: int) -> None:

@@ -89,6 +89,7 @@ from conveyor.server.disk import Disk
 from conveyor.server.gate import LogonGate
 from conveyor.server.journal_reads import JournalReads
 from conveyor.server.housekeeping import CHECKPOINT_INTERVAL_S, Housekeeping
+from conveyor.server.io_thread import IoThread
 from conveyor.server.links import IncomingReplica, OutgoingLink
 from conveyor.server.output import OutputBudget
 from conveyor.server.pacing import InputPacing
@@ -151,7 +152,7 @@ class Server:
         self.clock = clock
         tlog = config.transaction_log
         # The journal's writes, alone on their thread; the other disk work on a second one.
-        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-io")
+        self._io = IoThread("journal-io")
         self._background_io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="background-io")
         # Segment summaries, on a thread of their own (journal/index.py SealSummarizer).
         self._summaries = SealSummarizer(describe_record, background=True)
@@ -359,7 +360,6 @@ class Server:
         for conn in list(self.connections.values()):
             conn.close("server shutting down")
         await supervisor.cancel(keep=self._writer_task, also=self.gate.verifying)
-        loop = asyncio.get_running_loop()
         if supervisor.failure is None and self._writer_task is not None:
             self.commit.wake()  # the writer finishes the group in flight, then returns
             await asyncio.gather(self._writer_task, return_exceptions=True)
@@ -370,7 +370,7 @@ class Server:
             except Exception as exc:  # noqa: BLE001 (reported as the failure it is)
                 supervisor.fail("shutdown", exc)
         try:
-            await loop.run_in_executor(self._io, lambda: self.journal.close(commit=supervisor.failure is None))
+            await self._io.call(lambda: self.journal.close(commit=supervisor.failure is None))
         except Exception as exc:  # noqa: BLE001
             log.error("could not close the journal: %s", exc)
         # After a failure the I/O thread may be stuck on a dead disk: do not wait for it.
