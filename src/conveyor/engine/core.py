@@ -349,6 +349,14 @@ class Engine:
             case _ if not session.logged_on:
                 self._implicit_logon(session)
                 self._command(session, cmd, now)
+            case m.SowDelete():  # acks, the commonest after publishes, early: each pattern is an isinstance
+                if cmd.topic in self._sow_topics:
+                    self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
+                    self.sow.sow_delete(conn, cmd, now)
+                elif self.sow.is_view(cmd.topic):
+                    raise self.sow.read_only(cmd.topic, "deleted")
+                else:
+                    self.delivery.sow_delete(conn, cmd, now)
             case m.Subscribe() | m.DeltaSubscribe() | m.SowAndSubscribe() | m.SowAndDeltaSubscribe() if (
                     self.subscriptions.controls(session, cmd)):
                 self.subscriptions.pause_or_resume(session, cmd, now)  # whatever the topic (subscribing.py rule 9)
@@ -365,14 +373,6 @@ class Engine:
                 self._sow(conn, cmd, now)
             case m.Unsubscribe():
                 self.subscriptions.unsubscribe(session, cmd, now)
-            case m.SowDelete():
-                if cmd.topic in self._sow_topics:
-                    self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
-                    self.sow.sow_delete(conn, cmd, now)
-                elif self.sow.is_view(cmd.topic):
-                    raise self.sow.read_only(cmd.topic, "deleted")
-                else:
-                    self.delivery.sow_delete(conn, cmd, now)
             case m.DeltaPublish():
                 self._publish(session, cmd, now)
             case m.Flush():
@@ -724,7 +724,6 @@ class Engine:
         self.outbox.release(floor)
         if floor is not None:
             self.publishes.persisted(floor)
-
 
     # --- time ---------------------------------------------------------------------------------------
 

@@ -457,16 +457,22 @@ class QueueDelivery:
     def sow_delete(self, conn_id: int, cmd: m.SowDelete, now: float) -> None:
         """Acknowledge by bookmark or by filter (spec 000, "Acknowledging Messages")."""
         binding = self._binding(cmd.topic, "sow_delete")
-        opts = parse_options("sow_delete", cmd.options)
-        if opts.has("touch") or opts.get("touch") is not None:
-            self._touch(conn_id, binding, cmd, opts, now)
-            return
-        if opts.has("cancel") and opts.has("expire"):
-            raise errors.InvalidOption("cancel and expire cannot be combined")
-        option = AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire") else AckOption.NONE
-        delay, reason = _retry_options(opts, option)
+        delay: float | None
+        named: tuple[str, ...] | None
+        if not cmd.options:  # a plain acknowledgement, the common case: what the options below say when empty
+            option, delay, reason, named = AckOption.NONE, None, "", None
+        else:
+            opts = parse_options("sow_delete", cmd.options)
+            if opts.has("touch") or opts.get("touch") is not None:
+                self._touch(conn_id, binding, cmd, opts, now)
+                return
+            if opts.has("cancel") and opts.has("expire"):
+                raise errors.InvalidOption("cancel and expire cannot be combined")
+            option = (AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire")
+                      else AckOption.NONE)
+            delay, reason = _retry_options(opts, option)
+            named = opts.list("deliveries")
         queue = binding.queue
-        named = opts.list("deliveries")
         stale: list[int] = []
         if cmd.bookmark:
             positions = bookmark_positions(cmd.bookmark)
