@@ -150,6 +150,18 @@ class MessageStore:
         hint = self._hint
         if hint[1] == position and hint[0] == self._version:
             return hint[2], hint[3]
+        # The slot after the last one found: the next of a run, as a grant, a removal or
+        # a check of each message of a batch asks for them. Checked by its content (a
+        # live position is in one slot only), so it holds whatever changed since.
+        i, j = hint[2], hint[3] + 1
+        if 0 <= i < len(chunks):
+            ch = chunks[i]
+            ps = ch.positions
+            if ps is not None and j < len(ps) and ps[j] == position:
+                t = cast("array[float]", ch.times)[j]
+                if t == t:  # not NaN: live
+                    self._hint = (self._version, position, i, j)
+                    return i, j
         i = bisect_right(self._firsts, position) - 1
         if i < 0:
             return -1, -1
