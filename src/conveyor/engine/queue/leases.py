@@ -135,8 +135,8 @@ class LeaseTable:
                 f"one of {len(positions)} positions is leased or consumed already")
         # map and update: the loops over a batch run in C
         self.leased.update(zip(positions, map(Lease, repeat(seat), repeat(deadline), published_at, keys)))
-        get = self._deliveries.get
-        counts = [get(p, 0) + 1 for p in positions]
+        deliveries = self._deliveries
+        counts = [deliveries.get(p, 0) + 1 for p in positions]
         self._deliveries.update(zip(positions, counts))
         self._push_run(deadline, positions)
         seat.held.update(positions)

@@ -340,7 +340,6 @@ class Queue:
         self._counters = QueueCounters()
 
         self._transitions = Transitions(config.semantics, self.state_of, self._holds, confirmed=_CONFIRMED_BY_THE_STORE)
-        self._move = self._transitions.move
         self._seats = Seats(config.name, priority=self._priority, matches=self._matches, budget=budget)
         self.cut_short = False  # the last dispatch stopped for the filter budget (rule 12)
         self._order = DeliveryOrder(priority=self._priority, chunk_slots=chunk_slots,
@@ -621,13 +620,13 @@ class Queue:
     def _deliver(self, seat: Seat, key: int, now: float) -> Delivery:
         p = key & POSITION_MASK if self._priority else key
         if self._at_least_once:
-            self._move(p, Verb.LEASE, _AVAILABLE)
+            self._transitions.move(p, Verb.LEASE, _AVAILABLE)
             t = self._order.take(key)
             deadline: float | None
             deadline = now + self._lease_period
             n = self._leases.lease(p, seat, deadline, t, key, True)
         else:
-            self._move(p, Verb.DELIVER, _AVAILABLE)
+            self._transitions.move(p, Verb.DELIVER, _AVAILABLE)
             self._order.take(key)
             self._leases.consume(p, seat)
             n, deadline = 1, None
@@ -653,7 +652,7 @@ class Queue:
     def _release_barrier(self, b: int, now: float) -> Delivery:
         """Everything before barrier ``b`` is acknowledged: it goes to every current
         consumer whose filter matches, backlog or not, and leaves the queue (rule 8)."""
-        self._move(b, Verb.DELIVER_BARRIER, _AVAILABLE)
+        self._transitions.move(b, Verb.DELIVER_BARRIER, _AVAILABLE)
         recipients = tuple(
             seat.consumer
             for seat in self._seats.active
@@ -728,7 +727,7 @@ class Queue:
                 tally.refused.append(p)
                 return
             if option is AckOption.NONE:
-                self._move(p, Verb.ACKNOWLEDGE, _LEASED)
+                self._transitions.move(p, Verb.ACKNOWLEDGE, _LEASED)
                 leases.acknowledge(p)
                 self.replica.forget(p)
                 tally.events.append(Acknowledged(p))
@@ -740,7 +739,7 @@ class Queue:
                     tally.expired += 1
                     tally.cancels_expired += 1
             else:
-                self._move(p, Verb.EXPIRE, _LEASED)
+                self._transitions.move(p, Verb.EXPIRE, _LEASED)
                 leases.end(p)
                 self._returns.expire_gone(p, _FORCED, tally.events, reason=reason, consumer=seat.consumer.key)
                 tally.expired += 1
@@ -773,7 +772,7 @@ class Queue:
         window = self._window
         if option is AckOption.NONE and window.is_inactive(p) and not window.acked(p):
             # TargetQueueDepth: held until the message would become active (rule 9).
-            self._move(p, Verb.ACKNOWLEDGE, _INACTIVE)
+            self._transitions.move(p, Verb.ACKNOWLEDGE, _INACTIVE)
             window.defer_ack(p)
             tally.events.append(Acknowledged(p))
             tally.deferred += 1
@@ -786,7 +785,7 @@ class Queue:
         if option is AckOption.CANCEL:
             tally.ignored += 1  # not leased: nothing to return
             return
-        self._move(p, Verb.ACKNOWLEDGE if option is AckOption.NONE else Verb.EXPIRE, _AVAILABLE)
+        self._transitions.move(p, Verb.ACKNOWLEDGE if option is AckOption.NONE else Verb.EXPIRE, _AVAILABLE)
         if p in self._returns:
             self._returns.take(p)
         else:
@@ -834,7 +833,7 @@ class Queue:
                 head = store.head()
                 assert head is not None
                 p = head
-                self._move(p, Verb.EXPIRE, _AVAILABLE)
+                self._transitions.move(p, Verb.EXPIRE, _AVAILABLE)
                 self._order.remove(p)
                 self._returns.expire_gone(p, _TIME_LIMIT, events)
         stamped = self._stamped
@@ -846,7 +845,7 @@ class Queue:
                     # here (its owner expires it; queue/expiry.py rule 2)
                     stamped.hold(p)
                 elif p in self._order.store:
-                    self._move(p, Verb.EXPIRE, _AVAILABLE)
+                    self._transitions.move(p, Verb.EXPIRE, _AVAILABLE)
                     self._order.remove(p)
                     self._returns.expire_gone(p, _TIME_LIMIT, events)
             stamped.sweep(self._in_queue, self._active() + len(self.replica))
@@ -994,7 +993,7 @@ class Queue:
             if self._active() >= self._target and not removed:
                 raise QueueStateError(f"queue {self.name!r}: no room to activate {position} (check wants())",
                                       position=position)
-            self._move(position, Verb.ACKNOWLEDGE if removed else Verb.ACTIVATE if owner is None
+            self._transitions.move(position, Verb.ACKNOWLEDGE if removed else Verb.ACTIVATE if owner is None
                        else Verb.ACTIVATE_ELSEWHERE, _INACTIVE)
             if removed:
                 window.defer_ack(position)

@@ -115,11 +115,11 @@ class Transfers:
         if not run:
             return
         self._transitions.move_all([g[0] for g in run], Verb.TRANSFER_IN, _ELSEWHERE)
-        leases, take, order = self._leases, replica.take, self._order
+        leases, order = self._leases, self._order  # methods called on them, not bound: native calls compiled
         filtered = any(seat.consumer.filter is not None for seat in self._seats.active)
         stamped = self._stamped
         for position, deliveries, cancels, _ in run:
-            away = take(position)
+            away = replica.take(position)
             if deliveries > leases.deliveries_of(position):
                 leases.set_deliveries(position, deliveries)
             if cancels > leases.cancels_of(position):
@@ -165,19 +165,19 @@ class Transfers:
             for p in positions:
                 self.transfer_out(p, owner, now)
             return
-        state_of, returns, is_barrier = self._state_of, self._returns, self._order.is_barrier
+        state_of, returns, order = self._state_of, self._returns, self._order
         run: list[int] = []
         for p in dict.fromkeys(positions):  # a message named twice moves once
-            if state_of(p) is _AVAILABLE and p not in returns and not is_barrier(p):
+            if state_of(p) is _AVAILABLE and p not in returns and not order.is_barrier(p):
                 run.append(p)
             else:
                 self.transfer_out(p, owner, now)
         if not run:
             return
         self._transitions.move_all(run, Verb.TRANSFER_OUT, _AVAILABLE, checked=False)
-        take, add = self._order.take, self._replica.add
+        replica = self._replica
         for p in run:
-            add(p, owner, take(p), p, now)  # a FIFO queue's order key is the position
+            replica.add(p, owner, order.take(p), p, now)  # a FIFO queue's order key is the position
         self._count("transferred_out", len(run))
 
     def acknowledged_here(self, position: int) -> bool:
@@ -234,10 +234,10 @@ class Transfers:
             return events
         expire = kind == "expire"
         self._transitions.move_all(away, Verb.EXPIRE if expire else Verb.ACKNOWLEDGE, _ELSEWHERE, checked=False)
-        take, forget = replica.take, self._leases.forget
+        leases = self._leases
         for p in away:
-            take(p)
-            forget(p)
+            replica.take(p)
+            leases.forget(p)
         replica.forget_all(away)
         if expire:
             events += [Expired(p, _REPLICATED_REMOVAL) for p in away]
