@@ -137,7 +137,7 @@ class LeaseTable:
         self.leased.update(zip(positions, map(Lease, repeat(seat), repeat(deadline), published_at, keys)))
         deliveries = self._deliveries
         counts = [deliveries.get(p, 0) + 1 for p in positions]
-        self._deliveries.update(zip(positions, counts))
+        deliveries.update(zip(positions, counts))
         self._push_run(deadline, positions)
         seat.held.update(positions)
         _backlog(seat, len(positions))

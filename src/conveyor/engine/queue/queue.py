@@ -994,7 +994,7 @@ class Queue:
                 raise QueueStateError(f"queue {self.name!r}: no room to activate {position} (check wants())",
                                       position=position)
             self._transitions.move(position, Verb.ACKNOWLEDGE if removed else Verb.ACTIVATE if owner is None
-                       else Verb.ACTIVATE_ELSEWHERE, _INACTIVE)
+                                   else Verb.ACTIVATE_ELSEWHERE, _INACTIVE)
             if removed:
                 window.defer_ack(position)
         if not window.offer(position):
