@@ -119,3 +119,30 @@ def test_exported_chunks_are_adopted_by_an_empty_store():
         other.adopt(images)  # only an empty store
     with pytest.raises(ValueError):
         MessageStore().adopt([ChunkImage(0, None, None, (0, 3, 0))])
+
+
+def test_store_restores_a_run_above_its_newest_as_appends():
+    """A grant's run, oldest first, into a queue that holds only older messages (or
+    none): each goes after the newest, filling the tail chunk to its size and then
+    new ones, as appends do; a later search, removal and revival still find them."""
+    store = MessageStore(chunk_slots=TINY)
+    for p in range(0, 30, 10):
+        store.append(p, 0.0)
+    store.discard(20)  # the tail's newest is a tombstone: 25 still goes after it
+    run = [25, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+    for p in run:
+        store.restore(p, float(p))
+    assert [p for p, _ in store.items()] == [0, 10, *run]
+    assert all(len(image.positions) <= TINY for image in store.export_chunks())
+    assert store.time_of(33) == 33.0 and store.discard(33) == 33.0 and 33 not in store
+    store.restore(33, 1.0)  # below the newest again: back in its slot
+    store.restore(20, 2.0)  # the tombstone revived
+    assert [p for p, _ in store.items()] == [0, 10, 20, *run]
+    assert store.take_head(3, 40.0) == ([0, 10, 20], [0.0, 0.0, 2.0])
+
+
+def test_store_restores_into_an_empty_store():
+    store = MessageStore(chunk_slots=TINY)
+    for p in (5, 6, 7, 8, 9):
+        store.restore(p, float(p))
+    assert [p for p, _ in store.items()] == [5, 6, 7, 8, 9] and store.head() == 5

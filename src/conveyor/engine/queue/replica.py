@@ -98,8 +98,12 @@ class Replica:
         left[ident] = position
         if len(left) > LEFT_MAX:
             left.popitem(last=False)
-        self._requested.pop(ident, None)
-        self._epochs.pop(ident, None)
+        # Each only when it holds anything: an owner's own messages have neither a
+        # request nor an epoch, and a lookup by identity hashes a tuple.
+        if self._requested:
+            self._requested.pop(ident, None)
+        if self._epochs:
+            self._epochs.pop(ident, None)
         if self._held:
             self._held.pop(position, None)
 
@@ -271,6 +275,8 @@ class Replica:
     def answered(self, ident: Ident) -> float | None:
         """Nothing more to ask for it (it came here, or its owner changed); when its
         request went out (None: it was not asked for)."""
+        if not self._requested:  # the owner granting its own messages asked for none
+            return None
         asked = self._requested.pop(ident, None)
         return None if asked is None else asked[0]
 

@@ -346,8 +346,17 @@ class MessageStore:
 
     def restore(self, position: int, t: float) -> None:
         """Put a returned message back in its place."""
-        self._version += 1
         chunks, firsts = self._chunks, self._firsts
+        if chunks:
+            tail = chunks[-1].positions
+            assert tail is not None  # the tail chunk is always resident
+            if tail and position > tail[-1]:
+                # After every message here: a grant's run, oldest first, into a queue
+                # that holds nothing newer (an instance whose messages are owned
+                # elsewhere), goes in as appends do, without a search or a shift.
+                self.append(position, t)
+                return
+        self._version += 1
         i = bisect_right(firsts, position) - 1
         if i < 0:
             # Before every chunk: the chunks that held it were dropped.
