@@ -742,12 +742,12 @@ class Engine:
         self.sow.flush(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for d in (self.delivery.next_deadline(), self.sow.next_deadline()) if d is not None]
-        if self.replicated_queues:
-            requests = self.replicated_queues.next_deadline()
-            if requests is not None:
-                deadlines.append(requests)
-        return min(deadlines) if deadlines else None
+        """The earliest of the parts' deadlines (asked after every turn: no list built)."""
+        deadline, t = self.delivery.next_deadline(), self.sow.next_deadline()
+        if t is not None and (deadline is None or t < deadline):
+            deadline = t
+        t = self.replicated_queues.next_deadline() if self.replicated_queues else None
+        return t if t is not None and (deadline is None or t < deadline) else deadline
 
     # --- bookmark replays ------------------------------------------------------------------------------
 

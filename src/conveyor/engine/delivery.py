@@ -441,8 +441,12 @@ class QueueDelivery:
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for d in (b.queue.next_deadline() for b in self._bindings) if d is not None]
-        return min(deadlines) if deadlines else None
+        deadline: float | None = None
+        for b in self._bindings:
+            t = b.queue.next_deadline()
+            if t is not None and (deadline is None or t < deadline):
+                deadline = t
+        return deadline
 
     # --- commands ----------------------------------------------------------------------------------
 

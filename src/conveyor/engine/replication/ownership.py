@@ -768,8 +768,11 @@ class ReplicatedQueues:
         """When :meth:`tick` has requests to make that no command will prompt: a message
         becomes old enough to ask for, an unanswered request is due again, or a scan was
         cut short by :data:`REQUEST_SCAN_S` while subscribers have room."""
-        due = [own.next_scan for own in self.by_queue.values() if own.next_scan is not None]
-        return min(due) if due else None
+        due: float | None = None
+        for own in self.by_queue.values():
+            if own.next_scan is not None and (due is None or own.next_scan < due):
+                due = own.next_scan
+        return due
 
     def set_proxied(self, queue: str, on: bool) -> bool:
         """Rule 6 (the admin action); False when ``queue`` is not a replicated queue here."""

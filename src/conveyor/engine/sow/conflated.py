@@ -162,8 +162,11 @@ class ConflatedTopics:
                     followers.views_changed(ct.name, changes, now)
 
     def next_deadline(self) -> float | None:
-        dues = [ct.due for ct in self.topics.values() if ct.due is not None]
-        return min(dues) if dues else None
+        deadline: float | None = None
+        for ct in self.topics.values():
+            if ct.due is not None and (deadline is None or ct.due < deadline):
+                deadline = ct.due
+        return deadline
 
     # --- restart (rule 5) -------------------------------------------------------------------------
 

@@ -182,8 +182,8 @@ class StateOfTheWorld:
         self._conflated.tick(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for d in (self._sow_topics.next_deadline(), self._conflated.next_deadline()) if d is not None]
-        return min(deadlines) if deadlines else None
+        deadline, t = self._sow_topics.next_deadline(), self._conflated.next_deadline()
+        return t if t is not None and (deadline is None or t < deadline) else deadline
 
     def flush(self, now: float) -> None:
         """Rule 2: render what changed in this step: queue watches first, then views in

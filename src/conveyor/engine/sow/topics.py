@@ -146,8 +146,12 @@ class SowTopics:
                     followers.changed(change, now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for d in (st.next_deadline() for st in self.topics.values()) if d is not None]
-        return min(deadlines) if deadlines else None
+        deadline: float | None = None
+        for st in self.topics.values():
+            t = st.next_deadline()
+            if t is not None and (deadline is None or t < deadline):
+                deadline = t
+        return deadline
 
     # --- recovery (rule 6) ------------------------------------------------------------------------
 
