@@ -104,6 +104,7 @@ from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.queue import Event, Queue
 from conveyor.engine.queue.replica import Ident, Replica
 from conveyor.engine.queue.rows import OwnershipState, Tombstone, TransferEpoch
+from conveyor.engine.queue.state import MessageState
 from conveyor.engine.rows import OwnershipStats
 from conveyor.engine.ports import JournalPort, QueueRecord
 
@@ -126,6 +127,9 @@ RATE_WINDOW_S = 1.0  # the subscribers' pace: backlog slots freed over about thi
 RTT_WEIGHT = 0.25  # how much each new round trip moves the estimate (an average that forgets)
 TOMBSTONES_MAX = 100_000  # removals seen before their message (rule 3), per queue
 READ_AHEAD_RECORDS_MAX = 65_536  # journal records read to find requested inactive messages (rule 11)
+# Compared by identity: an Enum's ``.value`` is a Python property, a call of the
+# interpreter from compiled code.
+_ABSENT, _AVAILABLE, _INACTIVE = MessageState.ABSENT, MessageState.AVAILABLE, MessageState.INACTIVE
 
 
 class QueueOwnership:
@@ -199,7 +203,7 @@ class QueueOwnership:
         checks that at most one instance owns a message."""
         queue, replica = self.queue, self._replica
         return [ident for ident, position in replica.identities()
-                if replica.owner_of(position) is None and queue.state_of(position).value != "absent"]
+                if replica.owner_of(position) is None and queue.state_of(position) is not _ABSENT]
 
     # --- rule 3 ----------------------------------------------------------------------------------
 
@@ -376,7 +380,7 @@ class QueueOwnership:
                 continue
             owner = replica.owner_of(position)
             if owner is None:
-                if queue.state_of(position).value != "available" or queue.transfers.can_deliver_locally(position, now):
+                if queue.state_of(position) is not _AVAILABLE or queue.transfers.can_deliver_locally(position, now):
                     continue  # leased here, or a subscriber here takes it: no grant
                 ours.append((ident, position))
             elif self.proxied and not reachable(owner):
@@ -406,7 +410,7 @@ class QueueOwnership:
         ours: list[tuple[Ident, int]] = []
         proxied: list[tuple[Ident, int]] = []
         for ident, (position, origin) in found.items():
-            if ident in self._tombstones or self.queue.state_of(position).value != "inactive":
+            if ident in self._tombstones or self.queue.state_of(position) is not _INACTIVE:
                 continue  # removed elsewhere (it will never enter), or acknowledged here while inactive
             owner = self._owner_now(ident, origin, False)
             if owner is None:
