@@ -128,3 +128,54 @@ def test_the_hand_off_benchmark_runs():
     for way in WAYS:
         cpu, wall = round_trip(way, 50)
         assert cpu >= 0 and wall > 0
+
+
+def test_call_then_tells_a_callback_on_the_loop_thread_in_order_with_calls():
+    """``call_then``: the outcome (result, or the exception) goes to a callback on the
+    loop's thread, in the order of the calls, futures and callbacks alike."""
+    io = IoThread("test-io")
+    told: list[tuple[str, object, int]] = []
+
+    def fail() -> None:
+        raise OSError(5, "Input/output error")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop_thread = threading.get_ident()
+
+        def tell(name: str):
+            def on(result: object, exc: BaseException | None) -> None:
+                told.append((name, exc if exc is not None else result, threading.get_ident()))
+                if name == "last":
+                    done.set_result(None)
+            return on
+
+        io.call_then(tell("first"), lambda: 1)
+        io.call_then(tell("failed"), fail)
+        assert await io.call(lambda: 2) == 2
+        io.call_then(tell("last"), lambda: 3)
+        await done
+        assert {t for _, _, t in told} == {loop_thread}
+
+    uvloop.run(main())
+    assert [(n, r) for n, r, _ in told][0] == ("first", 1)
+    assert told[1][0] == "failed" and isinstance(told[1][1], OSError)
+    assert (told[2][0], told[2][1]) == ("last", 3)
+    io.shutdown()
+
+
+def test_a_callback_cancelled_at_shutdown_is_not_called():
+    io = IoThread("test-io")
+    release = threading.Event()
+    told: list[object] = []
+
+    async def main() -> None:
+        io.call_then(lambda r, e: told.append(r), release.wait)  # holds the thread
+        io.call_then(lambda r, e: told.append(("queued", r)), lambda: 1)
+        threading.Timer(0.05, release.set).start()
+        io.shutdown(wait=True, cancel_futures=True)
+        await asyncio.sleep(0.05)  # the running call's callback reaches the loop
+
+    uvloop.run(main())
+    assert told == [True]

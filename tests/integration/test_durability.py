@@ -155,3 +155,23 @@ def test_replay_from_a_timestamp(server_factory):
         live = client.subscribe("t", bookmark="NOW")
         client.publish("t", {"n": 8})
         assert live.get(timeout=5).json()["n"] == 8
+
+
+def test_with_a_flush_interval_groups_wait_and_every_persisted_publish_survives_sigkill(server_factory):
+    """FlushInterval: the writer waits that long before each group (the commit's timer
+    path, server/commit.py), so publishes share groups; each persisted ack still means
+    durable, and a clean stop writes what is left."""
+    server = server_factory(recorded="orders", txlog_extra="<FlushInterval>20ms</FlushInterval>")
+    with Client("publisher-fi").connect(server.uri) as client:
+        for i in range(2_100):
+            client.publish("orders", {"n": i})
+        client.flush()  # every publish acknowledged as persisted
+    server.kill()
+    server.restart()
+    with Client("reader-fi").connect(server.uri) as reader:
+        got = replay_all(reader, "orders")
+    assert [m.json()["n"] for m in got] == list(range(2_100))
+    assert server.stop() == 0  # a clean stop with the writer idle between groups
+    server.restart()
+    with Client("reader-fi-2").connect(server.uri) as reader:
+        assert len(replay_all(reader, "orders")) == 2_100
