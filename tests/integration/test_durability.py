@@ -158,9 +158,9 @@ def test_replay_from_a_timestamp(server_factory):
 
 
 def test_with_a_flush_interval_groups_wait_and_every_persisted_publish_survives_sigkill(server_factory):
-    """FlushInterval: the writer waits that long before each group (the commit's timer
-    path, server/commit.py), so publishes share groups; each persisted ack still means
-    durable, and a clean stop writes what is left."""
+    """FlushInterval: the writer waits that long before each group (server/commit.py),
+    so publishes share groups; each persisted ack still means durable, and a clean stop
+    with the writer waiting between groups loses nothing."""
     server = server_factory(recorded="orders", txlog_extra="<FlushInterval>20ms</FlushInterval>")
     with Client("publisher-fi").connect(server.uri) as client:
         for i in range(2_100):

@@ -7,16 +7,6 @@ releases whoever waits for the journal to be durable that far (:meth:`GroupCommi
 the checkpoint). A failed write or fsync ends the writer with its exception, and
 supervision fails the server (server/supervisor.py), which fails every wait.
 
-The writer is a state machine driven by callbacks, not a task that loops: :meth:`wake`
-schedules the next group for the loop's next turn (:meth:`_start`), and the I/O thread
-hands the written group back straight to :meth:`_written` (``IoThread.call_then``),
-which applies it and starts the next one if anything was appended meanwhile. At a
-handful of messages a group (a quiet server), the turns of the loop are much of a
-message's cost: a task woken through an event, then through a future, took three turns
-a group where this takes two. :meth:`run` is the supervised task that stands for the
-writer: it returns once the server is stopping and no group is in flight, and raises
-what failed a group. One group at a time is on the I/O thread (``_writing``).
-
 The statistics (:class:`CommitStats`) are for the admin interface (``/metrics``, the
 statistics tree, the dashboard's commit card).
 """
@@ -32,7 +22,6 @@ if TYPE_CHECKING:
     from conveyor import errors
     from conveyor.engine.core import Engine
     from conveyor.journal import Journal
-    from conveyor.journal.journal import Batch
     from conveyor.server.io_thread import IoThread
     from conveyor.server.pacing import InputPacing
     from conveyor.server.supervisor import Supervisor
@@ -56,103 +45,34 @@ class GroupCommit:
         self._flush_interval_s = flush_interval_s
         self._after_engine = after_engine  # the server's: output, closes, timers after each group
         self._flush_output = flush_output
+        self._wake = asyncio.Event()
         # (position, future) of everyone waiting for the journal to be durable that far;
         # the writer releases them, a failure fails them.
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self.commits = 0  # groups written and fsynced
         self.stats = CommitStats()  # latency and sizes (the admin interface)
-        # The writer's state (module header): None until run() starts, then the future
-        # run() waits on (a result: stopped; an exception: a group failed).
-        self._ended: asyncio.Future[None] | None = None
-        self._woken = False  # woken before run() started: it starts with a group
-        self._due = False  # _start is scheduled (the next turn, or after FlushInterval)
-        self._writing = False  # a group is on the I/O thread, or being applied
-        self._batch: Batch | None = None  # the group on the I/O thread
-        self._started = 0.0  # when it went
 
     def wake(self) -> None:
-        """Something was appended: the writer takes it at the loop's next turn (after
-        FlushInterval, when set); while a group is in flight, as soon as it is done."""
-        ended = self._ended
-        if ended is None:
-            self._woken = True
-            return
-        if self._due or self._writing or ended.done():
-            return
-        self._due = True
-        if self._flush_interval_s and not self._supervisor.stopping:
-            ended.get_loop().call_later(self._flush_interval_s, self._start)
-        else:
-            ended.get_loop().call_soon(self._start)
+        """Something was appended: the writer takes it (now, or after FlushInterval)."""
+        self._wake.set()
 
     async def run(self) -> None:
-        """Stand for the writer (module header): returns once the server is stopping and
-        no group is in flight (stop() writes what is left); raises what failed a group (a
-        write, an fsync, applying it), and supervision fails the server."""
-        self._ended = asyncio.get_running_loop().create_future()
-        if self._woken:
-            self.wake()
-        await self._ended
-
-    def _start(self) -> None:
-        """Take everything buffered to the I/O thread, unless a group is in flight (its
-        end starts the next) or the server is stopping (the writer ends)."""
-        self._due = False
-        ended = self._ended
-        if ended is None or ended.done() or self._writing:
-            return
-        if self._supervisor.stopping:
-            ended.set_result(None)  # stop() drains the journal itself, bounded
-            return
-        journal = self._journal
-        try:
-            batch = journal.take_batch()
-            if batch is None:
-                return
-            self._writing, self._batch, self._started = True, batch, time.perf_counter()
-            self._io.call_then(self._written, journal.write_batch, batch)
-        except BaseException as exc:  # noqa: BLE001 - a callback's: supervision must see it, not the loop's log
-            self._writing = False
-            ended.set_exception(exc)
-
-    def _written(self, end: int, failure: BaseException | None) -> None:
-        """The group in flight is durable up to ``end`` (or ``failure``): apply it, then
-        start the next one if anything was appended meanwhile."""
-        ended, batch = self._ended, self._batch
-        assert ended is not None and batch is not None  # a group was started
-        self._batch = None
-        if ended.done():  # the writer was cancelled: nobody applies it
-            self._writing = False
-            return
-        if failure is not None:
-            self._writing = False
-            ended.set_exception(failure)
-            return
-        try:
-            self.stats.add(time.perf_counter() - self._started, batch.bytes, batch.records)
-            self._applied(end)
+        """Write and fsync each group, then release what waited for it. Returns once the
+        server is stopping (stop() writes what is left); an exception (a failed write or
+        fsync) ends it, and supervision fails the server."""
+        supervisor = self._supervisor
+        while True:
+            if not supervisor.stopping:
+                await self._wake.wait()
+                if self._flush_interval_s and not supervisor.stopping:
+                    await asyncio.sleep(self._flush_interval_s)
+            self._wake.clear()
+            if supervisor.stopping:
+                return  # stop() drains the journal itself, bounded
+            if not await self._write_group():
+                continue
             self._pacing.journal_written()
-            self._after_engine()  # its wake() waits for _writing to end: the next group starts below
-        except BaseException as exc:  # noqa: BLE001 - the writer's failure: supervision fails the server
-            self._writing = False
-            ended.set_exception(exc)
-            return
-        self._writing = False
-        journal = self._journal
-        if self._supervisor.stopping:
-            ended.set_result(None)
-        elif journal.end != journal.durable_end:  # appended while this group was written
-            if self._flush_interval_s:
-                self.wake()
-            else:
-                self._start()
-
-    def _applied(self, end: int) -> None:
-        """The group is durable up to ``end``: release the waits, tell the engine."""
-        self._journal.mark_durable(end)
-        self.commits += 1
-        self._release()
-        self._engine.on_durable(self._clock())
+            self._after_engine()
 
     async def _write_group(self) -> bool:
         """Write what is buffered on the I/O thread and apply it; False when nothing was."""
@@ -163,7 +83,10 @@ class GroupCommit:
         started = time.perf_counter()
         end = await self._io.call(journal.write_batch, batch)
         self.stats.add(time.perf_counter() - started, batch.bytes, batch.records)
-        self._applied(end)
+        journal.mark_durable(end)
+        self.commits += 1
+        self._release()
+        self._engine.on_durable(self._clock())
         return True
 
     async def drain(self) -> None:
@@ -192,7 +115,7 @@ class GroupCommit:
                 raise self._supervisor.failure
             # What is to be durable may have been appended by the caller itself (the
             # timer's tick, just before a checkpoint): make sure the writer knows.
-            self.wake()
+            self._wake.set()
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append((position, fut))
             await fut

@@ -28,10 +28,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# A call: (loop, outcome, function, arguments). The outcome is told to a future, or to a
-# callback ``done(result, exception)``; loop None: a concurrent.futures.Future.
-_Call = tuple[asyncio.AbstractEventLoop | None,
-              "asyncio.Future[Any] | concurrent.futures.Future[Any] | Callable[[Any, BaseException | None], object]",
+# A call: (loop, future, function, arguments); loop None: a concurrent.futures.Future.
+_Call = tuple[asyncio.AbstractEventLoop | None, "asyncio.Future[Any] | concurrent.futures.Future[Any]",
               Callable[..., Any], tuple[Any, ...]]
 
 
@@ -61,14 +59,6 @@ class IoThread(concurrent.futures.Executor):
         self._put((loop, fut, fn, args))
         return fut
 
-    def call_then(self, done: Callable[[Any, BaseException | None], object], fn: Callable[..., Any],
-                  *args: Any) -> None:
-        """Run ``fn(*args)`` on the thread, then ``done(result, exception)`` on the running
-        loop: in the loop's first turn after the call returns, where a task awaiting
-        :meth:`call` goes on one turn later (the future's result, then the task's step).
-        ``done`` is not called for a call cancelled at shutdown."""
-        self._put((asyncio.get_running_loop(), done, fn, args))
-
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._put((None, fut, functools.partial(fn, **kwargs) if kwargs else fn, args))
@@ -94,17 +84,12 @@ class IoThread(concurrent.futures.Executor):
                     except BaseException as exc:  # noqa: BLE001 - the caller's to see, as an executor's
                         fut.set_exception(exc)
                 continue
-            error: BaseException | None = None
             try:
-                result = fn(*args)
+                result, exc = fn(*args), None
             except BaseException as e:  # noqa: BLE001 - the caller's to see, on its loop
-                result, error = None, e
+                result, exc = None, e
             try:
-                if isinstance(fut, asyncio.Future):
-                    loop.call_soon_threadsafe(_settle, fut, result, error)
-                else:
-                    assert not isinstance(fut, concurrent.futures.Future)  # those have no loop
-                    loop.call_soon_threadsafe(fut, result, error)
+                loop.call_soon_threadsafe(_settle, fut, result, exc)
             except RuntimeError:
                 pass  # the loop is closed: nobody waits any more
 
@@ -131,11 +116,8 @@ class IoThread(concurrent.futures.Executor):
                 continue
             loop, fut, _, _ = call
             if loop is None:
-                assert isinstance(fut, concurrent.futures.Future)
                 fut.cancel()
                 continue
-            if not isinstance(fut, asyncio.Future):
-                continue  # a callback: not called
             try:
                 loop.call_soon_threadsafe(fut.cancel)
             except RuntimeError:
