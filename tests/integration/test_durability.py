@@ -12,16 +12,22 @@ def replay_all(client: Client, topic: str) -> list:
     return until_sentinel(client, client.subscribe(topic, bookmark="0"), topic)
 
 
-def test_ten_thousand_persisted_survive_sigkill_and_replay_in_order(server_factory):
-    server = server_factory(recorded="orders")
-    with Client("publisher-1").connect(server.uri) as client:
-        for i in range(10_000):
+def published_killed_replayed(server, n: int, publisher: str, reader: str) -> list:
+    """``n`` persisted publishes of ``{"n": i}`` to "orders", a SIGKILL and a restart:
+    the topic as replayed from the journal then."""
+    with Client(publisher).connect(server.uri) as client:
+        for i in range(n):
             client.publish("orders", {"n": i})
         client.flush()  # every publish acknowledged as persisted
     server.kill()
     server.restart()
-    with Client("reader").connect(server.uri) as reader:
-        got = replay_all(reader, "orders")
+    with Client(reader).connect(server.uri) as client:
+        return replay_all(client, "orders")
+
+
+def test_ten_thousand_persisted_survive_sigkill_and_replay_in_order(server_factory):
+    server = server_factory(recorded="orders")
+    got = published_killed_replayed(server, 10_000, "publisher-1", "reader")
     assert [m.json()["n"] for m in got] == list(range(10_000))
     assert len({m.bookmark for m in got}) == 10_000
 
@@ -162,14 +168,7 @@ def test_with_a_flush_interval_groups_wait_and_every_persisted_publish_survives_
     so publishes share groups; each persisted ack still means durable, and a clean stop
     with the writer waiting between groups loses nothing."""
     server = server_factory(recorded="orders", txlog_extra="<FlushInterval>20ms</FlushInterval>")
-    with Client("publisher-fi").connect(server.uri) as client:
-        for i in range(2_100):
-            client.publish("orders", {"n": i})
-        client.flush()  # every publish acknowledged as persisted
-    server.kill()
-    server.restart()
-    with Client("reader-fi").connect(server.uri) as reader:
-        got = replay_all(reader, "orders")
+    got = published_killed_replayed(server, 2_100, "publisher-fi", "reader-fi")
     assert [m.json()["n"] for m in got] == list(range(2_100))
     assert server.stop() == 0  # a clean stop with the writer idle between groups
     server.restart()

@@ -74,6 +74,7 @@ from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.queue.queue import Queue, QueueStats
 from conveyor.engine.queue.bindings import PlainRuns, QueueBinding, QueueBindings
 from conveyor.engine.recovery import Checkpoint, PageFiles, Recovery
@@ -742,12 +743,8 @@ class Engine:
         self.sow.flush(now)
 
     def next_deadline(self) -> float | None:
-        """The earliest of the parts' deadlines (asked after every turn: no list built)."""
-        deadline, t = self.delivery.next_deadline(), self.sow.next_deadline()
-        if t is not None and (deadline is None or t < deadline):
-            deadline = t
-        t = self.replicated_queues.next_deadline() if self.replicated_queues else None
-        return t if t is not None and (deadline is None or t < deadline) else deadline
+        deadline = earliest(self.delivery.next_deadline(), self.sow.next_deadline())
+        return earliest(deadline, self.replicated_queues.next_deadline()) if self.replicated_queues else deadline
 
     # --- bookmark replays ------------------------------------------------------------------------------
 

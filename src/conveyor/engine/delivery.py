@@ -72,6 +72,7 @@ from conveyor.engine.filters import compile_filter, entitled, filter_cost_ticks
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.queue.queue import AckOption, Consumer, Delivery, Event
 from conveyor.engine.queue.bindings import QueueBinding, QueueBindings, consumer_predicate
 from conveyor.engine.queue.events import AckResult, Expired
@@ -443,9 +444,7 @@ class QueueDelivery:
     def next_deadline(self) -> float | None:
         deadline: float | None = None
         for b in self._bindings:
-            t = b.queue.next_deadline()
-            if t is not None and (deadline is None or t < deadline):
-                deadline = t
+            deadline = earliest(deadline, b.queue.next_deadline())
         return deadline
 
     # --- commands ----------------------------------------------------------------------------------

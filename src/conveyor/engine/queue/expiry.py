@@ -38,6 +38,14 @@ SWEEP_SLACK_MIN = 64  # stale entries tolerated before a sweep, whatever the que
 K = TypeVar("K", bound=Hashable)  # a queue's position, or a SOW topic's key
 
 
+def earliest(a: float | None, b: float | None) -> float | None:
+    """The earlier of two deadlines, None being none: how every part's ``next_deadline``
+    folds its own into one (asked after every turn of the loop, so no list is built)."""
+    if a is None:
+        return b
+    return a if b is None or a <= b else b
+
+
 class MessageExpiry(Generic[K]):
     __slots__ = ("_heap", "_at", "_every")
 

@@ -140,7 +140,7 @@ from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.explain import MessageFacts
 from conveyor.engine.queue.consumer import Consumer, effective_backlog
 from conveyor.engine.queue.replica import Ident, Replica
-from conveyor.engine.queue.expiry import MessageExpiry
+from conveyor.engine.queue.expiry import MessageExpiry, earliest
 from conveyor.engine.queue.intake import Intake
 from conveyor.engine.filter_budget import FilterBudget, FilterBudgetSpent
 from conveyor.engine.queue.events import (
@@ -858,18 +858,14 @@ class Queue:
             return -math.inf
         deadline = self._leases.next_deadline()
         store = self._order.store
-        t: float | None = self._returns.next_deadline() if self._returns else None  # a delayed retry's
-        if t is not None:
-            deadline = t if deadline is None else min(deadline, t)
+        if self._returns:  # a delayed retry's
+            deadline = earliest(deadline, self._returns.next_deadline())
         if self._expiration is not None and store:
             head_time = store.head_time()
             assert head_time is not None  # the store is not empty
-            t = head_time + self._expiration
-            deadline = t if deadline is None else min(deadline, t)
+            deadline = earliest(deadline, head_time + self._expiration)
         if self._stamped:
-            t = self._stamped.next_deadline()
-            if t is not None:
-                deadline = t if deadline is None else min(deadline, t)
+            deadline = earliest(deadline, self._stamped.next_deadline())
         return deadline
 
     # --- views ---------------------------------------------------------------------------------

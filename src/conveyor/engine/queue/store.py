@@ -227,7 +227,8 @@ class MessageStore:
     # --- changing -----------------------------------------------------------------------
 
     def append(self, position: int, t: float) -> None:
-        """Add a new message; ``position`` is above every position ever appended."""
+        """Add a message above every position the store holds: a new one, or one
+        returned after the newest (:meth:`restore`)."""
         self._version += 1
         chunks = self._chunks
         if chunks:

@@ -101,6 +101,7 @@ import msgspec
 from conveyor import records
 from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine.queue import snapshot as queue_snapshot
+from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.queue.queue import Event, Queue
 from conveyor.engine.queue.replica import Ident, Replica
 from conveyor.engine.queue.rows import OwnershipState, Tombstone, TransferEpoch
@@ -774,8 +775,7 @@ class ReplicatedQueues:
         cut short by :data:`REQUEST_SCAN_S` while subscribers have room."""
         due: float | None = None
         for own in self.by_queue.values():
-            if own.next_scan is not None and (due is None or own.next_scan < due):
-                due = own.next_scan
+            due = earliest(due, own.next_scan)
         return due
 
     def set_proxied(self, queue: str, on: bool) -> bool:

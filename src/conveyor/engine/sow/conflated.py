@@ -39,6 +39,7 @@ from conveyor.config.sow import check_conflated_topics
 from conveyor.engine import poison
 from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import compile_filter
+from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.sow.focus import RecordChange
 from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.topic import SowTopic
@@ -164,8 +165,7 @@ class ConflatedTopics:
     def next_deadline(self) -> float | None:
         deadline: float | None = None
         for ct in self.topics.values():
-            if ct.due is not None and (deadline is None or ct.due < deadline):
-                deadline = ct.due
+            deadline = earliest(deadline, ct.due)
         return deadline
 
     # --- restart (rule 5) -------------------------------------------------------------------------

@@ -94,6 +94,7 @@ from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.bindings import QueueBindings
+from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.sessions import Session, SessionSubscription
 from conveyor.engine.sow.conflated import ConflatedTopic, ConflatedTopics
 from conveyor.engine.sow.followers import Followers
@@ -182,8 +183,7 @@ class StateOfTheWorld:
         self._conflated.tick(now)
 
     def next_deadline(self) -> float | None:
-        deadline, t = self._sow_topics.next_deadline(), self._conflated.next_deadline()
-        return t if t is not None and (deadline is None or t < deadline) else deadline
+        return earliest(self._sow_topics.next_deadline(), self._conflated.next_deadline())
 
     def flush(self, now: float) -> None:
         """Rule 2: render what changed in this step: queue watches first, then views in

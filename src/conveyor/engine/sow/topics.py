@@ -24,6 +24,7 @@ from conveyor.engine.cache import Entry, MessageCache
 from conveyor.engine.filters import compile_filter
 from conveyor.engine.outbox import Outbox
 from conveyor.engine.ports import JournalPort
+from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.sow.focus import RecordChange
 from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.topic import SowTopic, key_text
@@ -148,9 +149,7 @@ class SowTopics:
     def next_deadline(self) -> float | None:
         deadline: float | None = None
         for st in self.topics.values():
-            t = st.next_deadline()
-            if t is not None and (deadline is None or t < deadline):
-                deadline = t
+            deadline = earliest(deadline, st.next_deadline())
         return deadline
 
     # --- recovery (rule 6) ------------------------------------------------------------------------
