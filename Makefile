@@ -34,10 +34,11 @@ install-test: $(TEST_STAMP)
 
 # The compiled build: mypyc compiles the modules conveyor/native.py names into extension
 # modules beside their sources (about two minutes on two cores; again only when a source
-# under engine/ or protocol/ changed). Without a C compiler it leaves the tree pure
+# under engine/, protocol/ or records/ changed). Without a C compiler it leaves the tree pure
 # Python and says so; a compiler that fails stops make.
 NATIVE_SOURCES := $(wildcard src/conveyor/engine/*.py src/conveyor/engine/queue/*.py \
-  src/conveyor/engine/replication/*.py src/conveyor/protocol/*.py) src/conveyor/native.py setup.py
+  src/conveyor/engine/replication/*.py src/conveyor/protocol/*.py src/conveyor/records/*.py) \
+  src/conveyor/native.py setup.py
 build: $(BUILD_STAMP)
 $(BUILD_STAMP): $(NATIVE_SOURCES) | $(STAMP)
 	$(PIP_E) '.[build]'

@@ -36,7 +36,9 @@ def _one_at_a_time(log: PublishLog, items, duplicates: list) -> int:
 
 def _state(log: PublishLog, journal: MemoryJournal):
     journal.commit()
-    return list(journal.scan()), list(log.pending), log.sequences(), log.holes()
+    pending = [(p.position, p.end, p.topic, p.publisher, p.seq, p.timestamp, p.data, p.correlation_id, p.origin,
+                p.expiration, p.sow_key) for p in log.pending]
+    return list(journal.scan()), pending, log.sequences(), log.holes()
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -59,9 +59,10 @@ import difflib
 import logging
 import math
 from functools import partial
-from typing import Callable, Container, Iterable, Mapping
+from typing import Callable, Container, Iterable, Mapping, cast
 
 import msgspec
+from msgspec.structs import astuple  # a name of this module: compiled code reads no module attribute
 
 from conveyor import errors
 from conveyor.config.model import Config, is_regex_topic, topic_matcher
@@ -73,7 +74,7 @@ from conveyor.engine.consumers import NamedConsumers
 from conveyor.engine.delivery import QueueDelivery
 from conveyor.engine.explain import Explanation, explain_message
 from conveyor.engine.outbox import Outbox
-from conveyor.engine.publish_log import PublishLog
+from conveyor.engine.publish_log import PendingPublish, PublishLog
 from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.queue.queue import Queue, QueueStats
 from conveyor.engine.queue.bindings import PlainRuns, QueueBinding, QueueBindings
@@ -99,7 +100,7 @@ from conveyor.protocol.messages import ack_types
 from conveyor.protocol.codec import Rejected
 from conveyor.protocol.options import parse_options
 from conveyor.protocol.payload import BodyRefused, check_json
-from conveyor.engine.rows import EngineStats, PendingPublish
+from conveyor.engine.rows import EngineStats
 
 __all__ = ["Checkpoint", "Engine", "EngineStats", "REPLAY_RECORDS_PER_PUMP", "VERSION"]
 
@@ -110,6 +111,17 @@ VERSION = "conveyor-0.1"
 CLIENT_NAME_CHARS_MAX = 256  # a client name is journaled in no record, but logged and kept per session
 _NO_ACKS: frozenset[str] = frozenset()
 _PUBLISH_ACKS = frozenset({"processed", "persisted"})
+
+#: A publish's fields as ``_publish_fields`` gives them, in m.Publish's order.
+_PublishFields = tuple[str, bytes, int | None, str | None, str | None, str | None, float | None, int | None,
+                       str | None]
+_PUBLISH_FIELDS = ("topic", "data", "seq", "cid", "ack_type", "correlation_id", "expiration", "fingerprint", "sow_key")
+if m.Publish.__struct_fields__ != _PUBLISH_FIELDS:  # the unpacking in _publish follows this order
+    raise ImportError(f"m.Publish's fields are {m.Publish.__struct_fields__}, not {_PUBLISH_FIELDS}: update _publish")
+
+
+def _publish_fields(cmd: m.Publish) -> _PublishFields:
+    return cast(_PublishFields, astuple(cmd))
 
 
 class Engine:
@@ -279,11 +291,12 @@ class Engine:
         session = self.sessions[conn_id]
         delivery = self.delivery
         topic_chars_max = self.limits.topic_chars_max
+        publish = m.Publish  # once a frame: compiled code reads a module's attribute as Python does
         for cmd in commands:
             try:
                 # Consecutive sow_deletes are journaled together (QueueDelivery rule 6):
                 # anything else first closes the batch, so records keep command order.
-                if type(cmd) is m.Publish:  # the hot path first
+                if type(cmd) is publish:  # the hot path first
                     if delivery.acks_open:
                         delivery.flush_acks(now)
                     if not session.logged_on:
@@ -539,36 +552,38 @@ class Engine:
         if topic in self._sow_names or type(cmd) is not m.Publish:
             self._publish_sow(session, cmd, topic, now)
             return
-        ack_type = cmd.ack_type
+        # Every field in one call: compiled code reads a Struct's field through Python's
+        # attribute lookup, eight of them costing more than the rest of this function.
+        _, data, seq, cid, ack_type, correlation_id, expiration, fingerprint, _ = _publish_fields(cmd)
         acks = ack_types(ack_type) if ack_type else _NO_ACKS
         publishes = self.publishes
         outbox = self.outbox
-        expires_at = 0.0 if cmd.expiration is None else self._expires_at(topic, cmd.expiration, now)
+        expires_at = 0.0 if expiration is None else self._expires_at(topic, expiration, now)
         if not publishes.recorded(topic):
             server_publisher = session.server_publisher
             assert server_publisher is not None  # set by the logon, which comes before any publish
-            entry = Entry(topic, cmd.data, now, server_publisher, 0, cmd.correlation_id)
+            entry = Entry(topic, data, now, server_publisher, 0, correlation_id)
             warning = None if self.topics.listeners(topic) else self._unrouted(topic)
             self.topics.fan_out(None, entry, now)
             for kind in acks & _PUBLISH_ACKS:
-                outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cmd.cid, seq=cmd.seq, reason=warning))
+                outbox.send(session.conn_id, m.Ack(ack_type=kind, cid=cid, seq=seq, reason=warning))
             return
         if publishes.takes_json(topic):
             try:
-                check_json(cmd.data)  # (called here: one frame less on the publish path)
+                check_json(data)  # (called here: one frame less on the publish path)
             except BodyRefused as exc:
                 raise _not_json(topic, exc) from None
-        ident = self._identity(session, cmd, acks)
+        ident = self._identity(session, cmd, seq, acks)
         if ident is None:
             return
         publisher, seq = ident
-        pos = publishes.append(topic, publisher, seq, now, cmd.data, cmd.correlation_id, cmd.fingerprint, expires_at)
+        pos = publishes.append(topic, publisher, seq, now, data, correlation_id, fingerprint, expires_at)
         if acks:
             if "persisted" in acks:
                 # One mark per frame (handle() files it): the ack is conflated anyway.
-                outbox.mark_persisted(session.conn_id, pos, seq, publisher, cmd.cid)
+                outbox.mark_persisted(session.conn_id, pos, seq, publisher, cid)
             if "processed" in acks:
-                outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cmd.cid, seq=seq))
+                outbox.send(session.conn_id, m.Ack(ack_type="processed", cid=cid, seq=seq))
 
     def _unrouted(self, topic: str) -> str:
         """Rule 6: a publish that reaches no one is counted, and its acks say why."""
@@ -580,12 +595,11 @@ class Engine:
         return (f"warning: topic {topic!r} is not recorded in the transaction log, is no queue and has no "
                 f"subscriber: the message reached no one and was not kept{hint}")
 
-    def _identity(self, session: Session, cmd: m.Publish | m.DeltaPublish, acks: frozenset[str]
+    def _identity(self, session: Session, cmd: m.Publish | m.DeltaPublish, seq: int | None, acks: frozenset[str]
                   ) -> tuple[int, int] | None:
-        """(publisher, seq) of a publish: the client's sequence under its publisher id, or
-        the next server-made one; None for a duplicate (answered here)."""
+        """(publisher, seq) of a publish: the client's sequence ``seq`` (``cmd.seq``) under
+        its publisher id, or the next server-made one; None for a duplicate (answered here)."""
         publishes = self.publishes
-        seq = cmd.seq
         if seq is None:
             publisher = session.server_publisher
             assert publisher is not None  # set by the logon, which comes before any publish
@@ -628,7 +642,7 @@ class Engine:
         publishes = self.publishes
         if not publishes.recorded(topic):  # the configuration requires it; be safe
             raise errors.NotATransactionLogTopic(f"SOW topic {topic!r} is not recorded in the transaction log")
-        ident = self._identity(session, cmd, acks)
+        ident = self._identity(session, cmd, cmd.seq, acks)
         if ident is None:
             return
         publisher, seq = ident

@@ -47,9 +47,8 @@ from conveyor.config.model import TransactionLog
 from conveyor.engine.fingerprints import FingerprintWindow
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.routes import RouteCache
-from conveyor.engine.rows import PendingPublish
+from conveyor.records.plain import encode_publish
 
-_encode_publish = records.encode_publish
 
 #: Holes kept per publisher (rule 2); 16 bytes each. Past it the oldest hole is
 #: forgotten: a message of it that arrives by replication much later counts as a duplicate.
@@ -58,6 +57,31 @@ HOLES_PER_PUBLISHER_MAX = 1024
 #: memory a down sync destination costs is divided by up to this; a logon's persisted
 #: sequence may be up to this many publishes lower than exact.
 UNPERSISTED_RUN_MAX = 1024
+
+
+class PendingPublish:
+    """A publish appended to the journal and not yet applied (durable); never changed
+    once made. A class of the compiled group, not a msgspec Struct: the engine reads
+    about a dozen of its fields per message, and compiled code reads a native class's
+    field directly where a Struct's goes through Python's attribute lookup."""
+
+    __slots__ = ("position", "end", "topic", "publisher", "seq", "timestamp", "data", "correlation_id", "origin",
+                 "expiration", "sow_key")
+
+    def __init__(self, position: int, end: int, topic: str, publisher: int, seq: int, timestamp: float,
+                 data: bytes, correlation_id: str | None, origin: str = "", expiration: float = 0.0,
+                 sow_key: str = "") -> None:
+        self.position = position
+        self.end = end  # the journal position after its record
+        self.topic = topic
+        self.publisher = publisher
+        self.seq = seq
+        self.timestamp = timestamp
+        self.data = data
+        self.correlation_id = correlation_id
+        self.origin = origin  # the instance it was first recorded at ("": here)
+        self.expiration = expiration  # absolute expiry stamped by a SOW topic (0: none)
+        self.sow_key = sow_key  # its SowKey on a SOW topic
 
 
 class PublishLog:
@@ -167,7 +191,7 @@ class PublishLog:
         absolute time the message expires (0: never), from the publish's ``e``."""
         journal = self._journal
         if fingerprint is None and not expiration:
-            position = journal.append(_encode_publish(topic, publisher, seq, now, data, correlation_id))
+            position = journal.append(encode_publish(topic, publisher, seq, now, data, correlation_id))
         else:
             if fingerprint is not None:
                 self.fingerprints.note(publisher, seq, fingerprint)

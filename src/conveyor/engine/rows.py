@@ -1,6 +1,5 @@
-"""The engine's msgspec records: a publish awaiting durability, a named consumer as the
-checkpoint keeps it, and the statistics the engine reports (a replicated queue's
-ownership counters among them).
+"""The engine's msgspec records: a named consumer as the checkpoint keeps it, and the
+statistics the engine reports (a replicated queue's ownership counters among them).
 
 They live in a module of their own, which the compiled build leaves uncompiled: mypyc
 builds a Struct subclass without its class options (``frozen``, ``gc``, ``tag``) and with
@@ -13,22 +12,6 @@ from __future__ import annotations
 import msgspec
 
 from conveyor.engine.queue.events import QueueStats
-
-
-class PendingPublish(msgspec.Struct, frozen=True, gc=False):
-    """A publish appended to the journal and not yet applied (durable)."""
-
-    position: int
-    end: int  # the journal position after its record
-    topic: str
-    publisher: int
-    seq: int
-    timestamp: float
-    data: bytes
-    correlation_id: str | None
-    origin: str = ""  # the instance it was first recorded at ("": here)
-    expiration: float = 0.0  # absolute expiry stamped by a SOW topic (0: none)
-    sow_key: str = ""  # its SowKey on a SOW topic
 
 
 class NamedConsumerState(msgspec.Struct, frozen=True):

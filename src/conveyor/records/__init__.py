@@ -18,6 +18,8 @@ from typing import ClassVar, Union
 
 import msgspec
 
+from conveyor.records import plain
+
 #: A named consumer's delivery whose message is gone on the instance that records it
 #: (engine/consumers.py rule 8): its position there, and its publisher in a claim sent
 #: by identity.
@@ -326,9 +328,8 @@ decode = _decoder.decode
 
 
 # Publish records are by far the most frequent, and the server builds one per message:
-# encoding a tuple skips building a Struct first. The layout must match PublishRec.
-def encode_publish(topic: str, publisher: int, seq: int, timestamp: float, data: bytes, correlation_id: str | None) -> bytes:
-    return _encoder.encode((1, topic, publisher, seq, timestamp, data, correlation_id))
+# records/plain.py encodes one from a tuple, in the compiled group.
+encode_publish = plain.encode_publish
 
 
 _NO_PATH: list[str] = []  # PublishRec.path of a record made here (only ever read)

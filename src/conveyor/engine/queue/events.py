@@ -126,34 +126,6 @@ class TakeBack(enum.Enum):
     DONE = "done"  # acknowledged or expired
 
 
-class Delivery(msgspec.Struct, frozen=True):
-    """Send message ``position`` to ``consumer`` (a :class:`Consumer`).
-
-    ``lease_deadline`` is None for at-most-once. The engine journals :attr:`event`.
-
-    A barrier message (``barrier=True``) is ONE Delivery for all its recipients:
-    ``consumer`` is None, ``recipients`` lists every current consumer whose filter
-    matches it (in subscription order; possibly none), ``lease_deadline`` is None and
-    ``delivery_count`` 0. Its event is :class:`BarrierDelivered`; it needs no ack and
-    counts in no backlog.
-    """
-
-    consumer: Any
-    position: int
-    lease_deadline: float | None
-    delivery_count: int
-    barrier: bool = False
-    recipients: tuple[Any, ...] = ()
-
-    @property
-    def event(self) -> Leased | DeliveredAtMostOnce | BarrierDelivered:
-        if self.barrier:
-            return BarrierDelivered(self.position)
-        if self.lease_deadline is None:
-            return DeliveredAtMostOnce(self.position)
-        return Leased(self.position, self.consumer.key, self.delivery_count)
-
-
 class AckResult(msgspec.Struct, frozen=True):
     """What one ``sow_delete`` did to one queue, message by message."""
 

@@ -138,7 +138,7 @@ from conveyor.config.model import Leasing, QueueConfig, Semantics
 from conveyor.config.validation import check_queue
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.explain import MessageFacts
-from conveyor.engine.queue.consumer import Consumer, effective_backlog
+from conveyor.engine.queue.consumer import Consumer, Delivery, effective_backlog
 from conveyor.engine.queue.replica import Ident, Replica
 from conveyor.engine.queue.expiry import MessageExpiry, earliest
 from conveyor.engine.queue.intake import Intake
@@ -150,7 +150,6 @@ from conveyor.engine.queue.events import (
     BarrierDelivered,
     Cancelled,
     DeliveredAtMostOnce,
-    Delivery,
     Event,
     Expired,
     ExpiryReason,
