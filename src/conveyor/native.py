@@ -34,14 +34,15 @@ if TYPE_CHECKING:
 #: The group, as paths below the package: the engine's command path and the modules a
 #: message passes through (delivery, named consumers, transactions, the queue and its
 #: parts, the payload cache, the publish log, the outbox, topic routing, the JSON check,
-#: bookmarks (formatted for every delivery, parsed from every acknowledgement), the
-#: plain publish record (one per message), and the replication sink and message ownership that each replicated queue record meets).
+#: bookmarks (formatted for every delivery, parsed from every acknowledgement), a
+#: command's ack types, the plain publish record (one per message), and the replication
+#: sink and message ownership that each replicated queue record meets).
 #: Not compiled, and why (docs/architecture.md): msgspec records (mypyc drops a Struct's
 #: class options), the frame codec (the replication link's decoder, a Python class,
 #: subclasses it), queue/report.py (``__slots__``), engine/ports.py (runtime-checkable
 #: protocols), and everything not on a message's path.
 GROUP: tuple[str, ...] = (
-    "protocol/payload.py", "protocol/bookmarks.py", "records/plain.py",
+    "protocol/payload.py", "protocol/bookmarks.py", "protocol/ack_kinds.py", "records/plain.py",
     *(f"engine/{name}.py" for name in (
         "core", "consumers", "delivery", "subscribing", "routes", "fingerprints", "sessions", "txn", "actions",
         "cache", "outbox", "publish_log", "topics", "replication/held_delivery", "replication/ownership",

@@ -96,7 +96,7 @@ from conveyor.engine.topics import FILTER_TICKS_PER_TURN, REPLAY_RECORDS_PER_PUM
 from conveyor.engine.txn import Transactions
 from conveyor.protocol import messages as m
 from conveyor.protocol import replication as p_repl
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.protocol.codec import Rejected
 from conveyor.protocol.options import parse_options
 from conveyor.protocol.payload import BodyRefused, check_json

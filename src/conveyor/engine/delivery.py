@@ -79,7 +79,7 @@ from conveyor.engine.queue.events import AckResult, Expired
 from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen_positions, query_failed
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.protocol.options import Options, parse_options
 
 log = logging.getLogger("conveyor.engine")

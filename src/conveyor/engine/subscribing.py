@@ -82,7 +82,7 @@ from conveyor.engine.queue.bindings import QueueBindings, consumer_predicate
 from conveyor.engine.sessions import Session, SessionSubscription, SubKind
 from conveyor.engine.topics import Topics
 from conveyor.protocol import messages as m
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.expr import Expression
 from conveyor.protocol.options import Options, parse_options
 

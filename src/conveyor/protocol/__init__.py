@@ -9,7 +9,7 @@ from conveyor.protocol.codec import (
     encode_frames,
 )
 from conveyor.protocol.messages import *  # noqa: F401,F403
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.protocol.options import Options, parse_options
 
 __all__ = [

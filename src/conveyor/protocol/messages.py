@@ -441,21 +441,3 @@ class FetchPacked(_Msg, tag="fk", frozen=True):
 
 
 ServerMessage = Union[Ack, Message, GroupBegin, GroupEnd, ServerHeartbeat, OutOfFocus, FetchPage, FetchPacked]
-
-#: Ack types the reference names (B.9).
-ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})
-
-
-_ACK_TYPES_CACHE: dict[str, frozenset[str]] = {}
-
-
-def ack_types(value: str | None) -> frozenset[str]:
-    """Parse an ``ack_type`` header (comma list); cached, as a few values recur."""
-    if not value:
-        return frozenset()
-    hit = _ACK_TYPES_CACHE.get(value)
-    if hit is None:
-        hit = frozenset(part.strip() for part in value.split(",") if part.strip() and part.strip() != "none")
-        if len(_ACK_TYPES_CACHE) < 256:
-            _ACK_TYPES_CACHE[value] = hit
-    return hit

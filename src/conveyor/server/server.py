@@ -478,6 +478,11 @@ class Server:
         self.output.commands_arrived()
         engine = self.engine
         now = self.clock()
+        kinds = {type(item) for item in items}
+        if Rejected not in kinds and m.Heartbeat not in kinds:  # the usual frame: commands alone
+            engine.handle(conn.conn_id, items, now)
+            self._after_engine()
+            return
         commands = []
         for item in items:
             if type(item) is Rejected:

@@ -26,7 +26,7 @@ from conveyor.engine.sow.topic import SowTopic, key_text
 from conveyor.engine.sow.view import View, view_key
 from conveyor.engine.sow.views import ViewGraph
 from conveyor.protocol import messages as m
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.protocol.options import Options, parse_options
 
 #: A SOW query: ``sow``, or the query part of a ``sow_and_subscribe`` / ``sow_and_delta_subscribe``.

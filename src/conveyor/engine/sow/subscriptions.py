@@ -42,7 +42,7 @@ from conveyor.engine.sow.view import view_key
 from conveyor.engine.sow.views import ViewGraph
 from conveyor.expr.projection import NON_DETERMINISTIC
 from conveyor.protocol import messages as m
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.protocol.options import Options, parse_options
 
 #: A subscription to a SOW topic's or view's records (with a query, or aggregated).

@@ -30,7 +30,7 @@ from conveyor.engine.sow.followers import Followers
 from conveyor.engine.sow.topic import SowTopic, key_text
 from conveyor.protocol import messages as m
 from conveyor.protocol.bookmarks import format_bookmark
-from conveyor.protocol.messages import ack_types
+from conveyor.protocol.ack_kinds import ack_types
 from conveyor.protocol.payload import BodyRefused, decode_json
 
 log = logging.getLogger("conveyor.engine")

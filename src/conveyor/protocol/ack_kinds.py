@@ -1,0 +1,24 @@
+"""The ``ack_type`` header, parsed: the acknowledgements a command asks for. In the
+compiled group, because the engine asks it of every publish that wants an ack;
+:mod:`conveyor.protocol.messages` re-exports both names."""
+
+from __future__ import annotations
+
+#: Ack types the reference names (B.9).
+ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})
+
+_CACHE: dict[str, frozenset[str]] = {}
+_CACHED_MAX = 256  # distinct headers kept: a few values recur, any others are parsed each time
+_NONE: frozenset[str] = frozenset()
+
+
+def ack_types(value: str | None) -> frozenset[str]:
+    """Parse an ``ack_type`` header (comma list); cached, as a few values recur."""
+    if not value:
+        return _NONE
+    hit = _CACHE.get(value)
+    if hit is None:
+        hit = frozenset(part.strip() for part in value.split(",") if part.strip() and part.strip() != "none")
+        if len(_CACHE) < _CACHED_MAX:
+            _CACHE[value] = hit
+    return hit
