@@ -79,7 +79,7 @@ class Piece:
 
     base: int  # the segment's base position
     start: int  # position of the first frame in ``data``
-    data: bytearray  # whole frames; the batch owns this buffer
+    data: bytes  # whole frames
     create: bool
     records: int = 0  # frames in ``data``
 
@@ -246,7 +246,10 @@ class Journal:
         self._index = active.index
         self._index_next = active.index[-1] + INDEX_INTERVAL_BYTES
         self._fast_limit = min(self._seg_limit, self._index_next)
-        self._buf = bytearray()
+        # The frames appended since the last take, as parts (a frame header, then its
+        # payload), joined once when taken: a bytearray grown record by record is copied
+        # again at each reallocation.
+        self._buf: list[bytes] = []
         self._buf_start = self.end
         self._buf_create = False
         self._buf_rec0 = 0  # self._records when the buffer started (records per piece)
@@ -288,8 +291,8 @@ class Journal:
         if lc is None:
             lc = length_crc(n)
         buf = self._buf
-        buf += pack_frame_header(n, crc32c(payload, lc))
-        buf += payload
+        buf.append(pack_frame_header(n, crc32c(payload, lc)))
+        buf.append(payload)
         self.end = new_end
         self._records += 1
         return pos
@@ -313,8 +316,8 @@ class Journal:
             lc = _cached_length_crc(n)
             if lc is None:
                 lc = length_crc(n)
-            buf += pack_frame_header(n, crc32c(payload, lc))
-            buf += payload
+            buf.append(pack_frame_header(n, crc32c(payload, lc)))
+            buf.append(payload)
             note(pos)
             pos = new_end
         self.end = pos
@@ -341,10 +344,9 @@ class Journal:
         """Start a new segment at ``pos``: the current buffer becomes a finished piece."""
         self._sealing.append((self._seg_base, pos))
         if self._buf:
-            self._pieces.append(
-                Piece(self._seg_base, self._buf_start, self._buf, self._buf_create, self._records - self._buf_rec0)
-            )
-            self._buf = bytearray()
+            self._pieces.append(Piece(self._seg_base, self._buf_start, b"".join(self._buf), self._buf_create,
+                                      self._records - self._buf_rec0))
+            self._buf = []
         self._buf_rec0 = self._records
         self._buf_start = pos
         self._buf_create = True
@@ -362,11 +364,12 @@ class Journal:
             return None
         pieces = self._pieces
         if self._buf:
-            pieces.append(Piece(self._seg_base, self._buf_start, self._buf, self._buf_create, self._records - self._buf_rec0))
+            pieces.append(Piece(self._seg_base, self._buf_start, b"".join(self._buf), self._buf_create,
+                                self._records - self._buf_rec0))
         batch = Batch(self._batch_start, self.end, self._records, tuple(pieces))
         self._remember(pieces)
         self._pieces = []
-        self._buf = bytearray()
+        self._buf = []
         self._buf_start = self._batch_start = self.end
         self._buf_create = False
         self._records = self._buf_rec0 = 0
@@ -380,7 +383,7 @@ class Journal:
                 frames.clear()
                 self._recent_bytes = 0
                 continue
-            data = bytes(piece.data)  # the writer thread reads piece.data; never shared
+            data = piece.data  # immutable: the writer thread reads the same bytes
             starts.append(piece.start)
             frames.append(data)
             self._recent_bytes += len(data)
