@@ -41,7 +41,7 @@ larger than the budget, the oldest entries, which are the next page's.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Final, Iterator, Protocol
 
 from conveyor import errors, records
 from conveyor.engine import poison
@@ -50,14 +50,14 @@ from conveyor.protocol.payload import BodyRefused, decode_json
 CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory stays flat
 #: What an entry costs beside its body's bytes: measured 330 for 100,000 entries of 100
 #: bytes each with a shared topic name (Python 3.11, 64-bit).
-_ENTRY_OVERHEAD_BYTES = 330
-TOPICS_SHARED_MAX = 10_000  # topic names shared between entries; past it the table starts again
+_ENTRY_OVERHEAD_BYTES: Final = 330
+TOPICS_SHARED_MAX: Final = 10_000  # topic names shared between entries; past it the table starts again
 READ_AHEAD_SPAN_BYTES = 256 * 1024  # journal bytes one sequential miss reads and keeps (module header)
 #: An entry whose body is not decoded yet. Not the entry itself: a reference to itself
 #: would put every entry in a reference cycle, freed only by the cyclic collector, so
 #: entries the cache let go (a large query reads millions) would pile up between its
 #: full collections instead of going at once.
-_UNDECODED = object()
+_UNDECODED: Final = object()  # Final: compiled, read as a C variable, not from the module's dict
 
 
 class Fetched(Protocol):

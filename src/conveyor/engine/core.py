@@ -59,10 +59,10 @@ import difflib
 import logging
 import math
 from functools import partial
-from typing import Callable, Container, Iterable, Mapping, cast
+from typing import Callable, Container, Final, Iterable, Mapping, cast
 
 import msgspec
-from msgspec.structs import astuple  # a name of this module: compiled code reads no module attribute
+from msgspec.structs import astuple
 
 from conveyor import errors
 from conveyor.config.model import Config, is_regex_topic, topic_matcher
@@ -109,8 +109,12 @@ log = logging.getLogger("conveyor.engine")
 
 VERSION = "conveyor-0.1"
 CLIENT_NAME_CHARS_MAX = 256  # a client name is journaled in no record, but logged and kept per session
-_NO_ACKS: frozenset[str] = frozenset()
-_PUBLISH_ACKS = frozenset({"processed", "persisted"})
+# Final: compiled code reads a Final module name as a C variable, any other one (and a
+# module's attribute, ``m.Publish``) through a dict lookup at every use.
+_NO_ACKS: Final[frozenset[str]] = frozenset()
+_PUBLISH_ACKS: Final = frozenset({"processed", "persisted"})
+_PUBLISH: Final = m.Publish
+_ASTUPLE: Final = astuple
 
 #: A publish's fields as ``_publish_fields`` gives them, in m.Publish's order.
 _PublishFields = tuple[str, bytes, int | None, str | None, str | None, str | None, float | None, int | None,
@@ -121,7 +125,7 @@ if m.Publish.__struct_fields__ != _PUBLISH_FIELDS:  # the unpacking in _publish 
 
 
 def _publish_fields(cmd: m.Publish) -> _PublishFields:
-    return cast(_PublishFields, astuple(cmd))
+    return cast(_PublishFields, _ASTUPLE(cmd))
 
 
 class Engine:
@@ -291,12 +295,11 @@ class Engine:
         session = self.sessions[conn_id]
         delivery = self.delivery
         topic_chars_max = self.limits.topic_chars_max
-        publish = m.Publish  # once a frame: compiled code reads a module's attribute as Python does
         for cmd in commands:
             try:
                 # Consecutive sow_deletes are journaled together (QueueDelivery rule 6):
                 # anything else first closes the batch, so records keep command order.
-                if type(cmd) is publish:  # the hot path first
+                if type(cmd) is _PUBLISH:  # the hot path first
                     if delivery.acks_open:
                         delivery.flush_acks(now)
                     if not session.logged_on:
@@ -549,7 +552,7 @@ class Engine:
     def _publish(self, session: Session, cmd: m.Publish | m.DeltaPublish, now: float) -> None:
         # The hot path: a few dict lookups, one encode, one buffered append.
         topic = self.bindings.target(cmd.topic)
-        if topic in self._sow_names or type(cmd) is not m.Publish:
+        if topic in self._sow_names or type(cmd) is not _PUBLISH:
             self._publish_sow(session, cmd, topic, now)
             return
         # Every field in one call: compiled code reads a Struct's field through Python's

@@ -4,12 +4,16 @@ compiled group, because the engine asks it of every publish that wants an ack;
 
 from __future__ import annotations
 
+from typing import Final
+
 #: Ack types the reference names (B.9).
 ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})
 
-_CACHE: dict[str, frozenset[str]] = {}
-_CACHED_MAX = 256  # distinct headers kept: a few values recur, any others are parsed each time
-_NONE: frozenset[str] = frozenset()
+# Final: compiled code reads a Final module name as a C variable, any other one from
+# the module's dict at every use.
+_CACHE: Final[dict[str, frozenset[str]]] = {}
+_CACHED_MAX: Final = 256  # distinct headers kept: a few values recur, any others are parsed each time
+_NONE: Final[frozenset[str]] = frozenset()
 
 
 def ack_types(value: str | None) -> frozenset[str]:

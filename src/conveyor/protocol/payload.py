@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from array import array
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -38,7 +38,7 @@ from conveyor.errors import BadMessage
 #: messages nest a handful of levels; the decoder, the filters' array comparisons, delta
 #: merges and the encoders all recurse once per level, and 128 levels keep all of them
 #: far below the interpreter's recursion limit (1,000 frames) wherever they are called.
-JSON_DEPTH_MAX = 128
+JSON_DEPTH_MAX: Final = 128
 
 #: Largest JSON body the server parses (16 MiB, the default MaxFrameSize). Decoding builds
 #: Python objects several times the size of the text; this bounds one decode. A frame
@@ -49,7 +49,7 @@ JSON_BYTES_MAX = 16 * 1024 * 1024
 #: Longest integer a JSON body may hold: Python refuses to convert a longer digit string
 #: (sys.get_int_max_str_digits, a guard against quadratic conversion), and so does the
 #: decoder.
-JSON_INTEGER_DIGITS_MAX = 4_300
+JSON_INTEGER_DIGITS_MAX: Final = 4_300
 
 #: Most arrays and objects in one JSON body (a million; counted as brackets, those inside
 #: strings too, so a million opening brackets anywhere). Each costs a Python object of
@@ -57,17 +57,19 @@ JSON_INTEGER_DIGITS_MAX = 4_300
 #: (about 100 MB and a few tens of milliseconds) for any body.
 JSON_CONTAINERS_MAX = 1_000_000
 
-_RAW = msgspec.json.Decoder(msgspec.Raw)  # checks the syntax without building anything
+# Final: compiled code reads a Final module name as a C variable, any other one from the
+# module's dict at every use (check_json runs for every publish to a json topic).
+_RAW: Final = msgspec.json.Decoder(msgspec.Raw)  # checks the syntax without building anything
 _DECODE = msgspec.json.Decoder().decode
 
 _BRACKETS_ONLY = bytes(b for b in range(256) if b not in b"[]{}")  # translate(None, _): keep brackets
 _STRUCTURE_ONLY = bytes(b for b in range(256) if b not in b'[]{}"')  # keep brackets and quotes
 _PARENS = bytes.maketrans(b"[]{}", b"()()")
 _STEPS = bytes(1 if c == 0x28 else 255 if c == 0x29 else 0 for c in range(256))  # ( -> +1, ) -> -1 (signed)
-_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digits -> "0", rest -> " "
-_TOO_MANY_DIGITS = b"0" * (JSON_INTEGER_DIGITS_MAX + 1)
+_DIGITS: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))  # digits -> "0", rest -> " "
+_TOO_MANY_DIGITS: Final = b"0" * (JSON_INTEGER_DIGITS_MAX + 1)
 _PASSES = 8  # innermost pairs removed by bytes.replace before counting what is left
-_SHALLOW_BYTES_MAX = 2 * JSON_DEPTH_MAX  # n bytes nest at most n / 2 levels: never too deep, nor too large
+_SHALLOW_BYTES_MAX: Final = 2 * JSON_DEPTH_MAX  # n bytes nest at most n / 2 levels: never too deep, nor too large
 
 
 class BodyRefused(BadMessage):
