@@ -1,4 +1,5 @@
-"""What a queue says back: events to journal, deliveries, ack results, statistics.
+"""What a queue says back: events to journal, ack results, statistics (a delivery is a
+compiled class of :mod:`conveyor.engine.queue.consumer`).
 
 Every record is frozen and typed (STYLE item 6). Events are ``msgspec.Struct`` so the
 engine can encode them as journal records without a copy; each event is exactly one
