@@ -62,7 +62,6 @@ from functools import partial
 from typing import Callable, Container, Final, Iterable, Mapping, cast
 
 import msgspec
-from msgspec.structs import astuple
 
 from conveyor import errors
 from conveyor.config.model import Config, is_regex_topic, topic_matcher
@@ -111,11 +110,10 @@ VERSION = "conveyor-0.1"
 CLIENT_NAME_CHARS_MAX = 256  # a client name is journaled in no record, but logged and kept per session
 # Final: compiled code reads a Final module name as a C variable, any other one (and a
 # module's attribute, ``m.Publish``) through a dict lookup at every use.
-_NO_ACKS: Final[frozenset[str]] = frozenset()
 _PUBLISH_ACKS: Final = frozenset({"processed", "persisted"})
 _PUBLISH: Final = m.Publish
 _SOW_DELETE: Final = m.SowDelete
-_ASTUPLE: Final = astuple
+_ASTUPLE: Final = msgspec.structs.astuple
 
 #: A publish's fields as ``_publish_fields`` gives them, in m.Publish's order.
 _PublishFields = tuple[str, bytes, int | None, str | None, str | None, str | None, float | None, int | None,
@@ -561,7 +559,7 @@ class Engine:
         # Every field in one call: compiled code reads a Struct's field through Python's
         # attribute lookup, eight of them costing more than the rest of this function.
         _, data, seq, cid, ack_type, correlation_id, expiration, fingerprint, _ = _publish_fields(cmd)
-        acks = ack_types(ack_type) if ack_type else _NO_ACKS
+        acks = ack_types(ack_type)
         publishes = self.publishes
         outbox = self.outbox
         expires_at = 0.0 if expiration is None else self._expires_at(topic, expiration, now)
@@ -644,7 +642,7 @@ class Engine:
                               correlation_id=cmd.correlation_id, expiration=cmd.expiration)
             self._publish(session, plain, plain.topic, now)
             return
-        acks = ack_types(cmd.ack_type) if cmd.ack_type else _NO_ACKS
+        acks = ack_types(cmd.ack_type)
         publishes = self.publishes
         if not publishes.recorded(topic):  # the configuration requires it; be safe
             raise errors.NotATransactionLogTopic(f"SOW topic {topic!r} is not recorded in the transaction log")

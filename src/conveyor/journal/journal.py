@@ -344,8 +344,7 @@ class Journal:
         """Start a new segment at ``pos``: the current buffer becomes a finished piece."""
         self._sealing.append((self._seg_base, pos))
         if self._buf:
-            self._pieces.append(Piece(self._seg_base, self._buf_start, b"".join(self._buf), self._buf_create,
-                                      self._records - self._buf_rec0))
+            self._pieces.append(self._buffered_piece())
             self._buf = []
         self._buf_rec0 = self._records
         self._buf_start = pos
@@ -358,14 +357,18 @@ class Journal:
         self._index = seg.index
         self._index_next = pos + INDEX_INTERVAL_BYTES
 
+    def _buffered_piece(self) -> Piece:
+        """The frames appended to the current segment since the buffer started, joined."""
+        return Piece(self._seg_base, self._buf_start, b"".join(self._buf), self._buf_create,
+                     self._records - self._buf_rec0)
+
     def take_batch(self) -> Batch | None:
         """Take everything appended since the last call (loop thread), or None."""
         if self.end == self._batch_start:
             return None
         pieces = self._pieces
         if self._buf:
-            pieces.append(Piece(self._seg_base, self._buf_start, b"".join(self._buf), self._buf_create,
-                                self._records - self._buf_rec0))
+            pieces.append(self._buffered_piece())
         batch = Batch(self._batch_start, self.end, self._records, tuple(pieces))
         self._remember(pieces)
         self._pieces = []

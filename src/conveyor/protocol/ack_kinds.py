@@ -1,13 +1,9 @@
 """The ``ack_type`` header, parsed: the acknowledgements a command asks for. In the
-compiled group, because the engine asks it of every publish that wants an ack;
-:mod:`conveyor.protocol.messages` re-exports both names."""
+compiled group, because the engine asks it of every publish."""
 
 from __future__ import annotations
 
 from typing import Final
-
-#: Ack types the reference names (B.9).
-ACK_TYPES = frozenset({"received", "processed", "persisted", "completed", "stats", "none"})
 
 # Final: compiled code reads a Final module name as a C variable, any other one from
 # the module's dict at every use.
