@@ -11,7 +11,17 @@ import pytest
 from conveyor import records
 from conveyor.engine import consumers
 from conveyor.spark.datasource import ConveyorDataSource
-from conveyor.spark.source import arrow_schema, packed_batch, to_batch
+from pyspark.sql.types import (
+    BinaryType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from conveyor.spark.source import arrow_schema, packed_batch, source_columns, to_batch
 
 
 def entries(n: int, topics: list[str], cid: bool) -> list[records.PlainPublish]:
@@ -50,3 +60,45 @@ def test_the_arrow_batch_of_a_packed_page_is_the_batch_of_its_page(data_type, to
     [packed] = consumers._pages(40, positions, es, None, "Q", packed=True)
     fence = '["Q","etl",3,65]'
     assert packed_batch(packed, schema, data_type, fence).equals(to_batch(plain, schema, data_type, fence))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_declared_schema_gets_its_columns_only_in_its_order(packed):
+    """A query that declares ``readStream.schema(...)`` gets those of the source's
+    columns, in its order, each what the full batch holds for it."""
+    source = ConveyorDataSource({})
+    full = source.schema()
+    declared = StructType([full["delivery"], full["data"], full["bookmark"]])
+    assert source_columns(declared, "string") == ("delivery", "data", "bookmark")
+    es = entries(12, ["orders"], cid=False)
+    [page] = consumers._pages(40, list(range(12)), es, None, "Q", packed=packed)
+    make = packed_batch if packed else to_batch
+    fence = '["Q","etl",3,52]'
+    whole = make(page, arrow_schema(full), "string", fence)
+    part = make(page, arrow_schema(declared), "string", fence)
+    assert part.schema.names == ["delivery", "data", "bookmark"]
+    for name in part.schema.names:
+        assert part.column(name).equals(whole.column(name))
+
+
+@pytest.mark.parametrize("schema,error", [
+    ("data STRING, price DOUBLE", "has no column 'price'"),
+    ("data BINARY", "column 'data' of the conveyor source is string, not binary .*dataType=binary"),
+    ("delivery INT", "column 'delivery' of the conveyor source is bigint, not int"),
+    ("data STRING, data STRING", "names a column twice"),
+])
+def test_a_declared_schema_the_source_cannot_give_is_refused(schema, error):
+    with pytest.raises(ValueError, match=error):
+        source_columns(_parse(schema), "string")
+    with pytest.raises(ValueError, match="names no column"):
+        source_columns(StructType([]), "string")
+
+
+def _parse(ddl: str) -> StructType:
+    fields = []
+    kinds = {"STRING": StringType(), "BINARY": BinaryType(), "INT": IntegerType(), "LONG": LongType(),
+             "DOUBLE": DoubleType()}
+    for part in ddl.split(","):
+        name, kind = part.split()
+        fields.append(StructField(name, kinds[kind]))
+    return StructType(fields)

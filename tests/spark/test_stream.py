@@ -3,6 +3,7 @@ AvailableNow, fencing, a server restart, batch writes (docs/spark.md, Guarantees
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from pyspark.errors import StreamingQueryException
 from tests.security.helpers import pki  # noqa: F401 (a fixture)
 from tests.spark import pipeline
 from tests.spark.helpers import (
+    QUEUE,
     SECURE_USERS,
     assert_exactly_once,
     consumer_info,
@@ -172,3 +174,31 @@ def test_a_query_over_tls_with_credentials(spark, tmp_path, pki):
         assert SECURE_USERS["spark"] not in server.log
     finally:
         server.stop()
+
+
+def test_a_declared_schema_reads_only_its_columns(spark, conveyor_server, tmp_path):
+    """``readStream.schema(...)`` names the columns a query reads (a Python data source
+    has no column pruning): the source builds those only; one it lacks fails the query
+    before anything is leased."""
+    uri = conveyor_server.uri
+    publish_numbers(uri, 0, 30)
+
+    def stream(schema: str, consumer: str):
+        return (spark.readStream.format("conveyor").schema(schema).option("server", uri).option("queue", QUEUE)
+                .option("consumer", consumer).load())
+
+    df = stream("delivery LONG, data STRING", "etl")
+    assert df.columns == ["delivery", "data"]
+    query = (df.writeStream.format("memory").queryName("declared").trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    query.awaitTermination(PATIENCE_S)
+    assert query.exception() is None
+    got = sorted((row.delivery, json.loads(row.data)["n"]) for row in spark.sql("SELECT * FROM declared").collect())
+    assert got == [(d, d - 1) for d in range(1, 31)]
+    assert consumer_info(uri, "etl").acked == 30  # no sink fences: the source's own acks
+
+    bad = (stream("data STRING, price DOUBLE", "etl2").writeStream.format("noop").trigger(availableNow=True)
+           .option("checkpointLocation", str(tmp_path / "ck2")).start())
+    with pytest.raises(StreamingQueryException, match="has no column 'price'"):
+        bad.awaitTermination(PATIENCE_S)
+    assert consumer_info(uri, "etl2").d == 0  # refused before its first lease

@@ -26,7 +26,10 @@ gap-free delivery number ``d``; a Spark offset is ``{"v": 1, "consumer": C, "d":
 5. **Nothing live in ``__init__``** (the reader is pickled): the connection, the claim
    and the lease heartbeat thread are created lazily, in the driver's runner process only.
 6. **Every row carries its fence**: ``[queue, consumer, epoch, through]`` in the
-   ``fence`` column (:mod:`conveyor.spark.fencing`), the only way the sink can learn it.
+   ``fence`` column (:mod:`conveyor.spark.fencing`), the only way the sink can learn it;
+   a schema given to ``readStream.schema(...)`` may leave it out (and any other column:
+   a Python data source has no column pruning, so a declared schema is how a query
+   says what it reads), and then the sink commits without fences.
 7. **The next batch is leased while this one runs.** Once ``latestOffset`` has chosen
    ``end``, the driver's background connection (its own thread, which also renews the
    leases every ttl/3 and sends the acks) leases the deliveries after ``end``. The next
@@ -46,7 +49,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -99,6 +102,28 @@ def source_schema(data_type: str = "string") -> StructType:
     ])
 
 
+def source_columns(schema: StructType, data_type: str) -> tuple[str, ...]:
+    """The source's columns a reader's ``schema`` names, in its order: every column of
+    :func:`source_schema` when the query gave none, else those it declared
+    (``readStream.schema("data STRING, delivery LONG")``), each with the source's type
+    for it. Anything else is refused here, on the driver, before a lease."""
+    full = {f.name: f.dataType for f in source_schema(data_type).fields}
+    names = tuple(schema.fieldNames())
+    if not names:
+        raise ValueError("the conveyor source's schema names no column: declare at least one of " + ", ".join(full))
+    for f in schema.fields:
+        if f.name not in full:
+            raise ValueError(f"the conveyor source has no column {f.name!r}: a declared schema may name only "
+                             f"its columns ({', '.join(full)}), in any order")
+        if f.dataType != full[f.name]:
+            hint = " (binary payloads: option dataType=binary)" if f.name == "data" else ""
+            raise ValueError(f"column {f.name!r} of the conveyor source is {full[f.name].simpleString()}, "
+                             f"not {f.dataType.simpleString()}{hint}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"the conveyor source's schema names a column twice: {', '.join(names)}")
+    return names
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     server: str  # one URI, or several comma separated (failover between instances)
@@ -147,6 +172,7 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
+        self.columns = source_columns(schema, options.data_type)
         self._reset()
 
     def _reset(self) -> None:
@@ -344,13 +370,15 @@ class ConveyorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield to_batch(page, schema, self.options.data_type, fence)
             return
         text = self.options.data_type == "string"
+        picked = [_ALL_COLUMNS.index(name) for name in self.columns]
         for i, (data, topic, publisher, seq, ts, p) in enumerate(
                 zip(page.data, page.topics, page.publishers, page.seqs, page.timestamps, page.positions),
                 page.lo + 1):
-            yield (
+            row = (
                 data.decode() if text else data, topic, format_bookmark(publisher, seq, p), publisher, seq,
                 datetime.fromtimestamp(ts, UTC), i, fence,
             )
+            yield tuple(row[k] for k in picked)
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
@@ -362,10 +390,11 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 def to_batch(page: FetchPage, schema: pa.Schema, data_type: str, fence: str) -> pa.RecordBatch:
     """One Arrow batch of a fetched page, its columns built from the page's lists in C
     (no Python object per row)."""
-    return _batch(schema, data_type, fence, page.lo, data=pa.array(page.data, pa.binary()),
-                  topics=pa.array(page.topics, pa.string()), publishers=pa.array(page.publishers, pa.int64()),
-                  seqs=pa.array(page.seqs, pa.int64()), positions=pa.array(page.positions, pa.int64()),
-                  seconds=pa.array(page.timestamps, pa.float64()))
+    return _batch(schema, data_type, fence, page.lo, len(page.data), data=lambda: pa.array(page.data, pa.binary()),
+                  topics=lambda: pa.array(page.topics, pa.string()),
+                  publishers=lambda: pa.array(page.publishers, pa.int64()),
+                  seqs=lambda: pa.array(page.seqs, pa.int64()), positions=lambda: pa.array(page.positions, pa.int64()),
+                  seconds=lambda: pa.array(page.timestamps, pa.float64()))
 
 
 def packed_batch(page: FetchPacked, schema: pa.Schema, data_type: str, fence: str) -> pa.RecordBatch:
@@ -379,41 +408,56 @@ def packed_batch(page: FetchPacked, schema: pa.Schema, data_type: str, fence: st
     def view(kind: pa.DataType, buffer: bytes) -> pa.Array:
         return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(buffer)])
 
-    if page.topic_of:
-        topics = pa.array(page.topics, pa.string()).take(view(pa.uint16(), page.topic_of))
-    else:
-        topics = pa.repeat(pa.scalar(page.topics[0] if page.topics else "", pa.string()), n)
-    data = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(page.ends), pa.py_buffer(page.data)])
-    return _batch(schema, data_type, fence, page.lo, data=data, topics=topics,
-                  publishers=view(pa.uint64(), page.publishers).cast(pa.int64()), seqs=view(pa.int64(), page.seqs),
-                  positions=view(pa.int64(), page.positions), seconds=view(pa.float64(), page.timestamps))
+    def topics() -> pa.Array:
+        if page.topic_of:
+            return pa.array(page.topics, pa.string()).take(view(pa.uint16(), page.topic_of))
+        return pa.repeat(pa.scalar(page.topics[0] if page.topics else "", pa.string()), n)
+
+    return _batch(schema, data_type, fence, page.lo, n,
+                  data=lambda: pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(page.ends),
+                                                                      pa.py_buffer(page.data)]),
+                  topics=topics, publishers=lambda: view(pa.uint64(), page.publishers).cast(pa.int64()),
+                  seqs=lambda: view(pa.int64(), page.seqs), positions=lambda: view(pa.int64(), page.positions),
+                  seconds=lambda: view(pa.float64(), page.timestamps))
 
 
-def _batch(schema: pa.Schema, data_type: str, fence: str, lo: int, *, data: pa.Array, topics: pa.Array,
-           publishers: pa.Array, seqs: pa.Array, positions: pa.Array, seconds: pa.Array) -> pa.RecordBatch:
-    """The source's batch of deliveries ``lo + 1 ..`` from its message columns: the
-    bookmark joined from its three parts, the timestamp truncated to microseconds as
+Column = Callable[[], "pa.Array"]
+
+
+def _batch(schema: pa.Schema, data_type: str, fence: str, lo: int, n: int, *, data: Column, topics: Column,
+           publishers: Column, seqs: Column, positions: Column, seconds: Column) -> pa.RecordBatch:
+    """The source's batch of deliveries ``lo + 1 .. lo + n`` from its message columns,
+    with the columns ``schema`` names only (each made when it is named): the bookmark
+    joined from its three parts, the timestamp truncated to microseconds as
     ``int(seconds * 1e6)`` would, the delivery numbers and the fence, all in C."""
     import numpy as np
     import pyarrow.compute as pc  # here: the driver's source runner never needs it (60 ms to import)
 
-    if data_type == "string":
-        data = data.cast(pa.string())  # validates UTF-8 in C
-    n = len(data)
-    bookmarks = pc.binary_join_element_wise(publishers.cast(pa.string()), seqs.cast(pa.string()),
-                                            positions.cast(pa.string()), "|")
-    micros = pc.multiply(seconds, 1_000_000.0).cast(pa.int64(), safe=False)
-    columns = [
-        data,
-        topics,
-        bookmarks,
-        publishers,
-        seqs,
-        micros.cast(schema.field("timestamp").type),
-        pa.array(np.arange(lo + 1, lo + 1 + n, dtype=np.int64)),
-        pa.repeat(pa.scalar(fence, pa.string()), n),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    def text() -> pa.Array:
+        return data().cast(pa.string())  # validates UTF-8 in C
+
+    def bookmarks() -> pa.Array:
+        return pc.binary_join_element_wise(publishers().cast(pa.string()), seqs().cast(pa.string()),
+                                           positions().cast(pa.string()), "|")
+
+    def timestamps() -> pa.Array:
+        micros = pc.multiply(seconds(), 1_000_000.0).cast(pa.int64(), safe=False)
+        return micros.cast(schema.field("timestamp").type)
+
+    make: dict[str, Column] = {
+        "data": text if data_type == "string" else data,
+        "topic": topics,
+        "bookmark": bookmarks,
+        "publisher": publishers,
+        "sequence": seqs,
+        "timestamp": timestamps,
+        "delivery": lambda: pa.array(np.arange(lo + 1, lo + 1 + n, dtype=np.int64)),
+        fencing.FENCE_COLUMN: lambda: pa.repeat(pa.scalar(fence, pa.string()), n),
+    }
+    return pa.RecordBatch.from_arrays([make[name]() for name in schema.names], schema=schema)
+
+
+_ALL_COLUMNS = tuple(source_schema().fieldNames())
 
 
 class _Background:
