@@ -221,30 +221,45 @@ class MessageCache:
         its own read, as in :meth:`get`."""
         entries = self._entries
         out: list[Fetched | None] = [entries.get(p) for p in positions]
-        missing = sorted({p for p, e in zip(positions, out) if e is None})
-        if not missing:
+        at = [i for i, e in enumerate(out) if e is None]  # the misses' places, in journal order:
+        if not at:
             return out  # type: ignore[return-value]  # no None left
-        self.misses += len(missing)
-        found: dict[int, Fetched] = {}
+        last = -1
+        for i in at:
+            if positions[i] < last:  # not the common case (a FIFO's deliveries ascend)
+                at.sort(key=positions.__getitem__)
+                break
+            last = positions[i]
+        self.misses += len(at)
         if self._scan is not None:
             first = 0
-            for i in range(1, len(missing) + 1):
-                if i == len(missing) or missing[i] - missing[i - 1] > READ_AHEAD_SPAN_BYTES:
-                    self._scan_into(found, missing[first:i])
-                    first = i
-        return [e if e is not None else found.get(p) or self._load(p) for p, e in zip(positions, out)]
+            for k in range(1, len(at) + 1):
+                if k == len(at) or positions[at[k]] - positions[at[k - 1]] > READ_AHEAD_SPAN_BYTES:
+                    self._scan_into(out, positions, at[first:k])
+                    first = k
+        for i in at:
+            if out[i] is None:
+                out[i] = self._load(positions[i])
+        return out  # type: ignore[return-value]  # no None left
 
-    def _scan_into(self, found: dict[int, Fetched], run: list[int]) -> None:
-        """The publishes at the positions of ``run`` (ascending) into ``found``, from one
-        scan of the journal from the first to the last."""
+    def _scan_into(self, out: list[Fetched | None], positions: list[int], at: list[int]) -> None:
+        """``out[i]``, for each ``i`` of ``at`` (places whose positions ascend), the publish
+        at ``positions[i]``, from one scan of the journal from the first to the last:
+        the scan and the places are walked side by side, no set or dict of them."""
         assert self._scan is not None
-        wanted = set(run)
+        k, n = 0, len(at)
         try:
-            for pos, payload in self._scan(run[0], run[-1] + 1):
-                if pos in wanted:
+            for pos, payload in self._scan(positions[at[0]], positions[at[-1]] + 1):
+                while k < n and positions[at[k]] < pos:
+                    k += 1  # not a record the scan brought: read alone (get_many), which reports it
+                if k == n:
+                    break
+                if positions[at[k]] == pos:
                     rec = _publish_of(payload)
                     if rec is not None:
-                        found[pos] = rec
+                        while k < n and positions[at[k]] == pos:  # a delivery of it twice: the same record
+                            out[at[k]] = rec
+                            k += 1
         except errors.JournalError:
             pass  # what the scan did not bring is read alone (get_many), which reports it
 
