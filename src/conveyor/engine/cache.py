@@ -221,7 +221,7 @@ class MessageCache:
         its own read, as in :meth:`get`."""
         entries = self._entries
         out: list[Fetched | None] = [entries.get(p) for p in positions]
-        at = [i for i, e in enumerate(out) if e is None]  # the misses' places, in journal order:
+        at = [i for i, e in enumerate(out) if e is None]  # the misses' places, put in journal order below
         if not at:
             return out  # type: ignore[return-value]  # no None left
         last = -1
