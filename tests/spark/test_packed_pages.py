@@ -92,6 +92,9 @@ def test_a_declared_schema_the_source_cannot_give_is_refused(schema, error):
         source_columns(_parse(schema), "string")
     with pytest.raises(ValueError, match="names no column"):
         source_columns(StructType([]), "string")
+    with pytest.raises(ValueError, match="is binary, not string .*dataType=string, the default"):
+        source_columns(_parse("data STRING"), "binary")
+    assert source_columns(_parse("data BINARY"), "binary") == ("data",)
 
 
 def _parse(ddl: str) -> StructType:

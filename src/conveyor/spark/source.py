@@ -116,7 +116,10 @@ def source_columns(schema: StructType, data_type: str) -> tuple[str, ...]:
             raise ValueError(f"the conveyor source has no column {f.name!r}: a declared schema may name only "
                              f"its columns ({', '.join(full)}), in any order")
         if f.dataType != full[f.name]:
-            hint = " (binary payloads: option dataType=binary)" if f.name == "data" else ""
+            hint = ""
+            if f.name == "data":
+                hint = (" (binary payloads: option dataType=binary)" if data_type == "string"
+                        else " (text payloads: option dataType=string, the default)")
             raise ValueError(f"column {f.name!r} of the conveyor source is {full[f.name].simpleString()}, "
                              f"not {f.dataType.simpleString()}{hint}")
     if len(set(names)) != len(names):
