@@ -161,6 +161,10 @@ def test_get_many_reads_every_layout_of_publish_a_miss_may_find():
         ("t", b'{"a":1}', 1000.5, 7, 1, "c1"), ("r", b'{"b":2}', 1001.5, 8, 2, None), ("u", b"x", 1002.5, 9, 3, None),
         ("s", b'{"k":1}', 1003.5, 10, 4, None)]
     assert type(got[0]) is records.PlainPublish
+    # and a fetch's columns read each kind alike: a cache entry, a plain publish, the rest
+    mixed = [cache_mod.Entry("e", b"hit", 999.5, 6, 9, "c0"), *got]
+    fields = [(e.data, e.topic, e.publisher, e.seq, e.timestamp, e.correlation_id) for e in mixed]
+    assert cache_mod.fetched_columns(mixed) == tuple(list(column) for column in zip(*fields))
 
 
 # --- admission: the head of each queue, not its far tail ----------------------------------------
