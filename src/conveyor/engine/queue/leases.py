@@ -159,17 +159,25 @@ class LeaseTable:
             self._notes.pop(p, None)
 
     def acknowledge_all(self, positions: list[int], seat: Seat) -> None:
-        """:meth:`acknowledge` of each of ``positions``, every one leased to ``seat`` (the
-        caller has checked that: ``NamedLeases.acknowledge_held``, :meth:`acknowledge_many`; a
-        position that is not leased raises KeyError)."""
-        leased = self.leased
-        for p in positions:  # a loop, not map(): compiled, it is a C loop without a call per item
+        """:meth:`acknowledge` of each of ``positions``, every one leased to ``seat`` and
+        named once (the caller has checked that: ``NamedLeases.acknowledge_held``,
+        :meth:`acknowledge_many`; a position that is not leased raises KeyError)."""
+        leased, held = self.leased, seat.held
+        # Every one the seat holds (a named consumer's ack of its whole batch): walk the
+        # held set instead, whose objects are the table's keys, found by identity; the
+        # positions given are equal ints made anew, each compared by value.
+        every = len(held) == len(positions)
+        keys = list(held) if every else positions
+        for p in keys:  # a loop, not map(): compiled, it is a C loop without a call per item
             del leased[p]
         for counts in (self._deliveries, self._cancels, self._notes):
             if counts:
-                for p in positions:
+                for p in keys:
                     counts.pop(p, None)
-        seat.held.difference_update(positions)
+        if every:
+            held.clear()
+        else:
+            held.difference_update(positions)
         _backlog(seat, -len(positions))
         self.slots_freed += len(positions)
 
