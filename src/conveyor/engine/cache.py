@@ -312,29 +312,24 @@ def fetched_columns(fetched: list[Fetched]) -> Columns:
     stamps: list[float] = []
     cids: list[str | None] = []
     for e in fetched:
-        if isinstance(e, Entry):
-            datas.append(e.data)
-            topics.append(e.topic)
-            publishers.append(e.publisher)
-            seqs.append(e.seq)
-            stamps.append(e.timestamp)
-            cids.append(e.correlation_id)
-        elif type(e) is _PLAIN:
+        if type(e) is _PLAIN:
             topic, publisher, seq, timestamp, data, cid = cast(
                 tuple[str, int, int, float, bytes, "str | None"], _ASTUPLE(e))
-            datas.append(data)
-            topics.append(topic)
-            publishers.append(publisher)
-            seqs.append(seq)
-            stamps.append(timestamp)
-            cids.append(cid)
         else:
-            datas.append(e.data)
-            topics.append(e.topic)
-            publishers.append(e.publisher)
-            seqs.append(e.seq)
-            stamps.append(e.timestamp)
-            cids.append(e.correlation_id)
+            # a publish of a longer layout (rare) read as the Entry the cache would make of it
+            entry = e if isinstance(e, Entry) else _entry(cast(records.PublishRec, e))
+            topic = entry.topic
+            publisher = entry.publisher
+            seq = entry.seq
+            timestamp = entry.timestamp
+            data = entry.data
+            cid = entry.correlation_id
+        datas.append(data)
+        topics.append(topic)
+        publishers.append(publisher)
+        seqs.append(seq)
+        stamps.append(timestamp)
+        cids.append(cid)
     return datas, topics, publishers, seqs, stamps, cids
 
 
