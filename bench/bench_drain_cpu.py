@@ -2,7 +2,9 @@
 
 bench_queue's drain (N queued 256-byte messages, then 4 consumer processes with
 backlog 10 acknowledge every message), conveyor only, twice: acknowledgements batched
-(5 per sow_delete, as bench_queue) and one sow_delete per message. Server CPU = user +
+(5 per sow_delete, as bench_queue), one sow_delete per message, and one per message on a
+queue with ``Leasing=strict`` (each delivery carries its count and each acknowledgement
+names it back: the ``sow_delete`` option ``deliveries=[n]``). Server CPU = user +
 system time of the server process from the moment the consumers are subscribed to the
 end of the drain, per message; it counts only the server's own work, so it moves far
 less with the machine's load than the drain rate does.
@@ -23,18 +25,22 @@ from pathlib import Path
 import uvloop
 
 from bench.bench_latency import cpu_seconds
-from bench.bench_queue import conveyor_fill, drain, start_conveyor
+from bench.bench_queue import CONFIG, conveyor_fill, drain, start_conveyor
 
-MODES = {"batched": None, "each": 1}  # ack_batch_size of the consumers (None: backlog // 2)
+STRICT = CONFIG.replace("</Semantics>", "</Semantics><Leasing>strict</Leasing>")
+assert STRICT != CONFIG
+#: mode -> (ack_batch_size of the consumers (None: backlog // 2), the server's configuration)
+MODES = {"batched": (None, CONFIG), "each": (1, CONFIG), "each, strict": (1, STRICT)}
 WORKERS, BACKLOG = 4, 10
 
 
 def measure(mode: str, n: int, workdir: Path) -> dict[str, float]:
-    proc, port, _ = start_conveyor(workdir)
+    ack_batch, config = MODES[mode]
+    proc, port, _ = start_conveyor(workdir, config=config)
     try:
         uvloop.run(conveyor_fill(port, n))
         cpu0 = cpu_seconds(proc.pid)
-        rate = drain("conveyor", f"tcp://127.0.0.1:{port}", WORKERS, BACKLOG, n, MODES[mode])
+        rate = drain("conveyor", f"tcp://127.0.0.1:{port}", WORKERS, BACKLOG, n, ack_batch)
         cpu1 = cpu_seconds(proc.pid)  # the workers' idle second costs the server nothing
     finally:
         proc.terminate()
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for mode in MODES:
-            d = Path(tmp) / mode
+            d = Path(tmp) / mode.replace(", ", "-")
             d.mkdir()
             out[mode] = measure(mode, args.messages, d)
     print(json.dumps(out))

@@ -11,11 +11,20 @@ A seconds option (``delay=1.5``) holds a non-negative decimal number of seconds;
 option (``reason="db timeout"``) a double-quoted string, ``\\"`` and ``\\\\`` escaped
 inside, at most ``TEXT_BYTES_MAX`` bytes of UTF-8 once unquoted (docs/queues.md,
 "Delayed retry" and "Failure reasons").
+
+A parse is a pure function of the command and the header, and the headers a busy
+connection sends repeat: a subscriber's acknowledgement names its delivery
+(``deliveries=[1]``) on every ``sow_delete``. So the parses of short headers are kept
+(:data:`PARSED_MAX` of them, least recently used out); the :class:`Options` they give
+are immutable and shared. A header that is refused is not kept: it is parsed and refused
+again each time.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from conveyor.errors import InvalidOption, UnknownOption
 
@@ -101,10 +110,29 @@ class Options:
 
 EMPTY = Options()
 
+#: Parses kept (module header): at most this many, of headers at most
+#: ``PARSED_TEXT_MAX`` characters long, so what they hold stays small (under 1 MB)
+#: whatever the clients send.
+PARSED_MAX = 2048
+PARSED_TEXT_MAX = 256
+
 
 def parse_options(command: str, text: str | None) -> Options:
+    """The options of ``command`` in header ``text``; refused with UnknownOption or
+    InvalidOption (module header)."""
     if not text:
         return EMPTY
+    if len(text) <= PARSED_TEXT_MAX:
+        return _parse_kept(command, text)
+    return _parse(command, text)
+
+
+@lru_cache(maxsize=PARSED_MAX)
+def _parse_kept(command: str, text: str) -> Options:
+    return _parse(command, text)
+
+
+def _parse(command: str, text: str) -> Options:
     known = KNOWN.get(command, {})
     flags: set[str] = set()
     values: list[tuple[str, int]] = []
@@ -206,10 +234,13 @@ def _list_value(name: str, raw: str) -> tuple[str, ...]:
 
 
 _OPEN = {"(": ")", "[": "]"}
+_NESTING = re.compile(r"[][()'\"]")  # what split_outside must walk around
 
 
 def split_outside(text: str, sep: str) -> list[str]:
     """Split ``text`` on ``sep`` where it is outside parentheses, brackets and quotes."""
+    if _NESTING.search(text) is None:
+        return text.split(sep)  # nothing to walk around: the usual list item, a plain header
     parts: list[str] = []
     depth: list[str] = []
     quote = ""
