@@ -18,8 +18,9 @@ happened; the table itself knows no message state. Rules:
    entries are swept once they outnumber the live ones by ``HEAP_SLACK`` (plus
    ``HEAP_SLACK_MIN``), so the heap stays O(leases). Every live lease has its entry.
    A batch of leases with one deadline (a named consumer's lease of a batch, or the
-   renewal of all it holds: :meth:`lease_all`, :meth:`renew_held`) is one entry of a
-   second heap instead, a :class:`_Run` (its positions ascending, read from a cursor):
+   renewal of all it holds: :meth:`lease_all`, :meth:`renew_held`), of at least
+   ``RUN_ENTRIES_MIN`` leases, is one entry of a second heap instead, a :class:`_Run`
+   (its positions ascending, read from a cursor):
    one entry per batch rather than a tuple and a push per message, dropped whole once
    read. Both heaps are read together, in (deadline, position) order; a run's unread
    entries count as heap entries for the sweep.
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import repeat
-from typing import Callable, Hashable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Final, Hashable, Iterable, Iterator, Protocol, Sequence
 
 from conveyor.engine.queue.events import REASON_ORDER, ExpiryReason
 from conveyor.engine.queue.rows import Lease
@@ -54,6 +55,9 @@ from conveyor.engine.queue.seats import Seat  # at run time: the compiled build 
 #: outnumber the live ones by this factor, so the heap stays O(leases).
 HEAP_SLACK = 2
 HEAP_SLACK_MIN = 64
+#: Rule 3: a batch of leases of one deadline becomes a run from this many; fewer go into
+#: the first heap one by one.
+RUN_ENTRIES_MIN: Final = 8
 
 
 class Positions(Protocol):
@@ -133,11 +137,22 @@ class LeaseTable:
         # Not checked here that none is leased or consumed already (two set passes over a
         # batch of 200,000): the one caller takes them from the delivery order, which
         # holds available messages only (its take is what confirms AVAILABLE, state.py).
-        # map and update: the loops over a batch run in C
-        self.leased.update(zip(positions, map(Lease, repeat(seat), repeat(deadline), published_at, keys)))
         deliveries = self._deliveries
-        counts = [deliveries.get(p, 0) + 1 for p in positions]
-        deliveries.update(zip(positions, counts))
+        if len(positions) < RUN_ENTRIES_MIN:
+            # A dispatch to a subscriber with a slot or two free: a plain loop (the
+            # iterators of the batch path cost more than a message's own work).
+            leased = self.leased
+            counts: list[int] = []
+            for i in range(len(positions)):
+                p = positions[i]
+                leased[p] = Lease(seat, deadline, published_at[i], keys[i])
+                n = deliveries.get(p, 0) + 1
+                deliveries[p] = n
+                counts.append(n)
+        else:  # map and update: the loops over a batch run in C
+            self.leased.update(zip(positions, map(Lease, repeat(seat), repeat(deadline), published_at, keys)))
+            counts = [deliveries.get(p, 0) + 1 for p in positions]
+            deliveries.update(zip(positions, counts))
         self._push_run(deadline, positions)
         seat.held.update(positions)
         _backlog(seat, len(positions))
@@ -270,8 +285,15 @@ class LeaseTable:
     # --- deadlines --------------------------------------------------------------------------
 
     def _push_run(self, deadline: float, positions: list[int]) -> None:
-        """Rule 3: ``positions``, all leased until ``deadline``, as one run."""
-        if positions:
+        """Rule 3: ``positions``, all leased until ``deadline``, as one run; a few of
+        them (a dispatch to a subscriber with a slot or two free) as entries of the
+        first heap, whose tuples compare in C (a run compares through ``_Run.__lt__``,
+        two tuples made per comparison)."""
+        if len(positions) < RUN_ENTRIES_MIN:
+            heap = self._deadlines
+            for p in positions:
+                heappush(heap, (deadline, p))
+        else:
             self._run_seq += 1
             heappush(self._runs, _Run(deadline, self._run_seq, sorted(positions)))
             self._in_runs += len(positions)

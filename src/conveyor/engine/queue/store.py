@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from typing import Iterator, NamedTuple, cast
+from typing import Final, Iterator, NamedTuple, cast
 
 #: Slots per chunk (the default of ``MessageStore(chunk_slots=)``). An insert moves at most
 #: 2 x 4096 x 8 bytes; the chunk's own overhead (two array headers, one list slot) is under
@@ -52,6 +52,7 @@ _COMPACT_RATIO = 0.5
 _COMPACT_MIN_SLOTS = 64
 
 _NAN = float("nan")
+_FEW: Final = 8  # take_head: fewer messages are copied one by one, more by slices
 
 
 class _Chunk:
@@ -310,9 +311,14 @@ class MessageStore:
             if ch.live == size - start:  # no tombstone after the head: the run is contiguous
                 end = bisect_left(ps, upto, start, start + min(n, ch.live))
                 taken = end - start
-                positions += ps[start:end]
-                times += ts[start:end]
-                if taken:
+                if taken < _FEW:  # a dispatch of one or a few: no slice arrays made
+                    for k in range(start, end):
+                        positions.append(ps[k])
+                        times.append(ts[k])
+                        ts[k] = _NAN
+                else:
+                    positions += ps[start:end]
+                    times += ts[start:end]
                     ts[start:end] = array("d", (_NAN,)) * taken
                 ch.start = end
             else:
