@@ -75,7 +75,7 @@ from conveyor.engine.publish_log import PublishLog
 from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.queue.queue import AckOption, Consumer, Delivery, Event
 from conveyor.engine.queue.bindings import QueueBinding, QueueBindings, consumer_predicate
-from conveyor.engine.queue.events import AckResult, Expired
+from conveyor.engine.queue.events import Acknowledged, AckResult, Expired
 from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen_positions, query_failed
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
@@ -365,10 +365,13 @@ class QueueDelivery:
         """Journal the queue's events: one record per kind, each expiry with its dead letters."""
         if not events:
             return
+        journal = self._journal
+        if all(type(ev) is Acknowledged for ev in events):  # an acknowledgement's: one AckedRec
+            journal.append(records.encode(records.AckedRec(binding.name, [ev.position for ev in events])))
+            return
         groups, expired = queue_journal.batch(events)
         for ev in expired:
             self._journal_expiry(binding, ev, now)
-        journal = self._journal
         for rec_type, group in groups:
             journal.append(records.encode(queue_journal.record(binding.name, rec_type, group)))
 

@@ -201,10 +201,16 @@ class LeaseTable:
         once and, with ``owner`` (Leasing=strict), each seat's consumer is ``owner``'s;
         else None."""
         leased = self.leased
-        wanted = set(positions)
-        if len(wanted) != len(positions) or not leased.keys() >= wanted:
-            return None
-        seats = [leased[p].seat for p in positions]
+        if len(positions) == 1:  # a subscriber acking each message: no set, no comprehension
+            lease = leased.get(positions[0])
+            if lease is None:
+                return None
+            seats = [lease.seat]
+        else:
+            wanted = set(positions)
+            if len(wanted) != len(positions) or not leased.keys() >= wanted:
+                return None
+            seats = [leased[p].seat for p in positions]
         if owner is not None and any(seat.consumer.owner != owner for seat in seats):
             return None
         return seats
@@ -213,6 +219,9 @@ class LeaseTable:
         """:meth:`acknowledge_all` of ``positions`` seat by seat, each leased to
         ``seats[i]`` (read from :attr:`leased` by :meth:`holders`: ``Queue.acknowledge``'s
         one pass)."""
+        if len(positions) == 1:
+            self.acknowledge(positions[0])
+            return
         held: dict[Seat, list[int]] = {}
         for p, seat in zip(positions, seats):
             mine = held.get(seat)
