@@ -126,6 +126,7 @@ class QueueDelivery:
         self.acks_open = False
         self._ack_events: list[Event] = []
         self._ack_replies: list[tuple[int, bool, m.Ack]] = []  # (conn_id, wait for durability, ack)
+        self._ack_options: dict[str, _AckOptions] = {}  # sow_delete's headers read already (_read_ack_options)
         #: Called with (binding, deliveries, now) for every dispatch, before anything is
         #: sent: the simulations learn each delivery when it is decided (None: off).
         self.on_dispatch: Callable[[QueueBinding, list[Delivery], float], None] | None = None
@@ -465,21 +466,18 @@ class QueueDelivery:
     def sow_delete(self, conn_id: int, cmd: m.SowDelete, now: float) -> None:
         """Acknowledge by bookmark or by filter (spec 000, "Acknowledging Messages")."""
         binding = self._binding(cmd.topic, "sow_delete")
-        delay: float | None
-        named: tuple[str, ...] | None
-        if not cmd.options:  # a plain acknowledgement, the common case: what the options below say when empty
-            option, delay, reason, named = AckOption.NONE, None, "", None
+        text = cmd.options
+        if not text:  # a plain acknowledgement, the common case: what the options below say when empty
+            option, delay, reason, named = _NO_ACK_OPTIONS
         else:
-            opts = parse_options("sow_delete", cmd.options)
-            if opts.has("touch") or opts.get("touch") is not None:
-                self._touch(conn_id, binding, cmd, opts, now)
-                return
-            if opts.has("cancel") and opts.has("expire"):
-                raise errors.InvalidOption("cancel and expire cannot be combined")
-            option = (AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire")
-                      else AckOption.NONE)
-            delay, reason = _retry_options(opts, option)
-            named = opts.list("deliveries")
+            kept = self._ack_options.get(text)
+            if kept is None:
+                opts = parse_options("sow_delete", text)
+                if opts.has("touch") or opts.get("touch") is not None:
+                    self._touch(conn_id, binding, cmd, opts, now)
+                    return
+                kept = self._read_ack_options(text, opts)
+            option, delay, reason, named = kept
         queue = binding.queue
         stale: list[int] = []
         if cmd.bookmark:
@@ -510,11 +508,32 @@ class QueueDelivery:
             refused.details["records_deleted"] = result.deleted
             raise refused
         acks = ack_types(cmd.ack_type)
+        if not acks:  # no reply asked for: the usual acknowledgement
+            return
         replies = self._ack_replies
         for kind in acks & {"processed", "stats"}:
             replies.append((conn_id, False, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
         for kind in acks & {"persisted", "completed"}:
             replies.append((conn_id, True, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
+
+    def _read_ack_options(self, text: str, opts: Options) -> _AckOptions:
+        """What a ``sow_delete`` header without ``touch`` asks for, checked; kept by
+        header (a subscriber that names its deliveries sends ``deliveries=[1]`` with
+        almost every acknowledgement), up to ``ACK_OPTIONS_KEPT`` headers of at most
+        ``ACK_OPTIONS_TEXT_MAX`` characters, then forgotten all at once. A refused header
+        raises and is not kept."""
+        if opts.has("cancel") and opts.has("expire"):
+            raise errors.InvalidOption("cancel and expire cannot be combined")
+        option = (AckOption.CANCEL if opts.has("cancel") else AckOption.EXPIRE if opts.has("expire")
+                  else AckOption.NONE)
+        delay, reason = _retry_options(opts, option)
+        read = (option, delay, reason, opts.list("deliveries"))
+        if len(text) <= ACK_OPTIONS_TEXT_MAX:
+            kept = self._ack_options
+            if len(kept) >= ACK_OPTIONS_KEPT:
+                kept.clear()
+            kept[text] = read
+        return read
 
     def _touch(self, conn_id: int, binding: QueueBinding, cmd: m.SowDelete, opts: Options, now: float) -> None:
         """``sow_delete`` with ``touch`` (docs/queues.md, "Touch"): the subscriber keeps
@@ -621,6 +640,13 @@ class QueueDelivery:
 
         self._queries.start(Production(conn_id, m.GroupBegin(query_id=qid, cid=cmd.cid), messages(), finish, source,
                                        filter_cost_ticks(flt)))
+
+
+#: A ``sow_delete`` header's reading: (option, delay, reason, the deliveries it names).
+_AckOptions = tuple[AckOption, "float | None", str, "tuple[str, ...] | None"]
+_NO_ACK_OPTIONS: Final[_AckOptions] = (AckOption.NONE, None, "", None)
+ACK_OPTIONS_KEPT: Final = 1024
+ACK_OPTIONS_TEXT_MAX: Final = 256
 
 
 def _retry_options(opts: Options, option: AckOption) -> tuple[float | None, str]:
