@@ -511,9 +511,9 @@ class QueueDelivery:
         if not acks:  # no reply asked for: the usual acknowledgement
             return
         replies = self._ack_replies
-        for kind in acks & {"processed", "stats"}:
+        for kind in acks & _REPLIES_NOW:
             replies.append((conn_id, False, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
-        for kind in acks & {"persisted", "completed"}:
+        for kind in acks & _REPLIES_DURABLE:
             replies.append((conn_id, True, m.Ack(ack_type=kind, cid=cmd.cid, records_deleted=result.deleted)))
 
     def _read_ack_options(self, text: str, opts: Options) -> _AckOptions:
@@ -646,6 +646,10 @@ class QueueDelivery:
 _AckOptions = tuple[AckOption, "float | None", str, "tuple[str, ...] | None"]
 _NO_ACK_OPTIONS: Final[_AckOptions] = (AckOption.NONE, None, "", None)
 ACK_OPTIONS_KEPT: Final = 1024
+#: A ``sow_delete``'s replies: those sent at once, those sent once its records are durable
+#: (made once: a set literal is built anew at each acknowledgement).
+_REPLIES_NOW: Final = frozenset({"processed", "stats"})
+_REPLIES_DURABLE: Final = frozenset({"persisted", "completed"})
 ACK_OPTIONS_TEXT_MAX: Final = 256
 
 
