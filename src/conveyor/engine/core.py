@@ -127,6 +127,13 @@ def _publish_fields(cmd: m.Publish) -> _PublishFields:
     return cast(_PublishFields, _ASTUPLE(cmd))
 
 
+def _check_topic(topic: str, limit: int) -> None:
+    """Limits/MaxTopicLength: a command naming a longer topic is refused."""
+    if len(topic) > limit:
+        raise errors.LimitExceeded(f"topic name of {len(topic)} characters is over the limit of {limit} "
+                                   "(Limits/MaxTopicLength)", limit="MaxTopicLength", max=limit)
+
+
 class Engine:
     """The broker: the seam the server drives, over the parts listed in the module header."""
 
@@ -304,12 +311,14 @@ class Engine:
                     if not session.logged_on:
                         self._implicit_logon(session)
                     topic = cmd.topic  # read once: a Struct's field costs compiled code a lookup
-                    if len(topic) > topic_chars_max:
-                        raise self._topic_too_long(topic)
+                    _check_topic(topic, topic_chars_max)
                     if session.restricted and not (session.grants.published.get(topic)
                                                    or session.grants.may_publish(topic)):
                         raise not_entitled(session.user_id, Permission.PUBLISH, topic)
                     self._publish(session, cmd, topic, now)  # not bound to a local: a native call compiled
+                    continue
+                if type(cmd) is _SOW_DELETE and session.logged_on and not session.restricted:
+                    self._sow_delete(conn_id, cmd, now)  # the commonest after publishes: no class patterns
                     continue
                 if type(cmd) is not _SOW_DELETE and delivery.acks_open:
                     delivery.flush_acks(now)
@@ -326,6 +335,18 @@ class Engine:
         self.outbox.end_frame(conn_id)
         self._dispatch(now)
 
+    def _sow_delete(self, conn: int, cmd: m.SowDelete, now: float) -> None:
+        """A logged-on session's ``sow_delete``: a SOW topic's delete, a view's refusal, or a queue's ack."""
+        topic = cmd.topic  # read once: a Struct's field costs compiled code a lookup
+        _check_topic(topic, self.limits.topic_chars_max)  # checked by _command too when it came that way
+        if topic in self._sow_topics:
+            self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
+            self.sow.sow_delete(conn, cmd, now)
+        elif self.sow.is_view(topic):
+            raise self.sow.read_only(topic, "deleted")
+        else:
+            self.delivery.sow_delete(conn, cmd, now)
+
     def _close_acks(self, conn_id: int, now: float) -> None:
         """Journal the frame's open batch of acknowledgements (QueueDelivery rule 6)."""
         if self.delivery.acks_open:
@@ -333,11 +354,6 @@ class Engine:
                 self.delivery.flush_acks(now)
             except errors.ConveyorError as exc:  # as if the batch's last command had failed
                 self._fail(conn_id, None, exc)
-
-    def _topic_too_long(self, topic: str) -> errors.LimitExceeded:
-        limit = self.limits.topic_chars_max
-        return errors.LimitExceeded(f"topic name of {len(topic)} characters is over the limit of {limit} "
-                                    "(Limits/MaxTopicLength)", limit="MaxTopicLength", max=limit)
 
     def reject(self, conn_id: int, error: errors.ConveyorError, cid: str | None = None) -> None:
         """Report a command the codec could not decode."""
@@ -355,8 +371,8 @@ class Engine:
         conn = session.conn_id
         if session.logged_on:
             topic = getattr(cmd, "topic", None)
-            if topic is not None and len(topic) > self.limits.topic_chars_max:
-                raise self._topic_too_long(topic)
+            if topic is not None:
+                _check_topic(topic, self.limits.topic_chars_max)
             if session.restricted:
                 check_command(session.grants, cmd)  # rule 5: before anything happens
         match cmd:
@@ -366,13 +382,7 @@ class Engine:
                 self._implicit_logon(session)
                 self._command(session, cmd, now)
             case m.SowDelete():  # acks, the commonest after publishes, early: each pattern is an isinstance
-                if cmd.topic in self._sow_topics:
-                    self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
-                    self.sow.sow_delete(conn, cmd, now)
-                elif self.sow.is_view(cmd.topic):
-                    raise self.sow.read_only(cmd.topic, "deleted")
-                else:
-                    self.delivery.sow_delete(conn, cmd, now)
+                self._sow_delete(conn, cmd, now)
             case m.Subscribe() | m.DeltaSubscribe() | m.SowAndSubscribe() | m.SowAndDeltaSubscribe() if (
                     self.subscriptions.controls(session, cmd)):
                 self.subscriptions.pause_or_resume(session, cmd, now)  # whatever the topic (subscribing.py rule 9)

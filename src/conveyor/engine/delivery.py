@@ -480,8 +480,9 @@ class QueueDelivery:
             option, delay, reason, named = kept
         queue = binding.queue
         stale: list[int] = []
-        if cmd.bookmark:
-            positions = bookmark_positions(cmd.bookmark)
+        bookmark = cmd.bookmark  # read once: a Struct's field costs compiled code a lookup
+        if bookmark:
+            positions = bookmark_positions(bookmark)
             if named is not None:  # rule 8
                 positions, stale = queue.stale_acks(positions, _deliveries(named, len(positions)))
             self._open_acks(binding, option, now)
@@ -502,7 +503,7 @@ class QueueDelivery:
             self.mark_consumer(key)
         # A bookmark ack names messages: a refusal is an error. A filter ack spares the
         # messages leased to others quietly (Leasing=strict), as a query would.
-        refused = _refusal(result, stale, cmd.bookmark) if cmd.bookmark else None
+        refused = _refusal(result, stale, bookmark) if bookmark else None
         if refused is not None:
             # Leasing=strict, stale acks: the rest of the batch took effect; this says what did not.
             refused.details["records_deleted"] = result.deleted
