@@ -85,6 +85,9 @@ from conveyor.protocol.options import Options, parse_options
 log = logging.getLogger("conveyor.engine")
 
 _MESSAGE: Final = m.Message  # read as a C variable when compiled; ``m.Message`` is a dict lookup
+# Read once: an Enum member read from its class costs compiled code a descriptor call.
+_AT_MOST_ONCE: Final = Semantics.AT_MOST_ONCE
+_STRICT: Final = Leasing.STRICT
 
 
 class _Attachment:
@@ -272,7 +275,7 @@ class QueueDelivery:
             self._deliver_with_barriers(binding, deliveries)
             return
         name = binding.name
-        at_most_once = binding.config.semantics is Semantics.AT_MOST_ONCE
+        at_most_once = binding.config.semantics is _AT_MOST_ONCE
         out = self._messages(name, [(d, d.consumer) for d in deliveries], at_most_once)
         journal, outbox = self._journal, self._outbox
         if at_most_once:
@@ -298,7 +301,7 @@ class QueueDelivery:
         """The messages of ``sends``, leaving out those whose record is damaged (rule 5)."""
         out = []
         fenced = self._fenced
-        strict = not at_most_once and self._bindings.by_name[name].config.leasing is Leasing.STRICT
+        strict = not at_most_once and self._bindings.by_name[name].config.leasing is _STRICT
         for d, consumer in sends:
             try:
                 numbered = strict or (bool(fenced) and consumer is not None and consumer.key in fenced)
@@ -341,7 +344,7 @@ class QueueDelivery:
         its record is durable, and nothing after it may overtake it, so every message of
         the batch is journaled in order and sent once durable (rule 2)."""
         name = binding.name
-        at_most_once = binding.config.semantics is Semantics.AT_MOST_ONCE
+        at_most_once = binding.config.semantics is _AT_MOST_ONCE
         journal, outbox = self._journal, self._outbox
         for d in deliveries:
             if d.barrier:

@@ -215,6 +215,11 @@ __all__ = [
 
 _ABSENT, _AVAILABLE = MessageState.ABSENT, MessageState.AVAILABLE
 _LEASED, _INACTIVE = MessageState.LEASED, MessageState.INACTIVE
+# The verbs of every message's path, read once: an Enum member read from its class costs
+# compiled code a lookup (a descriptor call) at each read.
+_ENQUEUE: Final = Verb.ENQUEUE
+_LEASE: Final = Verb.LEASE
+_ACKNOWLEDGE: Final = Verb.ACKNOWLEDGE
 _ELSEWHERE = MessageState.ELSEWHERE
 _TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 _FORCED = (ExpiryReason.FORCED_EXPIRE,)
@@ -452,7 +457,7 @@ class Queue:
             return
         times = self._intake.enter_run(positions, times)
         self._counters.enqueued += len(positions)
-        self._transitions.move_all(positions, Verb.ENQUEUE, _ABSENT, checked=False)  # above the last position
+        self._transitions.move_all(positions, _ENQUEUE, _ABSENT, checked=False)  # above the last position
         self._stamped.enter_all(positions, times)
         self._order.append_run(positions, times)
 
@@ -647,7 +652,7 @@ class Queue:
         """FIFO: the run at the head (``n`` at most, None: all; below ``upto`` and the first barrier)
         leased to ``seat`` until ``deadline`` in one pass (dispatch, named.py): (positions, counts)."""
         positions, times = self._order.take_head(n, upto)
-        self._transitions.move_all(positions, Verb.LEASE, _AVAILABLE)
+        self._transitions.move_all(positions, _LEASE, _AVAILABLE)
         return positions, self._leases.lease_all(positions, seat, deadline, times, positions)
 
     def _release_barrier(self, b: int, now: float) -> Delivery:
@@ -692,7 +697,7 @@ class Queue:
         seats = self._leases.holders(positions, by if self._strict else None)
         if seats is None:
             return None
-        self._transitions.move_all(positions, Verb.ACKNOWLEDGE, _LEASED, checked=False)
+        self._transitions.move_all(positions, _ACKNOWLEDGE, _LEASED, checked=False)
         self._leases.acknowledge_many(positions, seats)
         self.replica.forget_all(positions)
         self._leases.trim()
