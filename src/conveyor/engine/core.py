@@ -318,7 +318,9 @@ class Engine:
                     self._publish(session, cmd, topic, now)  # not bound to a local: a native call compiled
                     continue
                 if type(cmd) is _SOW_DELETE and session.logged_on and not session.restricted:
-                    self._sow_delete(conn_id, cmd, now)  # the commonest after publishes: no class patterns
+                    topic = cmd.topic  # the commonest after publishes: no class patterns (_command)
+                    _check_topic(topic, topic_chars_max)
+                    self._sow_delete(conn_id, cmd, topic, now)
                     continue
                 if type(cmd) is not _SOW_DELETE and delivery.acks_open:
                     delivery.flush_acks(now)
@@ -335,10 +337,8 @@ class Engine:
         self.outbox.end_frame(conn_id)
         self._dispatch(now)
 
-    def _sow_delete(self, conn: int, cmd: m.SowDelete, now: float) -> None:
-        """A logged-on session's ``sow_delete``: a SOW topic's delete, a view's refusal, or a queue's ack."""
-        topic = cmd.topic  # read once: a Struct's field costs compiled code a lookup
-        _check_topic(topic, self.limits.topic_chars_max)  # checked by _command too when it came that way
+    def _sow_delete(self, conn: int, cmd: m.SowDelete, topic: str, now: float) -> None:
+        """A logged-on session's ``sow_delete`` of ``topic`` (length checked): a SOW delete, a view's refusal or an ack."""
         if topic in self._sow_topics:
             self.delivery.flush_acks(now)  # a batch is of queue acks only (rule 6 there)
             self.sow.sow_delete(conn, cmd, now)
@@ -382,7 +382,7 @@ class Engine:
                 self._implicit_logon(session)
                 self._command(session, cmd, now)
             case m.SowDelete():  # acks, the commonest after publishes, early: each pattern is an isinstance
-                self._sow_delete(conn, cmd, now)
+                self._sow_delete(conn, cmd, cmd.topic, now)
             case m.Subscribe() | m.DeltaSubscribe() | m.SowAndSubscribe() | m.SowAndDeltaSubscribe() if (
                     self.subscriptions.controls(session, cmd)):
                 self.subscriptions.pause_or_resume(session, cmd, now)  # whatever the topic (subscribing.py rule 9)

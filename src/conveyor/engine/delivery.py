@@ -80,7 +80,7 @@ from conveyor.engine.sow.production import Production, Queries, Snapshot, frozen
 from conveyor.expr import Expression
 from conveyor.protocol import messages as m
 from conveyor.protocol.ack_kinds import ack_types
-from conveyor.protocol.options import Options, parse_options
+from conveyor.protocol.options import PARSED_MAX, PARSED_TEXT_MAX, Options, parse_options
 
 log = logging.getLogger("conveyor.engine")
 
@@ -649,12 +649,13 @@ class QueueDelivery:
 #: A ``sow_delete`` header's reading: (option, delay, reason, the deliveries it names).
 _AckOptions = tuple[AckOption, "float | None", str, "tuple[str, ...] | None"]
 _NO_ACK_OPTIONS: Final[_AckOptions] = (AckOption.NONE, None, "", None)
-ACK_OPTIONS_KEPT: Final = 1024
+#: Readings kept: as many, of headers as short, as the option parses kept (options.py).
+ACK_OPTIONS_KEPT: Final = PARSED_MAX
+ACK_OPTIONS_TEXT_MAX: Final = PARSED_TEXT_MAX
 #: A ``sow_delete``'s replies: those sent at once, those sent once its records are durable
 #: (made once: a set literal is built anew at each acknowledgement).
 _REPLIES_NOW: Final = frozenset({"processed", "stats"})
 _REPLIES_DURABLE: Final = frozenset({"persisted", "completed"})
-ACK_OPTIONS_TEXT_MAX: Final = 256
 
 
 def _retry_options(opts: Options, option: AckOption) -> tuple[float | None, str]:

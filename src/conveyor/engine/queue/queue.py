@@ -215,11 +215,12 @@ __all__ = [
 
 _ABSENT, _AVAILABLE = MessageState.ABSENT, MessageState.AVAILABLE
 _LEASED, _INACTIVE = MessageState.LEASED, MessageState.INACTIVE
-# The verbs of every message's path, read once: an Enum member read from its class costs
-# compiled code a lookup (a descriptor call) at each read.
+# The verbs and option of every message's path, read once: an Enum member read from its
+# class costs compiled code a lookup (a descriptor call) at each read.
 _ENQUEUE: Final = Verb.ENQUEUE
 _LEASE: Final = Verb.LEASE
 _ACKNOWLEDGE: Final = Verb.ACKNOWLEDGE
+_ACK_NONE: Final = AckOption.NONE
 _ELSEWHERE = MessageState.ELSEWHERE
 _TIME_LIMIT = (ExpiryReason.TIME_LIMIT,)
 _FORCED = (ExpiryReason.FORCED_EXPIRE,)
@@ -317,8 +318,6 @@ def _order_key(name: str, has_priority: bool, position: int, priority: int | Non
 #: Shorter runs are enqueued message by message: a run's fixed cost is about that of
 #: three single enqueues (measured: a run of 5 costs 1.5 µs a message, one by one 2.4).
 _RUN_MIN = 4
-#: Read once: an Enum member read from the class costs compiled code a lookup on each read.
-_ACK_NONE: Final = AckOption.NONE
 
 
 class Queue:
