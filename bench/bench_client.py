@@ -12,7 +12,12 @@ reports its rate and its CPU time per message (all threads). The blocking ``Clie
 - ``auto-ack iterator``: ``auto_ack=True``, asking for the next message acks the last;
 - ``auto-ack handler``: ``auto_ack=True`` and a handler (on the subscription's thread);
 
-and ``asyncio batched``: the ``AsyncClient`` on uvloop, ``msg.ack()`` batched.
+and ``asyncio batched``: the ``AsyncClient`` on uvloop, ``msg.ack()`` batched; and
+``bare socket``: no client at all, the floor under every client on this machine: one
+thread on a blocking socket, the protocol's frame codec, one ``sow_delete`` per half
+backlog of bookmarks, nothing kept (no resubscription, no reconnection, no batching by
+time), so what it costs is the system calls and wake-ups of a round trip plus the least
+Python a message can take.
 ``--baseline OTHER/src`` runs every case with the client of another checkout too,
 interleaved, for a before/after in one run.
 
@@ -40,7 +45,8 @@ from bench.report import git_rev, machine, median, write_section
 #: (mode, backlog): the blocking ``Client`` in four modes at backlog 100, the two
 #: commonest at backlog 10 (a round trip per 5-10 messages), and the ``AsyncClient``.
 CASES = (("per-message", 100), ("batched", 100), ("auto-ack iterator", 100), ("auto-ack handler", 100),
-         ("batched", 10), ("auto-ack iterator", 10), ("asyncio batched", 100), ("asyncio batched", 10))
+         ("batched", 10), ("auto-ack iterator", 10), ("asyncio batched", 100), ("asyncio batched", 10),
+         ("bare socket", 100), ("bare socket", 10))
 BACKLOG = 100
 
 
@@ -69,11 +75,57 @@ def async_worker(uri: str, n: int, backlog: int) -> tuple[float, float, int, int
     return _uvloop.run(run())
 
 
+def bare_worker(uri: str, n: int, backlog: int) -> tuple[float, float, int, int]:
+    """The floor: a blocking socket and the frame codec, acknowledgements per half backlog."""
+    import socket
+
+    from conveyor.client.core import parse_uri
+    from conveyor.protocol import messages as m
+    from conveyor.protocol.codec import MessageDecoder, encode_frame
+
+    sock = socket.create_connection(parse_uri(uri))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    decoder = MessageDecoder()
+    sock.sendall(encode_frame([m.Logon(client_name=f"bench-bare-{time.time_ns()}", cid="logon"),
+                               m.Subscribe(topic="Bench", sub_id="bare", cid="sub", options=f"max_backlog={backlog}")]))
+    batch = max(1, backlog // 2)
+    started, cpu = time.perf_counter(), time.process_time()
+    got = frames = acks = 0
+    pending: list[str] = []
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    while got < n:
+        size = sock.recv_into(buf)
+        if not size:
+            raise SystemExit("the server closed the connection")
+        decoder.receive_data(bytes(view[:size]))
+        for item in decoder.next_items():
+            if type(item) is m.Message and item.bookmark is not None:
+                got += 1
+                pending.append(item.bookmark)
+                if len(pending) >= batch or got == n:
+                    sock.sendall(encode_frame([m.SowDelete(topic="Bench", bookmark=",".join(pending))]))
+                    frames += 1
+                    acks += 1
+                    pending = []
+    # The last acknowledgement persisted, as flush() waits for it in the other modes.
+    sock.sendall(encode_frame([m.Flush(cid="flush", ack_type="persisted")]))
+    frames += 1
+    while not any(type(item) is m.Ack and item.cid == "flush" for item in decoder.next_items()):
+        size = sock.recv_into(buf)
+        if not size:
+            raise SystemExit("the server closed the connection")
+        decoder.receive_data(bytes(view[:size]))
+    elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu
+    sock.close()
+    return elapsed, cpu_s, frames, acks
+
+
 def worker(mode: str, uri: str, n: int, backlog: int = BACKLOG) -> None:
     """The consumer process: prints "rate frames ack_batches cpu_us_per_msg" (the CPU
     of every thread of this process, from subscribing to the last ack persisted)."""
-    if mode.startswith("asyncio"):
-        elapsed, cpu_s, frames, acks = async_worker(uri, n, backlog)
+    if mode.startswith("asyncio") or mode == "bare socket":
+        elapsed, cpu_s, frames, acks = (async_worker if mode.startswith("asyncio") else bare_worker)(uri, n, backlog)
         print(f"{n / elapsed:.1f} {frames} {acks} {cpu_s / n * 1e6:.2f}", flush=True)
         return
     from conveyor import Client
@@ -190,7 +242,9 @@ sent at once (since this change, those the loop takes from the application's thr
 together share one `sow_delete`; before, one each); `batched`: `msg.ack()` with the defaults (a batch per half backlog, 100 acks, or
 50 ms); `auto-ack`: `auto_ack=True` (iterator: asking for the next message acknowledges
 the previous; handler: returning acknowledges); `asyncio`: the `AsyncClient` on uvloop,
-`msg.ack()` batched. The blocking client runs its network loop on a thread of its own
+`msg.ack()` batched; `bare socket`: no client, one thread on a blocking socket with the
+frame codec and a `sow_delete` per half backlog (the floor under any Python client on
+this machine). The blocking client runs its network loop on a thread of its own
 (uvloop), so at backlog 10 each round trip of 5-10 messages costs two thread hand-offs
 and several system calls: its fixed cost, not the per-message work, sets the CPU figure
 there. Ack commands: the `sow_delete` commands the acknowledgements became. Frames:
