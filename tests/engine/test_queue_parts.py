@@ -160,6 +160,46 @@ def test_lease_table_renews_only_the_seats_own_leases():
     assert t.renew_held(b, None, 7.0) == 1 and t.next_deadline() == 7.0
 
 
+def test_a_batch_lease_counts_first_and_repeated_deliveries():
+    """lease_all of a batch: a message delivered before counts on from its count, the
+    others start at 1 (a batch of first deliveries takes a path of its own)."""
+    s, (seat,) = seats(Consumer("A", "A", max_backlog=100))
+    t = table()
+    assert t.lease_all(list(range(10)), seat, 5.0, [0.0] * 10, list(range(10))) == [1] * 10
+    for p in (3, 7):
+        t.end(p)
+    t.acknowledge_all([0, 1, 2, 4, 5, 6, 8, 9], seat)
+    assert t.lease_all([3, 7, 10, 11, 12, 13, 14, 15], seat, 9.0, [0.0] * 8, [3, 7, 10, 11, 12, 13, 14, 15]) == [
+        2, 2, 1, 1, 1, 1, 1, 1]
+    assert (t.deliveries_of(3), t.deliveries_of(10), t.deliveries_of(0)) == (2, 1, 0)
+    t.check(lambda p: p in t.leased)
+
+
+def test_acknowledging_every_lease_of_the_table_keeps_what_others_need():
+    """acknowledge_all when the seat holds every lease of the table (emptied whole) and
+    when another seat holds some (key by key): the other seat's leases, a waiting
+    message's delivery count, cancel count and failure note all stay."""
+    s, (a, b) = seats(Consumer("A", "A", max_backlog=100), Consumer("B", "B", max_backlog=100))
+    t = table()
+    t.lease(50, b, 5.0, 0.0, 50, delivery=True)
+    t.end(50)
+    t.cancel(50)
+    t.note(50, "B", "busy")  # 50 waits in the queue, delivered and cancelled once
+    batch = list(range(20))
+    t.lease_all(batch, a, 5.0, [0.0] * 20, batch)
+    t.cancel(4)
+    t.acknowledge_all(batch, a)  # every lease of the table: emptied whole
+    assert t.leased == {} and a.held == set() and a.consumer.outstanding == 0
+    assert (t.deliveries_of(50), t.cancels_of(50), t.note_of(50)) == (1, 1, ("busy", "B"))
+    assert (t.deliveries_of(4), t.cancels_of(4), t.counted()) == (0, 0, [50])
+    t.lease_all(batch, a, 6.0, [0.0] * 20, batch)
+    t.lease(50, b, 6.0, 0.0, 50, delivery=True)  # another seat holds a lease too
+    t.acknowledge_all(batch, a)
+    assert list(t.leased) == [50] and b.held == {50} and a.held == set()
+    assert t.deliveries_of(50) == 2 and t.counted() == [50]
+    t.check(lambda p: p == 50)
+
+
 def test_lease_table_limit_reasons_in_reason_order():
     """Rule 5: every limit a returning message is over, in REASON_ORDER."""
     s, (seat,) = seats(Consumer("A", "A", max_backlog=5))
