@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conveyor import errors, records
+from conveyor.protocol import messages as m
 from conveyor.engine import cache as cache_mod
 from conveyor.engine.cache import MessageCache
 from conveyor.journal import MemoryJournal
@@ -236,3 +237,103 @@ def test_a_message_held_back_by_the_target_depth_is_not_kept():
         h.publish(pub, "Work", {"i": i})
         h.commit()
     assert len(h.engine.cache._entries) == 10
+
+
+# --- a leased batch read ahead of its fetch ----------------------------------------------------
+
+
+def test_a_leased_batch_is_read_ahead_in_turns_and_its_fetch_takes_it():
+    """plan_leased notes the batch; each read_leased_ahead turn reads at most its budget
+    of what the cache does not hold, in one scan; the fetch takes those from the store
+    (hits of the read-ahead, not misses), the cache's own entries unchanged."""
+    j, positions = journal_of(1000, every=7)
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan)
+    for p in positions[:300]:
+        cache.put(p, cache.peek(p))  # the head, as admission leaves it
+    held = list(cache._entries)
+    io.reads = cache.misses = 0
+    cache.plan_leased(positions)
+    turns = 0
+    while cache.read_leased_ahead(budget=400):
+        turns += 1
+    assert turns == 2 and not cache.reading_ahead  # three turns of 400: the last says it is done
+    assert io.scans == 3  # 300..399, 400..799, 800..999: one scan a turn
+    assert sorted(cache._ahead) == positions[300:] and io.reads == 0
+    got = cache.get_many(positions[250:650])
+    assert [e.seq for e in got] == list(range(251, 651))
+    assert cache.misses == 0 and cache.read_ahead_hits == 350 and len(cache._ahead) == 350
+    assert list(cache._entries) == held
+    cache.get_many(positions[650:])
+    assert cache._ahead == {} and cache._ahead_bytes == 0 and cache.misses == 0
+
+
+def test_a_leased_read_ahead_stops_at_the_budget_and_a_full_store_nobody_read_is_dropped():
+    """The store holds at most the cache's budget again: reading ahead stops there and
+    the fetch reads the rest itself. A full store no fetch emptied (a query gone) is
+    dropped when the next batch is leased."""
+    j, positions = journal_of(2000)
+    cache = MessageCache(j.read, scan=j.scan, bytes_max=500 * (10 + 330))
+    cache.plan_leased(positions[:1500])
+    while cache.read_leased_ahead(budget=100):
+        pass
+    kept = len(cache._ahead)
+    assert 500 <= kept <= 600 and cache._ahead_bytes >= cache.bytes_max  # a turn that crosses it ends
+    assert [e.seq for e in cache.get_many(positions[1400:1500])] == list(range(1401, 1501))
+    assert cache.misses == 100  # past the store: read by the fetch, as without a read-ahead
+    cache.plan_leased(positions[1500:])  # the store is full and no fetch came: dropped
+    assert cache._ahead == {} and cache.reading_ahead
+    while cache.read_leased_ahead():
+        pass
+    assert sorted(cache._ahead) == positions[1500:]
+
+
+def test_a_leased_read_ahead_past_a_damaged_record_leaves_it_to_the_fetch():
+    j, positions = journal_of(100)
+    def damaged(start: int, end: int):
+        yield from j.scan(start, positions[40])
+        raise errors.JournalCorrupt("a damaged record")
+
+    def read(position: int) -> bytes:
+        if position == positions[40]:
+            raise errors.JournalCorrupt(f"record at {position}: bad checksum")
+        return j.read(position)
+
+    cache = MessageCache(read, scan=damaged)
+    cache.plan_leased(positions)
+    while cache.read_leased_ahead():
+        pass
+    assert sorted(cache._ahead) == positions[:40]
+    assert [e.seq for e in cache.get_many(positions[:40])] == list(range(1, 41))
+    with pytest.raises(errors.JournalCorrupt, match="bad checksum"):
+        cache.get_many(positions[40:])
+
+
+def test_a_named_consumers_lease_is_read_ahead_by_the_engines_background_turns():
+    """Engine level: a lease plans the read-ahead, which says it has background work
+    (fanout_pending) until pump_replays (the harness pumps it after each call, as the
+    server does after each turn) has read it; the fetch finds every delivery the cache
+    did not hold."""
+    h = Harness(config_xml(queue_xml("Q", LeasePeriod="30s"), topics=("Work",)))
+    pub, drv = h.connect("pub"), h.connect("drv")
+    for i in range(50):
+        h.publish(pub, "Work", {"i": i})
+    h.commit()
+    h.handle(drv, m.Claim(queue="Q", consumer="c", token="t", cid="k"))
+    h.commit()
+    cache = h.engine.cache
+    for p in list(cache._entries)[10:]:
+        cache.discard(p)  # as if the budget had kept only the first ten
+    assert not h.engine.fanout_pending
+    cache.plan_leased([1])
+    assert h.engine.fanout_pending  # until a background turn has read it
+    cache._plans.clear()
+    h.handle(drv, m.Lease(queue="Q", consumer="c", after=0, max=0, ttl=30.0, epoch=1, cid="l"))
+    h.commit()
+    assert len(cache._ahead) == 40 and not h.engine.fanout_pending
+    h.take(drv)
+    cache.misses = 0
+    h.handle(drv, m.Fetch(queue="Q", consumer="c", lo=0, hi=50, cid="f"))
+    got = [x for x in h.take(drv) if isinstance(x, m.Message)]
+    assert [decode(x)["i"] for x in got] == list(range(50)) and cache.misses == 0
+    assert cache.read_ahead_hits == 40 and cache._ahead == {}

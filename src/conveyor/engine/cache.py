@@ -36,11 +36,21 @@ A priority queue counts nothing ahead: a message may go to its front.
 hits from the cache and reads its misses in one scan per run of them, without keeping
 what it read: a page is read once, and keeping it would push out, in a FIFO backlog
 larger than the budget, the oldest entries, which are the next page's.
+
+**A leased batch read ahead.** A named consumer fetches what it leased a moment after
+the lease (a Spark micro-batch: the lease in the driver, then the tasks' fetches once
+they have started), and the server is idle in between. :meth:`MessageCache.plan_leased`
+notes the batch; the engine's background turns (``Engine.pump_replays``) read the
+deliveries the cache does not hold from the journal, :data:`LEASED_READ_AHEAD_PER_TURN`
+a turn (a few milliseconds: commands are taken between turns), into a store of their
+own (not the LRU, for the reason above), which the fetch takes them from. The store
+holds at most the budget again; full, reading ahead stops, and a full store that no
+fetch emptied (a query that went away) is dropped at the next lease.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable, Final, Iterator, Protocol, cast
 
 import msgspec
@@ -55,6 +65,9 @@ CACHE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024  # recent payloads; bounded so memory
 _ENTRY_OVERHEAD_BYTES: Final = 330
 TOPICS_SHARED_MAX: Final = 10_000  # topic names shared between entries; past it the table starts again
 READ_AHEAD_SPAN_BYTES = 256 * 1024  # journal bytes one sequential miss reads and keeps (module header)
+#: Deliveries of a leased batch one background turn reads ahead (module header): about
+#: 5 ms of reading, so a command waits no longer than that behind it.
+LEASED_READ_AHEAD_PER_TURN: Final = 2_000
 #: An entry whose body is not decoded yet. Not the entry itself: a reference to itself
 #: would put every entry in a reference cycle, freed only by the cyclic collector, so
 #: entries the cache let go (a large query reads millions) would pile up between its
@@ -138,6 +151,12 @@ class MessageCache:
         self._topics: dict[str, str] = {}  # one copy of each topic name (module header)
         self.bytes_max = bytes_max
         self.misses = 0
+        # A leased batch read ahead (module header): the batches to read, each with the
+        # place to go on from, and what was read, until a fetch takes it.
+        self._plans: deque[tuple[list[int], int]] = deque()
+        self._ahead: dict[int, Fetched] = {}
+        self._ahead_bytes = 0
+        self.read_ahead_hits = 0
 
     def put(self, position: int, entry: Entry) -> None:
         old = self._entries.get(position)
@@ -222,25 +241,95 @@ class MessageCache:
         entries = self._entries
         out: list[Fetched | None] = [entries.get(p) for p in positions]
         at = [i for i, e in enumerate(out) if e is None]  # the misses' places, put in journal order below
+        if at and self._ahead:
+            at = self._take_ahead(out, positions, at)
         if not at:
             return out  # type: ignore[return-value]  # no None left
+        self.misses += len(at)
+        self._scan_runs(out, positions, at)
+        for i in at:
+            if out[i] is None:
+                out[i] = self._load(positions[i])
+        return out  # type: ignore[return-value]  # no None left
+
+    def _scan_runs(self, out: list[Fetched | None], positions: list[int], at: list[int]) -> None:
+        """:meth:`_scan_into` of the places ``at``, put in journal order, one scan per run
+        of them at most READ_AHEAD_SPAN_BYTES apart; what no scan brought stays None."""
+        if self._scan is None:
+            return
         last = -1
         for i in at:
             if positions[i] < last:  # not the common case (a FIFO's deliveries ascend)
                 at.sort(key=positions.__getitem__)
                 break
             last = positions[i]
-        self.misses += len(at)
-        if self._scan is not None:
-            first = 0
-            for k in range(1, len(at) + 1):
-                if k == len(at) or positions[at[k]] - positions[at[k - 1]] > READ_AHEAD_SPAN_BYTES:
-                    self._scan_into(out, positions, at[first:k])
-                    first = k
+        first = 0
+        for k in range(1, len(at) + 1):
+            if k == len(at) or positions[at[k]] - positions[at[k - 1]] > READ_AHEAD_SPAN_BYTES:
+                self._scan_into(out, positions, at[first:k])
+                first = k
+
+    def _take_ahead(self, out: list[Fetched | None], positions: list[int], at: list[int]) -> list[int]:
+        """The places of ``at`` the leased batch's read-ahead has (module header) filled
+        from it, each taken out of it (a fetch reads a delivery once); the others."""
+        ahead = self._ahead
+        left: list[int] = []
+        freed = 0
         for i in at:
-            if out[i] is None:
-                out[i] = self._load(positions[i])
-        return out  # type: ignore[return-value]  # no None left
+            rec = ahead.pop(positions[i], None)
+            if rec is None:
+                left.append(i)
+            else:
+                out[i] = rec
+                freed += len(rec.data) + _ENTRY_OVERHEAD_BYTES
+        self._ahead_bytes -= freed
+        self.read_ahead_hits += len(at) - len(left)
+        return left
+
+    # --- a leased batch read ahead (module header) ----------------------------------------
+
+    def plan_leased(self, positions: list[int]) -> None:
+        """A named consumer just leased ``positions``: read ahead what the cache does not
+        hold of them, in the background turns to come (:meth:`read_leased_ahead`)."""
+        if self._scan is None or not positions:
+            return
+        if self._ahead_bytes >= self.bytes_max and not self._plans:
+            self._ahead.clear()  # full of reads no fetch took (a query gone): start again
+            self._ahead_bytes = 0
+        self._plans.append((positions, 0))
+
+    @property
+    def reading_ahead(self) -> bool:
+        """Whether a leased batch is still to be read ahead."""
+        return bool(self._plans)
+
+    def read_leased_ahead(self, budget: int = LEASED_READ_AHEAD_PER_TURN) -> bool:
+        """One background turn: up to ``budget`` deliveries of the leased batches read
+        ahead, those the cache and the store do not hold yet; whether more are left."""
+        plans, entries, ahead = self._plans, self._entries, self._ahead
+        while plans and budget > 0:
+            if self._ahead_bytes >= self.bytes_max:
+                plans.clear()  # the store is full: the fetches read the rest themselves
+                break
+            positions, start = plans[0]
+            end = min(len(positions), start + budget)
+            budget -= end - start
+            if end == len(positions):
+                plans.popleft()
+            else:
+                plans[0] = (positions, end)
+            wanted = [p for p in positions[start:end] if p not in entries and p not in ahead]
+            if not wanted:
+                continue
+            found: list[Fetched | None] = [None] * len(wanted)
+            self._scan_runs(found, wanted, list(range(len(wanted))))
+            added = 0
+            for p, rec in zip(wanted, found):
+                if rec is not None:
+                    ahead[p] = rec
+                    added += len(rec.data) + _ENTRY_OVERHEAD_BYTES
+            self._ahead_bytes += added
+        return bool(plans)
 
     def _scan_into(self, out: list[Fetched | None], positions: list[int], at: list[int]) -> None:
         """``out[i]``, for each ``i`` of ``at`` (places whose positions ascend), the publish

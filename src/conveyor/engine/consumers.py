@@ -320,6 +320,7 @@ class NamedConsumers:
             _extend(c.positions, positions)
             c.d += len(positions)
             c.leased += len(positions)
+            self._cache.plan_leased(positions)  # its fetch comes next: read ahead meanwhile (cache.py)
         return replies.LeaseReply(d=c.d, leased=len(positions), reoffered=0, D=c.d)
 
     def _reclaim(self, cmd: m.Reclaim, now: float) -> replies.ReclaimReply:

@@ -160,9 +160,8 @@ class Engine:
         self.describe_connection = describe_connection
         self.limits = config.limits
         self.entitlements = Entitlements.from_config(config)
-        # One filter budget per turn of the shell's loop, for topic fan-out, queue
-        # dispatch and SOW subscriptions alike (engine/filter_budget.py); topics.new_turn()
-        # renews it.
+        # One filter budget per turn of the shell's loop, for topic fan-out, queue dispatch and
+        # SOW subscriptions alike (engine/filter_budget.py); topics.new_turn() renews it.
         budget = FilterBudget(FILTER_TICKS_PER_TURN)
         # Every part is built once, here, in dependency order, and given what it uses;
         # nothing is assigned into a part afterwards (docs/architecture.md, "Assembly").
@@ -170,9 +169,8 @@ class Engine:
         self.topics = Topics(journal, self.outbox, budget)
         # Query results on their way to their connections, paced like replays (sow/production.py).
         self.queries = Queries(self.outbox, budget)
-        # Held for the replicated queues until the sync peers caught this instance up after
-        # its start; an instance with nothing to wait for gets the plain delivery (no
-        # wrapper call on every step: held_delivery.py rule 2).
+        # Held for the replicated queues until the sync peers caught this instance up after its start;
+        # with nothing to wait for, the plain delivery (no wrapper call a step: held_delivery.py rule 2).
         self.catch_up = CatchUp(config)
         delivery = QueueDelivery if self.catch_up.done else partial(HeldDelivery, self.catch_up)
         self.delivery = delivery(
@@ -793,9 +791,10 @@ class Engine:
 
     @property
     def fanout_pending(self) -> bool:
-        """Whether a fan-out waits for the next turn's filter budget (:meth:`pump_replays`
-        goes on with it; topics.py rule 1), or a queue dispatch (queue rule 12)."""
-        return self.topics.fanout_pending or self.delivery.dispatch_pending or self.sow.delivery_pending
+        """Background work of :meth:`pump_replays` that needs no socket to drain: a fan-out the filter
+        budget cut short (topics.py rule 1), a queue dispatch (queue rule 12), a read-ahead (cache.py)."""
+        return (self.topics.fanout_pending or self.delivery.dispatch_pending or self.sow.delivery_pending
+                or self.cache.reading_ahead)
 
     def pump_replays(
         self, now: float, budget: int = REPLAY_RECORDS_PER_PUMP, *, paused: Container[int] = (),
@@ -818,6 +817,7 @@ class Engine:
         more = topics.pump(now, self.publishes.applied_end, budget, paused, room) or more
         if self.queries.pending:
             more = self.queries.pump(budget, paused, room) or more
+        more = self.cache.read_leased_ahead() or more  # a named consumer's leased batch (cache.py)
         return more
 
     def subscribed(self, conn_id: int) -> bool:
