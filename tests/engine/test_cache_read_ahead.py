@@ -337,3 +337,19 @@ def test_a_named_consumers_lease_is_read_ahead_by_the_engines_background_turns()
     got = [x for x in h.take(drv) if isinstance(x, m.Message)]
     assert [decode(x)["i"] for x in got] == list(range(50)) and cache.misses == 0
     assert cache.read_ahead_hits == 40 and cache._ahead == {}
+
+
+def test_what_a_fetch_read_first_is_not_read_ahead_again():
+    """A fetch that comes before the read-ahead got to its deliveries reads them itself;
+    the read-ahead then skips them (nothing is read twice, nothing is left in the store)."""
+    j, positions = journal_of(1000)
+    io = Counting(j)
+    cache = MessageCache(io.read, scan=io.scan)
+    cache.plan_leased(positions)
+    assert cache.read_leased_ahead(budget=200)  # 0..199 read ahead
+    got = cache.get_many(positions[500:700])  # a second task's first page, before the read-ahead
+    assert [e.seq for e in got] == list(range(501, 701)) and cache.misses == 200
+    while cache.read_leased_ahead(budget=200):
+        pass
+    assert sorted(cache._ahead) == positions[:500] + positions[700:]
+    assert cache._fetched == set()  # forgotten once nothing is planned

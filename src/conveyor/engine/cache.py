@@ -43,8 +43,9 @@ they have started), and the server is idle in between. :meth:`MessageCache.plan_
 notes the batch; the engine's background turns (``Engine.pump_replays``) read the
 deliveries the cache does not hold from the journal, :data:`LEASED_READ_AHEAD_PER_TURN`
 a turn (a few milliseconds: commands are taken between turns), into a store of their
-own (not the LRU, for the reason above), which the fetch takes them from. The store
-holds at most the budget again; full, reading ahead stops, and a full store that no
+own (not the LRU, for the reason above), which the fetch takes them from; what a
+fetch read itself first is not read ahead again. The store holds at most the budget
+again; full, reading ahead stops, and a full store that no
 fetch emptied (a query that went away) is dropped at the next lease.
 """
 
@@ -154,6 +155,7 @@ class MessageCache:
         # A leased batch read ahead (module header): the batches to read, each with the
         # place to go on from, and what was read, until a fetch takes it.
         self._plans: deque[tuple[list[int], int]] = deque()
+        self._fetched: set[int] = set()  # of the planned deliveries, those a fetch read first
         self._ahead: dict[int, Fetched] = {}
         self._ahead_bytes = 0
         self.read_ahead_hits = 0
@@ -246,6 +248,8 @@ class MessageCache:
         if not at:
             return out  # type: ignore[return-value]  # no None left
         self.misses += len(at)
+        if self._plans:  # read here, not to be read ahead again (module header)
+            self._fetched.update([positions[i] for i in at])
         self._scan_runs(out, positions, at)
         for i in at:
             if out[i] is None:
@@ -306,7 +310,7 @@ class MessageCache:
     def read_leased_ahead(self, budget: int = LEASED_READ_AHEAD_PER_TURN) -> bool:
         """One background turn: up to ``budget`` deliveries of the leased batches read
         ahead, those the cache and the store do not hold yet; whether more are left."""
-        plans, entries, ahead = self._plans, self._entries, self._ahead
+        plans, entries, ahead, fetched = self._plans, self._entries, self._ahead, self._fetched
         while plans and budget > 0:
             if self._ahead_bytes >= self.bytes_max:
                 plans.clear()  # the store is full: the fetches read the rest themselves
@@ -318,7 +322,7 @@ class MessageCache:
                 plans.popleft()
             else:
                 plans[0] = (positions, end)
-            wanted = [p for p in positions[start:end] if p not in entries and p not in ahead]
+            wanted = [p for p in positions[start:end] if p not in entries and p not in ahead and p not in fetched]
             if not wanted:
                 continue
             found: list[Fetched | None] = [None] * len(wanted)
@@ -329,6 +333,8 @@ class MessageCache:
                     ahead[p] = rec
                     added += len(rec.data) + _ENTRY_OVERHEAD_BYTES
             self._ahead_bytes += added
+        if not plans:
+            fetched.clear()
         return bool(plans)
 
     def _scan_into(self, out: list[Fetched | None], positions: list[int], at: list[int]) -> None:
