@@ -45,8 +45,9 @@ deliveries the cache does not hold from the journal, :data:`LEASED_READ_AHEAD_PE
 a turn (a few milliseconds: commands are taken between turns), into a store of their
 own (not the LRU, for the reason above), which the fetch takes them from; what a
 fetch read itself first is not read ahead again. The store holds at most the budget
-again; full, reading ahead stops, and a full store that no
-fetch emptied (a query that went away) is dropped at the next lease.
+again: full, reading ahead stops, and a full store that no fetch emptied (a query that
+went away) is dropped at the next lease. Positions name one record forever, so an entry
+left there is never a wrong answer, only memory until then.
 """
 
 from __future__ import annotations
