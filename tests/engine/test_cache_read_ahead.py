@@ -42,6 +42,21 @@ class Counting:
         return self.j.scan(start, end)
 
 
+def damaged_at(j: MemoryJournal, position: int):
+    """(read, scan) of ``j`` whose record at ``position`` is damaged: a scan stops there
+    with JournalCorrupt, a read of it raises JournalCorrupt."""
+    def scan(start: int, end: int):
+        yield from j.scan(start, position)
+        raise errors.JournalCorrupt("a damaged record")
+
+    def read(p: int) -> bytes:
+        if p == position:
+            raise errors.JournalCorrupt(f"record at {p}: bad checksum")
+        return j.read(p)
+
+    return read, scan
+
+
 def test_a_forward_reader_reads_sequentially_and_then_hits():
     j, positions = journal_of(2000, every=7)
     io = Counting(j)
@@ -64,10 +79,7 @@ def test_a_miss_that_is_not_the_next_reads_its_record_alone():
 
 def test_a_damaged_record_further_on_does_not_fail_the_one_asked_for():
     j, positions = journal_of(100)
-    def damaged(start: int, end: int):
-        yield from j.scan(start, positions[5])
-        raise errors.JournalCorrupt("a damaged record")
-
+    _, damaged = damaged_at(j, positions[5])
     cache = MessageCache(j.read, scan=damaged)
     cache.get(positions[0])
     assert cache.get(positions[1]).seq == 2  # read ahead to the damage, no further
@@ -128,15 +140,8 @@ def test_get_many_in_any_order_and_far_apart():
 
 def test_get_many_reports_a_damaged_record_by_its_own_read():
     j, positions = journal_of(100)
-    def damaged(start: int, end: int):
-        yield from j.scan(start, positions[5])
-        raise errors.JournalCorrupt("a damaged record")
-
-    def read(position: int) -> bytes:
-        if position == positions[7]:
-            raise errors.JournalCorrupt(f"record at {position}: bad checksum")
-        return j.read(position)
-
+    _, damaged = damaged_at(j, positions[5])
+    read, _ = damaged_at(j, positions[7])
     cache = MessageCache(read, scan=damaged)
     assert [e.seq for e in cache.get_many(positions[:7])] == [1, 2, 3, 4, 5, 6, 7]  # 6, 7 read alone
     with pytest.raises(errors.JournalCorrupt, match="bad checksum"):
@@ -290,15 +295,7 @@ def test_a_leased_read_ahead_stops_at_the_budget_and_a_full_store_nobody_read_is
 
 def test_a_leased_read_ahead_past_a_damaged_record_leaves_it_to_the_fetch():
     j, positions = journal_of(100)
-    def damaged(start: int, end: int):
-        yield from j.scan(start, positions[40])
-        raise errors.JournalCorrupt("a damaged record")
-
-    def read(position: int) -> bytes:
-        if position == positions[40]:
-            raise errors.JournalCorrupt(f"record at {position}: bad checksum")
-        return j.read(position)
-
+    read, damaged = damaged_at(j, positions[40])
     cache = MessageCache(read, scan=damaged)
     cache.plan_leased(positions)
     while cache.read_leased_ahead():

@@ -185,23 +185,24 @@ class LeaseTable:
         :meth:`acknowledge_many`; a position that is not leased raises KeyError)."""
         leased, held = self.leased, seat.held
         every = len(held) == len(positions)
-        if every and len(leased) == len(held):
-            # The seat holds every lease of the table (a named consumer acknowledging its
-            # whole batch, alone on its queue): ``held`` is ``positions`` and, as each of
-            # those is leased (the caller's word), it is all of ``leased`` too: emptied
-            # at once, not key by key.
-            self._acknowledge_every(held)
-            _backlog(seat, -len(positions))
-            self.slots_freed += len(positions)
-            return
         # Every one the seat holds (a named consumer's ack of its whole batch): walk the
         # held set instead, whose objects are the table's keys, found by identity; the
         # positions given are equal ints made anew, each compared by value.
-        keys = list(held) if every else positions
-        for p in keys:  # a loop, not map(): compiled, it is a C loop without a call per item
-            del leased[p]
+        keys: set[int] | list[int] = held if every else positions
+        if every and len(leased) == len(held):
+            # The seat holds every lease of the table (a named consumer alone on its
+            # queue): as each of ``held`` is leased (the caller's word), it is all of
+            # ``leased``: emptied at once, not key by key.
+            leased.clear()
+        else:
+            for p in keys:  # a loop, not map(): compiled, it is a C loop without a call per item
+                del leased[p]
         for counts in (self._deliveries, self._cancels, self._notes):
-            if counts:
+            if not counts:
+                continue
+            if every and counts.keys() == held:  # only the batch's counts: a C pass, emptied whole
+                counts.clear()
+            else:  # a count of a message not leased (a re-offered one waiting) is kept
                 for p in keys:
                     counts.pop(p, None)
         if every:
@@ -210,21 +211,6 @@ class LeaseTable:
             held.difference_update(positions)
         _backlog(seat, -len(positions))
         self.slots_freed += len(positions)
-
-    def _acknowledge_every(self, held: set[int]) -> None:
-        """:meth:`acknowledge_all` of every lease of the table, all of them in ``held``:
-        the table and the counts of those messages emptied whole (a count of a message
-        not leased, a re-offered one waiting, is kept)."""
-        self.leased.clear()
-        for counts in (self._deliveries, self._cancels, self._notes):
-            if not counts:
-                continue
-            if counts.keys() == held:  # a C pass of lookups that hit by identity
-                counts.clear()
-            else:
-                for p in held:
-                    counts.pop(p, None)
-        held.clear()
 
     def holders(self, positions: list[int], owner: Hashable | None) -> list[Seat] | None:
         """The seat holding each of ``positions`` when every one is leased and named
