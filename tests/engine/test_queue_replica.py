@@ -89,8 +89,27 @@ def test_a_queue_that_is_not_replicated_keeps_no_identities():
 
 def test_recent_leavers_are_bounded():
     e = Replica()
-    for p in range(LEFT_MAX + 5):
+    for p in range(2 * LEFT_MAX + 5):
         e.entered(p, (1, p))
-        e.left(p)
-    assert e.position_recorded((1, 0)) is None and e.position_recorded((1, LEFT_MAX + 4)) == LEFT_MAX + 4
-    assert e.size == 0
+        e.left([p])
+    # the oldest go in one batch once twice the bound is passed; the newest LEFT_MAX stay
+    assert e.position_recorded((1, 0)) is None and e.position_recorded((1, 2 * LEFT_MAX + 4)) == 2 * LEFT_MAX + 4
+    assert e.position_recorded((1, LEFT_MAX + 5)) == LEFT_MAX + 5
+    assert len(list(e.leavers()[0])) <= 2 * LEFT_MAX and e.size == 0
+
+
+def test_a_replicated_queue_with_an_ordering_key_forgets_identities_and_releases_keys():
+    """Both parts hear of a message that leaves: the replica part's observer is not
+    replaced by the OrderingKey part's (each is told, a batch in one call)."""
+    config = QueueConfig(name="Q", message_type="json", ordering_key="/c")
+    q = Queue(config, load=lambda p: None, replicated=True)
+    for p, key in enumerate("xxy"):
+        q.enqueue(p, 0.0, ident=(7, p), ordering_key=key)
+    q.add_consumer(Consumer("c", "o", max_backlog=10), 0.0)
+    assert [d.position for d in q.dispatch(0.0)] == [0, 2]
+    q.acknowledge([0, 2], by=None, option=AckOption.NONE, now=1.0)
+    assert q.replica.position((7, 0)) is None and q.replica.position((7, 2)) is None
+    assert q.replica.position_recorded((7, 0)) == 0 and q.replica.size == 1
+    assert [d.position for d in q.dispatch(1.0)] == [1]  # x's next, released by the key part
+    q.keys.check()
+    q.check_invariants()

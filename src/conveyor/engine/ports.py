@@ -69,7 +69,7 @@ class QueueIdentity(Protocol):
     """How a replicated queue's message is named to other instances: journal positions
     are local, ``(publisher, seq)`` is the same everywhere."""
 
-    def identify(self, position: int) -> tuple[int, int]:
+    def identify(self, position: int) -> tuple[int, ...]:
         """(publisher, seq) of the message published at ``position``."""
         ...
 
@@ -102,7 +102,7 @@ class ReplicaConsumers(Protocol):
 class ReplicaSow(Protocol):
     """The State of the World, as both sides of replication use it."""
 
-    def identify(self, position: int) -> tuple[int, int] | None:
+    def identify(self, position: int) -> tuple[int, ...] | None:
         """(publisher, seq) of the SOW record at ``position`` (None: it cannot be named)."""
         ...
 

@@ -248,12 +248,12 @@ class QueueBinding:
         if queue.activate(pos, rec.timestamp, rec.expiration, owner=owner, arrived=arrived, removed=not enters):
             queue.replica.entered(pos, ident)
 
-    def find_inactive(self, journal: JournalPort, wanted: set[tuple[int, int]],
-                      limit: int) -> dict[tuple[int, int], tuple[int, str]]:
+    def find_inactive(self, journal: JournalPort, wanted: set[tuple[int, ...]],
+                      limit: int) -> dict[tuple[int, ...], tuple[int, str]]:
         """Rule 7: where in the inactive part the messages ``wanted`` (by identity) are,
         with their origin, reading at most ``limit`` journal records from its start."""
         start = self.queue.refill_from()
-        found: dict[tuple[int, int], tuple[int, str]] = {}
+        found: dict[tuple[int, ...], tuple[int, str]] = {}
         if start is None or not wanted:
             return found
         for read, (pos, payload) in enumerate(journal.scan(start)):

@@ -151,22 +151,24 @@ class KeyedOrder:
         line = self._lines[key]
         return len(line) > self.n and p not in islice(line, self.n)
 
-    def left(self, p: int) -> None:
-        """``p`` left the queue for good (rule 3): the next of its key may be released."""
-        key = self._key_of.pop(p, None)
-        if key is None:
-            return
-        line = self._lines[key]
-        n = self.n
-        if len(line) > n:
-            i = line.index(p)
-            if i < n:
-                self._pending.append(line[n])
-            del line[i]
-        else:
-            line.remove(p)
-            if not line:
-                del self._lines[key]
+    def left(self, positions: list[int]) -> None:
+        """``positions`` left the queue for good (rule 3): the next of their keys may be
+        released."""
+        key_of, lines, n = self._key_of, self._lines, self.n
+        for p in positions:
+            key = key_of.pop(p, None)
+            if key is None:
+                continue
+            line = lines[key]
+            if len(line) > n:
+                i = line.index(p)
+                if i < n:
+                    self._pending.append(line[n])
+                del line[i]
+            else:
+                line.remove(p)
+                if not line:
+                    del lines[key]
 
     def held(self, p: int) -> bool:
         """Whether ``p`` is held behind its key (rule 2)."""

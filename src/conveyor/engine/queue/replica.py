@@ -10,8 +10,8 @@ transfers, tombstones) over what this part holds. Rules:
 
 1. **Identity.** Each message in the queue here is known by ``(publisher, seq)``, the
    name replication uses on every instance; the :data:`LEFT_MAX` most recent leavers
-   keep theirs (a named consumer's replicated lease may name a message acknowledged
-   here first).
+   (up to twice as many: the oldest are dropped in batches) keep theirs (a named
+   consumer's replicated lease may name a message acknowledged here first).
 2. **Elsewhere.** A message another instance owns is recorded and in the view, never
    delivered: only its owner delivers it. It keeps its publish time, its order key (a
    priority queue needs it when the message comes back) and when it arrived here (the
@@ -35,23 +35,32 @@ transfers, tombstones) over what this part holds. Rules:
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 from conveyor.engine.queue.rows import Lease
 
-Ident = tuple[int, int]  # (publisher, seq)
+# (publisher, seq). Not tuple[int, int]: compiled code keeps a fixed-length tuple unboxed
+# and builds a new tuple object from it at each dict lookup.
+Ident = tuple[int, ...]
 Epoch = tuple[int, str, str]  # (epoch, owner, granter) of the transfer that won
 
 #: Messages that left the queue whose position is still found by identity (rule 1).
 LEFT_MAX = 10_000
 
 
-class Away(NamedTuple):
-    owner: str
-    published_at: float
-    key: int
-    arrived: float
+class Away:
+    """A message another instance owns, as this one keeps it (rule 2). A class, not a
+    NamedTuple: compiled code builds one without a call into the interpreter."""
+
+    __slots__ = ("owner", "published_at", "key", "arrived")
+
+    def __init__(self, owner: str, published_at: float, key: int, arrived: float) -> None:
+        self.owner = owner  # changes in place: the entry is shared by _away and _unasked
+        self.published_at = published_at
+        self.key = key
+        self.arrived = arrived
 
 
 class Replica:
@@ -66,7 +75,7 @@ class Replica:
         self._leaving: dict[int, str] = {}  # leased here, owned elsewhere now (rule 3)
         self._idents: dict[int, Ident] = {}  # rule 1
         self._positions: dict[Ident, int] = {}
-        self._left: OrderedDict[Ident, int] = OrderedDict()  # oldest first
+        self._left: dict[Ident, int] = {}  # oldest first
         self._epochs: dict[Ident, Epoch] = {}  # rule 5
         # (when, attempt) of our last request, in the order asked (oldest leave first).
         self._requested: OrderedDict[Ident, tuple[float, int]] = OrderedDict()
@@ -88,24 +97,27 @@ class Replica:
         self._idents[position] = ident
         self._positions[ident] = position
 
-    def left(self, position: int) -> None:
-        """The message left the queue for good (called by the transition table)."""
-        ident = self._idents.pop(position, None)
-        if ident is None:
-            return
-        del self._positions[ident]
-        left = self._left
-        left[ident] = position
-        if len(left) > LEFT_MAX:
-            left.popitem(last=False)
-        # Each only when it holds anything: an owner's own messages have neither a
-        # request nor an epoch, and a lookup by identity hashes a tuple.
-        if self._requested:
-            self._requested.pop(ident, None)
-        if self._epochs:
-            self._epochs.pop(ident, None)
-        if self._held:
-            self._held.pop(position, None)
+    def left(self, positions: list[int]) -> None:
+        """These messages left the queue for good (called by the transition table, a
+        batch at once)."""
+        idents, where, left = self._idents, self._positions, self._left
+        requested, epochs, held = self._requested, self._epochs, self._held
+        for position in positions:
+            ident = idents.pop(position, None)
+            if ident is None:
+                continue
+            del where[ident]
+            left[ident] = position
+            # Each only when it holds anything: an owner's own messages have neither a
+            # request nor an epoch.
+            if requested:
+                requested.pop(ident, None)
+            if epochs:
+                epochs.pop(ident, None)
+            if held:
+                held.pop(position, None)
+        if len(left) > 2 * LEFT_MAX:  # rule 1: the oldest dropped in one pass, not one by one
+            self._left = dict(itertools.islice(left.items(), len(left) - LEFT_MAX, None))
 
     @property
     def size(self) -> int:
@@ -151,9 +163,7 @@ class Replica:
         return away.arrived if away is not None else None
 
     def set_owner(self, position: int, owner: str) -> None:
-        away = self._away[position] = self._away[position]._replace(owner=owner)
-        if position in self._unasked:
-            self._unasked[position] = away
+        self._away[position].owner = owner  # the same entry as in _unasked
 
     def hold(self, position: int, not_before: float) -> None:
         """Rule 6: its owner holds ``position`` until ``not_before`` (0: no more)."""

@@ -315,7 +315,7 @@ def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float],
     return tuple(zip(positions, (owners[i] for i in owner), times, keys, arrived))
 
 
-def columns(positions: Iterable[int], idents: Iterable[tuple[int, int]]) -> bytes:
+def columns(positions: Iterable[int], idents: Iterable[tuple[int, ...]]) -> bytes:
     """``positions`` and their (publisher, seq) ``idents``, in the same order, as the
     ``idents`` / ``left`` columns (C loops: a deep replicated queue's snapshot is taken
     on the engine's thread)."""
@@ -323,7 +323,7 @@ def columns(positions: Iterable[int], idents: Iterable[tuple[int, int]]) -> byte
     return _pack(array("q", positions), array("Q", map(_first, idents)), array("q", map(_second, idents)))
 
 
-def triples(data: bytes) -> tuple[array[int], list[tuple[int, int]]]:
+def triples(data: bytes) -> tuple[array[int], list[tuple[int, ...]]]:
     """``columns``' bytes back: (positions, (publisher, seq) of each)."""
     positions, publishers, seqs = _unpack(data, "q", "Q", "q")
     return positions, list(zip(publishers, seqs))

@@ -238,15 +238,17 @@ class Transitions:
         #: (docs/sow-and-views.md); it must not call back into the queue.
         self.observer: Callable[[int, MessageState], object] | None = None
         self._crossing: frozenset[tuple[MessageState, Verb]] = frozenset()
-        self._leave: Callable[[int], object] | None = None
+        self._leave: tuple[Callable[[list[int]], object], ...] = ()
         self._leaves: frozenset[tuple[MessageState, Verb]] = frozenset()
 
-    def on_leave(self, observer: Callable[[int], object]) -> None:
-        """Call ``observer(position)`` for every move out of the queue for good (to
-        ACKNOWLEDGED, EXPIRED or CONSUMED), live and in a replay alike: a replicated
-        queue's replica part forgets the message's identity there, so nobody outside
-        the queue has to tell it."""
-        self._leave = observer
+    def on_leave(self, observer: Callable[[list[int]], object]) -> None:
+        """Call ``observer(positions)`` for every move out of the queue for good (to
+        ACKNOWLEDGED, EXPIRED or CONSUMED), live and in a replay alike, a batch's moves
+        in one call: a replicated queue's replica part forgets the messages' identities
+        there, an OrderingKey's part releases the next of their keys, so nobody outside
+        the queue has to tell them. Each observer added hears of every move; it must not
+        keep the list."""
+        self._leave = (*self._leave, observer)
         self._leaves = frozenset(k for k, to in self._table.items() if to in GONE)
 
     def watch(self, observer: Callable[[int, MessageState], object] | None, states: frozenset[MessageState]) -> None:
@@ -268,8 +270,9 @@ class Transitions:
             raise IllegalTransition(position, state, verb, self._semantics) from None
         if self.observer is not None and (state, verb) in self._crossing:
             self.observer(position, to)
-        if self._leave is not None and (state, verb) in self._leaves:
-            self._leave(position)
+        if self._leave and (state, verb) in self._leaves:
+            for leave in self._leave:
+                leave([position])
         return to
 
     def move_all(self, positions: list[int], verb: Verb, state: MessageState, *, checked: bool = True) -> None:
@@ -290,10 +293,9 @@ class Transitions:
         if observer is not None and (state, verb) in self._crossing:
             for p in positions:
                 observer(p, to)
-        leave = self._leave
-        if leave is not None and (state, verb) in self._leaves:
-            for p in positions:
-                leave(p)
+        if self._leave and (state, verb) in self._leaves:
+            for leave in self._leave:
+                leave(positions)
 
     def _misplaced(self, position: int, verb: Verb, state: MessageState) -> str:
         """The assertion of :meth:`move` that failed, said (built only when it fails)."""
@@ -309,6 +311,7 @@ class Transitions:
             raise IllegalTransition(position, state, verb, self._semantics) from None
         if self.observer is not None and (state, verb) in self._crossing:
             self.observer(position, to)
-        if self._leave is not None and (state, verb) in self._leaves:
-            self._leave(position)
+        if self._leave and (state, verb) in self._leaves:
+            for leave in self._leave:
+                leave([position])
         return to

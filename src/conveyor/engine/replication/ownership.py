@@ -374,6 +374,7 @@ class QueueOwnership:
         ours: list[tuple[Ident, int]] = []
         proxied: list[tuple[Ident, int]] = []
         onward: list[int] = []
+        ident: Ident  # boxed: a tuple[int, int] is unboxed, and boxed again at each lookup
         for i, ident in enumerate(zip(rec.publishers, rec.seqs)):
             position = replica.position(ident)
             if position is None:
@@ -430,8 +431,13 @@ class QueueOwnership:
         queue, replica = self.queue, self._replica
         held = rec.not_before or itertools.repeat(0.0)
         asked_at: float | None = None  # when the first message of it that this instance asked for was asked for
-        coming: list[tuple[int, int, int, float]] = []  # (position, deliveries, cancels, not before) granted here
+        # granted here: the columns of Transfers.transfer_in_all
+        coming: list[int] = []
+        coming_deliveries: list[int] = []
+        coming_cancels: list[int] = []
+        coming_not_before: list[float] = []
         going: list[int] = []  # positions granted to another instance
+        ident: Ident  # boxed, as in request()
         for ident, epoch, deliveries, cancels, not_before in zip(zip(rec.publishers, rec.seqs), rec.epochs,
                                                                  rec.deliveries, rec.cancels, held):
             current = replica.epoch(ident)
@@ -446,11 +452,14 @@ class QueueOwnership:
             if mine:
                 if asked_at is None:
                     asked_at = asked
-                coming.append((position, deliveries, cancels, not_before))
+                coming.append(position)
+                coming_deliveries.append(deliveries)
+                coming_cancels.append(cancels)
+                coming_not_before.append(not_before)
             else:
                 going.append(position)
         if coming:
-            queue.transfers.transfer_in_all(coming, now)
+            queue.transfers.transfer_in_all(coming, coming_deliveries, coming_cancels, coming_not_before, now)
         if going:
             queue.transfers.transfer_out_all(going, owner, now)
         if asked_at is not None and now >= asked_at:  # a grant of a request of ours: its round trip
@@ -464,6 +473,7 @@ class QueueOwnership:
         replica, transfers = self._replica, self.queue.transfers
         kept = False
         counts = zip(rec.deliveries, rec.cancels) if rec.deliveries else itertools.repeat((0, 0))
+        ident: Ident  # boxed, as in request()
         for ident, not_before, reason, (deliveries, cancels) in zip(zip(rec.publishers, rec.seqs), rec.not_before,
                                                                     rec.reasons, counts):
             position = replica.position(ident)

@@ -529,7 +529,7 @@ class _Removals:
     seqs: list[int]
 
 
-def _columns(idents: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+def _columns(idents: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
     """The publishers and the sequence numbers of messages named by identity: the two
     columns a record that names them carries."""
     return [i[0] for i in idents], [i[1] for i in idents]
