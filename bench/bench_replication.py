@@ -18,7 +18,8 @@ Workloads (docs/benchmarks.md, "Replication"):
 4. **Replicated queue drain**: N messages published on A into a queue replicated between
    A and B, drained by 4 worker processes: all on a single unreplicated instance
    (baseline), all on the owner A, 2 on A and 2 on B, and all 4 on B (every message
-   transferred from A to B before it is delivered).
+   transferred from A to B before it is delivered). Each layout reports the servers' CPU
+   and the workers' own, per message: both share the machine's cores.
 
     python -m bench.bench_replication [--messages N] [--catchup N] [--runs 3] [--write]
 
@@ -381,8 +382,9 @@ def measure_catchup(n: int, root: Path) -> tuple[float, float]:
 # --- 4. replicated queue drain --------------------------------------------------------------
 
 
-async def worker(uri: str, name: str, backlog: int) -> tuple[int, float, float]:
-    """(messages processed, wall-clock time of the first and of the last)."""
+async def worker(uri: str, name: str, backlog: int) -> tuple[int, float, float, float]:
+    """(messages processed, wall-clock time of the first and of the last, this process's
+    CPU seconds from "go" to the end: its start-up and imports left out)."""
     from conveyor import AsyncClient
 
     client = await AsyncClient(name, ack_batch_size=max(1, backlog // 2)).connect(uri)
@@ -399,18 +401,19 @@ async def worker(uri: str, name: str, backlog: int) -> tuple[int, float, float]:
 
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go": every worker is connected
+    cpu = time.process_time()
     last = time.time()
     await client.subscribe(QUEUE, max_backlog=backlog, on_message=on_message)
     while time.time() - last < WORKER_IDLE_S:  # from the start too: a worker may get nothing
         await asyncio.sleep(0.1)
     await client.flush()
     await client.disconnect()
-    return count, first, last
+    return count, first, last, time.process_time() - cpu
 
 
-def drain(uris: list[str], n: int, backlog: int = 10) -> tuple[float, float, float]:
+def drain(uris: list[str], n: int, backlog: int = 10) -> tuple[float, float, float, float]:
     """(msg/s from the start to the last message, msg/s from the first message to the
-    last, seconds from the start to the first message)."""
+    last, seconds from the start to the first message, the workers' CPU seconds)."""
     procs = [subprocess.Popen([sys.executable, "-m", "bench.bench_replication", "worker", uri, f"w{i}-{time.time_ns()}",
                                str(backlog)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for i, uri in enumerate(uris)]
@@ -421,14 +424,16 @@ def drain(uris: list[str], n: int, backlog: int = 10) -> tuple[float, float, flo
         p.stdin.write("go\n")
         p.stdin.flush()
     counts, firsts, lasts = [], [], []
+    clients_s = 0.0
     for p in procs:
-        count, first, last = p.communicate(timeout=1800)[0].split()[-3:]
+        count, first, last, cpu = p.communicate(timeout=1800)[0].split()[-4:]
+        clients_s += float(cpu)
         if int(count):
             counts.append(int(count))
             firsts.append(float(first))
             lasts.append(float(last))
     assert sum(counts) == n, f"drained {sum(counts)} of {n} (each message must be processed once)"
-    return n / (max(lasts) - start), n / (max(lasts) - min(firsts)), min(firsts) - start
+    return n / (max(lasts) - start), n / (max(lasts) - min(firsts)), min(firsts) - start, clients_s
 
 
 async def queue_depth(uri: str) -> int:
@@ -448,9 +453,10 @@ def wait_depth(uri: str, n: int, timeout: float = 600) -> None:
         time.sleep(0.5)
 
 
-def measure_queue(layout: str, n: int, root: Path) -> tuple[tuple[float, float, float], float]:
+def measure_queue(layout: str, n: int, root: Path) -> tuple[tuple[float, float, float], float, float]:
     """(:func:`drain`'s rates and first delay, server CPU µs per message over every
-    instance)."""
+    instance, the workers' CPU µs per message). The two cores are shared by both: a
+    drain that leaves some idle is bound by a wait, one that uses them whole by the sum."""
     if layout == "single":
         a = Instance(root, "A", queue=True)
         instances = [a]
@@ -466,8 +472,9 @@ def measure_queue(layout: str, n: int, root: Path) -> tuple[tuple[float, float, 
         for inst in instances:
             wait_depth(inst.uri, n)  # every instance holds every message before the clock starts
         cpu = sum(inst.cpu_s() for inst in instances)
-        rate = drain(uris, n)
-        return rate, (sum(inst.cpu_s() for inst in instances) - cpu) / n * 1e6
+        start_rate, steady, first, clients_s = drain(uris, n)
+        servers_s = sum(inst.cpu_s() for inst in instances) - cpu
+        return (start_rate, steady, first), servers_s / n * 1e6, clients_s / n * 1e6
     finally:
         for inst in instances:
             inst.stop()
@@ -507,8 +514,8 @@ def _ratio(base: float, value: float) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        count, first, last = uvloop.run(worker(sys.argv[2], sys.argv[3], int(sys.argv[4])))
-        print(count, repr(first), repr(last), flush=True)
+        count, first, last, cpu = uvloop.run(worker(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        print(count, repr(first), repr(last), repr(cpu), flush=True)
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=100_000)
@@ -538,6 +545,7 @@ def main() -> None:
     queue_steady: dict[str, list[float]] = {layout: [] for layout in queue}  # first to last message
     queue_first: dict[str, list[float]] = {layout: [] for layout in queue}  # seconds to the first message
     queue_cpu: dict[str, list[float]] = {layout: [] for layout in queue}
+    queue_clients: dict[str, list[float]] = {layout: [] for layout in queue}
     catchup: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp)
@@ -579,13 +587,15 @@ def main() -> None:
                 print(f"run {run + 1} lag {mode}: p50 {pct(lags, 50) * 1e3:.2f} ms, p99 {pct(lags, 99) * 1e3:.2f} ms",
                       flush=True)
             for layout in order(queue) if "queue" in only else ():
-                (rate, steady, first), cpu = measure_queue(layout, args.queue_messages, fresh())
+                (rate, steady, first), cpu, clients = measure_queue(layout, args.queue_messages, fresh())
                 queue[layout].append(rate)
                 queue_steady[layout].append(steady)
                 queue_first[layout].append(first)
                 queue_cpu[layout].append(cpu)
+                queue_clients[layout].append(clients)
                 print(f"run {run + 1} queue drain {layout}: {rate:,.0f} msg/s from the start, {steady:,.0f} msg/s "
-                      f"from the first message ({first:.2f} s to it), servers {cpu:.1f} µs/msg", flush=True)
+                      f"from the first message ({first:.2f} s to it), servers {cpu:.1f} µs/msg, "
+                      f"workers {clients:.1f} µs/msg", flush=True)
             loads.append(load_average())
         if args.catchup:
             catchup.append(measure_catchup(args.catchup, fresh()))
@@ -629,14 +639,15 @@ def main() -> None:
                  "other": "replicated pair, 4 workers on B (every message transferred)"}
         qrows = ["| queue drain | msg/s from the start (ratio) | msg/s from the first message (ratio) "
                  "| ratio per round, from the first message: median (range) | target | s to the first message "
-                 "| server CPU µs/msg (all instances) |",
-                 "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+                 "| server CPU µs/msg (all instances) | workers' CPU µs/msg |",
+                 "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
         for layout, label in names.items():
             target = "≥ 0.70 (transfer rate)" if layout == "other" else ""
             qrows.append(f"| {label} | {median(queue[layout]):,.0f} ({median(queue[layout]) / qbase:.2f}) "
                          f"| {median(queue_steady[layout]):,.0f} ({median(queue_steady[layout]) / sbase:.2f}) "
                          f"| {ratios(queue_steady[layout], queue_steady['single'])} | {target} "
-                         f"| {median(queue_first[layout]):.2f} | {median(queue_cpu[layout]):.1f} |")
+                         f"| {median(queue_first[layout]):.2f} | {median(queue_cpu[layout]):.1f} "
+                         f"| {median(queue_clients[layout]):.1f} |")
         sections.append("\n".join(qrows))
     if "lag" in only:
         lag_rows = ["| replication | lag p50 (ms) | p99 (ms) | max (ms) |", "| --- | ---: | ---: | ---: |"]
@@ -654,6 +665,7 @@ def main() -> None:
         single = median(queue_steady["single"])
         print(json.dumps({layout: {"msg_per_s": median(queue_steady[layout]),
                                    "server_us_per_msg": median(queue_cpu[layout]),
+                                   "workers_us_per_msg": median(queue_clients[layout]),
                                    "vs_single": median(queue_steady[layout]) / single} for layout in queue}))
     if args.write:
         body = f"""Command: `.venv/bin/python -m bench.bench_replication --runs {args.runs} --write` (about
@@ -674,7 +686,8 @@ a core (see below). Lag: {LAG_RATE:,} msg/s for {LAG_SECONDS:.0f} s published on
 drain: {args.queue_messages:,} messages published on A into a queue replicated both ways
 (`async`), every instance holding all of them before the workers start; 4 worker
 processes, backlog 10, acks batched by 5; each message must be processed exactly once or
-the run fails. Lag and queue drain: medians of {args.runs} interleaved runs, every other one in
+the run fails. The workers' CPU is their processes' own (user and system), from the drain's
+start to their end (their start-up left out): they share the cores with the servers. Lag and queue drain: medians of {args.runs} interleaved runs, every other one in
 the reverse order; the ratio per round compares the two measured in the same round.
 
 Machine: {machine()}; commit {git_rev()}; load average (1/5/15 min) before and after

@@ -271,8 +271,7 @@ class Transitions:
         if self.observer is not None and (state, verb) in self._crossing:
             self.observer(position, to)
         if self._leave and (state, verb) in self._leaves:
-            for leave in self._leave:
-                leave([position])
+            self._gone([position])
         return to
 
     def move_all(self, positions: list[int], verb: Verb, state: MessageState, *, checked: bool = True) -> None:
@@ -294,8 +293,12 @@ class Transitions:
             for p in positions:
                 observer(p, to)
         if self._leave and (state, verb) in self._leaves:
-            for leave in self._leave:
-                leave(positions)
+            self._gone(positions)
+
+    def _gone(self, positions: list[int]) -> None:
+        """Tell every observer of :meth:`on_leave` that ``positions`` left the queue."""
+        for leave in self._leave:
+            leave(positions)
 
     def _misplaced(self, position: int, verb: Verb, state: MessageState) -> str:
         """The assertion of :meth:`move` that failed, said (built only when it fails)."""
@@ -312,6 +315,5 @@ class Transitions:
         if self.observer is not None and (state, verb) in self._crossing:
             self.observer(position, to)
         if self._leave and (state, verb) in self._leaves:
-            for leave in self._leave:
-                leave([position])
+            self._gone([position])
         return to
