@@ -687,8 +687,9 @@ drain: {args.queue_messages:,} messages published on A into a queue replicated b
 (`async`), every instance holding all of them before the workers start; 4 worker
 processes, backlog 10, acks batched by 5; each message must be processed exactly once or
 the run fails. The workers' CPU is their processes' own (user and system), from the drain's
-start to their end (their start-up left out): they share the cores with the servers. Lag and queue drain: medians of {args.runs} interleaved runs, every other one in
-the reverse order; the ratio per round compares the two measured in the same round.
+start to their end (their start-up left out): they share the cores with the servers. Lag
+and queue drain: medians of {args.runs} interleaved runs, every other one in the reverse
+order; the ratio per round compares the two measured in the same round.
 
 Machine: {machine()}; commit {git_rev()}; load average (1/5/15 min) before and after
 each round: {"; ".join(loads)}.
