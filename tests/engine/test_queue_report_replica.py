@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from conveyor.config.model import Fairness, QueueConfig, Semantics
 from conveyor.engine.queue.queue import Queue
+from conveyor.engine.queue.replica import ident_of
 
 
 def test_messages_owned_elsewhere_count_in_the_queue_depth():
@@ -14,7 +15,7 @@ def test_messages_owned_elsewhere_count_in_the_queue_depth():
                          fairness=Fairness.ROUND_ROBIN)
     q = Queue(config, load=lambda p: {}, replicated=True)
     for position in (1, 2, 3, 4):
-        q.enqueue(position, 0.0, ident=(7, position))
+        q.enqueue(position, 0.0, ident=ident_of(7, position))
     for position in (1, 2, 3):
         assert q.transfers.transfer_out(position, "B", 1.0)
     s = q.statistics(2.0)

@@ -96,6 +96,7 @@ from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue.queue import AckOption, Consumer, Event, TakeBack
 from conveyor.engine.queue.bindings import QueueBinding, QueueBindings
 from conveyor.engine.queue.events import Acknowledged, LeaseExpired
+from conveyor.engine.queue.replica import ident_of
 from conveyor.protocol import messages as m
 from conveyor.protocol import replies
 from conveyor.engine.rows import NamedConsumerState, NamedConsumerStats
@@ -611,10 +612,10 @@ class NamedConsumers:
         deliveries numbered from ``first``; GONE for a message gone here (rule 8)."""
         replica = binding.queue.replica
         positions: list[int] = []
-        for ident in zip(rec.publishers, rec.seqs):
-            p = GONE if ident[0] == GONE else replica.position_recorded(ident)
+        for publisher, seq in zip(rec.publishers, rec.seqs):
+            p = GONE if publisher == GONE else replica.position_recorded(ident_of(publisher, seq))
             if p is None and pending is not None:
-                p = pending(*ident)
+                p = pending(publisher, seq)
             if p is None:
                 # Acknowledged here long ago (rule 8: a failover after an acknowledgement
                 # that had not reached the claimer): keep the numbering, mark the hole.

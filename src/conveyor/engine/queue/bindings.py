@@ -51,6 +51,7 @@ from conveyor.engine.filters import compile_filter, filter_cost_ticks
 from conveyor.engine.replication.ownership import QueueOwnership
 from conveyor.engine.ports import JournalPort
 from conveyor.engine.queue.queue import Queue
+from conveyor.engine.queue.replica import Ident, ident_of
 from conveyor.engine.routes import RouteCache
 from conveyor.expr import Expression
 from conveyor.expr.values import priority_key, scalar, to_text
@@ -178,7 +179,7 @@ class QueueBinding:
                                ordering_key=None if barrier else key)
             return True
         arrived = entry.timestamp if now is None else now
-        ident = (entry.publisher, entry.seq)
+        ident = ident_of(entry.publisher, entry.seq)
         enters, owner = self.ownership.entering(ident, origin, barrier, arrived)
         if enters:
             self.queue.enqueue(position, entry.timestamp, priority, barrier, expires_at=entry.expiration, owner=owner,
@@ -240,7 +241,7 @@ class QueueBinding:
         """Rule 7: the owner is decided now; a message removed on another instance while it
         was inactive is consumed as a deferred acknowledgement would be."""
         queue = self.queue
-        ident = (rec.publisher, rec.seq)
+        ident = ident_of(rec.publisher, rec.seq)
         enters, owner = ownership.entering(ident, rec.origin, False, now)
         # Owned elsewhere, it counts as waiting here since it was published (it was in the
         # log, inactive): a request for it need not wait for the owner's acks all over again.
@@ -248,12 +249,11 @@ class QueueBinding:
         if queue.activate(pos, rec.timestamp, rec.expiration, owner=owner, arrived=arrived, removed=not enters):
             queue.replica.entered(pos, ident)
 
-    def find_inactive(self, journal: JournalPort, wanted: set[tuple[int, ...]],
-                      limit: int) -> dict[tuple[int, ...], tuple[int, str]]:
+    def find_inactive(self, journal: JournalPort, wanted: set[Ident], limit: int) -> dict[Ident, tuple[int, str]]:
         """Rule 7: where in the inactive part the messages ``wanted`` (by identity) are,
         with their origin, reading at most ``limit`` journal records from its start."""
         start = self.queue.refill_from()
-        found: dict[tuple[int, ...], tuple[int, str]] = {}
+        found: dict[Ident, tuple[int, str]] = {}
         if start is None or not wanted:
             return found
         for read, (pos, payload) in enumerate(journal.scan(start)):
@@ -261,8 +261,8 @@ class QueueBinding:
                 break
             rec = records.decode(payload)
             # the requester's queue is this one (the handshake checked): its messages pass the same Filter
-            if type(rec) is records.PublishRec and (rec.publisher, rec.seq) in wanted:
-                found[(rec.publisher, rec.seq)] = (pos, rec.origin)
+            if type(rec) is records.PublishRec and (ident := ident_of(rec.publisher, rec.seq)) in wanted:
+                found[ident] = (pos, rec.origin)
                 if len(found) == len(wanted):
                     break
         return found

@@ -9,7 +9,7 @@ repair pass. :class:`conveyor.engine.replication.ownership.QueueOwnership` decid
 transfers, tombstones) over what this part holds. Rules:
 
 1. **Identity.** Each message in the queue here is known by ``(publisher, seq)``, the
-   name replication uses on every instance; the :data:`LEFT_MAX` most recent leavers
+   name replication uses on every instance, kept as one integer (:data:`Ident`); the :data:`LEFT_MAX` most recent leavers
    (up to twice as many: the oldest are dropped in batches) keep theirs (a named
    consumer's replicated lease may name a message acknowledged here first).
 2. **Elsewhere.** A message another instance owns is recorded and in the view, never
@@ -37,14 +37,83 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from typing import Iterable, Iterator
+from typing import Final, Iterable, Iterator
 
 from conveyor.engine.queue.rows import Lease
 
-# (publisher, seq). Not tuple[int, int]: compiled code keeps a fixed-length tuple unboxed
-# and builds a new tuple object from it at each dict lookup.
-Ident = tuple[int, ...]
+#: A message's identity ``(publisher, seq)`` as one integer (:func:`ident_of`). Not a
+#: tuple: a tuple key is hashed item by item at every dict lookup, compared item by item
+#: on a match, and tracked by the garbage collector; a small integer is none of these.
+Ident = int
 Epoch = tuple[int, str, str]  # (epoch, owner, granter) of the transfer that won
+
+# The usual identity is the publisher's number in this process (numbered in the order
+# first seen) above the seq's 40 bits: below 2**62, so compiled code computes it without
+# allocating. Any other pair (a seq below 0 or of 2**40 and more, past 2**22 publishers)
+# gets a negative identity that holds both whole: -1 - (publisher, seq), each moved up by
+# 2**64 (any MessagePack integer, -2**63 .. 2**64 - 1, is then positive) in 65 bits.
+# Identities live in memory only: snapshots and records keep publisher and seq. The table
+# of numbers keeps one entry per publisher seen, as the publish log keeps one per publisher.
+_SEQ_BITS: Final = 40
+_SEQ_LIMIT: Final = 1 << _SEQ_BITS
+_INDEX_LIMIT: Final = 1 << 22
+_WIDE_BITS: Final = 65
+_WIDE_OFFSET: Final = 1 << 64
+_WIDE_MASK: Final = (1 << _WIDE_BITS) - 1
+
+
+class _Publishers:
+    """The publishers' numbers (the identity's high bits), both ways."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.publishers: list[int] = []
+
+    def number(self, publisher: int) -> int:
+        index = self.index.get(publisher)
+        if index is None:
+            index = self.index[publisher] = len(self.publishers)
+            self.publishers.append(publisher)
+        return index
+
+
+_PUBLISHERS: Final = _Publishers()
+
+
+def ident_of(publisher: int, seq: int) -> Ident:
+    """The identity of the message ``(publisher, seq)``."""
+    index = _PUBLISHERS.number(publisher)
+    if 0 <= seq < _SEQ_LIMIT and index < _INDEX_LIMIT:
+        return (index << _SEQ_BITS) | seq
+    return -1 - ((((publisher + _WIDE_OFFSET) << _WIDE_BITS)) | (seq + _WIDE_OFFSET))
+
+
+def publisher_of(ident: Ident) -> int:
+    if ident >= 0:
+        return _PUBLISHERS.publishers[ident >> _SEQ_BITS]
+    return ((-1 - ident) >> _WIDE_BITS) - _WIDE_OFFSET
+
+
+def seq_of(ident: Ident) -> int:
+    if ident >= 0:
+        return ident & (_SEQ_LIMIT - 1)
+    return ((-1 - ident) & _WIDE_MASK) - _WIDE_OFFSET
+
+
+def idents_of(publishers: list[int], seqs: list[int]) -> list[Ident]:
+    """A record's ``publishers`` and ``seqs`` columns as identities."""
+    return [ident_of(p, s) for p, s in zip(publishers, seqs)]
+
+
+def columns_of(idents: Iterable[Ident]) -> tuple[list[int], list[int]]:
+    """Identities as a record's ``publishers`` and ``seqs`` columns."""
+    publishers: list[int] = []
+    seqs: list[int] = []
+    for ident in idents:
+        publishers.append(publisher_of(ident))
+        seqs.append(seq_of(ident))
+    return publishers, seqs
+
 
 #: Messages that left the queue whose position is still found by identity (rule 1).
 LEFT_MAX = 10_000

@@ -52,7 +52,6 @@ from __future__ import annotations
 import hashlib
 import zlib
 from array import array
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import msgspec
@@ -60,6 +59,7 @@ import msgspec
 from conveyor.engine.queue.events import QueueState
 from conveyor.engine.queue.paging import PageCorrupt, PageFile, check_page, decode_page, encode_page
 from conveyor.engine.queue.priority import EpochImage, Segment, order_key, priority_of_key
+from conveyor.engine.queue.replica import Ident, columns_of, idents_of
 from conveyor.engine.queue.rows import OwnershipState
 from conveyor.engine.queue.store import ChunkImage
 
@@ -315,18 +315,18 @@ def _elsewhere(snap: QueueSnapshot) -> tuple[tuple[int, str, float, int, float],
     return tuple(zip(positions, (owners[i] for i in owner), times, keys, arrived))
 
 
-def columns(positions: Iterable[int], idents: Iterable[tuple[int, ...]]) -> bytes:
-    """``positions`` and their (publisher, seq) ``idents``, in the same order, as the
-    ``idents`` / ``left`` columns (C loops: a deep replicated queue's snapshot is taken
-    on the engine's thread)."""
-    idents = list(idents)
-    return _pack(array("q", positions), array("Q", map(_first, idents)), array("q", map(_second, idents)))
+def columns(positions: Iterable[int], idents: Iterable[Ident]) -> bytes:
+    """``positions`` and their ``idents``, in the same order, as the ``idents`` / ``left``
+    columns: positions, publishers, seqs (compiled loops: a deep replicated queue's
+    snapshot is taken on the engine's thread)."""
+    publishers, seqs = columns_of(idents)
+    return _pack(array("q", positions), array("Q", publishers), array("q", seqs))
 
 
-def triples(data: bytes) -> tuple[array[int], list[tuple[int, ...]]]:
-    """``columns``' bytes back: (positions, (publisher, seq) of each)."""
+def triples(data: bytes) -> tuple[array[int], list[Ident]]:
+    """``columns``' bytes back: (positions, the identity of each)."""
     positions, publishers, seqs = _unpack(data, "q", "Q", "q")
-    return positions, list(zip(publishers, seqs))
+    return positions, idents_of(publishers.tolist(), seqs.tolist())
 
 
 def _pack(*columns: array[int] | array[float]) -> bytes:
@@ -345,8 +345,6 @@ def _unpack(data: bytes, *typecodes: str) -> list[array[Any]]:
         out.append(column)
     return out
 
-
-_first, _second = itemgetter(0), itemgetter(1)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(QueueSnapshot)

@@ -103,7 +103,7 @@ from conveyor.config.model import DEFERRED_ACK_EXPIRATION_S_DEFAULT, QueueKind
 from conveyor.engine.queue import snapshot as queue_snapshot
 from conveyor.engine.queue.expiry import earliest
 from conveyor.engine.queue.queue import Event, Queue
-from conveyor.engine.queue.replica import Ident, Replica
+from conveyor.engine.queue.replica import Ident, Replica, columns_of, ident_of, idents_of, publisher_of, seq_of
 from conveyor.engine.queue.rows import OwnershipState, Tombstone, TransferEpoch
 from conveyor.engine.queue.state import MessageState
 from conveyor.engine.rows import OwnershipStats
@@ -314,8 +314,7 @@ class QueueOwnership:
         self.next_scan = due
         ask = None
         if asks:
-            ask = records.TransferRequestRec(self.name, [i[0] for i in asks], [i[1] for i in asks], self.instance,
-                                             attempts)
+            ask = records.TransferRequestRec(self.name, *columns_of(asks), self.instance, attempts)
         return ask, (self._transfer(claims, self.instance, proxied=True) if claims else None)
 
     def _request_target(self, now: float, freed: int) -> int:
@@ -374,8 +373,7 @@ class QueueOwnership:
         ours: list[tuple[Ident, int]] = []
         proxied: list[tuple[Ident, int]] = []
         onward: list[int] = []
-        ident: Ident  # boxed: a tuple[int, int] is unboxed, and boxed again at each lookup
-        for i, ident in enumerate(zip(rec.publishers, rec.seqs)):
+        for i, ident in enumerate(idents_of(rec.publishers, rec.seqs)):
             position = replica.position(ident)
             if position is None:
                 onward.append(i)  # not here (yet, or any more): another instance may own it
@@ -401,8 +399,7 @@ class QueueOwnership:
             deliveries.append(d)
             cancels.append(c)
             not_before.append(self.queue.transfers.not_before_of(position))
-        return records.TransferRec(self.name, [i[0] for i, _ in messages], [i[1] for i, _ in messages], to,
-                                   self.instance, epochs, deliveries, cancels, proxied,
+        return records.TransferRec(self.name, *columns_of([i for i, _ in messages]), to, self.instance, epochs, deliveries, cancels, proxied,
                                    not_before=not_before if any(not_before) else [])
 
     def grant_inactive(self, rec: records.TransferRequestRec, found: dict[Ident, tuple[int, str]],
@@ -437,8 +434,7 @@ class QueueOwnership:
         coming_cancels: list[int] = []
         coming_not_before: list[float] = []
         going: list[int] = []  # positions granted to another instance
-        ident: Ident  # boxed, as in request()
-        for ident, epoch, deliveries, cancels, not_before in zip(zip(rec.publishers, rec.seqs), rec.epochs,
+        for ident, epoch, deliveries, cancels, not_before in zip(idents_of(rec.publishers, rec.seqs), rec.epochs,
                                                                  rec.deliveries, rec.cancels, held):
             current = replica.epoch(ident)
             if current is not None and not (epoch > current[0] or (epoch == current[0] and granter < current[2])):
@@ -473,8 +469,7 @@ class QueueOwnership:
         replica, transfers = self._replica, self.queue.transfers
         kept = False
         counts = zip(rec.deliveries, rec.cancels) if rec.deliveries else itertools.repeat((0, 0))
-        ident: Ident  # boxed, as in request()
-        for ident, not_before, reason, (deliveries, cancels) in zip(zip(rec.publishers, rec.seqs), rec.not_before,
+        for ident, not_before, reason, (deliveries, cancels) in zip(idents_of(rec.publishers, rec.seqs), rec.not_before,
                                                                     rec.reasons, counts):
             position = replica.position(ident)
             if position is not None and transfers.cancelled_elsewhere(position, not_before, reason, deliveries,
@@ -493,17 +488,17 @@ class QueueOwnership:
             return None
         self.conflicts += 1
         log.warning("queue %s: message %s was recorded as its own by %s and by %s: %s owns it",
-                    self.name, ident, mine, other_origin, winner)
+                    self.name, (publisher_of(ident), seq_of(ident)), mine, other_origin, winner)
         deliveries, cancels = self.queue.transfers.counts_of(position)
-        return records.TransferRec(self.name, [ident[0]], [ident[1]], winner, self.instance, [1], [deliveries],
+        return records.TransferRec(self.name, [publisher_of(ident)], [seq_of(ident)], winner, self.instance, [1], [deliveries],
                                    [cancels])
 
     # --- checkpoints and statistics -------------------------------------------------------------
 
     def export_state(self) -> OwnershipState:
         return OwnershipState(
-            tombstones=[Tombstone(p, s, k, t) for (p, s), (k, t) in self._tombstones.items()],
-            epochs=[TransferEpoch(p, s, e, o, g) for (p, s), (e, o, g) in self._replica.epochs()],
+            tombstones=[Tombstone(publisher_of(i), seq_of(i), k, t) for i, (k, t) in self._tombstones.items()],
+            epochs=[TransferEpoch(publisher_of(i), seq_of(i), e, o, g) for i, (e, o, g) in self._replica.epochs()],
         )
 
     def snapshot_fields(self) -> dict[str, object]:
@@ -543,7 +538,7 @@ class QueueOwnership:
         for stone in state.tombstones:
             # A checkpoint of an older version has no time: it counts from the restart.
             t = now if stone.when is None else stone.when
-            ident = (stone.publisher, stone.seq)
+            ident = ident_of(stone.publisher, stone.seq)
             kept = tombstones.get(ident)
             if kept is None or kept[1] < t:
                 tombstones[ident] = (stone.kind, t)
@@ -551,7 +546,7 @@ class QueueOwnership:
             self._tombstones = OrderedDict(sorted(tombstones.items(), key=lambda item: item[1][1]))
         replica = self._replica
         for row in state.epochs:
-            ident = (row.publisher, row.seq)
+            ident = ident_of(row.publisher, row.seq)
             current = replica.epoch(ident)
             if current is None or row.epoch > current[0] or (row.epoch == current[0] and row.granter < current[2]):
                 replica.set_epoch(ident, (row.epoch, row.owner, row.granter))
@@ -678,7 +673,7 @@ class ReplicatedQueues:
 
     # --- for the source side of replication ------------------------------------------------
 
-    def identify(self, position: int) -> Ident:
+    def identify(self, position: int) -> tuple[int, ...]:
         entry = self._cache.get(position)
         return entry.publisher, entry.seq
 
@@ -723,18 +718,19 @@ class ReplicatedQueues:
         binding = self._bindings.by_name[rec.queue]
         if onward and binding.queue.refill_from() is not None:  # rule 11: some may be inactive here
             asked = _narrowed(rec, onward)
-            found = binding.find_inactive(self._journal, set(zip(asked.publishers, asked.seqs)), READ_AHEAD_RECORDS_MAX)
+            found = binding.find_inactive(self._journal, set(idents_of(asked.publishers, asked.seqs)),
+                                          READ_AHEAD_RECORDS_MAX)
             if found:
                 more, granted = own.grant_inactive(asked, found, self._reachable)
                 grants += more
-                onward = [i for i in onward if (rec.publishers[i], rec.seqs[i]) not in granted]
+                onward = [i for i in onward if ident_of(rec.publishers[i], rec.seqs[i]) not in granted]
         for grant in grants:
             self._journal_transfer(own, grant, now)  # answered here: the grant travels instead
         return _narrowed(rec, onward) if onward else None
 
     def _remove(self, own: QueueOwnership, rec: records.QueueRemovedRec, now: float) -> bool:
         # a tombstone changes something too: journaled so a restart keeps it
-        left, changed = own.removed(list(zip(rec.publishers, rec.seqs)), rec.kind, now)
+        left, changed = own.removed(idents_of(rec.publishers, rec.seqs), rec.kind, now)
         if left:
             self._delivery.removed_elsewhere(self._bindings.by_name[rec.queue], left)
         return changed
@@ -745,7 +741,7 @@ class ReplicatedQueues:
             own = self.by_queue.get(binding.name)
             if own is None:
                 continue
-            settle = own.conflict((rec.publisher, rec.seq), origin, now)
+            settle = own.conflict(ident_of(rec.publisher, rec.seq), origin, now)
             if settle is not None:
                 self._journal_transfer(own, settle, now)
 
@@ -805,7 +801,7 @@ class ReplicatedQueues:
         if own is None:
             return
         if type(rec) is records.QueueRemovedRec:
-            own.removed(list(zip(rec.publishers, rec.seqs)), rec.kind, now)  # as live (_remove)
+            own.removed(idents_of(rec.publishers, rec.seqs), rec.kind, now)  # as live (_remove)
         elif type(rec) is records.TransferRec:
             own.transfer(rec, now)
         elif type(rec) is records.QueueCancelledRec:
