@@ -9,9 +9,10 @@ repair pass. :class:`conveyor.engine.replication.ownership.QueueOwnership` decid
 transfers, tombstones) over what this part holds. Rules:
 
 1. **Identity.** Each message in the queue here is known by ``(publisher, seq)``, the
-   name replication uses on every instance, kept as one integer (:data:`Ident`); the :data:`LEFT_MAX` most recent leavers
-   (up to twice as many: the oldest are dropped in batches) keep theirs (a named
-   consumer's replicated lease may name a message acknowledged here first).
+   name replication uses on every instance, kept as one integer (:data:`Ident`); the
+   :data:`LEFT_MAX` most recent leavers (up to twice as many: the oldest are dropped in
+   batches) keep theirs (a named consumer's replicated lease may name a message
+   acknowledged here first).
 2. **Elsewhere.** A message another instance owns is recorded and in the view, never
    delivered: only its owner delivers it. It keeps its publish time, its order key (a
    priority queue needs it when the message comes back) and when it arrived here (the

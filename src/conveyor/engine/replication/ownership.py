@@ -399,8 +399,8 @@ class QueueOwnership:
             deliveries.append(d)
             cancels.append(c)
             not_before.append(self.queue.transfers.not_before_of(position))
-        return records.TransferRec(self.name, *columns_of([i for i, _ in messages]), to, self.instance, epochs, deliveries, cancels, proxied,
-                                   not_before=not_before if any(not_before) else [])
+        return records.TransferRec(self.name, *columns_of([i for i, _ in messages]), to, self.instance, epochs,
+                                   deliveries, cancels, proxied, not_before=not_before if any(not_before) else [])
 
     def grant_inactive(self, rec: records.TransferRequestRec, found: dict[Ident, tuple[int, str]],
                        reachable: Callable[[str], bool]) -> tuple[list[records.TransferRec], set[Ident]]:
@@ -460,7 +460,8 @@ class QueueOwnership:
             queue.transfers.transfer_out_all(going, owner, now)
         if asked_at is not None and now >= asked_at:  # a grant of a request of ours: its round trip
             rtt = now - asked_at
-            self._round_trip = rtt if self._round_trip is None else self._round_trip + RTT_WEIGHT * (rtt - self._round_trip)
+            last = self._round_trip
+            self._round_trip = rtt if last is None else last + RTT_WEIGHT * (rtt - last)
         return applied
 
     def cancelled_elsewhere(self, rec: records.QueueCancelledRec) -> bool:
@@ -469,8 +470,8 @@ class QueueOwnership:
         replica, transfers = self._replica, self.queue.transfers
         kept = False
         counts = zip(rec.deliveries, rec.cancels) if rec.deliveries else itertools.repeat((0, 0))
-        for ident, not_before, reason, (deliveries, cancels) in zip(idents_of(rec.publishers, rec.seqs), rec.not_before,
-                                                                    rec.reasons, counts):
+        idents = idents_of(rec.publishers, rec.seqs)
+        for ident, not_before, reason, (deliveries, cancels) in zip(idents, rec.not_before, rec.reasons, counts):
             position = replica.position(ident)
             if position is not None and transfers.cancelled_elsewhere(position, not_before, reason, deliveries,
                                                                       cancels):
@@ -490,8 +491,8 @@ class QueueOwnership:
         log.warning("queue %s: message %s was recorded as its own by %s and by %s: %s owns it",
                     self.name, (publisher_of(ident), seq_of(ident)), mine, other_origin, winner)
         deliveries, cancels = self.queue.transfers.counts_of(position)
-        return records.TransferRec(self.name, [publisher_of(ident)], [seq_of(ident)], winner, self.instance, [1], [deliveries],
-                                   [cancels])
+        return records.TransferRec(self.name, [publisher_of(ident)], [seq_of(ident)], winner, self.instance, [1],
+                                   [deliveries], [cancels])
 
     # --- checkpoints and statistics -------------------------------------------------------------
 
